@@ -1,0 +1,36 @@
+"""`python -m engine serve|info|make-demo …` — each subcommand lives in its own module.
+
+A subcommand module exposes `add_arguments(parser)` and `run(args) -> int`; it is imported only when chosen, so
+`make-demo` does not pay for the server's imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "serve": ("engine.serve", "run one rank: load the checkpoint, join the group, serve the API on rank 0"),
+    "info": ("engine.checkpoint.info", "print a checkpoint's architecture, parameter count and bytes per rank"),
+    "make-demo": ("engine.checkpoint.demo", "write a small demo checkpoint of this architecture"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    if argv and argv[0] in COMMANDS:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        module.add_arguments(sub.add_parser(argv[0], help=COMMANDS[argv[0]][1]))
+    else:
+        for name, (_, help_text) in COMMANDS.items():
+            sub.add_parser(name, help=help_text)
+    args = parser.parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The tensor-parallel group: one process per rank, world = TP.
+
+Collectives are written so every rank ends up with identical bits: a row-parallel partial sum is gathered from every
+rank and added up in rank order (never a backend all-reduce, whose summation order is not specified), and the
+vocab-parallel logits are gathered in rank order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def shard_range(units: int, rank: int, world: int) -> tuple[int, int]:
+    """[start, stop) of `rank`'s share of `units` (heads, channels, rows); the first `units % world` ranks get one
+    more, so 64 heads over 3 ranks split 22 / 21 / 21."""
+    base, extra = divmod(units, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+@dataclass
+class ParallelGroup:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world > 1
+
+    @classmethod
+    def single(cls, device: str | torch.device = "cpu") -> "ParallelGroup":
+        return cls(0, 1, torch.device(device))
+
+    @classmethod
+    def init(cls, world: int, rank: int, master_addr: str, master_port: int,
+             device: str | torch.device = "cpu", timeout_s: float = 600.0) -> "ParallelGroup":
+        """Join (or create, on rank 0) the process group over TCP. NCCL on CUDA, gloo on the CPU."""
+        device = torch.device(device)
+        if world == 1:
+            return cls(0, 1, device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", world_size=world,
+                                rank=rank, timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(rank, world, device)
+
+    def close(self) -> None:
+        if self.is_distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # -- collectives ------------------------------------------------------------------------------------------
+    def sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """Row-parallel reduction: every rank's partial sum, added in rank order -> identical bits everywhere."""
+        if not self.is_distributed:
+            return partial
+        parts = [torch.empty_like(partial) for _ in range(self.world)]
+        dist.all_gather(parts, partial.contiguous())
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return total
+
+    def gather_last_dim(self, shard: torch.Tensor) -> torch.Tensor:
+        """Concatenate uneven last-dim shards (vocab-parallel logits) in rank order."""
+        if not self.is_distributed:
+            return shard
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([shard.shape[-1]], dtype=torch.int64))
+        width = max(int(s) for s in sizes)
+        padded = torch.nn.functional.pad(shard, (0, width - shard.shape[-1])).contiguous()
+        parts = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(parts, padded)
+        return torch.cat([p[..., : int(s)] for p, s in zip(parts, sizes)], dim=-1)
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """Rank 0's object on every rank (step plans, small control messages)."""
+        if not self.is_distributed:
+            return obj
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.is_distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def check_same_settings(self, settings: dict[str, Any]) -> None:
+        """Refuse to run when ranks were started with different settings; the error names every differing key."""
+        mine = {k: settings[k] for k in sorted(settings)}
+        everyone = self.all_gather_object(mine)
+        differing = sorted({k for other in everyone for k in set(other) | set(mine) if other.get(k) != mine.get(k)})
+        if differing:
+            detail = "; ".join(f"{k}: " + ", ".join(f"rank {r}={o.get(k)!r}" for r, o in enumerate(everyone))
+                               for k in differing)
+            raise RuntimeError(f"ranks were started with different settings ({detail}); restart every rank with "
+                               "the same values")
+
+
+def settings_fingerprint(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
