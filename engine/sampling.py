@@ -1,0 +1,107 @@
+"""Deterministic, batch-independent sampling keyed by (seed, absolute position).
+
+Every candidate token gets Gumbel noise from a counter-based hash of (seed, position, token id), and the sample is
+the argmax of `logits / T + noise` over the tokens that survive top-k / top-p / min-p. The noise for a row depends
+only on its own key, so a reply is the same whether it is decoded alone, in a batch, or (later) checked as a draft.
+Gumbel-max over the kept set draws exactly from the renormalised truncated distribution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+
+def _signed(value: int) -> int:
+    """An unsigned 64-bit constant as the int64 torch stores (same bits)."""
+    value &= MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def splitmix64(value: int) -> int:
+    """Reference splitmix64 finaliser on Python ints (unsigned 64-bit)."""
+    z = (value + GOLDEN) & MASK64
+    z = ((z ^ (z >> 30)) * MIX1) & MASK64
+    z = ((z ^ (z >> 27)) * MIX2) & MASK64
+    return z ^ (z >> 31)
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 lanes (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64_tensor(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 on int64 lanes; int64 multiplication wraps modulo 2**64, so the bits match `splitmix64`."""
+    z = x + _signed(GOLDEN)
+    z = (z ^ _shr(z, 30)) * _signed(MIX1)
+    z = (z ^ _shr(z, 27)) * _signed(MIX2)
+    return z ^ _shr(z, 31)
+
+
+def row_key(seed: int, position: int) -> int:
+    """The hash key of one sampled row: chained so (seed, position) pairs never collide by simple arithmetic."""
+    return splitmix64(splitmix64(seed & MASK64) ^ (position & MASK64))
+
+
+def uniforms(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
+    """Uniform(0, 1) float64 per token id, open at both ends, from hash(seed, position, token id)."""
+    key = _signed(row_key(seed, position))
+    bits = splitmix64_tensor(token_ids.to(torch.int64) ^ key)
+    top53 = _shr(bits, 11).to(torch.float64)
+    return (top53 + 0.5) * (1.0 / (1 << 53))
+
+
+def gumbel(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
+    return -torch.log(-torch.log(uniforms(seed, position, token_ids)))
+
+
+def prompt_seed(prompt_ids: list[int]) -> int:
+    """The default seed when a request names none: derived from the prompt, so the same prompt replays the same
+    reply while different prompts do not share noise."""
+    digest = hashlib.sha256(",".join(map(str, prompt_ids)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0          # 0 (or less) = off
+    min_p: float = 0.0
+    seed: int = 0
+    max_tokens: int = 16
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """One token from fp32 logits [vocab] for the token at absolute `position` of its sequence."""
+    logits = logits.detach().to(torch.float64).reshape(-1)
+    if params.greedy:
+        return int(torch.argmax(logits))  # ties -> lowest id
+    scaled = logits / params.temperature
+    # candidates sorted by (scaled desc, id asc): a stable sort of the negated values keeps ids ascending on ties
+    order = torch.sort(-scaled, stable=True).indices
+    values = scaled[order]
+    keep = values.shape[0]
+    if params.top_k > 0:
+        keep = min(keep, params.top_k)
+    probs = torch.softmax(values[:keep], dim=0)
+    if params.min_p > 0.0:
+        keep = min(keep, int((probs >= params.min_p * probs[0]).sum()))
+    if params.top_p < 1.0:
+        before = torch.cumsum(probs[:keep], dim=0) - probs[:keep]
+        keep = min(keep, max(1, int((before < params.top_p).sum())))
+    ids = order[:keep]
+    score = values[:keep] + gumbel(params.seed, position, ids)
+    return int(ids[int(torch.argmax(score))])
