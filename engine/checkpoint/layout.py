@@ -1,0 +1,190 @@
+"""The checkpoint's tensors, named as transformers 5.24 saves them, and how tensor parallelism splits each one.
+
+`text_tensors(cfg)` lists every text-tower tensor (MTP layers included) with its shape and whether it is one of
+the small control tensors kept in fp32; the demo writer and `info --config-only` both build on it. `split_of`
+gives the TP plan for a tensor name, so `info` applies the same plan to any checkpoint's safetensors headers:
+
+- column-parallel (dim 0): KDA q/k/v_proj, their conv1d, f_b_proj, dt_bias, g_b_proj (in heads of
+  linear_head_dim rows), A_log and b_proj (one row per head); MLA q_b_proj and kv_b_proj (in heads); dense, expert
+  and shared-expert gate/up (in rows);
+- row-parallel (dim 1): o_proj (KDA and MLA, in heads) and every down_proj (in channels);
+- vocab-parallel (dim 0): embed_tokens and lm_head;
+- replicated: norms, hc_*, the router, the indexer, f_a/g_a, q_a, kv_a, the MTP glue.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "model.language_model."
+_LAYER = re.compile(r"^model\.language_model\.layers\.(\d+)\.(.+)$")
+KDA_TYPES = {"linear_attention"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    fp32: bool = False  # a small control tensor the real checkpoint stores in fp32
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one tensor is divided: along `dim` in `shape[dim] // unit` units (None: replicated)."""
+    dim: int | None
+    unit: int = 1
+    kind: str = "replicated"  # column | row | vocab | replicated
+
+
+REPLICATED = Split(None)
+
+
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The text tower's fields (nested `text_config` or a flat config), `linear_attn_config` folded in."""
+    text = dict(raw.get("text_config") or raw)
+    linear = text.get("linear_attn_config") or {}
+    for src, dst in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
+                     ("short_conv_kernel_size", "linear_conv_kernel_dim")):
+        if src in linear:
+            text.setdefault(dst, linear[src])
+    return text
+
+
+def _layer_type(cfg: dict[str, Any], index: int) -> str:
+    types = cfg.get("layer_types") or []
+    if index < len(types) and index < cfg["num_hidden_layers"]:
+        return types[index]
+    return "mtp" if index >= cfg["num_hidden_layers"] else ("linear_attention" if index % 4 != 3 else "dsa")
+
+
+def _mlp_type(cfg: dict[str, Any], index: int) -> str:
+    types = cfg.get("mlp_layer_types") or []
+    if index < len(types) and index < cfg["num_hidden_layers"]:
+        return types[index]
+    if index >= cfg["num_hidden_layers"]:
+        return "sparse"
+    return "dense" if index < cfg.get("first_k_dense_replace", 3) else "sparse"
+
+
+def _kda(cfg: dict[str, Any]) -> list[TensorSpec]:
+    h, d, k, hidden = cfg["linear_num_heads"], cfg["linear_head_dim"], cfg["linear_conv_kernel_dim"], cfg["hidden_size"]
+    out = [TensorSpec(f"self_attn.{p}_proj.weight", (h * d, hidden)) for p in "qkv"]
+    out += [TensorSpec(f"self_attn.{p}_conv1d.weight", (h * d, 1, k), fp32=True) for p in "qkv"]
+    return out + [
+        TensorSpec("self_attn.f_a_proj.weight", (d, hidden)), TensorSpec("self_attn.f_b_proj.weight", (h * d, d)),
+        TensorSpec("self_attn.dt_bias", (h * d,), fp32=True), TensorSpec("self_attn.A_log", (h,), fp32=True),
+        TensorSpec("self_attn.b_proj.weight", (h, hidden)),
+        TensorSpec("self_attn.g_a_proj.weight", (d, hidden)), TensorSpec("self_attn.g_b_proj.weight", (h * d, d)),
+        TensorSpec("self_attn.o_norm.weight", (d,)), TensorSpec("self_attn.o_proj.weight", (hidden, h * d)),
+    ]
+
+
+def _mla(cfg: dict[str, Any]) -> list[TensorSpec]:
+    hidden, heads, ql, kvl = cfg["hidden_size"], cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope, v = cfg["qk_nope_head_dim"] + cfg.get("qk_rope_head_dim", 0), cfg["v_head_dim"]
+    ih, idim, pool = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_kpool"]
+    a = "self_attn."
+    return [
+        TensorSpec(a + "q_a_proj.weight", (ql, hidden)), TensorSpec(a + "q_a_layernorm.weight", (ql,)),
+        TensorSpec(a + "q_b_proj.weight", (heads * nope, ql)),
+        TensorSpec(a + "kv_a_proj_with_mqa.weight", (kvl, hidden)), TensorSpec(a + "kv_a_layernorm.weight", (kvl,)),
+        TensorSpec(a + "kv_b_proj.weight", (heads * (nope + v), kvl)),
+        TensorSpec(a + "o_proj.weight", (hidden, heads * v)),
+        TensorSpec(a + "indexer.wq_b.weight", (ih * idim, ql)), TensorSpec(a + "indexer.wk.weight", (idim, hidden)),
+        TensorSpec(a + "indexer.k_norm.weight", (idim,)), TensorSpec(a + "indexer.k_norm.bias", (idim,)),
+        TensorSpec(a + "indexer.weights_proj.weight", (ih, hidden)),
+        TensorSpec(a + "indexer.index_kpool_compress_ape", (pool, idim)),
+        TensorSpec(a + "indexer.index_kpool_compress_gate", (idim, hidden)),
+    ]
+
+
+def _swiglu(prefix: str, width: int, hidden: int) -> list[TensorSpec]:
+    return [TensorSpec(prefix + "gate_proj.weight", (width, hidden)), TensorSpec(prefix + "up_proj.weight",
+            (width, hidden)), TensorSpec(prefix + "down_proj.weight", (hidden, width))]
+
+
+def _mlp(cfg: dict[str, Any], kind: str) -> list[TensorSpec]:
+    hidden = cfg["hidden_size"]
+    if kind == "dense":
+        return _swiglu("mlp.", cfg["intermediate_size"], hidden)
+    experts, width = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+    out = [TensorSpec("mlp.gate.weight", (experts, hidden), fp32=True),
+           TensorSpec("mlp.gate.e_score_correction_bias", (experts,), fp32=True)]
+    for e in range(experts):
+        out += _swiglu(f"mlp.experts.{e}.", width, hidden)
+    return out + _swiglu("mlp.shared_experts.", width * cfg.get("n_shared_experts", 1), hidden)
+
+
+def _hc(cfg: dict[str, Any]) -> list[TensorSpec]:
+    hc, hidden = cfg.get("hc_mult", 4), cfg["hidden_size"]
+    out = []
+    for part in ("attn", "ffn"):
+        out += [TensorSpec(f"hc_{part}_fn", ((2 + hc) * hc, hc * hidden)),
+                TensorSpec(f"hc_{part}_base", ((2 + hc) * hc,), fp32=True),
+                TensorSpec(f"hc_{part}_scale", (3,), fp32=True)]
+    return out
+
+
+def layer_tensors(cfg: dict[str, Any], index: int) -> list[TensorSpec]:
+    hidden, kind = cfg["hidden_size"], _layer_type(cfg, index)
+    norms = [TensorSpec("input_layernorm.weight", (hidden,)), TensorSpec("post_attention_layernorm.weight", (hidden,))]
+    if kind == "mtp":  # DeepSeek-V3-style draft layer: no hyper-connections, MLA + MoE, shared embedding and head
+        glue = [TensorSpec("enorm.weight", (hidden,)), TensorSpec("hnorm.weight", (hidden,)),
+                TensorSpec("eh_proj.weight", (hidden, 2 * hidden)), TensorSpec("shared_head.norm.weight", (hidden,))]
+        body = glue + norms + _mla(cfg) + _mlp(cfg, "sparse")
+    else:
+        attention = _kda(cfg) if kind in KDA_TYPES else _mla(cfg)
+        body = norms + _hc(cfg) + attention + _mlp(cfg, _mlp_type(cfg, index))
+    return [TensorSpec(f"{PREFIX}layers.{index}.{t.name}", t.shape, t.fp32) for t in body]
+
+
+def text_tensors(raw: dict[str, Any]) -> list[TensorSpec]:
+    """Every text-tower tensor in checkpoint order: embeddings, layers (MTP last), final norm, LM head."""
+    cfg = text_config(raw)
+    vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
+    layers = cfg["num_hidden_layers"] + int(cfg.get("num_nextn_predict_layers", 0))
+    out = [TensorSpec(PREFIX + "embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        out += layer_tensors(cfg, i)
+    return out + [TensorSpec(PREFIX + "norm.weight", (hidden,)), TensorSpec("lm_head.weight", (vocab, hidden))]
+
+
+def split_of(name: str, raw: dict[str, Any]) -> Split:
+    """The TP plan for one tensor name (see the module docstring)."""
+    cfg = text_config(raw)
+    if name in (PREFIX + "embed_tokens.weight", "lm_head.weight"):
+        return Split(0, 1, "vocab")
+    match = _LAYER.match(name)
+    if not match:
+        return REPLICATED
+    rest, kda = match.group(2), _layer_type(cfg, int(match.group(1))) in KDA_TYPES
+    d = cfg.get("linear_head_dim", 128)
+    if rest.startswith("mlp.") and rest.endswith(("gate_proj.weight", "up_proj.weight")):
+        return Split(0, 1, "column")
+    if rest.startswith("mlp.") and rest.endswith("down_proj.weight"):
+        return Split(1, 1, "row")
+    if kda:
+        if re.fullmatch(r"self_attn\.([qkv]_proj|[qkv]_conv1d|f_b_proj|g_b_proj)\.weight|self_attn\.dt_bias", rest):
+            return Split(0, d, "column")
+        if rest in ("self_attn.A_log", "self_attn.b_proj.weight"):
+            return Split(0, 1, "column")
+        if rest == "self_attn.o_proj.weight":
+            return Split(1, d, "row")
+        return REPLICATED
+    qk = cfg.get("qk_nope_head_dim", 256) + cfg.get("qk_rope_head_dim", 0)
+    if rest == "self_attn.q_b_proj.weight":
+        return Split(0, qk, "column")
+    if rest == "self_attn.kv_b_proj.weight":
+        return Split(0, qk + cfg.get("v_head_dim", 256), "column")
+    if rest == "self_attn.o_proj.weight":
+        return Split(1, cfg.get("v_head_dim", 256), "row")
+    return REPLICATED
