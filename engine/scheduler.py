@@ -1,0 +1,287 @@
+"""Rank 0's scheduler: PARALLEL lanes, chunked prefill interleaved with decode rounds, a capped queue.
+
+All model calls happen in one dedicated thread (`Scheduler.start`). The asyncio server talks to it only through
+`submit` / `cancel` (thread-safe) and each request's `sink`, a callback that receives `Token` / `Finished` / `Failed`
+events on the scheduler thread (the server forwards them into an asyncio queue).
+
+Each iteration: drain the inbox, release finished or cancelled lanes, admit waiting requests into free lanes while
+the pool can hold their whole budget (prompt + max_tokens), then run ONE unit of work: a prompt chunk of the oldest
+filling stream or a decode round over every decoding stream, alternating when both exist, so a long prompt never
+freezes running replies. The step is broadcast to the other ranks and applied through the same `StepExecutor`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from engine.sampling import SamplingParams, sample
+from engine.worker import StepExecutor, StepPlan
+
+log = logging.getLogger("engine.scheduler")
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str                 # "stop" (end token), "length" (max_tokens) or "cancelled"
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+Event = Token | Finished | Failed
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__("the server is at capacity; retry later")
+        self.retry_after_s = retry_after_s
+
+
+class Unavailable(Exception):
+    """The engine cannot serve any more (a rank died or a step failed); the message says why."""
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    sink: Callable[[Event], None]
+    stop_ids: frozenset[int] = frozenset()
+    background: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+    lane: int | None = None
+    filled: int = 0
+    output: list[int] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def budget(self) -> int:
+        """Pool tokens this request may need by its end."""
+        return len(self.prompt) + self.params.max_tokens
+
+    @property
+    def prefilling(self) -> bool:
+        return self.filled < len(self.prompt)
+
+
+class Scheduler:
+    def __init__(self, executor: StepExecutor, group: Any, *, parallel: int, max_queued: int,
+                 prefill_chunk: int = 128, heartbeat_s: float = 1.0, retry_after_s: int = 5,
+                 on_broken: Callable[[str], None] | None = None) -> None:
+        self.executor = executor
+        self.group = group
+        self.parallel = parallel
+        self.max_queued = max_queued
+        self.prefill_chunk = prefill_chunk
+        self.heartbeat_s = heartbeat_s
+        self.retry_after_s = retry_after_s
+        self.on_broken = on_broken
+        self.broken: str | None = None
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._background: collections.deque[Request] = collections.deque()
+        self._lanes: list[Request | None] = [None] * parallel
+        self._to_release: list[int] = []
+        self._prefill_turn = True
+        self._lock = threading.Lock()
+        self._in_system = 0
+        self._thread: threading.Thread | None = None
+        self.totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "cancelled": 0}
+        self._stats: dict[str, Any] = {}
+        self._refresh_stats()
+
+    # -- called from other threads ----------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        if self.broken:
+            raise Unavailable(self.broken)
+        with self._lock:
+            if self._in_system >= self.parallel + self.max_queued:
+                raise QueueFull(self.retry_after_s)
+            self._in_system += 1
+        self._inbox.put(("submit", request))
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(("cancel", request_id))
+
+    def stats(self) -> dict[str, Any]:
+        return self._stats
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._inbox.put(("stop", None))
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- the scheduler thread ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                if self._drain(block=not self._has_work()):
+                    self._fail_everyone("the server is shutting down")
+                    self._run(StepPlan(releases=self._to_release, shutdown=True))
+                    self.executor.release_all()
+                    return
+                plan, work = self._plan()
+                self._apply(work, self._run(plan))
+                self._refresh_stats()
+        except Exception as exc:  # a peer died or a step failed: latch, fail everything, report
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("scheduler stopped: %s", reason)
+            self.broken = reason
+            self._fail_everyone(f"the engine stopped: {reason}")
+            self._refresh_stats()
+            if self.on_broken is not None:
+                self.on_broken(reason)
+
+    def _has_work(self) -> bool:
+        return bool(self._to_release or any(self._lanes) or
+                    ((self._waiting or self._background) and self._free_lane() is not None))
+
+    def _drain(self, block: bool) -> bool:
+        """Take every inbox message; wait (sending heartbeats to the peers) when there is nothing to do.
+        Returns True on a stop request."""
+        while True:
+            try:
+                kind, value = self._inbox.get(timeout=self.heartbeat_s) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                if not block:
+                    return False
+                self._run(StepPlan())  # heartbeat: a dead peer shows up as a failed collective
+                continue
+            block = False
+            if kind == "stop":
+                return True
+            if kind == "submit":
+                (self._background if value.background else self._waiting).append(value)
+            elif kind == "cancel":
+                self._cancel(value)
+
+    def _cancel(self, request_id: str) -> None:
+        for line in (self._waiting, self._background):
+            for req in line:
+                if req.id == request_id:
+                    line.remove(req)
+                    self._finish(req, "cancelled")
+                    return
+        for req in self._lanes:
+            if req is not None and req.id == request_id:
+                self._finish(req, "cancelled")
+                return
+
+    def _free_lane(self) -> int | None:
+        return next((i for i, req in enumerate(self._lanes) if req is None), None)
+
+    def _plan(self) -> tuple[StepPlan, tuple[str, list[Request]] | None]:
+        plan = StepPlan(releases=self._to_release)
+        self._to_release = []
+        reserved = sum(req.budget for req in self._lanes if req is not None)
+        while (lane := self._free_lane()) is not None and (self._waiting or self._background):
+            line = self._waiting or self._background
+            if reserved + line[0].budget > self.executor.pool.num_tokens:
+                if not any(self._lanes) and line[0].budget > self.executor.pool.num_tokens:
+                    self._finish(line.popleft(), "failed", "the request needs more cache than the whole pool")
+                    continue
+                break  # it waits until running streams hand back their rows
+            req = line.popleft()
+            req.lane, reserved = lane, reserved + req.budget
+            self.totals["prompt_tokens"] += len(req.prompt)
+            self._lanes[lane] = req
+            plan.admits.append(lane)
+        filling = sorted((r for r in self._lanes if r is not None and r.prefilling), key=lambda r: r.arrival)
+        decoding = [r for r in self._lanes if r is not None and not r.prefilling]
+        if filling and (self._prefill_turn or not decoding):
+            req = filling[0]
+            chunk = req.prompt[req.filled: req.filled + self.prefill_chunk]
+            plan.prefill = (req.lane, chunk)
+            self._prefill_turn = False
+            return plan, ("prefill", [req])
+        if decoding:
+            plan.decode = ([r.lane for r in decoding], [r.output[-1] for r in decoding])
+            self._prefill_turn = True
+            return plan, ("decode", decoding)
+        return plan, None
+
+    def _run(self, plan: StepPlan) -> Any:
+        self.group.broadcast_object(plan)
+        return self.executor.run(plan)
+
+    def _apply(self, work: tuple[str, list[Request]] | None, logits: Any) -> None:
+        if work is None:
+            return
+        self.totals["steps"] += 1
+        kind, reqs = work
+        if kind == "prefill":
+            req = reqs[0]
+            req.filled += min(self.prefill_chunk, len(req.prompt) - req.filled)
+            if not req.prefilling:
+                self._emit(req, sample(logits, req.params, len(req.prompt)))
+            return
+        for row, req in enumerate(reqs):
+            self._emit(req, sample(logits[row], req.params, len(req.prompt) + len(req.output)))
+
+    def _emit(self, req: Request, token: int) -> None:
+        req.output.append(token)
+        self.totals["completion_tokens"] += 1
+        if token in req.stop_ids:
+            self._finish(req, "stop")
+            return
+        self._send(req, Token(token))
+        if len(req.output) >= req.params.max_tokens:
+            self._finish(req, "length")
+
+    def _finish(self, req: Request, reason: str, message: str = "") -> None:
+        if req.done:
+            return
+        req.done = True
+        if req.lane is not None:
+            self._lanes[req.lane] = None
+            self._to_release.append(req.lane)
+        with self._lock:
+            self._in_system -= 1
+        self.totals["requests"] += 1
+        self.totals["cancelled"] += reason == "cancelled"
+        self._send(req, Failed(message) if reason == "failed" else Finished(reason, len(req.output)))
+
+    def _send(self, req: Request, event: Event) -> None:
+        try:
+            req.sink(event)
+        except Exception:  # the receiving side went away; the request is cancelled by its own handler
+            log.debug("sink of %s refused an event", req.id)
+
+    def _fail_everyone(self, message: str) -> None:
+        for req in [*self._waiting, *self._background, *(r for r in self._lanes if r is not None)]:
+            self._finish(req, "failed", message)
+        self._waiting.clear()
+        self._background.clear()
+
+    def _refresh_stats(self) -> None:
+        running = [r for r in self._lanes if r is not None]
+        pool = self.executor.pool
+        self._stats = {
+            "requests_running": len(running),
+            "requests_waiting": len(self._waiting) + len(self._background),
+            "streams": {"decoding": sum(not r.prefilling for r in running),
+                        "prefilling": sum(r.prefilling for r in running), "max": self.parallel},
+            "pool_tokens": int(pool.num_tokens),
+            "pool_free_tokens": int(pool.free_tokens),
+            "totals": dict(self.totals),
+            "broken": self.broken,
+        }

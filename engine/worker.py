@@ -1,0 +1,87 @@
+"""Step plans and the code that runs them, on every rank.
+
+Rank 0's scheduler decides each step (which lanes end, which start, one prompt chunk or one decode round) and
+broadcasts it as a small `StepPlan`; every rank, rank 0 included, applies it through the same `StepExecutor`, so the
+model sees the same calls in the same order everywhere. Ranks > 0 run `follow_plans` until a shutdown plan arrives
+or rank 0 disappears (a collective then fails and the rank exits).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger("engine.worker")
+
+
+@dataclass
+class StepPlan:
+    releases: list[int] = field(default_factory=list)          # lanes whose sequence ends (slots back to the pool)
+    admits: list[int] = field(default_factory=list)            # lanes that get a fresh sequence
+    prefill: tuple[int, list[int]] | None = None               # (lane, prompt chunk ids)
+    decode: tuple[list[int], list[int]] | None = None          # (lanes, one token id each)
+    shutdown: bool = False
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return not (self.releases or self.admits or self.prefill or self.decode or self.shutdown)
+
+
+class StepExecutor:
+    """Holds this rank's sequences by lane and applies plans to the model."""
+
+    def __init__(self, model: Any, pool: Any) -> None:
+        self.model = model
+        self.pool = pool
+        self.lanes: dict[int, Any] = {}
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> torch.Tensor | None:
+        """Apply one plan; returns prefill logits [vocab], decode logits [B, vocab], or None."""
+        for lane in plan.releases:
+            seq = self.lanes.pop(lane, None)
+            if seq is not None:
+                seq.release()
+        for lane in plan.admits:
+            self.lanes[lane] = self.model.new_sequence(self.pool)
+        if plan.prefill is not None:
+            lane, ids = plan.prefill
+            return self.model.prefill(self.lanes[lane], list(ids))
+        if plan.decode is not None:
+            lanes, tokens = plan.decode
+            return self.model.decode([self.lanes[lane] for lane in lanes], list(tokens))
+        return None
+
+    def release_all(self) -> None:
+        for lane in list(self.lanes):
+            self.lanes.pop(lane).release()
+
+
+def follow_plans(group: Any, executor: StepExecutor) -> int:
+    """The loop of ranks > 0. Returns the process exit code: 0 on a shutdown plan, 1 when rank 0 is gone."""
+    steps = 0
+    while True:
+        try:
+            plan = group.broadcast_object(None)
+        except Exception as exc:  # the peer closed the connection or the collective timed out
+            print(f"rank {group.rank}: rank 0 is gone ({type(exc).__name__}: {exc}); exiting", file=sys.stderr,
+                  flush=True)
+            return 1
+        if not isinstance(plan, StepPlan):
+            print(f"rank {group.rank}: unexpected message {type(plan).__name__}; exiting", file=sys.stderr, flush=True)
+            return 1
+        if plan.shutdown:
+            log.info("rank %d: shutdown after %d steps", group.rank, steps)
+            executor.release_all()
+            return 0
+        try:
+            executor.run(plan)
+        except Exception as exc:
+            print(f"rank {group.rank}: step {steps} failed ({type(exc).__name__}: {exc}); exiting", file=sys.stderr,
+                  flush=True)
+            return 1
+        steps += 1
