@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from engine.checkpoint.layout import TensorSpec, text_tensors
+from engine.checkpoint.layout import TensorSpec, text_tensors, vision_tensors
 from engine.checkpoint.tokenizer_build import EOS_TOKENS, PAD_TOKEN, token_ids, write_tokenizer
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -83,25 +83,6 @@ def build_config(size: str, tokenizer_size: int) -> dict[str, Any]:
     return dict(architectures=["Glm5NextForConditionalGeneration"], model_type="glm5_next",
                 text_config=dict(sorted(text.items())), vision_config=dict(sorted(vision.items())),
                 tie_word_embeddings=False, dtype="bfloat16", eos_token_id=eos, pad_token_id=pad, **img)
-
-
-def vision_tensors(config: dict[str, Any]) -> list[TensorSpec]:
-    v, out = config["vision_config"], config["vision_config"]["out_hidden_size"]
-    h, inter, head = v["hidden_size"], v["intermediate_size"], v["hidden_size"] // v["num_heads"]
-    pi, p, t, m = v["projection_intermediate_size"], v["patch_size"], v["temporal_patch_size"], v["spatial_merge_size"]
-    specs = [("patch_embed.proj.weight", (h, v["in_channels"], t, p, p)), ("patch_embed.proj.bias", (h,))]
-    for b in range(v["depth"]):
-        specs += [(f"blocks.{b}.{n}", s) for n, s in (
-            ("norm1.weight", (h,)), ("norm2.weight", (h,)), ("attn.qkv.weight", (3 * h, h)), ("attn.qkv.bias", (3 * h,)),
-            ("attn.q_norm.weight", (head,)), ("attn.k_norm.weight", (head,)), ("attn.proj.weight", (h, h)),
-            ("attn.proj.bias", (h,)), ("mlp.gate_proj.weight", (inter, h)), ("mlp.gate_proj.bias", (inter,)),
-            ("mlp.up_proj.weight", (inter, h)), ("mlp.up_proj.bias", (inter,)), ("mlp.down_proj.weight", (h, inter)),
-            ("mlp.down_proj.bias", (h,)))]
-    specs += [("post_layernorm.weight", (h,)), ("downsample.weight", (out, h, m, m)), ("downsample.bias", (out,)),
-              ("merger.proj.weight", (out, out)), ("merger.post_projection_norm.weight", (out,)),
-              ("merger.post_projection_norm.bias", (out,)), ("merger.gate_proj.weight", (pi, out)),
-              ("merger.up_proj.weight", (pi, out)), ("merger.down_proj.weight", (out, pi))]
-    return [TensorSpec("model.visual." + n, s) for n, s in specs]
 
 
 def _generator(seed: int, name: str) -> torch.Generator:

@@ -188,3 +188,25 @@ def split_of(name: str, raw: dict[str, Any]) -> Split:
     if rest == "self_attn.o_proj.weight":
         return Split(1, cfg.get("v_head_dim", 256), "row")
     return REPLICATED
+
+
+def vision_tensors(config: dict[str, Any]) -> list[TensorSpec]:
+    """The vision tower's tensors (`model.visual.*`) from `vision_config`; empty when the config has none."""
+    if not config.get("vision_config"):
+        return []
+    v, out = config["vision_config"], config["vision_config"]["out_hidden_size"]
+    h, inter, head = v["hidden_size"], v["intermediate_size"], v["hidden_size"] // v["num_heads"]
+    pi, p, t, m = v["projection_intermediate_size"], v["patch_size"], v["temporal_patch_size"], v["spatial_merge_size"]
+    specs = [("patch_embed.proj.weight", (h, v["in_channels"], t, p, p)), ("patch_embed.proj.bias", (h,))]
+    for b in range(v["depth"]):
+        specs += [(f"blocks.{b}.{n}", s) for n, s in (
+            ("norm1.weight", (h,)), ("norm2.weight", (h,)), ("attn.qkv.weight", (3 * h, h)), ("attn.qkv.bias", (3 * h,)),
+            ("attn.q_norm.weight", (head,)), ("attn.k_norm.weight", (head,)), ("attn.proj.weight", (h, h)),
+            ("attn.proj.bias", (h,)), ("mlp.gate_proj.weight", (inter, h)), ("mlp.gate_proj.bias", (inter,)),
+            ("mlp.up_proj.weight", (inter, h)), ("mlp.up_proj.bias", (inter,)), ("mlp.down_proj.weight", (h, inter)),
+            ("mlp.down_proj.bias", (h,)))]
+    specs += [("post_layernorm.weight", (h,)), ("downsample.weight", (out, h, m, m)), ("downsample.bias", (out,)),
+              ("merger.proj.weight", (out, out)), ("merger.post_projection_norm.weight", (out,)),
+              ("merger.post_projection_norm.bias", (out,)), ("merger.gate_proj.weight", (pi, out)),
+              ("merger.up_proj.weight", (pi, out)), ("merger.down_proj.weight", (out, pi))]
+    return [TensorSpec("model.visual." + n, s) for n, s in specs]
