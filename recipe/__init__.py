@@ -1,0 +1,1 @@
+"""The head-side recipe: settings, plan, launch and the `sparks` CLI. Never imports torch."""

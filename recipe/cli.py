@@ -1,0 +1,226 @@
+"""`sparks`: the command line. Parses options, calls the core, renders what it returns.
+
+The one error boundary is `_guarded`: a RecipeError prints its message and fix and exits non-zero; any other
+exception too, with a traceback only when SPARKS_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import typer
+
+from recipe import control, launch, ui
+from recipe.docs import settings_markdown, update_readme
+from recipe.errors import LaunchError, RecipeError
+from recipe.host import detect_host
+from recipe.logs import LogFollower
+from recipe.plan import Plan, build_plan
+from recipe.settings import REPO_ROOT, Settings, load_settings
+from recipe.smoke import smoke_test
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Serve GLM-5.3-Flash on DGX Sparks, or on this machine when no WORKER is set.")
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+STEPS = 5
+
+
+def _guarded(command: Callable[..., int | None]) -> Callable[..., None]:
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            code = command(*args, **kwargs) or 0
+        except RecipeError as error:
+            if os.environ.get("SPARKS_DEBUG") == "1":
+                raise
+            ui.show_error(error)
+            raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            ui.warn("interrupted")
+            raise typer.Exit(130) from None
+        except (typer.Exit, SystemExit):
+            raise
+        except Exception as error:  # a defect: say so plainly, keep the traceback for SPARKS_DEBUG=1
+            if os.environ.get("SPARKS_DEBUG") == "1":
+                raise
+            ui.show_error(RecipeError(f"unexpected {type(error).__name__}: {error}",
+                                      "run again with SPARKS_DEBUG=1 for the traceback, and report it"))
+            raise typer.Exit(1) from None
+        raise typer.Exit(code)
+
+    return run
+
+
+def _settings_and_plan(extra: tuple[str, ...] = ()) -> tuple[Settings, Plan]:
+    settings = load_settings()
+    for warning in settings.warnings:
+        ui.warn(warning)
+    return settings, build_plan(settings, detect_host(), extra)
+
+
+@app.command(context_settings=PASS_THROUGH)
+@_guarded
+def start(ctx: typer.Context) -> int:
+    """Start every rank (does nothing when already running). Extra arguments go to `engine serve` on every rank."""
+    return _start(restart=False, extra=tuple(ctx.args))
+
+
+@app.command(context_settings=PASS_THROUGH)
+@_guarded
+def restart(ctx: typer.Context) -> int:
+    """Build and check the new plan first, then stop the running server and start again."""
+    return _start(restart=True, extra=tuple(ctx.args))
+
+
+@app.command()
+@_guarded
+def stop() -> int:
+    """Stop every rank; each rank's log is saved under LOG_DIR."""
+    settings = load_settings()
+    run_dir = Path(settings.log_dir, "run")
+    if settings.dry_run:
+        current = control.status(run_dir)
+        ranks = ", ".join(str(r.rank) for r in current.state.ranks) if current.state else "none"
+        ui.say(f"DRY_RUN=1: would stop ranks {ranks} (up to {settings.stop_timeout}s) and save their logs "
+               f"under {settings.log_dir}; nothing is stopped.")
+        return 0
+    ui.show_stop(control.stop(run_dir, Path(settings.log_dir), settings.log_keep, settings.stop_timeout,
+                              ui.ConsoleReporter()))
+    return 0
+
+
+@app.command()
+@_guarded
+def status() -> int:
+    """Show each rank, rank 0's health and the API URL. Exit code 0 while every rank runs, else 3."""
+    settings = load_settings()
+    current = control.status(Path(settings.log_dir, "run"))
+    ui.show_status(current)
+    return 0 if current.running else 3
+
+
+@app.command()
+@_guarded
+def plan(as_json: bool = typer.Option(False, "--json", help="print the plan as JSON")) -> int:
+    """Print what `start` would run: every rank's command, environment, mounts and ports (secrets masked)."""
+    settings, the_plan = _settings_and_plan()
+    if as_json:
+        print(the_plan.to_json())
+    else:
+        ui.show_plan(the_plan, settings)
+    return 0
+
+
+@app.command("settings")
+@_guarded
+def settings_command(
+    markdown: bool = typer.Option(False, "--markdown", help="print the README's settings table"),
+    write_readme: bool = typer.Option(False, "--write-readme", help="regenerate the table inside README.md"),
+) -> int:
+    """Show every setting's effective value and where it came from (secrets hidden)."""
+    if markdown:
+        print(settings_markdown())
+    elif write_readme:
+        changed = update_readme(REPO_ROOT / "README.md")
+        ui.say("README.md updated." if changed else "README.md was already up to date.")
+    else:
+        ui.show_settings(load_settings())
+    return 0
+
+
+def _start(restart: bool, extra: tuple[str, ...]) -> int:
+    settings, the_plan = _settings_and_plan(extra)
+    current = control.status(Path(the_plan.run_dir))
+    if settings.dry_run:
+        return _dry_run(settings, the_plan, current, restart)
+    if current.running and not restart:
+        ui.say(f"{current.state.served_name} is already running ({len(current.state.ranks)} ranks, API "
+               f"{current.state.api_url}): nothing to do.")
+        ui.say("./start.sh restart restarts it (with new settings, say); ./stop.sh stops it.")
+        return 0
+    ui.headline(settings, the_plan)
+    reporter = ui.ConsoleReporter()
+    ui.step(1, STEPS, "Settings checked; clearing the way")
+    _clear_previous(settings, current, reporter)
+    launch.check_ports_free(the_plan)
+    ui.step(2, STEPS, "Checkpoint")
+    launch.prepare(the_plan, reporter)
+    ui.step(3, STEPS, f"Launching {the_plan.tp} rank(s), workers first, rank 0 last")
+    launch.save_leftover_logs(the_plan, Path(settings.log_dir), settings.log_keep)
+    state, handles = launch.launch(the_plan, {"API_KEY": settings.api_key})
+    for proc in state.ranks:
+        reporter.note(f"rank {proc.rank}: pid {proc.pid}, log {proc.log}")
+    if settings.foreground:
+        return _follow(settings, the_plan, handles)
+    return _wait_and_check(settings, the_plan, state, reporter)
+
+
+def _dry_run(settings: Settings, the_plan: Plan, current: control.Status, restart: bool) -> int:
+    ui.headline(settings, the_plan)
+    ui.say("DRY_RUN=1: printing the plan; nothing is stopped, started or written.")
+    if current.running:
+        ui.say("DRY_RUN: the server is running now; a real restart would stop it first"
+               if restart else "DRY_RUN: the server is running now; a real start would do nothing")
+    elif current.state is not None:
+        ui.say("DRY_RUN: a previous run is recorded but not all of its ranks run; a real start would stop it first")
+    ui.show_plan(the_plan, settings)
+    return 0
+
+
+def _clear_previous(settings: Settings, current: control.Status, reporter: ui.ConsoleReporter) -> None:
+    if current.state is None:
+        reporter.note("Nothing running before: starting fresh")
+        return
+    why = "restart: stopping the running server" if current.running else (
+        "only some ranks of the last run are running: stopping them first" if current.partly_running
+        else "the last run's ranks have exited: saving their logs")
+    reporter.note(why)
+    result = control.stop(Path(settings.log_dir, "run"), Path(settings.log_dir), settings.log_keep,
+                          settings.stop_timeout, reporter)
+    for rank in result.ranks:
+        reporter.note(f"rank {rank.rank}: {rank.outcome}" + (f", log saved to {rank.saved_log}" if rank.saved_log else ""))
+
+
+def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter) -> int:
+    ui.step(4, STEPS, f"Loading on every rank (up to {settings.wait_timeout}s, WAIT_TIMEOUT)")
+    started = time.monotonic()
+    health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
+    reporter.note(f"Rank 0 answered after {time.monotonic() - started:.0f}s")
+    ui.step(5, STEPS, "Smoke test: one short chat request through rank 0")
+    try:
+        result = smoke_test(the_plan.api_url, the_plan.served_name, settings.api_key)
+    except LaunchError as error:
+        raise LaunchError(error.message, error.fix, logs=launch.last_lines(state)) from None
+    reporter.note(f"OK: {result.text.strip()[:60]!r}, {result.completion_tokens} tokens in {result.seconds:.1f}s")
+    ui.live_banner(the_plan, settings, health, result)
+    return 0
+
+
+def _follow(settings: Settings, the_plan: Plan, handles: dict) -> int:
+    """FOREGROUND=1: print rank 0's log as it grows until rank 0 exits; Ctrl-C or any rank exiting stops all."""
+    follower = LogFollower(Path(the_plan.rank0.log))
+    reporter = ui.ConsoleReporter()
+    stop_all = functools.partial(control.stop, Path(the_plan.run_dir), Path(settings.log_dir), settings.log_keep,
+                                 settings.stop_timeout, reporter)
+    ui.say(f"FOREGROUND=1: following rank 0's log ({the_plan.rank0.log}); Ctrl-C stops every rank.")
+    try:
+        while True:
+            for text in follower.new_lines():
+                print(text, flush=True)
+            exited = {rank: h.poll() for rank, h in handles.items() if h.poll() is not None}
+            if exited:
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        stop_all()
+        return 130
+    for text in follower.new_lines():
+        print(text, flush=True)
+    for rank, code in exited.items():
+        ui.warn(f"rank {rank} exited with code {code}: stopping the others")
+    stop_all()
+    return exited.get(0, 1) or (1 if any(exited.values()) else 0)

@@ -1,0 +1,206 @@
+"""The process executor: make what the plan prepares, start every rank, wait until rank 0 answers.
+
+Ranks run in their own session (so a Ctrl-C in the terminal does not reach them, and a stop can signal a rank and
+everything it started), with output to LOG_DIR/run/rank<N>.log. The PIDs go to a state file that `stop` and
+`status` read. Nothing here prints: progress goes through a `Reporter`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Mapping, Protocol
+
+import httpx
+
+from recipe.errors import LaunchError, RecipeError
+from recipe.logs import LogFollower, save_log, tail
+from recipe.plan import Plan, PrepareStep
+from recipe.runstate import RankProcess, RunState, save_state, start_ticks
+
+POLL_S = 0.5
+SECRET_NAMES = ("HF_TOKEN", "API_KEY")
+
+
+class Reporter(Protocol):
+    def note(self, text: str) -> None: ...
+    def warn(self, text: str) -> None: ...
+    def line(self, source: str, text: str) -> None: ...
+
+
+class Quiet:
+    """A reporter that keeps what it is told (tests read `.notes`)."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    warn = note
+
+    def line(self, source: str, text: str) -> None:
+        self.notes.append(f"{source}: {text}")
+
+
+def prepare(plan: Plan, reporter: Reporter, timeout_s: float = 1800) -> None:
+    """Run each prepare step that is not done yet (output into a partial folder, renamed on success)."""
+    for step in plan.prepare:
+        if step.done or Path(step.final, "config.json").is_file():
+            reporter.note(f"Reusing {step.final}")
+            continue
+        reporter.note(f"First run: {step.description} in {step.final}")
+        _run_step(step, reporter, timeout_s)
+
+
+def _run_step(step: PrepareStep, reporter: Reporter, timeout_s: float) -> None:
+    shutil.rmtree(step.output, ignore_errors=True)
+    Path(step.output).parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, env=scrubbed_environ({}))
+    lines: list[str] = []
+
+    def relay() -> None:
+        for text in proc.stdout or ():
+            lines.append(text.rstrip())
+            reporter.line("make-demo", text.rstrip())
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    reader.join(timeout=5)
+    if code != 0:
+        raise LaunchError(f"{step.description} failed (exit code {code})",
+                          f"see the lines above; the command was: {' '.join(step.argv)}",
+                          logs={"make-demo": lines[-25:]})
+    shutil.rmtree(step.final, ignore_errors=True)
+    os.replace(step.output, step.final)
+
+
+def scrubbed_environ(extra: Mapping[str, str]) -> dict[str, str]:
+    """This environment without secrets, plus `extra`: what a local rank starts with."""
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_NAMES}
+    env.update(extra)
+    return env
+
+
+def check_ports_free(plan: Plan) -> None:
+    for rank in plan.ranks:
+        for port in rank.ports:
+            if not port_is_free(port):
+                name = "PORT" if port == rank.ports[0] else "MASTER_PORT"
+                raise RecipeError(f"port {port} ({name}) is already in use on this machine by another program",
+                                  f"stop that program, or write {name}=<a free port>")
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def launch(plan: Plan, secrets: Mapping[str, str]) -> tuple[RunState, dict[int, subprocess.Popen]]:
+    """Start every rank in the plan's order; returns the recorded state and the process handles."""
+    if plan.runtime != "process":
+        raise RecipeError("starting ranks in Docker on Sparks is not built yet (it lands with the preflight and "
+                          "image issues)", "use DRY_RUN=1 to see the plan, or remove WORKER to run locally")
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for secret in plan.secret_files:
+        _write_secret(Path(secret.path), secrets[secret.setting])
+    handles: dict[int, subprocess.Popen] = {}
+    recorded = []
+    for rank in plan.ranks:
+        with open(rank.log, "wb") as log:
+            proc = subprocess.Popen(rank.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=scrubbed_environ(rank.env), start_new_session=True)
+        handles[rank.rank] = proc
+        recorded.append(RankProcess(rank.rank, proc.pid, start_ticks(proc.pid) or 0, rank.log))
+    state = RunState(runtime=plan.runtime, served_name=plan.served_name, api_url=plan.api_url,
+                     health_url=plan.health_url, started_at=time.time(), ranks=tuple(recorded))
+    save_state(run_dir, state)
+    return state, handles
+
+
+def _write_secret(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value)
+
+
+def wait_ready(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter,
+               tick_s: float = 15.0) -> dict:
+    """Follow the rank logs until rank 0's /health answers 200; fail early when a rank exits."""
+    followers = {r.rank: LogFollower(Path(r.log)) for r in state.ranks}
+    started = time.monotonic()
+    next_tick = started + tick_s
+    while True:
+        for rank, follower in followers.items():
+            for text in follower.new_lines():
+                reporter.line(f"rank {rank}", text)
+        _fail_if_a_rank_exited(state)
+        health = probe_health(plan.health_url)
+        if health is not None:
+            return health
+        now = time.monotonic()
+        if now - started > timeout_s:
+            raise LaunchError(f"the server did not answer within {timeout_s:.0f}s (WAIT_TIMEOUT)",
+                              "the ranks are still running: follow their logs, or ./stop.sh", logs=last_lines(state))
+        if now >= next_tick:
+            reporter.note(f"⋯ {now - started:.0f}s elapsed, waiting for rank 0 to answer {plan.health_url}")
+            next_tick = now + tick_s
+        time.sleep(POLL_S)
+
+
+def _fail_if_a_rank_exited(state: RunState) -> None:
+    alive = state.alive()
+    dead = [r for r in state.ranks if not alive[r.rank]]
+    if dead:
+        names = ", ".join(f"rank {r.rank} (pid {r.pid})" for r in dead)
+        raise LaunchError(f"{names} exited before the server was ready",
+                          "read the last log lines above; ./stop.sh stops the ranks still running",
+                          logs=last_lines(state))
+
+
+def last_lines(state: RunState, count: int = 25) -> dict[str, list[str]]:
+    return {f"rank {r.rank} ({r.log})": tail(Path(r.log), count) for r in state.ranks}
+
+
+def probe_health(url: str, timeout_s: float = 3.0) -> dict | None:
+    """Rank 0's /health as JSON when it answers 200, else None."""
+    try:
+        reply = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    if reply.status_code != 200:
+        return None
+    try:
+        body = reply.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def save_leftover_logs(plan: Plan, log_dir: Path, keep: int) -> list[Path]:
+    """Logs a crashed run left in the run folder are evidence: save them before a new start overwrites them."""
+    saved = []
+    for rank in plan.ranks:
+        path = save_log(Path(rank.log), log_dir, rank.rank, keep) if rank.runtime == "process" else None
+        if path:
+            saved.append(path)
+            Path(rank.log).unlink(missing_ok=True)
+    return saved

@@ -1,0 +1,226 @@
+"""The plan: what `start` will run, as a value. DRY_RUN and `sparks plan` print it; `start` executes it.
+
+One `RankPlan` per rank in start order (workers first, rank 0 last), each with its node, runtime, full command,
+the environment it adds, mounts, ports and log. Secrets never enter a command or the environment: the API key
+reaches the engine as a file (`--api-key-file`), and the printed form masks anything that looks secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from recipe.errors import RecipeError
+from recipe.host import HostFacts
+from recipe.plan_docker import docker_argv, docker_env, docker_checkpoint, docker_mounts
+from recipe.schema import load_specs
+from recipe.settings import Settings
+
+DEMO_SEED = 0
+DEMO_SIZE = "small"
+SECRET_ENV_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    node: str                      # "local" or the ssh target it runs on
+    runtime: str                   # "process" or "docker"
+    argv: tuple[str, ...]          # the full command
+    env: Mapping[str, str]         # added on top of the node's environment
+    mounts: tuple[Mount, ...] = ()
+    ports: tuple[int, ...] = ()    # what this rank listens on
+    log: str = ""                  # where its output goes
+
+
+@dataclass(frozen=True)
+class PrepareStep:
+    """Something made once before the first launch (the demo checkpoint); skipped when `done`."""
+
+    description: str
+    argv: tuple[str, ...]
+    output: str                    # argv writes here ...
+    final: str                     # ... and it is renamed here when it succeeds, so half a result never counts
+    done: bool
+
+
+@dataclass(frozen=True)
+class SecretFile:
+    """A file written (mode 0600) just before launch holding one secret setting's value."""
+
+    path: str
+    setting: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    runtime: str
+    tp: int
+    device: str
+    checkpoint: str
+    served_name: str
+    api_url: str                   # what clients use
+    health_url: str                # what the recipe polls (rank 0, from this machine)
+    run_dir: str                   # live logs and the state file
+    ranks: tuple[RankPlan, ...]    # start order
+    prepare: tuple[PrepareStep, ...] = ()
+    secret_files: tuple[SecretFile, ...] = ()
+    summary: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def rank0(self) -> RankPlan:
+        return next(r for r in self.ranks if r.rank == 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The printable form: secret-looking environment values masked."""
+        return {
+            "runtime": self.runtime, "tp": self.tp, "device": self.device, "checkpoint": self.checkpoint,
+            "served_name": self.served_name, "api_url": self.api_url, "health_url": self.health_url,
+            "run_dir": self.run_dir, "summary": dict(self.summary),
+            "prepare": [{"description": p.description, "command": list(p.argv), "output": p.final, "done": p.done}
+                        for p in self.prepare],
+            "secret_files": [{"path": f.path, "holds": f.setting} for f in self.secret_files],
+            "ranks": [_rank_dict(r) for r in self.ranks],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _rank_dict(rank: RankPlan) -> dict[str, Any]:
+    return {
+        "rank": rank.rank, "node": rank.node, "runtime": rank.runtime, "command": list(rank.argv),
+        "env": {k: mask_env(k, v) for k, v in rank.env.items()},
+        "mounts": [f"{m.source}:{m.target}{':ro' if m.read_only else ''}" for m in rank.mounts],
+        "ports": list(rank.ports), "log": rank.log,
+    }
+
+
+def mask_env(name: str, value: str) -> str:
+    return "***" if any(word in name.upper() for word in SECRET_ENV_WORDS) else value
+
+
+def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] = ()) -> Plan:
+    """Every rank's launch, derived from settings and host facts only (no side effects)."""
+    runtime = settings.effective_runtime
+    run_dir = os.path.join(settings.log_dir, "run")
+    secret_files = (SecretFile(os.path.join(run_dir, "api_key"), "API_KEY"),) if settings.api_key else ()
+    if runtime == "process":
+        checkpoint, prepare = _local_checkpoint(settings, host)
+        ranks = tuple(_process_rank(settings, host, r, checkpoint, run_dir, secret_files, extra_args)
+                      for r in _start_order(settings.tp))
+    else:
+        checkpoint, prepare = docker_checkpoint(settings), ()
+        ranks = tuple(_docker_rank(settings, host, r, checkpoint, secret_files, extra_args)
+                      for r in _start_order(settings.tp))
+    plan = Plan(runtime=runtime, tp=settings.tp, device=host.device if runtime == "process" else "GPU",
+                checkpoint=checkpoint, served_name=settings.served_name, api_url=_api_url(settings) + "/v1",
+                health_url=_local_url(settings) + "/health", run_dir=run_dir, ranks=ranks, prepare=prepare,
+                secret_files=secret_files, summary=_summary(settings))
+    _check_no_secret_leaks(plan, settings)
+    return plan
+
+
+def _start_order(tp: int) -> list[int]:
+    return list(range(tp - 1, 0, -1)) + [0]
+
+
+def _local_checkpoint(settings: Settings, host: HostFacts) -> tuple[str, tuple[PrepareStep, ...]]:
+    if settings.checkpoint:
+        return settings.checkpoint, ()
+    final = os.path.join(settings.cache_dir, f"demo-{DEMO_SIZE}-{DEMO_SEED}")
+    partial = final + ".partial"
+    step = PrepareStep(
+        description=f"make the engine's {DEMO_SIZE} demo checkpoint (seeded random weights, same architecture)",
+        argv=(host.python, "-m", "engine", "make-demo", partial, "--size", DEMO_SIZE, "--seed", str(DEMO_SEED)),
+        output=partial, final=final, done=Path(final, "config.json").is_file())
+    return final, (step,)
+
+
+def serve_flags(settings: Settings, rank: int, master: str, api_key_file: str | None) -> list[str]:
+    """`engine serve` flags after the checkpoint: the same on every rank but `--rank`."""
+    flags = ["--tp", str(settings.tp), "--rank", str(rank), "--master", master,
+             "--host", settings.host, "--port", str(settings.port), "--name", settings.served_name,
+             "--parallel", str(settings.parallel), "--context", str(settings.context),
+             "--max-tokens", str(settings.max_tokens), "--kv", settings.kv]
+    if api_key_file:
+        flags += ["--api-key-file", api_key_file]
+    return flags
+
+
+def engine_env(settings: Settings) -> dict[str, str]:
+    """Environment variables the engine reads, from each setting whose consumer is `engine env NAME`."""
+    env = {}
+    for name, spec in load_specs().items():
+        if spec.consumer.startswith("engine env "):
+            shown = settings.shown(name)
+            if shown != "":
+                env[spec.consumer.split()[-1]] = shown
+    return env
+
+
+def _process_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str, run_dir: str,
+                  secret_files: tuple[SecretFile, ...], extra: tuple[str, ...]) -> RankPlan:
+    key_file = secret_files[0].path if secret_files else None
+    argv = (host.python, "-m", "engine", "serve", checkpoint,
+            *serve_flags(settings, rank, f"127.0.0.1:{settings.master_port}", key_file), *extra)
+    env = {**engine_env(settings), "PYTHONUNBUFFERED": "1"}
+    if not host.gpu:
+        # Ranks share this machine's cores; without a cap each would start one thread per core.
+        env["OMP_NUM_THREADS"] = str(max(1, host.cpu_count // settings.tp))
+    ports = (settings.port, settings.master_port) if rank == 0 else ()
+    return RankPlan(rank=rank, node="local", runtime="process", argv=argv, env=env, ports=ports,
+                    log=os.path.join(run_dir, f"rank{rank}.log"))
+
+
+def _docker_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str,
+                 secret_files: tuple[SecretFile, ...], extra: tuple[str, ...]) -> RankPlan:
+    node = "local" if rank == 0 else settings.workers[rank - 1]
+    mounts = docker_mounts(settings, secret_files)
+    key_file = "/run/secrets/api_key" if secret_files else None
+    serve = ("python", "-m", "engine", "serve", checkpoint,
+             *serve_flags(settings, rank, f"{host.link.master_addr}:{settings.master_port}", key_file), *extra)
+    env = {**engine_env(settings), **docker_env(settings, host.link)}
+    argv = docker_argv(settings, env, mounts, serve)
+    ports = (settings.port, settings.master_port) if rank == 0 else ()
+    return RankPlan(rank=rank, node=node, runtime="docker", argv=argv, env=env, mounts=mounts, ports=ports,
+                    log=f"docker logs -f {settings.container_name}")
+
+
+def _local_url(settings: Settings) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return f"http://{_bracket(host)}:{settings.port}"
+
+
+def _api_url(settings: Settings) -> str:
+    return _local_url(settings)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _summary(settings: Settings) -> dict[str, Any]:
+    return {"model": settings.served_name, "context": settings.context, "parallel": settings.parallel,
+            "max_tokens": settings.max_tokens, "kv": settings.kv, "dense": settings.dense,
+            "drafter": settings.drafter, "thinking": settings.thinking, "port": settings.port}
+
+
+def _check_no_secret_leaks(plan: Plan, settings: Settings) -> None:
+    """A defect guard: no secret value may reach a command line or an environment."""
+    secrets = [v for v in (settings.api_key, settings.hf_token) if v]
+    for rank in plan.ranks:
+        words = [*rank.argv, *rank.env.values()]
+        if any(secret == word or (len(secret) >= 8 and secret in word) for secret in secrets for word in words):
+            raise RecipeError(f"internal error: a secret reached rank {rank.rank}'s command or environment",
+                              "report this; nothing was started")

@@ -1,0 +1,152 @@
+"""Everything the CLI shows: step headers, progress lines, the plan, tables and the LIVE banner (rich)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from recipe.control import Status, StopResult
+from recipe.errors import LaunchError, RecipeError
+from recipe.plan import Plan
+from recipe.settings import Settings
+from recipe.smoke import SmokeResult
+
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class ConsoleReporter:
+    """The launcher's progress, printed: notes, warnings and rank log lines (indented under the step)."""
+
+    def note(self, text: str) -> None:
+        console.print(f"  {escape(text)}")
+
+    def warn(self, text: str) -> None:
+        errors.print(f"  [yellow]warning:[/] {escape(text)}")
+
+    def line(self, source: str, text: str) -> None:
+        if text.strip():
+            console.print(f"  [dim]│ {escape(source)}:[/] {escape(text)}")
+
+
+def step(number: int, total: int, text: str) -> None:
+    console.print(f"[bold magenta][{number}/{total}][/] [bold]{escape(text)}[/]")
+
+
+def say(text: str) -> None:
+    console.print(escape(text))
+
+
+def warn(text: str) -> None:
+    errors.print(f"[yellow]warning:[/] {escape(text)}")
+
+
+def show_error(error: RecipeError) -> None:
+    if isinstance(error, LaunchError):
+        for source, lines in error.logs.items():
+            errors.print(f"[dim]── {escape(source)}: last log lines ──[/]")
+            for text in lines or ["(empty)"]:
+                errors.print(f"  [dim]│[/] {escape(text)}")
+    errors.print(f"[bold red]error:[/] {escape(error.message)}" + (f" [dim]→[/] {escape(error.fix)}" if error.fix else ""))
+
+
+def headline(settings: Settings, plan: Plan) -> None:
+    if plan.runtime == "process":
+        where = (f"embedded default: {plan.tp} local process(es) on this machine's {plan.device}, "
+                 + ("the engine's demo checkpoint (random weights, not GLM-5.3-Flash)" if plan.prepare
+                    else f"checkpoint {plan.checkpoint}"))
+    else:
+        where = f"{plan.tp} DGX Spark(s) in Docker, {settings.model_id}"
+    console.print(f"[bold]GLM-5.3-Flash on Sparks[/] [dim]· {escape(where)}[/]")
+    s = plan.summary
+    console.print(f"[dim]{s['parallel']} at once · {s['context']}-token window · {s['kv']} KV · "
+                  f"port {s['port']}[/]")
+
+
+def show_plan(plan: Plan, settings: Settings) -> None:
+    for prep in plan.prepare:
+        state = "already there, reused" if prep.done else "not there yet: would be made first"
+        console.print(f"[bold]prepare[/] {escape(prep.final)} ({state})")
+        console.print(f"    {escape(shlex.join(prep.argv))}")
+    for secret in plan.secret_files:
+        console.print(f"[bold]secret file[/] {escape(secret.path)} (mode 600, holds {secret.setting})")
+    for rank, item in zip(plan.ranks, plan.to_dict()["ranks"]):
+        where = "here" if rank.node == "local" else f"on {rank.node}"
+        console.print(f"[bold]rank {rank.rank}[/] {where} ({rank.runtime}):")
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in item["env"].items())
+        console.print(f"    [dim]env:[/] {escape(env)}")
+        for mount in item["mounts"]:
+            console.print(f"    [dim]mount:[/] {escape(mount)}")
+        console.print(f"    {escape(shlex.join(rank.argv))}", soft_wrap=True)
+        ports = ", ".join(str(p) for p in rank.ports) or "none"
+        console.print(f"    [dim]listens on: {ports} · log: {escape(rank.log)}[/]")
+    console.print(f"[dim]start order: ranks {', '.join(str(r.rank) for r in plan.ranks)} · "
+                  f"API {escape(plan.api_url)}[/]")
+
+
+def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult) -> None:
+    window = health.get("context_length", plan.summary["context"])
+    extras = " · thinking" if settings.thinking else ""
+    console.print(f"\n[bold green]✔ {escape(plan.served_name)} is LIVE[/] on port {settings.port}")
+    rows = [
+        ("API", f"{plan.api_url}  (model: {plan.served_name}; OpenAI-compatible)"),
+        ("Window", f"{window} tokens · {settings.parallel} at once · {settings.kv} KV · {settings.dense} dense weights"
+                   f" · drafter {settings.drafter}{extras}"),
+        ("Ranks", f"{plan.tp} × {plan.runtime} on the {plan.device}" + (" (demo checkpoint)" if plan.prepare else "")),
+        ("Smoke", f"{smoke.text.strip()[:40]!r} in {smoke.seconds:.1f}s"),
+        ("Logs", "  ".join(f"rank {r.rank}: {r.log}" for r in sorted(plan.ranks, key=lambda r: r.rank))),
+        ("Restart", "./start.sh restart"),
+        ("Stop", "./stop.sh"),
+    ]
+    for label, text in rows:
+        console.print(f"  [bold]{label:<8}[/] {escape(text)}")
+
+
+def show_stop(result: StopResult) -> None:
+    if not result.found:
+        say("Nothing is running (no recorded ranks): nothing to stop.")
+        return
+    for rank in result.ranks:
+        saved = f"; its log: {rank.saved_log}" if rank.saved_log else ""
+        say(f"rank {rank.rank} (pid {rank.pid}): {rank.outcome}{saved}")
+    say("Stopped every rank.")
+
+
+def show_status(status: Status) -> None:
+    if status.state is None:
+        say("Not running (no recorded ranks). Start it with ./start.sh")
+        return
+    table = Table(show_edge=False)
+    for column in ("rank", "pid", "state", "log"):
+        table.add_column(column)
+    for proc in status.state.ranks:
+        alive = status.alive.get(proc.rank)
+        table.add_row(str(proc.rank), str(proc.pid), "[green]running[/]" if alive else "[red]exited[/]", proc.log)
+    console.print(table)
+    if status.health is not None:
+        h = status.health
+        say(f"Health: answering · {h.get('requests_running', '?')} request(s) running · "
+            f"window {h.get('context_length', '?')} tokens · API {status.state.api_url}")
+    elif status.running:
+        say(f"Health: rank 0 runs but {status.state.health_url} does not answer yet (still loading?)")
+    else:
+        say("Some ranks have exited: ./start.sh restart starts them again, ./stop.sh cleans up.")
+
+
+def show_settings(settings: Settings) -> None:
+    from recipe.schema import load_specs
+
+    table = Table(show_edge=False)
+    for column in ("setting", "value", "from"):
+        table.add_column(column)
+    for name in load_specs():
+        table.add_row(name, escape(settings.shown(name)), settings.origins.get(name, "default"))
+    console.print(table)
+
+
+def path_text(path: Path | str) -> str:
+    return escape(str(path))

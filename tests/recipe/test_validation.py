@@ -1,0 +1,90 @@
+"""Every setting rejects a bad value in one line naming it, before anything is stopped, started or written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from recipe.cli import app
+from recipe.schema import load_specs
+
+INVALID = {
+    "TP": "4", "WORKER": "user@@spark2", "WORKER2": "bad host!", "FABRIC_PEER": "300.1.1.1", "FABRIC_PEER2": "a_b",
+    "MASTER_PORT": "70000", "MODEL_ID": "no-slash", "MODEL_REVISION": "has space", "HF_CACHE": "relative/path",
+    "HF_TOKEN": "two words", "SERVED_NAME": "bad name", "HOST": "localhost", "PORT": "80a", "PARALLEL": "9",
+    "CONTEXT": "2000000", "MAX_TOKENS": "0", "KV": "fp4", "DENSE": "int8", "DRAFTER": "dflash2", "THINKING": "yes",
+    "VISION": "2", "VISION_URLS": "true", "KV_POOL_GIB": "-1", "MEMORY_RESERVE_GIB": "lots", "KDA_CHUNKED": "on",
+    "IMAGE": "Bad Image", "CONTAINER_NAME": "-bad", "RUNTIME": "kubernetes", "CHECKPOINT": "rel/dir",
+    "CACHE_DIR": "rel", "DRY_RUN": "maybe", "WAIT_TIMEOUT": "0", "LOG_DIR": "logs", "LOG_KEEP": "-2",
+    "STOP_TIMEOUT": "1h", "FOREGROUND": "yes", "API_KEY": "has space",
+}
+
+RULES = [
+    ({"DRAFTER": "mtp", "PARALLEL": "4"}, "PARALLEL=4"),
+    ({"TP": "3", "WORKER": "me@spark2"}, "WORKER2 is empty"),
+    ({"TP": "2", "WORKER": "me@spark2", "WORKER2": "me@spark3"}, "WORKER2 is set too"),
+    ({"TP": "3", "WORKER": "me@spark2", "WORKER2": "other@SPARK2"}, "same node"),
+    ({"RUNTIME": "process", "WORKER": "me@spark2"}, "RUNTIME=process"),
+    ({"RUNTIME": "docker", "TP": "2"}, "WORKER is empty"),
+    ({"PORT": "9000", "MASTER_PORT": "9000"}, "PORT and MASTER_PORT"),
+    ({"VISION_URLS": "1"}, "VISION_URLS=1"),
+    ({"FABRIC_PEER": "10.0.0.2"}, "FABRIC_PEER=10.0.0.2"),
+    ({"WORKER2": "me@spark3"}, "WORKER2=me@spark3"),
+]
+
+
+def run(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *args: str):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return CliRunner().invoke(app, list(args) or ["start"])
+
+
+def assert_rejected_untouched(result, sandbox: Path, *words: str) -> None:
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error:") and all(w in lines[0] for w in words), lines[0]
+    assert not (sandbox / "logs").exists() and not (sandbox / "cache").exists()
+
+
+def test_every_setting_has_an_invalid_case() -> None:
+    assert set(INVALID) == set(load_specs())
+
+
+@pytest.mark.parametrize("name", list(INVALID))
+def test_invalid_value_is_rejected(sandbox: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    result = run(monkeypatch, {name: INVALID[name]})
+    assert_rejected_untouched(result, sandbox, name, "write ")
+    if load_specs()[name].is_secret:
+        assert INVALID[name] not in result.output
+    else:
+        assert repr(INVALID[name]) in result.output
+
+
+@pytest.mark.parametrize("env, words", RULES)
+def test_rules_between_settings(sandbox: Path, monkeypatch: pytest.MonkeyPatch, env: dict, words: str) -> None:
+    assert_rejected_untouched(run(monkeypatch, env), sandbox, words)
+
+
+def test_malformed_local_sh_is_rejected_by_start(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (sandbox / "config-root" / "scripts" / "local.sh").write_text("WORKER=\nalias x=y\n")
+    assert_rejected_untouched(run(monkeypatch, {}), sandbox, "scripts/local.sh line 2")
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run(monkeypatch, {"DRY_RUN": "1", "API_KEY": "sk-very-secret-key"})
+    assert result.exit_code == 0, result.output
+    assert "engine serve" in result.output and "--rank 1" in result.output and "--rank 0" in result.output
+    assert "sk-very-secret-key" not in result.output
+    assert not (sandbox / "logs").exists() and not (sandbox / "cache").exists()
+
+
+def test_unexpected_errors_print_one_line_without_traceback(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("recipe.cli.build_plan", lambda *a, **k: 1 / 0)
+    result = run(monkeypatch, {}, "plan")
+    assert result.exit_code == 1
+    assert "ZeroDivisionError" in result.output and "Traceback" not in result.output
+    monkeypatch.setenv("SPARKS_DEBUG", "1")
+    assert isinstance(CliRunner().invoke(app, ["plan"]).exception, ZeroDivisionError)
