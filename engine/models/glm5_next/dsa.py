@@ -1,0 +1,147 @@
+"""DeepSeek Sparse Attention (the `indexed_attention` layers): MLA without RoPE plus a lightning indexer.
+
+MLA: q = q_b(rmsnorm(q_a(x))) per head; the key/value source is one normalised latent per token,
+c = rmsnorm(kv_a(x)) (kv_lora_rank wide), which is all the cache keeps. Heads read it through kv_b, applied in
+absorbed form: scores = (q·W_k)·c and out = W_v·(probs·c), identical in value to expanding K and V per head.
+
+Indexer ("KPool"): each token also caches an index key k = LayerNorm(wk(x)) and a gate score s = G·x. Every
+`index_kpool` consecutive tokens, once all present, form a pool whose key is the per-channel softmax(s + ape)
+weighted mean of their keys. A query scores each pool with Σ_h w_h(x)·ReLU(q_h·k_pool / √d) (w scaled by H^-1/2),
+may only pick pools whose last token it can see, keeps the best index_topk / kpool of them, and always keeps its
+own unfinished pool (the visible tokens past the last complete pool). Attention then runs over exactly the tokens
+of the chosen pools plus that tail. When a query sees no more pools than it may pick, every pool is chosen and the
+layer is plain causal attention (the "dense" regime).
+
+Defined behaviour. A query's selection is a function of the tokens it can see and nothing else, so a whole prompt,
+the same prompt cut in chunks, and token-by-token decoding must select alike. transformers breaks that in one place:
+pool scores tie EXACTLY whenever every head's ReLU is zero for several pools (frequent with few index heads), and
+`topk` then picks among the tied pools by an order that depends on the candidate tensor's length — the whole-prompt
+forward (all pools of the prompt, the invisible ones masked) and the cached decode (only the pools cached so far)
+break the same tie differently, which is the ~0.05..2 logit gap between the two. We define ties: the earlier pool
+wins (a stable sort by score). Away from exact ties our selection equals both of the reference's paths, and the
+parity tests compare against the reference only where its selection is tie-free.
+
+Tensor parallel: MLA heads split across ranks (q_b and kv_b column-wise, o_proj row-wise); q_a, kv_a and the
+whole indexer are replicated so every rank selects the same tokens bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import ops
+from engine.cache import Sequence
+from engine.checkpoint.loader import CheckpointReader
+from engine.models.glm5_next.config import TextConfig
+from engine.parallel import ParallelGroup
+
+
+class SparseMLA:
+    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
+                 pool_layer: int, runs_indexer: bool) -> None:
+        self.group, self.pool_layer, self.runs_indexer = group, pool_layer, runs_indexer
+        self.eps = cfg.rms_norm_eps
+        self.rank_dim, self.nope, self.v_dim = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
+        self.scaling = cfg.qk_head_dim ** -0.5
+        heads = cfg.num_attention_heads
+        p = prefix + "self_attn."
+        self.q_a = reader.get(p + "q_a_proj.weight")
+        self.q_a_norm = reader.get(p + "q_a_layernorm.weight")
+        self.q_b = reader.get(p + "q_b_proj.weight", dim=0, units=heads)
+        self.kv_a = reader.get(p + "kv_a_proj_with_mqa.weight")
+        self.kv_a_norm = reader.get(p + "kv_a_layernorm.weight")
+        kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads)
+        self.local_heads = kv_b.shape[0] // (self.nope + self.v_dim)
+        kv_b = kv_b.view(self.local_heads, self.nope + self.v_dim, self.rank_dim)
+        self.w_k, self.w_v = kv_b[:, : self.nope], kv_b[:, self.nope:]
+        self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
+        self.kpool, self.pick = cfg.index_kpool, cfg.index_topk // cfg.index_kpool
+        self.keep_tail = cfg.index_kpool_always_select_tail
+        self.idx_heads, self.idx_dim = cfg.index_n_heads, cfg.index_head_dim
+        if runs_indexer:
+            i = p + "indexer."
+            self.wq_b = reader.get(i + "wq_b.weight")
+            self.wk = reader.get(i + "wk.weight")
+            self.k_norm_w, self.k_norm_b = reader.get(i + "k_norm.weight"), reader.get(i + "k_norm.bias")
+            self.head_weights = reader.get(i + "weights_proj.weight")
+            self.ape = reader.get(i + "index_kpool_compress_ape")
+            self.pool_gate = reader.get(i + "index_kpool_compress_gate")
+
+    @property
+    def row_width(self) -> int:
+        return self.rank_dim + 2 * self.idx_dim
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Cache rows [N, row_width] for tokens x [N, hidden]: latent | index key | pool gate score."""
+        latent = ops.rms_norm(x @ self.kv_a.t(), self.kv_a_norm, self.eps)
+        if not self.runs_indexer:
+            return torch.cat([latent, x.new_zeros(x.shape[0], 2 * self.idx_dim)], dim=-1)
+        key = ops.layer_norm(x @ self.wk.t(), self.k_norm_w, self.k_norm_b, 1e-6)
+        return torch.cat([latent, key, x @ self.pool_gate.t()], dim=-1)
+
+    def _select(self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+                ) -> torch.Tensor:
+        """Visibility mask [T, L] over the L cached tokens for the queries at `positions` (one stream)."""
+        length = rows.shape[0]
+        causal = torch.arange(length)[None, :] <= positions[:, None]
+        n_pools = length // self.kpool
+        pool_end = torch.arange(n_pools) * self.kpool + self.kpool - 1
+        visible_pools = pool_end[None, :] <= positions[:, None]                        # [T, P]
+        if n_pools <= self.pick or int(visible_pools.sum(-1).max()) <= self.pick:
+            return causal                                                              # dense regime
+        keys = rows[: n_pools * self.kpool, self.rank_dim: self.rank_dim + self.idx_dim]
+        gates = rows[: n_pools * self.kpool, self.rank_dim + self.idx_dim:]
+        shape = (n_pools, self.kpool, self.idx_dim)
+        weights = torch.softmax(gates.reshape(shape) + self.ape, dim=1)
+        pool_keys = (weights * keys.reshape(shape)).sum(1)                             # [P, d]
+        q = (q_low @ self.wq_b.t()).view(-1, self.idx_heads, self.idx_dim)
+        scores = torch.relu(torch.einsum("thd,pd->thp", q, pool_keys) * self.idx_dim ** -0.5)
+        head_w = (x @ self.head_weights.t()) * self.idx_heads ** -0.5
+        index = torch.einsum("th,thp->tp", head_w, scores)
+        index = index.masked_fill(~visible_pools, torch.finfo(index.dtype).min)
+        # stable sort: among equal scores (ReLU zeros tie often) the earlier pool wins, whatever the tensor's length
+        chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : self.pick]
+        chosen_ok = visible_pools.gather(-1, chosen)
+        pool_mask = torch.zeros_like(visible_pools).scatter_(-1, chosen, chosen_ok)     # [T, P]
+        mask = torch.zeros(positions.shape[0], length, dtype=torch.bool)
+        mask[:, : n_pools * self.kpool] = pool_mask.repeat_interleave(self.kpool, dim=1)
+        if self.keep_tail:
+            tail_start = (positions + 1) - (positions + 1) % self.kpool
+            mask |= causal & (torch.arange(length)[None, :] >= tail_start[:, None])
+        return mask & causal
+
+    def _attend(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [T, Hl, nope], latents [L, r], mask [T, L] -> [T, Hl * v]."""
+        q_abs = torch.einsum("thd,hdr->thr", q, self.w_k)
+        scores = torch.einsum("thr,lr->thl", q_abs, latents) * self.scaling
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        ctx = torch.einsum("thl,lr->thr", torch.softmax(scores, dim=-1), latents)
+        return torch.einsum("thr,hvr->thv", ctx, self.w_v).flatten(1)
+
+    def _stream(self, x: torch.Tensor, q_low: torch.Tensor, seq: Sequence, positions: torch.Tensor,
+                shared_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = seq.pool.read(self.pool_layer, seq.slots[: int(positions[-1]) + 1])
+        mask = self._select(x, q_low, rows, positions) if self.runs_indexer else shared_mask
+        q = (q_low @ self.q_b.t()).view(x.shape[0], self.local_heads, self.nope)
+        return self._attend(q, rows[:, : self.rank_dim], mask), mask
+
+    def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict) -> torch.Tensor:
+        """x: [T, hidden] for positions seq.length .. seq.length+T-1 (their pool slots already allocated)."""
+        start = seq.length
+        seq.pool.write(self.pool_layer, seq.slots[start: start + x.shape[0]], self._rows(x))
+        q_low = ops.rms_norm(x @ self.q_a.t(), self.q_a_norm, self.eps)
+        positions = torch.arange(start, start + x.shape[0])
+        out, selection[id(seq)] = self._stream(x, q_low, seq, positions, selection.get(id(seq)))
+        return self.group.sum_partials(out @ self.o_proj.t())
+
+    def decode(self, x: torch.Tensor, seqs: list[Sequence], selection: dict) -> torch.Tensor:
+        rows = self._rows(x)
+        q_low = ops.rms_norm(x @ self.q_a.t(), self.q_a_norm, self.eps)
+        outs = []
+        for i, seq in enumerate(seqs):
+            seq.pool.write(self.pool_layer, seq.slots[seq.length: seq.length + 1], rows[i: i + 1])
+            positions = torch.tensor([seq.length])
+            out, selection[id(seq)] = self._stream(x[i: i + 1], q_low[i: i + 1], seq, positions,
+                                                   selection.get(id(seq)))
+            outs.append(out)
+        return self.group.sum_partials(torch.cat(outs) @ self.o_proj.t())

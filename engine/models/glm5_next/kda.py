@@ -1,0 +1,100 @@
+"""Kimi Delta Attention (the `linear_attention` layers).
+
+Per token: q/k/v projections through one short causal depthwise conv (+SiLU), q and k L2-normalised (q also scaled
+by d^-1/2), a per-channel log-decay g = lower_bound · sigmoid(e^A_log · (f_b(f_a(x)) + dt_bias)) (the bound scales,
+it does not clamp), a per-head write strength beta = sigmoid(b(x)); the delta rule updates each head's dk×dv fp32
+state; the output is RMS-normalised per head, gated by sigmoid(g_b(g_a(x))), and projected back.
+
+Tensor parallel: heads are split across ranks (projections column-wise, o_proj row-wise); f_a and g_a are replicated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import ops
+from engine.cache import Sequence
+from engine.checkpoint.loader import CheckpointReader
+from engine.models.glm5_next.config import TextConfig
+from engine.parallel import ParallelGroup
+
+
+class KimiDeltaAttention:
+    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
+                 layer: int) -> None:
+        self.layer, self.group = layer, group
+        self.head_dim = cfg.linear_head_dim
+        self.lower_bound = cfg.linear_lower_bound
+        self.eps = cfg.rms_norm_eps
+        heads = cfg.linear_num_heads
+        p = prefix + "self_attn."
+
+        def column(name: str) -> torch.Tensor:
+            return reader.get(p + name, dim=0, units=heads)
+
+        self.qkv_proj = torch.cat([column(f"{n}_proj.weight") for n in "qkv"])          # [3*Hl*d, hidden]
+        self.conv = torch.cat([column(f"{n}_conv1d.weight") for n in "qkv"]).squeeze(1)  # [3*Hl*d, K]
+        self.f_a = reader.get(p + "f_a_proj.weight")
+        self.f_b = column("f_b_proj.weight")
+        self.dt_bias = column("dt_bias")
+        self.a_decay = column("A_log").exp()                                             # [Hl]
+        self.b_proj = column("b_proj.weight")
+        self.g_a = reader.get(p + "g_a_proj.weight")
+        self.g_b = column("g_b_proj.weight")
+        self.o_norm = reader.get(p + "o_norm.weight")
+        self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
+        self.local_heads = self.b_proj.shape[0]
+        self.width = self.local_heads * self.head_dim
+
+    def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-decay [N, Hl, d], beta [N, Hl], output gate [N, Hl, d] for tokens x [N, hidden]."""
+        shape = (x.shape[0], self.local_heads, self.head_dim)
+        raw = ((x @ self.f_a.t()) @ self.f_b.t() + self.dt_bias).view(shape)
+        if self.lower_bound is not None:
+            g = self.lower_bound * torch.sigmoid(self.a_decay[:, None] * raw)
+        else:
+            g = -self.a_decay[:, None] * torch.nn.functional.softplus(raw, threshold=20.0)
+        beta = torch.sigmoid(x @ self.b_proj.t())
+        gate = ((x @ self.g_a.t()) @ self.g_b.t()).view(shape)
+        return g, beta, gate
+
+    def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        shape = (mixed.shape[0], self.local_heads, self.head_dim)
+        q, k, v = (t.reshape(shape) for t in mixed.split(self.width, dim=-1))
+        return ops.l2norm(q) * self.head_dim ** -0.5, ops.l2norm(k), v
+
+    def _output(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        normed = ops.rms_norm(core, self.o_norm, self.eps) * torch.sigmoid(gate)
+        return self.group.sum_partials(normed.flatten(1) @ self.o_proj.t())
+
+    def _fresh_state(self, seq: Sequence) -> None:
+        if self.layer not in seq.kda_state:
+            seq.kda_state[self.layer] = torch.zeros(self.local_heads, self.head_dim, self.head_dim)
+            seq.conv_state[self.layer] = torch.zeros(self.conv.shape[0], self.conv.shape[1] - 1)
+
+    def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict | None = None) -> torch.Tensor:
+        """x: [T, hidden] — a chunk of one stream; its state advances."""
+        self._fresh_state(seq)
+        mixed, seq.conv_state[self.layer] = ops.causal_conv(x @ self.qkv_proj.t(), seq.conv_state[self.layer],
+                                                            self.conv)
+        q, k, v = self._split_qkv(mixed)
+        g, beta, gate = self._gates(x)
+        core, seq.kda_state[self.layer] = ops.kda_chunked(seq.kda_state[self.layer], q, k, v, g, beta)
+        return self._output(core, gate)
+
+    def decode(self, x: torch.Tensor, seqs: list[Sequence], selection: dict | None = None) -> torch.Tensor:
+        """x: [B, hidden] — one token for each stream."""
+        for seq in seqs:
+            self._fresh_state(seq)
+        projected = x @ self.qkv_proj.t()
+        windows = torch.stack([s.conv_state[self.layer] for s in seqs])                # [B, C, K-1]
+        seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)                # [B, C, K]
+        mixed = torch.nn.functional.silu((seqs_in * self.conv).sum(-1))
+        q, k, v = self._split_qkv(mixed)
+        g, beta, gate = self._gates(x)
+        state = torch.stack([s.kda_state[self.layer] for s in seqs])
+        core, state = ops.kda_step(state, q, k, v, g, beta)
+        for i, seq in enumerate(seqs):
+            seq.kda_state[self.layer] = state[i]
+            seq.conv_state[self.layer] = seqs_in[i, :, 1:].clone()
+        return self._output(core, gate)

@@ -1,0 +1,148 @@
+"""GLM-5.3-Flash's text tower: embeddings → hc_mult streams → decoder layers → stream mean → norm → LM head.
+
+Two entry points over explicit per-stream state (`engine.cache.Sequence`):
+- `prefill(seq, ids)`: a chunk of one stream's prompt (any size, continuing where the stream stopped);
+- `decode(seqs, ids)`: one token for each of several streams.
+Both return fp32 logits for the last token of each stream, identical on every rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine import ops
+from engine.cache import KVPool, Sequence
+from engine.checkpoint.loader import CheckpointReader
+from engine.models.glm5_next.config import DSA, TextConfig
+from engine.models.glm5_next.dsa import SparseMLA
+from engine.models.glm5_next.kda import KimiDeltaAttention
+from engine.models.glm5_next.mhc import HyperConnection
+from engine.models.glm5_next.moe import DenseMLP, MoE
+from engine.parallel import ParallelGroup, shard_range
+
+PREFIX = "model.language_model."
+
+
+def _checkpoint_prefix(reader: CheckpointReader) -> str:
+    for prefix in (PREFIX, "model."):
+        if reader.has(prefix + "embed_tokens.weight"):
+            return prefix
+    raise RuntimeError(f"{reader.path}: no embed_tokens.weight under {PREFIX!r} or 'model.'")
+
+
+class DecoderLayer:
+    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
+                 index: int, pool_layer: int | None) -> None:
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = reader.get(prefix + "input_layernorm.weight")
+        self.post_norm = reader.get(prefix + "post_attention_layernorm.weight")
+        self.attn_hc = HyperConnection(cfg, reader, prefix + "hc_attn")
+        self.ffn_hc = HyperConnection(cfg, reader, prefix + "hc_ffn")
+        self.is_dsa = cfg.layer_types[index] == DSA
+        if self.is_dsa:
+            self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, cfg.indexer_types[index] == "full")
+        else:
+            self.attn = KimiDeltaAttention(cfg, reader, prefix, group, index)
+        sparse = cfg.mlp_layer_types[index] == "sparse"
+        self.mlp = (MoE if sparse else DenseMLP)(cfg, reader, prefix, group)
+
+    def forward(self, streams: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        streams = self.attn_hc.around(streams, lambda h: attend(ops.rms_norm(h, self.input_norm, self.eps)))
+        return self.ffn_hc.around(streams, lambda h: self.mlp(ops.rms_norm(h, self.post_norm, self.eps)))
+
+
+class Glm5NextForCausalLM:
+    def __init__(self, cfg: TextConfig, reader: CheckpointReader, group: ParallelGroup,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.cfg, self.group = cfg, group
+        prefix = _checkpoint_prefix(reader)
+        self.vocab_start, self.vocab_stop = shard_range(cfg.vocab_size, group.rank, group.world)
+        self.embed = reader.get(prefix + "embed_tokens.weight", dim=0)
+        self.norm = reader.get(prefix + "norm.weight")
+        head = "lm_head.weight" if reader.has("lm_head.weight") else prefix + "embed_tokens.weight"
+        self.lm_head = reader.get(head, dim=0)
+        self.layers: list[DecoderLayer] = []
+        dsa_seen = 0
+        for i in range(cfg.num_hidden_layers):
+            self.layers.append(DecoderLayer(cfg, reader, f"{prefix}layers.{i}.", group, i,
+                                            dsa_seen if cfg.layer_types[i] == DSA else None))
+            dsa_seen += cfg.layer_types[i] == DSA
+            if progress:
+                progress(f"loaded layer {i + 1}/{cfg.num_hidden_layers}")
+        self.num_pool_layers = dsa_seen
+        self.mtp = self._load_mtp(reader, prefix)
+
+    @classmethod
+    def load(cls, path: str | Path, group: ParallelGroup | None = None,
+             progress: Callable[[str], None] | None = None) -> "Glm5NextForCausalLM":
+        group = group or ParallelGroup.single()
+        cfg = TextConfig.from_file(path)
+        reader = CheckpointReader(path, group)
+        try:
+            return cls(cfg, reader, group, progress)
+        finally:
+            reader.close()
+
+    def _load_mtp(self, reader: CheckpointReader, prefix: str) -> dict[str, torch.Tensor]:
+        """The next-token-prediction layer's weights (kept for drafting; not used by the forward pass yet)."""
+        mtp_prefix = f"{prefix}layers.{self.cfg.num_hidden_layers}."
+        return {n[len(mtp_prefix):]: reader.get(n) for n in reader.names() if n.startswith(mtp_prefix)}
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    @property
+    def pool_row_width(self) -> int:
+        return next((layer.attn.row_width for layer in self.layers if layer.is_dsa), 1)
+
+    def cache_bytes_per_token(self, kv: str = "fp32") -> int:
+        return KVPool.bytes_per_token(max(self.num_pool_layers, 1), self.pool_row_width, kv)
+
+    def make_pool(self, num_tokens: int, kv: str = "fp32") -> KVPool:
+        return KVPool(max(self.num_pool_layers, 1), num_tokens, self.pool_row_width, kv)
+
+    def new_sequence(self, pool: KVPool) -> Sequence:
+        return Sequence(pool)
+
+    # -- forward -------------------------------------------------------------------------------------------------
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.vocab_start
+        inside = (local >= 0) & (local < self.embed.shape[0])
+        rows = self.embed[local.clamp(0, self.embed.shape[0] - 1)] * inside[:, None]
+        return self.group.sum_partials(rows)
+
+    def _logits(self, streams: torch.Tensor) -> torch.Tensor:
+        hidden = ops.rms_norm(streams.mean(dim=1), self.norm, self.cfg.rms_norm_eps)
+        return self.group.gather_last_dim(hidden @ self.lm_head.t())
+
+    def _run(self, ids: list[int], attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        x = self._embed(torch.tensor(ids, dtype=torch.long))
+        streams = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
+        for layer in self.layers:
+            streams = layer.forward(streams, lambda h, layer=layer: attend_fn(layer, h))
+        return streams
+
+    @torch.no_grad()
+    def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
+        """Consume a chunk of one stream's tokens; fp32 logits [vocab] of its last token."""
+        if not ids:
+            raise ValueError("prefill needs at least one token")
+        if len(seq.slots) < seq.length + len(ids):
+            seq.grow(seq.length + len(ids) - len(seq.slots))
+        selection: dict = {}
+        streams = self._run(ids, lambda layer, h: layer.attn.prefill(h, seq, selection))
+        seq.length += len(ids)
+        return self._logits(streams[-1:])[0]
+
+    @torch.no_grad()
+    def decode(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
+        """One token for each stream; fp32 logits [B, vocab]."""
+        for seq in seqs:
+            if len(seq.slots) < seq.length + 1:
+                seq.grow(1)
+        selection: dict = {}
+        streams = self._run(ids, lambda layer, h: layer.attn.decode(h, seqs, selection))
+        for seq in seqs:
+            seq.length += 1
+        return self._logits(streams)

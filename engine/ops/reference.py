@@ -1,0 +1,84 @@
+"""Plain-torch kernels: the numerical definition every faster backend is checked against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x if weight is None else x * weight
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, eps)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # eps is added under the root (not clamped), as the KDA kernels define it
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """SwiGLU with GLM's limits: the gate is capped above, the up projection clamped both ways."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
+def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU over one stream.
+
+    x: [T, C] new inputs; window: [C, K-1] the previous K-1 inputs (zeros at the start); weight: [C, K].
+    Returns the outputs [T, C] and the new window.
+    """
+    seq = torch.cat([window, x.t()], dim=1)                     # [C, K-1+T]
+    kernel = weight.shape[1]
+    out = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]   # [C, T]
+    return F.silu(out.t()), seq[:, seq.shape[1] - (kernel - 1):].clone()
+
+
+def kda_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the delta rule for a batch of streams.
+
+    state: [B, H, dk, dv]; q, k: [B, H, dk] (normalised, q pre-scaled); v: [B, H, dv]; g: [B, H, dk] log-decay;
+    beta: [B, H]. Returns the output [B, H, dv] and the new state.
+    """
+    state = state * g.exp().unsqueeze(-1)
+    remembered = torch.einsum("bhkv,bhk->bhv", state, k)
+    delta = (v - remembered) * beta.unsqueeze(-1)
+    state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+    return torch.einsum("bhkv,bhk->bhv", state, q), state
+
+
+def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule over T tokens of one stream, a chunk at a time (same result as T calls of `kda_step`).
+
+    state: [H, dk, dv]; q, k: [T, H, dk]; v: [T, H, dv]; g: [T, H, dk]; beta: [T, H].
+    Inside a chunk with cumulative log-decay G, the corrections δ solve the unit lower-triangular system
+    (I + A) δ = β (v - (k·e^G) S0) with A[t,s] = β_t Σ_i k_t,i k_s,i e^(G_t,i - G_s,i) for s < t; then
+    o_t = (q_t·e^G_t) S0 + Σ_{s≤t} (Σ_i q_t,i k_s,i e^(G_t,i - G_s,i)) δ_s and S = e^G_last S0 + Σ_s (k_s e^(G_last - G_s)) δ_s.
+    """
+    outputs = []
+    for start in range(0, q.shape[0], chunk):
+        sl = slice(start, start + chunk)
+        qc, kc, vc, bc = (x[sl].transpose(0, 1) for x in (q, k, v, beta))   # [H, C, ...]
+        gc = g[sl].transpose(0, 1).cumsum(dim=1)                              # [H, C, dk]
+        n = qc.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        gap = gc.unsqueeze(2) - gc.unsqueeze(1)                               # [H, C(t), C(s), dk]
+        decay = gap.masked_fill(~causal[None, :, :, None], float("-inf")).exp()
+        kk = torch.einsum("htk,hsk,htsk->hts", kc, kc, decay)
+        a = (kk * bc.unsqueeze(-1)).masked_fill(~causal.tril(-1), 0.0)
+        rhs = bc.unsqueeze(-1) * (vc - torch.einsum("htk,hkv->htv", kc * gc.exp(), state))
+        eye = torch.eye(n, dtype=q.dtype, device=q.device)
+        delta = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+        qk = torch.einsum("htk,hsk,htsk->hts", qc, kc, decay)
+        out = torch.einsum("htk,hkv->htv", qc * gc.exp(), state) + qk @ delta
+        last = gc[:, -1:, :]                                                   # [H, 1, dk]
+        state = last.transpose(1, 2).exp() * state + torch.einsum(
+            "hsk,hsv->hkv", kc * (last - gc).exp(), delta)
+        outputs.append(out.transpose(0, 1))
+    return torch.cat(outputs, dim=0), state
