@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,24 @@ def test_malformed_local_sh_is_rejected_by_start(sandbox: Path, monkeypatch: pyt
     assert_rejected_untouched(run(monkeypatch, {}), sandbox, "scripts/local.sh line 2")
 
 
+def children() -> set[int]:
+    """PIDs whose parent is this test process."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            found.add(int(stat.parent.name))
+    return found
+
+
 def test_dry_run_prints_the_plan_and_writes_nothing(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = children()
     result = run(monkeypatch, {"DRY_RUN": "1", "API_KEY": "sk-very-secret-key"})
     assert result.exit_code == 0, result.output
+    assert children() <= before
     assert "engine serve" in result.output and "--rank 1" in result.output and "--rank 0" in result.output
     assert "sk-very-secret-key" not in result.output
     assert not (sandbox / "logs").exists() and not (sandbox / "cache").exists()

@@ -1,0 +1,68 @@
+"""The plan for TP=1/2/3 under each runtime, compared with reviewed snapshots (UPDATE_SNAPSHOTS=1 rewrites them)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from recipe.host import HostFacts
+from recipe.plan import build_plan
+from recipe.settings import load_settings
+
+SNAPSHOTS = Path(__file__).with_name("snapshots")
+HOST = HostFacts(python="python3", gpu=False, cpu_count=4)
+BASE = {"LOG_DIR": "/srv/sparks/logs", "CACHE_DIR": "/srv/sparks/cache", "HF_CACHE": "/srv/hf",
+        "API_KEY": "sk-test-0123456789", "HF_TOKEN": "hf_test0123456789"}
+WORKERS = {1: {}, 2: {"WORKER": "me@spark2"}, 3: {"WORKER": "me@spark2", "WORKER2": "me@spark3"}}
+
+
+def plan_for(root: Path, tp: int, runtime: str):
+    env = {**BASE, "TP": str(tp), "RUNTIME": runtime, **(WORKERS[tp] if runtime == "docker" else {})}
+    return build_plan(load_settings(root, env), HOST)
+
+
+@pytest.mark.parametrize("runtime", ["process", "docker"])
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_plan_snapshot(root: Path, tp: int, runtime: str) -> None:
+    plan = plan_for(root, tp, runtime)
+    text = plan.to_json() + "\n"
+    path = SNAPSHOTS / f"plan-tp{tp}-{runtime}.json"
+    if os.environ.get("UPDATE_SNAPSHOTS") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} differs; review, then UPDATE_SNAPSHOTS=1 to accept"
+
+
+@pytest.mark.parametrize("runtime", ["process", "docker"])
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_plan_shape(root: Path, tp: int, runtime: str) -> None:
+    plan = plan_for(root, tp, runtime)
+    assert [r.rank for r in plan.ranks] == list(range(tp - 1, -1, -1))  # workers first, rank 0 last
+    assert [r.ports for r in plan.ranks if r.ports] == [(8888, 29551)]   # only rank 0 listens
+    for rank in plan.ranks:
+        assert rank.argv[rank.argv.index("--rank") + 1] == str(rank.rank)
+        assert "--api-key-file" in rank.argv
+    printed = plan.to_json()
+    assert "sk-test-0123456789" not in printed and "hf_test0123456789" not in printed
+    if runtime == "docker":
+        for flag in ("--gpus", "--network", "--ipc", "--shm-size", "/dev/infiniband", "NCCL_IB_HCA=<RoCE devices>"):
+            assert any(flag in word for word in plan.ranks[0].argv)
+        assert [r.node for r in plan.ranks] == [*reversed(list(WORKERS[tp].values())), "local"]
+
+
+def test_secret_looking_env_is_masked_when_printed(root: Path) -> None:
+    from recipe.plan import mask_env
+
+    assert mask_env("HF_TOKEN", "hf_x") == "***" and mask_env("NCCL_IB_HCA", "mlx5_0") == "mlx5_0"
+
+
+def test_extra_args_reach_every_rank(root: Path) -> None:
+    plan = build_plan(load_settings(root, {}), HOST, ("--max-tokens", "64"))
+    assert all(r.argv[-2:] == ("--max-tokens", "64") for r in plan.ranks)
+
+
+def test_plan_json_round_trips(root: Path) -> None:
+    assert json.loads(plan_for(root, 2, "process").to_json())["ranks"][1]["rank"] == 0
