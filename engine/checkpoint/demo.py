@@ -36,16 +36,18 @@ from engine.checkpoint.tokenizer_build import EOS_TOKENS, PAD_TOKEN, token_ids, 
 
 SIZES: dict[str, dict[str, Any]] = {
     # ~1 s to build; 6 heads everywhere so TP=2 and TP=3 split evenly; index_topk 16 so a ~40-token prompt
-    # already runs the indexer's sparse selection.
+    # already runs the indexer's sparse selection. 16 index heads (as many as the real model's 32 allow cheaply): with
+    # few heads every head's ReLU is often zero for several pools at once, and such exact ties are resolved
+    # differently by transformers' whole-prompt and cached paths (see engine/models/glm5_next/dsa.py).
     "tiny": dict(hidden_size=64, kinds="KDKKDK", dense_layers=1, intermediate_size=128, num_attention_heads=6,
                  qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=48, kv_lora_rank=32, linear_num_heads=6,
                  linear_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                 index_n_heads=2, index_head_dim=16, index_topk=16, index_kpool=4, shards=2),
+                 index_n_heads=16, index_head_dim=16, index_topk=16, index_kpool=4, shards=2),
     # The local default's served model: the released 3 x KDA + 1 x DSA pattern, first layer dense.
     "small": dict(hidden_size=384, kinds="KKKDKKKD", dense_layers=1, intermediate_size=1024, num_attention_heads=6,
                   qk_nope_head_dim=64, v_head_dim=64, q_lora_rank=192, kv_lora_rank=128, linear_num_heads=6,
                   linear_head_dim=64, n_routed_experts=32, num_experts_per_tok=4, moe_intermediate_size=128,
-                  index_n_heads=4, index_head_dim=32, index_topk=64, index_kpool=4, shards=4),
+                  index_n_heads=16, index_head_dim=32, index_topk=64, index_kpool=4, shards=4),
 }
 VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=14, temporal_patch_size=2,
               spatial_merge_size=2, in_channels=3, image_size=56)
