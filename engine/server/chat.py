@@ -1,0 +1,155 @@
+"""Chat: rendering messages with the checkpoint's template, and splitting a reply into reasoning, content and
+tool calls as its text arrives.
+
+Thinking: on by default (server flag); per request `chat_template_kwargs.enable_thinking` / `thinking`, or
+`reasoning_effort` (none turns it off; low / high / max pass through, medium -> high, minimal -> low, xhigh -> max).
+Whether a reply starts inside a think block is read off the rendered prompt: it does when the prompt ends `<think>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.checkpoint.tokenizer_template import render_chat
+from engine.server.errors import bad_request
+from engine.server.protocol import ChatMessage, Tool
+from engine.server.tools import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_call
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+EFFORTS = {"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Plain dicts for the template: developer turns become system turns, text parts are joined, an empty
+    assistant content is "" (never the literal None), empty-string tool arguments mean {}."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        item = message.model_dump(exclude_none=True, exclude_unset=False)
+        item["role"] = "system" if message.role == "developer" else message.role
+        if isinstance(message.content, list):
+            for part in message.content:
+                if part.type != "text":
+                    raise bad_request(f"content part type {part.type!r} is not supported (text only)", "messages")
+            item["content"] = "".join(part.text or "" for part in message.content)
+        item.setdefault("content", "")
+        if message.reasoning is not None and message.reasoning_content is None:
+            item["reasoning_content"] = message.reasoning
+        for call in item.get("tool_calls") or []:
+            if call["function"].get("arguments") in (None, ""):
+                call["function"]["arguments"] = {}
+        out.append(item)
+    return out
+
+
+def thinking_options(default_on: bool, effort: str | None, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """Template variables deciding thinking and its effort; explicit enable_thinking / thinking win."""
+    options = dict(kwargs or {})
+    effort = effort if effort is not None else options.pop("reasoning_effort", None)
+    if effort is not None and not isinstance(effort, str):
+        raise bad_request("reasoning_effort must be a string", "reasoning_effort")
+    if effort is not None and effort not in EFFORTS and effort != "none":
+        raise bad_request(f"reasoning_effort {effort!r} is not one of none, minimal, low, medium, high, xhigh, max",
+                          "reasoning_effort")
+    explicit = options.get("enable_thinking") is not None or options.get("thinking") is not None
+    if not explicit:
+        options["enable_thinking"] = default_on and effort != "none"
+    if effort in EFFORTS:
+        options["reasoning_effort"] = EFFORTS[effort]
+    return options
+
+
+def render(template: str, messages: list[ChatMessage], tools: list[Tool] | None, default_thinking: bool,
+           effort: str | None, kwargs: dict[str, Any] | None, add_generation_prompt: bool = True) -> str:
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    options = thinking_options(default_thinking, effort, kwargs)
+    for reserved in ("messages", "tools", "add_generation_prompt", "template"):
+        options.pop(reserved, None)
+    try:
+        return render_chat(template_messages(messages), tool_dicts, add_generation_prompt=add_generation_prompt,
+                           template=template, **options)
+    except Exception as exc:  # a template error is the request's fault (its messages or kwargs)
+        raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
+
+
+def starts_in_reasoning(prompt: str) -> bool:
+    return prompt.rstrip().endswith(THINK_OPEN)
+
+
+def _held_suffix(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that could be the start of one of `tags`."""
+    best = 0
+    for tag in tags:
+        for n in range(min(len(tag) - 1, len(text)), 0, -1):
+            if text.endswith(tag[:n]):
+                best = max(best, n)
+                break
+    return best
+
+
+@dataclass
+class ReplyPiece:
+    kind: str            # "reasoning" | "content" | "tool_call"
+    text: str = ""
+    call: ParsedCall | None = None
+
+
+@dataclass
+class ReplyParser:
+    """Feed text deltas, get reasoning / content / tool-call pieces; `finish` flushes what is held back."""
+    in_reasoning: bool
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)   # empty: no tool-call parsing
+    buffer: str = ""
+    calls: list[ParsedCall] = field(default_factory=list)
+
+    def feed(self, text: str) -> list[ReplyPiece]:
+        self.buffer += text
+        pieces: list[ReplyPiece] = []
+        while self.buffer:
+            if self.in_reasoning:
+                head, sep, tail = self.buffer.partition(THINK_CLOSE)
+                if sep:
+                    self._out(pieces, "reasoning", head)
+                    self.in_reasoning, self.buffer = False, tail
+                    continue
+                keep = _held_suffix(self.buffer, (THINK_CLOSE,))
+                self._out(pieces, "reasoning", self.buffer[:len(self.buffer) - keep])
+                self.buffer = self.buffer[len(self.buffer) - keep:]
+                return pieces
+            if self.tools and CALL_OPEN in self.buffer:
+                head, _, tail = self.buffer.partition(CALL_OPEN)
+                self._out(pieces, "content", head)
+                if CALL_CLOSE not in tail:
+                    self.buffer = CALL_OPEN + tail
+                    return pieces
+                body, _, rest = tail.partition(CALL_CLOSE)
+                block = CALL_OPEN + body + CALL_CLOSE
+                call = parse_call(block, self.tools)
+                if call is None:
+                    self._out(pieces, "content", block)
+                else:
+                    self.calls.append(call)
+                    pieces.append(ReplyPiece("tool_call", call=call))
+                self.buffer = rest
+                continue
+            keep = _held_suffix(self.buffer, (CALL_OPEN,) if self.tools else ())
+            self._out(pieces, "content", self.buffer[:len(self.buffer) - keep])
+            self.buffer = self.buffer[len(self.buffer) - keep:]
+            return pieces
+        return pieces
+
+    def finish(self) -> list[ReplyPiece]:
+        """The reply ended: whatever is held back is text (an unfinished call is not a call)."""
+        pieces: list[ReplyPiece] = []
+        self._out(pieces, "reasoning" if self.in_reasoning else "content", self.buffer)
+        self.buffer = ""
+        return pieces
+
+    @staticmethod
+    def _out(pieces: list[ReplyPiece], kind: str, text: str) -> None:
+        if not text:
+            return
+        if pieces and pieces[-1].kind == kind:
+            pieces[-1].text += text
+        else:
+            pieces.append(ReplyPiece(kind, text))

@@ -1,0 +1,149 @@
+"""POST /v1/chat/completions: non-streamed and SSE replies with reasoning, content and tool calls."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from engine.server.chat import ReplyParser, ReplyPiece, render, starts_in_reasoning
+from engine.server.common import (check_request, collect, new_id, reply_budget, server_state, sse,
+                                  start_generation, stream_error, usage)
+from engine.server.errors import APIError, bad_request
+from engine.server.generation import Delta, End, EngineFailed, Generation
+from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
+from engine.server.tools import offered_tools
+
+if TYPE_CHECKING:
+    from engine.server.state import ServerState
+
+router = APIRouter()
+
+
+def _tools(body: ChatCompletionRequest) -> tuple[list[Tool] | None, dict[str, dict[str, Any]]]:
+    """(tools shown to the model, tools whose calls are parsed) under tool_choice."""
+    tools = body.tools or None
+    if body.tool_choice == "none" or not tools:
+        if isinstance(body.tool_choice, NamedToolChoice):
+            raise bad_request("tool_choice names a function but no tools were offered", "tool_choice")
+        return None, {}
+    if isinstance(body.tool_choice, NamedToolChoice):
+        chosen = [t for t in tools if t.function.name == body.tool_choice.function.name]
+        if not chosen:
+            raise bad_request(f"tool_choice names {body.tool_choice.function.name!r}, which is not among the "
+                              "offered tools", "tool_choice")
+        tools = chosen
+    return tools, offered_tools([t.model_dump(exclude_none=True) for t in tools])
+
+
+def _reasoning_tokens(state: "ServerState", generation: Generation, thinking: bool) -> int:
+    if not thinking:
+        return 0
+    close = state.token_id("</think>")
+    ids = generation.token_ids
+    return ids.index(close) if close is not None and close in ids else len(ids)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    state = server_state(request)
+    check_request(state, body)
+    shown, parsed = _tools(body)
+    prompt = render(state.template, body.messages, shown, state.thinking, body.reasoning_effort,
+                    body.chat_template_kwargs)
+    prompt_ids = state.tokenizer.encode(prompt, add_special_tokens=False).ids
+    max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
+    generation = start_generation(state, body, prompt_ids, max_tokens)
+    thinking = starts_in_reasoning(prompt)
+    parser = ReplyParser(thinking, parsed)
+    reply = _Reply(state, generation, parser, thinking, new_id("chatcmpl"))
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(reply.stream(include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await reply.whole(request)
+
+
+class _Reply:
+    def __init__(self, state: "ServerState", generation: Generation, parser: ReplyParser, thinking: bool,
+                 reply_id: str) -> None:
+        self.state, self.generation, self.parser, self.thinking = state, generation, parser, thinking
+        self.id, self.created = reply_id, int(time.time())
+
+    def _usage(self, end: End) -> dict[str, Any]:
+        return usage(len(self.generation.prompt_ids), end.completion_tokens,
+                     _reasoning_tokens(self.state, self.generation, self.thinking))
+
+    def _finish_reason(self, end: End) -> str:
+        return "tool_calls" if self.parser.calls and end.finish_reason == "stop" else end.finish_reason
+
+    async def whole(self, request: Request) -> dict[str, Any]:
+        pieces: list[ReplyPiece] = []
+        end: End | None = None
+        try:
+            async with contextlib.aclosing(collect(self.generation, request)) as events:
+                async for event in events:
+                    if isinstance(event, Delta):
+                        pieces += self.parser.feed(event.text)
+                    else:
+                        end = event
+        except EngineFailed as exc:
+            raise APIError(503, f"the engine stopped: {exc}") from exc
+        pieces += self.parser.finish()
+        end = end or End("stop", len(self.generation.token_ids))
+        reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+        content = "".join(p.text for p in pieces if p.kind == "content")
+        message: dict[str, Any] = {"role": "assistant", "content": content or None,
+                                   "reasoning_content": reasoning or None}
+        if self.parser.calls:
+            message["tool_calls"] = [call.as_openai() for call in self.parser.calls]
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.state.name,
+                "choices": [{"index": 0, "message": message, "logprobs": None,
+                             "finish_reason": self._finish_reason(end)}],
+                "usage": self._usage(end)}
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.state.name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]})
+
+    def _deltas(self, pieces: list[ReplyPiece]) -> list[str]:
+        out = []
+        for piece in pieces:
+            if piece.kind == "tool_call" and piece.call is not None:
+                index = self.parser.calls.index(piece.call)
+                out.append(self._chunk({"tool_calls": [piece.call.as_openai(index)]}))
+            elif piece.kind == "reasoning":
+                out.append(self._chunk({"reasoning_content": piece.text}))
+            else:
+                out.append(self._chunk({"content": piece.text}))
+        return out
+
+    async def stream(self, include_usage: bool) -> AsyncIterator[str]:
+        yield self._chunk({"role": "assistant", "content": ""})
+        try:
+            async with contextlib.aclosing(self.generation.events(self.state.keepalive_s)) as events:
+                async for event in events:
+                    if event is None:
+                        yield ": keep-alive\n\n"
+                    elif isinstance(event, Delta):
+                        for line in self._deltas(self.parser.feed(event.text)):
+                            yield line
+                    else:
+                        for line in self._deltas(self.parser.finish()):
+                            yield line
+                        last = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                                "model": self.state.name,
+                                "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                             "finish_reason": self._finish_reason(event)}],
+                                "usage": self._usage(event)}
+                        yield sse(last)
+                        if include_usage:
+                            yield sse({**last, "choices": []})
+        except EngineFailed as exc:
+            yield stream_error(exc)
+            return
+        yield sse("[DONE]")

@@ -1,0 +1,102 @@
+"""What the generating routes share: request checks, the reply budget against the window, sampling parameters,
+ids, usage, and SSE framing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from fastapi import Request
+
+from engine.sampling import MASK64, SamplingParams, prompt_seed
+from engine.server.errors import APIError, bad_request, error_body
+from engine.server.generation import Delta, End, EngineFailed, Generation
+from engine.server.protocol import SamplingFields
+
+if TYPE_CHECKING:
+    from engine.server.state import ServerState
+
+
+def server_state(request: Request) -> "ServerState":
+    return request.app.state.server
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def check_request(state: "ServerState", body: SamplingFields) -> None:
+    if body.model is not None and body.model != state.name:
+        raise APIError(400, f"model {body.model!r} is not served here; this server serves {state.name!r}",
+                       code="model_not_found", param="model")
+    if body.n is not None and body.n != 1:
+        raise bad_request(f"n must be 1 (got {body.n}); send separate requests for more choices", "n")
+    if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
+        raise bad_request("logprobs are not supported by this engine yet; leave logprobs and top_logprobs unset",
+                          "logprobs")
+
+
+def reply_budget(state: "ServerState", prompt_tokens: int, requested: int | None, param: str) -> int:
+    """max_tokens for this request: the requested one if prompt + it fits the window, else 400
+    context_length_exceeded; an omitted one is capped to what the window leaves."""
+    room = state.context - prompt_tokens
+    if requested is not None and requested > room or room < 1:
+        asked = requested if requested is not None else 1
+        raise APIError(400, f"This server's maximum context length is {state.context} tokens. However, you requested "
+                            f"{prompt_tokens + asked} tokens ({prompt_tokens} in the {param}, {asked} for the "
+                            f"completion). Please reduce the length of the {param} or the completion.",
+                       code="context_length_exceeded", param=param)
+    return requested if requested is not None else min(state.max_tokens, room)
+
+
+def sampling_params(state: "ServerState", body: SamplingFields, prompt_ids: list[int],
+                    max_tokens: int) -> SamplingParams:
+    temperature = state.temperature if body.temperature is None else body.temperature
+    top_k = state.top_k if body.top_k is None else max(0, body.top_k)
+    seed = prompt_seed(prompt_ids) if body.seed is None else body.seed & MASK64
+    return SamplingParams(temperature=temperature, top_p=state.top_p if body.top_p is None else body.top_p,
+                          top_k=top_k, min_p=body.min_p or 0.0, seed=seed, max_tokens=max_tokens)
+
+
+def stop_strings(body: SamplingFields) -> list[str]:
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return [s for s in stops if s]
+
+
+def start_generation(state: "ServerState", body: SamplingFields, prompt_ids: list[int],
+                     max_tokens: int) -> Generation:
+    generation = Generation(state, prompt_ids, sampling_params(state, body, prompt_ids, max_tokens),
+                            stop=stop_strings(body), background=body.priority == "background",
+                            ignore_eos=bool(body.ignore_eos))
+    generation.start()
+    return generation
+
+
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens,
+                           "prompt_tokens_details": {"cached_tokens": 0}}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def collect(generation: Generation, request: Request) -> AsyncIterator[Delta | End]:
+    """Events of a non-streamed reply; stops (and cancels) when the client has gone away."""
+    async with contextlib.aclosing(generation.events(keepalive_s=0.5)) as events:
+        async for event in events:
+            if event is None:
+                if await request.is_disconnected():
+                    return
+                continue
+            yield event
+
+
+def stream_error(exc: EngineFailed) -> str:
+    return sse(error_body(500, str(exc))) + sse("[DONE]")

@@ -1,0 +1,83 @@
+"""POST /v1/completions: raw text or token-id prompts, non-streamed and SSE."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from engine.server.common import (check_request, collect, new_id, reply_budget, server_state, sse,
+                                  start_generation, stream_error, usage)
+from engine.server.errors import APIError, bad_request
+from engine.server.generation import Delta, End, EngineFailed, Generation
+from engine.server.protocol import CompletionRequest
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    state = server_state(request)
+    check_request(state, body)
+    if body.suffix:
+        raise bad_request("suffix is not supported", "suffix")
+    if isinstance(body.prompt, str):
+        prompt_ids = state.tokenizer.encode(body.prompt, add_special_tokens=bool(body.add_special_tokens)).ids
+        if not prompt_ids:
+            raise bad_request("the prompt encodes to no tokens", "prompt")
+    else:
+        prompt_ids = list(body.prompt)
+        too_big = [t for t in prompt_ids if t >= state.vocab_size]
+        if too_big:
+            raise bad_request(f"token id {too_big[0]} is outside the vocabulary (0..{state.vocab_size - 1})",
+                              "prompt")
+    max_tokens = reply_budget(state, len(prompt_ids), body.max_tokens if body.max_tokens is not None else None,
+                              "prompt")
+    generation = start_generation(state, body, prompt_ids, max_tokens)
+    echo = state.tokenizer.decode(prompt_ids, skip_special_tokens=False) if body.echo else ""
+    reply_id, created = new_id("cmpl"), int(time.time())
+
+    def frame(text: str, finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"id": reply_id, "object": "text_completion", "created": created, "model": state.name,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **(extra or {})}
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_stream(generation, frame, echo, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    text, end = echo, None
+    try:
+        async with contextlib.aclosing(collect(generation, request)) as events:
+            async for event in events:
+                if isinstance(event, Delta):
+                    text += event.text
+                else:
+                    end = event
+    except EngineFailed as exc:
+        raise APIError(503, f"the engine stopped: {exc}") from exc
+    end = end or End("stop", len(generation.token_ids))
+    return frame(text, end.finish_reason, {"usage": usage(len(prompt_ids), end.completion_tokens)})
+
+
+async def _stream(generation: Generation, frame: Any, echo: str, include_usage: bool) -> AsyncIterator[str]:
+    if echo:
+        yield sse(frame(echo, None))
+    try:
+        async with contextlib.aclosing(generation.events(generation.state.keepalive_s)) as events:
+            async for event in events:
+                if event is None:
+                    yield ": keep-alive\n\n"
+                elif isinstance(event, Delta):
+                    yield sse(frame(event.text, None))
+                else:
+                    counts = {"usage": usage(len(generation.prompt_ids), event.completion_tokens)}
+                    yield sse(frame("", event.finish_reason, counts))
+                    if include_usage:
+                        yield sse({**frame("", None), "choices": [], **counts})
+    except EngineFailed as exc:
+        yield stream_error(exc)
+        return
+    yield sse("[DONE]")

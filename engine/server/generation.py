@@ -1,0 +1,170 @@
+"""One request's generation as seen from the asyncio side: submit to the scheduler thread, turn its token events
+into text deltas (incremental detokenisation, stop strings), and cancel the request when the consumer goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator
+
+from engine.sampling import SamplingParams
+from engine.scheduler import Failed, Finished, QueueFull, Request, Token, Unavailable
+from engine.server.errors import APIError
+
+if TYPE_CHECKING:
+    from engine.server.state import ServerState
+
+_counter = itertools.count()
+
+
+@dataclass
+class Delta:
+    text: str
+
+
+@dataclass
+class End:
+    finish_reason: str          # stop | length
+    completion_tokens: int
+
+
+class EngineFailed(Exception):
+    """The engine stopped while this request ran (the message says why)."""
+
+
+class IncrementalDecoder:
+    """Token ids -> text deltas; holds back a tail that ends in an incomplete UTF-8 sequence."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[attr-defined]
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return after[len(before):]
+
+
+@dataclass
+class Generation:
+    state: "ServerState"
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    background: bool = False
+    ignore_eos: bool = False
+    request_id: str = field(default_factory=lambda: f"{next(_counter)}-{secrets.token_hex(6)}")
+    token_ids: list[int] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    _finished: bool = False
+
+    def start(self) -> None:
+        """Submit; raises APIError 429 (queue full) or 503 (engine down) before any response starts."""
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+
+        def sink(event: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        stop_ids = frozenset() if self.ignore_eos else self.state.eos_ids
+        request = Request(self.request_id, self.prompt_ids, self.params, sink, stop_ids, self.background)
+        try:
+            self.state.scheduler.submit(request)
+        except QueueFull as full:
+            self.state.metrics.rejected.inc()
+            raise APIError(429, "the server is at capacity (every lane busy and the queue full); retry later",
+                           code="rate_limit_exceeded", headers={"Retry-After": str(full.retry_after_s)}) from full
+        except Unavailable as down:
+            raise APIError(503, f"the engine is not serving: {down}") from down
+
+    def cancel(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.state.scheduler.cancel(self.request_id)
+            self.state.metrics.disconnects.inc()
+
+    async def events(self, keepalive_s: float | None = None) -> AsyncIterator[Delta | End | None]:
+        """Text deltas, then one End. Yields None after `keepalive_s` of silence (for SSE keep-alives and
+        disconnect checks). Closing the iterator early cancels the request."""
+        decoder = IncrementalDecoder(self.state.tokenizer)
+        text = ""
+        sent = 0
+        hold = max((len(s) for s in self.stop), default=0)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(self._queue.get(), keepalive_s)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
+                if isinstance(event, Failed):
+                    self._finished = True
+                    raise EngineFailed(event.message)
+                if isinstance(event, Finished):
+                    self._finished = True
+                    if sent < len(text):
+                        yield Delta(text[sent:])
+                    yield self._end("length" if event.reason == "length" else "stop", event.completion_tokens)
+                    return
+                if isinstance(event, Token):
+                    self._on_token(event.id)
+                    text += decoder.push(event.id)
+                    cut = _find_stop(text, self.stop, max(0, sent - hold))
+                    if cut is not None:
+                        if sent < cut:
+                            yield Delta(text[sent:cut])
+                        self.cancel_quietly()
+                        yield self._end("stop", len(self.token_ids))
+                        return
+                    safe = len(text) - _held_stop_prefix(text, self.stop)
+                    if safe > sent:
+                        yield Delta(text[sent:safe])
+                        sent = safe
+        finally:
+            if not self._finished:
+                self.cancel()
+
+    def cancel_quietly(self) -> None:
+        self._finished = True
+        self.state.scheduler.cancel(self.request_id)
+
+    def _on_token(self, token: int) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+            self.state.metrics.ttft.observe(self.first_token_at - self.started)
+        self.token_ids.append(token)
+
+    def _end(self, reason: str, count: int) -> End:
+        """`count`: an end token counts as generated; tokens after the one completing a stop string do not."""
+        self.state.metrics.finished(self, reason, count)
+        return End(reason, count)
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int | None:
+    hits = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _held_stop_prefix(text: str, stops: list[str]) -> int:
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                best = max(best, n)
+                break
+    return best

@@ -1,0 +1,38 @@
+"""GET /health: whether the engine serves, how busy it is, the pool, totals. Open without an API key; 503 with the
+reason once a rank has died or the engine stopped."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from engine.server.common import server_state
+
+router = APIRouter()
+
+
+@router.get("/health")
+@router.get("/v1/health", include_in_schema=False)
+async def health(request: Request) -> JSONResponse:
+    state = server_state(request)
+    stats = state.scheduler.stats()
+    reason = state.stopped_reason or stats.get("broken")
+    body: dict[str, Any] = {
+        "ok": reason is None,
+        "model": state.name,
+        "busy": stats["requests_running"] + stats["requests_waiting"] > 0,
+        "requests_running": stats["requests_running"],
+        "requests_waiting": stats["requests_waiting"],
+        "streams": stats["streams"],
+        "pool_tokens": stats["pool_tokens"],
+        "pool_free_tokens": stats["pool_free_tokens"],
+        "totals": stats["totals"],
+        "context_length": state.context,
+        "uptime_s": round(time.time() - state.started, 1),
+    }
+    if reason is not None:
+        body["error"] = reason
+    return JSONResponse(body, status_code=200 if reason is None else 503)

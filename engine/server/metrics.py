@@ -1,0 +1,76 @@
+"""GET /metrics: Prometheus text, under this engine's names (`sparks:`) and again under vLLM's (`vllm:`), so
+dashboards built for either work. Gauges are read from the scheduler at scrape time."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from engine.server.state import ServerState
+
+_LATENCY = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+class _Twin:
+    """One observation recorded under both name families."""
+
+    def __init__(self, *metrics: Any) -> None:
+        self.metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> None:
+            for metric in self.metrics:
+                getattr(metric, name)(*args, **kwargs)
+        return call
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+
+        def both(kind: type, ours: str, vllm: str, doc: str, **kw: Any) -> _Twin:
+            return _Twin(kind(f"sparks:{ours}", doc, registry=r, **kw), kind(f"vllm:{vllm}", doc, registry=r, **kw))
+
+        self.requests = both(Counter, "requests", "request_success", "finished requests by finish reason",
+                             labelnames=("finish_reason",))
+        self.prompt_tokens = both(Counter, "prompt_tokens", "prompt_tokens", "prompt tokens of finished requests")
+        self.generation_tokens = both(Counter, "generation_tokens", "generation_tokens", "generated tokens")
+        self.ttft = both(Histogram, "time_to_first_token_seconds", "time_to_first_token_seconds",
+                         "request arrival to its first token", buckets=_LATENCY)
+        self.e2e = both(Histogram, "request_latency_seconds", "e2e_request_latency_seconds",
+                        "request arrival to its last token", buckets=_LATENCY)
+        self.running = both(Gauge, "requests_running", "num_requests_running", "requests holding a lane")
+        self.waiting = both(Gauge, "requests_waiting", "num_requests_waiting", "requests waiting for a lane")
+        self.pool_usage = both(Gauge, "kv_cache_usage_ratio", "kv_cache_usage_perc", "share of the pool in use")
+        self.rejected = both(Counter, "requests_rejected", "requests_rejected", "requests refused with 429")
+        self.disconnects = both(Counter, "client_disconnections", "client_disconnections",
+                                "requests cancelled because the client went away")
+
+    def finished(self, generation: Any, reason: str, completion_tokens: int) -> None:
+        for metric in self.requests.metrics:
+            metric.labels(finish_reason=reason).inc()
+        self.prompt_tokens.inc(len(generation.prompt_ids))
+        self.generation_tokens.inc(completion_tokens)
+        self.e2e.observe(time.monotonic() - generation.started)
+
+    def refresh(self, stats: dict[str, Any]) -> None:
+        self.running.set(stats["requests_running"])
+        self.waiting.set(stats["requests_waiting"])
+        total = max(1, stats["pool_tokens"])
+        self.pool_usage.set((stats["pool_tokens"] - stats["pool_free_tokens"]) / total)
+
+
+router = APIRouter()
+
+
+@router.get("/metrics", include_in_schema=False)
+@router.get("/v1/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    state.metrics.refresh(state.scheduler.stats())
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,128 @@
+"""Request bodies of the OpenAI-compatible API (pydantic). Types are strict: a boolean is not a number, a string is
+not an integer, NaN is not a temperature; anything wrong becomes a 400 with OpenAI's error body (server/errors.py).
+
+Fields OpenAI clients commonly send that this engine does not act on (user, metadata, penalties, logit_bias, …) are
+accepted and ignored, as other OpenAI-compatible servers do; fields it cannot honour (n > 1, logprobs) are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+TokenId = Annotated[int, Field(strict=True, ge=0)]
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+FunctionName = Annotated[str, Field(strict=True, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(Body):
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class FunctionCall(Body):
+    name: StrictStr
+    arguments: StrictStr | dict[str, Any] | None = None
+
+
+class ToolCall(Body):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
+    reasoning: StrictStr | None = None
+
+
+class FunctionSpec(Body):
+    name: FunctionName
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(Body):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class NamedFunction(Body):
+    name: StrictStr
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class StreamOptions(Body):
+    include_usage: StrictBool | None = None
+
+
+class SamplingFields(Body):
+    """What chat and completions share."""
+    model: StrictStr | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1)] | None = None
+    min_p: Probability | None = None
+    seed: Annotated[int, Field(strict=True, ge=-(2**63), lt=2**64)] | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt | None = None
+    logprobs: StrictBool | StrictInt | None = None
+    top_logprobs: StrictInt | None = None
+    ignore_eos: StrictBool | None = None
+    priority: Literal["background", "normal", "foreground", "interactive"] | StrictInt | None = None
+    draft: StrictBool | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    reasoning_effort: Effort | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
+    echo: StrictBool | None = None
+    suffix: StrictStr | None = None
+    add_special_tokens: StrictBool | None = False
+
+
+class TokenizeRequest(Body):
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_special_tokens: StrictBool | None = True
+    add_generation_prompt: StrictBool | None = True
+    tools: list[Tool] | None = None
+    reasoning_effort: Effort | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: StrictBool | None = False
+
+
+class DetokenizeRequest(Body):
+    model: StrictStr | None = None
+    tokens: list[TokenId]
