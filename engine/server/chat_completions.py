@@ -59,7 +59,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     generation = start_generation(state, body, prompt_ids, max_tokens)
     thinking = starts_in_reasoning(prompt)
     parser = ReplyParser(thinking, parsed)
-    reply = _Reply(state, generation, parser, thinking, new_id("chatcmpl"))
+    reply = _Reply(state, generation, parser, thinking, new_id("chatcmpl"), bool(body.return_token_ids))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(reply.stream(include_usage), media_type="text/event-stream",
@@ -69,8 +69,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
 class _Reply:
     def __init__(self, state: "ServerState", generation: Generation, parser: ReplyParser, thinking: bool,
-                 reply_id: str) -> None:
+                 reply_id: str, return_token_ids: bool = False) -> None:
         self.state, self.generation, self.parser, self.thinking = state, generation, parser, thinking
+        self.return_token_ids = return_token_ids
         self.id, self.created = reply_id, int(time.time())
 
     def _usage(self, end: End) -> dict[str, Any]:
@@ -100,10 +101,12 @@ class _Reply:
                                    "reasoning_content": reasoning or None}
         if self.parser.calls:
             message["tool_calls"] = [call.as_openai() for call in self.parser.calls]
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                  "finish_reason": self._finish_reason(end)}
+        if self.return_token_ids:
+            choice["token_ids"] = list(self.generation.token_ids)
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.state.name,
-                "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": self._finish_reason(end)}],
-                "usage": self._usage(end)}
+                "choices": [choice], "usage": self._usage(end)}
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
         return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,

@@ -59,7 +59,10 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     except EngineFailed as exc:
         raise APIError(503, f"the engine stopped: {exc}") from exc
     end = end or End("stop", len(generation.token_ids))
-    return frame(text, end.finish_reason, {"usage": usage(len(prompt_ids), end.completion_tokens)})
+    reply = frame(text, end.finish_reason, {"usage": usage(len(prompt_ids), end.completion_tokens)})
+    if body.return_token_ids:
+        reply["choices"][0]["token_ids"] = list(generation.token_ids)
+    return reply
 
 
 async def _stream(generation: Generation, frame: Any, echo: str, include_usage: bool) -> AsyncIterator[str]:

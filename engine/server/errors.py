@@ -46,6 +46,8 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return "the request body is not JSON", None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
+        return "the request body must be a JSON object", None
     where = ".".join(loc) or "body"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return f"{where}: {first.get('msg', 'invalid value')}{more}", (loc[0] if loc else None)

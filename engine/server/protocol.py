@@ -92,6 +92,7 @@ class SamplingFields(Body):
     ignore_eos: StrictBool | None = None
     priority: Literal["background", "normal", "foreground", "interactive"] | StrictInt | None = None
     draft: StrictBool | None = None
+    return_token_ids: StrictBool | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

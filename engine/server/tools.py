@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+# a key is plain text; a value may hold anything but the argument markup itself
+_PAIR = re.compile(r"<arg_key>([^<>]*)</arg_key>\s*<arg_value>((?:(?!</?arg_(?:key|value)>).)*)</arg_value>",
+                   re.DOTALL)
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,), "object": (dict,),

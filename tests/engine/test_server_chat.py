@@ -1,0 +1,111 @@
+"""Chat without a server: thinking options, template rendering of tool turns, the reply splitter and GLM tool-call
+parsing typed by the offered schema (fed in every possible split, as a stream would deliver it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.checkpoint.tokenizer_template import load_chat_template
+from engine.server.chat import ReplyParser, render, starts_in_reasoning, thinking_options
+from engine.server.errors import APIError
+from engine.server.protocol import ChatCompletionRequest
+from engine.server.tools import offered_tools, parse_call, type_value
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+    "hours": {"type": "array"}, "where": {"type": "object"}, "note": {"type": ["string", "null"]}}}}}
+TOOLS = offered_tools([WEATHER])
+CALL = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris 42</arg_value><arg_key>days</arg_key>"
+        "<arg_value>3</arg_value><arg_key>metric</arg_key><arg_value>False</arg_value><arg_key>hours</arg_key>"
+        "<arg_value>[1, 2]</arg_value><arg_key>where</arg_key><arg_value>{\"lat\": 1.5}</arg_value></tool_call>")
+
+
+def feed_in_pieces(parser: ReplyParser, text: str, cut: int) -> list:
+    pieces = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
+    merged: dict[str, str] = {}
+    for piece in pieces:
+        if piece.kind != "tool_call":
+            merged[piece.kind] = merged.get(piece.kind, "") + piece.text
+    return [merged, parser.calls]
+
+
+def test_call_arguments_are_typed_by_the_schema() -> None:
+    call = parse_call(CALL, TOOLS)
+    assert call is not None and call.name == "get_weather" and call.id.startswith("call_") and len(call.id) == 29
+    assert json.loads(call.arguments) == {"city": "Paris 42", "days": 3, "metric": False, "hours": [1, 2],
+                                          "where": {"lat": 1.5}}
+
+
+@pytest.mark.parametrize("block", [
+    CALL.replace("get_weather", "delete_everything"),                             # not offered
+    CALL.replace("<arg_value>3</arg_value>", "<arg_value>three</arg_value>"),     # not an integer
+    CALL.replace("</arg_key><arg_value>Paris 42", "</arg_key>Paris 42"),          # broken markup
+])
+def test_unoffered_or_malformed_calls_stay_text(block: str) -> None:
+    assert parse_call(block, TOOLS) is None
+    parser = ReplyParser(False, TOOLS)
+    merged, calls = feed_in_pieces(parser, "Sure. " + block, 10)
+    assert calls == [] and merged["content"] == "Sure. " + block
+
+
+def test_type_value_edge_cases() -> None:
+    assert type_value("None", {"type": ["string", "null"]}) == (True, None)
+    assert type_value("null", {"type": "string"}) == (True, "null")
+    assert type_value("2.0", {"type": "integer"}) == (True, 2)
+    assert type_value("true", {"type": "integer"}) == (False, None)
+    assert type_value("{\"a\": 1}", None) == (True, {"a": 1})
+    assert type_value("plain words", None) == (True, "plain words")
+
+
+def test_reply_splits_reasoning_content_and_calls_at_every_boundary() -> None:
+    text = "I should check the weather.</think>Let me look.\n" + CALL
+    for cut in range(len(text) + 1):
+        merged, calls = feed_in_pieces(ReplyParser(True, TOOLS), text, cut)
+        assert merged == {"reasoning": "I should check the weather.", "content": "Let me look.\n"}, cut
+        assert [c.name for c in calls] == ["get_weather"]
+
+
+def test_without_tools_a_call_is_text_and_an_unclosed_think_is_reasoning() -> None:
+    merged, calls = feed_in_pieces(ReplyParser(False, {}), "Hi " + CALL, 5)
+    assert calls == [] and merged == {"content": "Hi " + CALL}
+    merged, _ = feed_in_pieces(ReplyParser(True, TOOLS), "thinking until the end </thi", 7)
+    assert merged == {"reasoning": "thinking until the end </thi"}
+
+
+def test_thinking_options_map_effort_and_respect_explicit_switches() -> None:
+    assert thinking_options(True, None, None) == {"enable_thinking": True}
+    assert thinking_options(True, "medium", None) == {"enable_thinking": True, "reasoning_effort": "high"}
+    assert thinking_options(True, "xhigh", None)["reasoning_effort"] == "max"
+    assert thinking_options(True, "none", None) == {"enable_thinking": False}
+    assert thinking_options(False, "low", None)["enable_thinking"] is False
+    assert thinking_options(False, None, {"enable_thinking": True}) == {"enable_thinking": True}
+    assert thinking_options(True, None, {"reasoning_effort": "xhigh"})["reasoning_effort"] == "max"
+    with pytest.raises(APIError):
+        thinking_options(True, "extreme", None)
+
+
+def test_tool_round_trip_renders_the_call_and_the_observation() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}], "tools": [WEATHER]})
+    prompt = render(load_chat_template(), body.messages, body.tools, True, "low", None)
+    assert "<|system|>Be brief." in prompt and "None" not in prompt.split("<|user|>")[1]
+    assert ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+            "<arg_value>2</arg_value></tool_call>") in prompt
+    assert "<|observation|><tool_response>sunny, 21 C</tool_response>" in prompt
+    assert "Reasoning Effort: Low" in prompt and starts_in_reasoning(prompt)
+    off = render(load_chat_template(), body.messages, body.tools, True, "none", None)
+    assert not starts_in_reasoning(off) and off.endswith("</think>")
+
+
+def test_non_text_content_parts_are_refused() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]})
+    with pytest.raises(APIError) as refused:
+        render(load_chat_template(), body.messages, None, True, None, None)
+    assert refused.value.status == 400
