@@ -49,7 +49,7 @@ class KVPool:
         if n > len(self._free):
             raise PoolExhausted(f"the cache pool has {len(self._free)} free token rows, {n} needed")
         slots = [self._free.pop() for _ in range(n)]
-        return torch.tensor(slots, dtype=torch.long)
+        return torch.tensor(slots, dtype=torch.long, device=self.rows.device)
 
     def release(self, slots: torch.Tensor) -> None:
         self._free.extend(int(s) for s in reversed(slots.tolist()))
@@ -77,9 +77,13 @@ class Sequence:
     pool: KVPool
     kda_state: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> [heads, d_k, d_v] fp32
     conv_state: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [channels, kernel - 1]
-    slots: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    slots: torch.Tensor = field(default=None)  # type: ignore[assignment]
     length: int = 0
     released: bool = False
+
+    def __post_init__(self) -> None:
+        if self.slots is None:
+            self.slots = torch.zeros(0, dtype=torch.long, device=self.pool.rows.device)
 
     def grow(self, n: int) -> torch.Tensor:
         """Allocate rows for the next `n` tokens and return their slots."""

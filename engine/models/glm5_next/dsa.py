@@ -83,9 +83,10 @@ class SparseMLA:
                 ) -> torch.Tensor:
         """Visibility mask [T, L] over the L cached tokens for the queries at `positions` (one stream)."""
         length = rows.shape[0]
-        causal = torch.arange(length)[None, :] <= positions[:, None]
+        dev = rows.device
+        causal = torch.arange(length, device=dev)[None, :] <= positions[:, None]
         n_pools = length // self.kpool
-        pool_end = torch.arange(n_pools) * self.kpool + self.kpool - 1
+        pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
         visible_pools = pool_end[None, :] <= positions[:, None]                        # [T, P]
         if n_pools <= self.pick or int(visible_pools.sum(-1).max()) <= self.pick:
             return causal                                                              # dense regime
@@ -103,11 +104,11 @@ class SparseMLA:
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : self.pick]
         chosen_ok = visible_pools.gather(-1, chosen)
         pool_mask = torch.zeros_like(visible_pools).scatter_(-1, chosen, chosen_ok)     # [T, P]
-        mask = torch.zeros(positions.shape[0], length, dtype=torch.bool)
+        mask = torch.zeros(positions.shape[0], length, dtype=torch.bool, device=dev)
         mask[:, : n_pools * self.kpool] = pool_mask.repeat_interleave(self.kpool, dim=1)
         if self.keep_tail:
             tail_start = (positions + 1) - (positions + 1) % self.kpool
-            mask |= causal & (torch.arange(length)[None, :] >= tail_start[:, None])
+            mask |= causal & (torch.arange(length, device=dev)[None, :] >= tail_start[:, None])
         return mask & causal
 
     def _attend(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -130,7 +131,7 @@ class SparseMLA:
         start = seq.length
         seq.pool.write(self.pool_layer, seq.slots[start: start + x.shape[0]], self._rows(x))
         q_low = ops.rms_norm(x @ self.q_a.t(), self.q_a_norm, self.eps)
-        positions = torch.arange(start, start + x.shape[0])
+        positions = torch.arange(start, start + x.shape[0], device=x.device)
         out, selection[id(seq)] = self._stream(x, q_low, seq, positions, selection.get(id(seq)))
         return self.group.sum_partials(out @ self.o_proj.t())
 
@@ -140,7 +141,7 @@ class SparseMLA:
         outs = []
         for i, seq in enumerate(seqs):
             seq.pool.write(self.pool_layer, seq.slots[seq.length: seq.length + 1], rows[i: i + 1])
-            positions = torch.tensor([seq.length])
+            positions = torch.tensor([seq.length], device=x.device)
             out, selection[id(seq)] = self._stream(x[i: i + 1], q_low[i: i + 1], seq, positions,
                                                    selection.get(id(seq)))
             outs.append(out)

@@ -69,8 +69,10 @@ class KimiDeltaAttention:
 
     def _fresh_state(self, seq: Sequence) -> None:
         if self.layer not in seq.kda_state:
-            seq.kda_state[self.layer] = torch.zeros(self.local_heads, self.head_dim, self.head_dim)
-            seq.conv_state[self.layer] = torch.zeros(self.conv.shape[0], self.conv.shape[1] - 1)
+            seq.kda_state[self.layer] = torch.zeros(self.local_heads, self.head_dim, self.head_dim,
+                                                     device=self.conv.device)
+            seq.conv_state[self.layer] = torch.zeros(self.conv.shape[0], self.conv.shape[1] - 1,
+                                                      device=self.conv.device)
 
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict | None = None) -> torch.Tensor:
         """x: [T, hidden] — a chunk of one stream; its state advances."""

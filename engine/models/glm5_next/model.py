@@ -80,7 +80,7 @@ class Glm5NextForCausalLM:
              progress: Callable[[str], None] | None = None) -> "Glm5NextForCausalLM":
         group = group or ParallelGroup.single()
         cfg = TextConfig.from_file(path)
-        reader = CheckpointReader(path, group)
+        reader = CheckpointReader(path, group, device=group.device)
         try:
             return cls(cfg, reader, group, progress)
         finally:
@@ -100,7 +100,7 @@ class Glm5NextForCausalLM:
         return KVPool.bytes_per_token(max(self.num_pool_layers, 1), self.pool_row_width, kv)
 
     def make_pool(self, num_tokens: int, kv: str = "fp32") -> KVPool:
-        return KVPool(max(self.num_pool_layers, 1), num_tokens, self.pool_row_width, kv)
+        return KVPool(max(self.num_pool_layers, 1), num_tokens, self.pool_row_width, kv, self.embed.device)
 
     def new_sequence(self, pool: KVPool) -> Sequence:
         return Sequence(pool)
@@ -117,7 +117,7 @@ class Glm5NextForCausalLM:
         return self.group.gather_last_dim(hidden @ self.lm_head.t())
 
     def _run(self, ids: list[int], attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        x = self._embed(torch.tensor(ids, dtype=torch.long))
+        x = self._embed(torch.tensor(ids, dtype=torch.long, device=self.embed.device))
         streams = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
         for layer in self.layers:
             streams = layer.forward(streams, lambda h, layer=layer: attend_fn(layer, h))
