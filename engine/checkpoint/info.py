@@ -144,7 +144,8 @@ def architecture_lines(config: dict[str, Any]) -> list[str]:
     dense = sum(1 for m in mlp if m == "dense")
     kda_heads, kda_dim, topk, pool = t["linear_num_heads"], t["linear_head_dim"], t["index_topk"], t["index_kpool"]
     state = kinds.count("K") * kda_heads * kda_dim * kda_dim * 4
-    per_token = kinds.count("D") * (t["kv_lora_rank"] + t["index_head_dim"]) * 4
+    # one pool row per DSA layer: latent, index key and pooling gate score (engine/cache.py)
+    per_token = kinds.count("D") * (t["kv_lora_rank"] + 2 * t["index_head_dim"]) * 4
     return [
         f"model: {config.get('model_type', '?')} / {t.get('model_type', '?')}, hidden {t['hidden_size']}, "
         f"vocab {t['vocab_size']}, {t.get('hc_mult', 4)} mHC streams ({t.get('hc_sinkhorn_iters', 20)} Sinkhorn steps)",
@@ -156,7 +157,7 @@ def architecture_lines(config: dict[str, Any]) -> list[str]:
         f"{t['kv_lora_rank']}, qk {t['qk_nope_head_dim']}, v {t['v_head_dim']}; indexer {t['index_n_heads']} x "
         f"{t['index_head_dim']}, top {topk} tokens in pools of {pool}",
         f"window: every key attended within {topk + pool - 1} tokens (index_topk + kpool - 1), sparse beyond; "
-        f"DSA cache {per_token} B per token (latent + index key, fp32)",
+        f"DSA cache {per_token} B per token (latent + index key + pool gate, fp32)",
         f"MLP: {dense} dense ({t['intermediate_size']} wide) + {n - dense} MoE ({t['n_routed_experts']} experts, "
         f"top-{t['num_experts_per_tok']}, {t.get('n_shared_experts', 1)} shared, width {t['moe_intermediate_size']})",
     ]
