@@ -119,7 +119,11 @@ class Scheduler:
         self._inbox.put(("cancel", request_id))
 
     def stats(self) -> dict[str, Any]:
-        return self._stats
+        """The last step's snapshot; `requests_waiting` also counts submissions the loop has not picked up yet."""
+        stats = dict(self._stats)
+        with self._lock:
+            stats["requests_waiting"] = max(0, self._in_system - stats["requests_running"])
+        return stats
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
@@ -139,6 +143,7 @@ class Scheduler:
                     self._run(StepPlan(releases=self._to_release, shutdown=True))
                     self.executor.release_all()
                     return
+                self._refresh_stats()
                 plan, work = self._plan()
                 self._apply(work, self._run(plan))
                 self._refresh_stats()
