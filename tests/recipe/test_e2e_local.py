@@ -71,7 +71,8 @@ def test_start_chat_noop_restart_stop(local_env) -> None:
 
     client = OpenAI(base_url=f"http://127.0.0.1:{env['PORT']}/v1", api_key="unused", timeout=300, max_retries=0)
     reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=8,
-                                           messages=[{"role": "user", "content": "Say something."}])
+                                           messages=[{"role": "user", "content": "Say something."}],
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert reply.choices[0].message.content and reply.usage.completion_tokens > 0
     assert all(is_alive(*r) for r in ranks)  # TP=2: the reply needed both ranks, and both still run
 
