@@ -142,6 +142,7 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
                f"{current.state.api_url}): nothing to do.")
         ui.say("./start.sh restart restarts it (with new settings, say); ./stop.sh stops it.")
         return 0
+    launch.ensure_supported(the_plan)
     ui.headline(settings, the_plan)
     reporter = ui.ConsoleReporter()
     ui.step(1, STEPS, "Settings checked; clearing the way")

@@ -112,11 +112,16 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def launch(plan: Plan, secrets: Mapping[str, str]) -> tuple[RunState, dict[int, subprocess.Popen]]:
-    """Start every rank in the plan's order; returns the recorded state and the process handles."""
+def ensure_supported(plan: Plan) -> None:
+    """Refuse, before anything is touched, a plan this executor cannot run yet."""
     if plan.runtime != "process":
         raise RecipeError("starting ranks in Docker on Sparks is not built yet (it lands with the preflight and "
                           "image issues)", "use DRY_RUN=1 to see the plan, or remove WORKER to run locally")
+
+
+def launch(plan: Plan, secrets: Mapping[str, str]) -> tuple[RunState, dict[int, subprocess.Popen]]:
+    """Start every rank in the plan's order; returns the recorded state and the process handles."""
+    ensure_supported(plan)
     run_dir = Path(plan.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for secret in plan.secret_files:

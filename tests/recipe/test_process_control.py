@@ -154,3 +154,15 @@ def test_cli_start_again_restart_and_stop(fake_plan, sandbox: Path, monkeypatch:
     assert not any(is_alive(pid, ticks) for pid, ticks in after)
     assert runner.invoke(app, ["status"]).exit_code == 3
     assert "nothing to stop" in runner.invoke(app, ["stop"]).output
+
+
+def test_foreground_follows_rank0_and_stops_the_rest_when_it_exits(fake_plan, sandbox: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("recipe.cli.build_plan", lambda s, h, extra=(): with_fake_ranks(
+        build_plan(s, h, extra), FAKE_EXIT="3", FAKE_EXIT_RANK="0", FAKE_DELAY="0"))
+    plan = fake_plan()
+    result = CliRunner().invoke(app, ["start"], env={"FOREGROUND": "1"})
+    assert result.exit_code == 3, result.output
+    assert "fake rank 0: failing on purpose" in result.output and "rank 0 exited with code 3" in result.output
+    assert load_state(Path(plan.run_dir)) is None  # rank 1 was stopped and its log saved
+    assert list((sandbox / "logs").glob("*-rank1.log.gz"))

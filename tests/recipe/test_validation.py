@@ -104,3 +104,8 @@ def test_unexpected_errors_print_one_line_without_traceback(sandbox: Path, monke
     assert "ZeroDivisionError" in result.output and "Traceback" not in result.output
     monkeypatch.setenv("SPARKS_DEBUG", "1")
     assert isinstance(CliRunner().invoke(app, ["plan"]).exception, ZeroDivisionError)
+
+
+def test_docker_start_is_refused_before_anything_is_touched(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run(monkeypatch, {"WORKER": "me@spark2"})
+    assert_rejected_untouched(result, sandbox, "Docker", "DRY_RUN=1")
