@@ -72,8 +72,8 @@ class ParallelGroup:
         """Concatenate uneven last-dim shards (vocab-parallel logits) in rank order."""
         if not self.is_distributed:
             return shard
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([shard.shape[-1]], dtype=torch.int64))
+        sizes = [torch.zeros(1, dtype=torch.int64, device=shard.device) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([shard.shape[-1]], dtype=torch.int64, device=shard.device))
         width = max(int(s) for s in sizes)
         padded = torch.nn.functional.pad(shard, (0, width - shard.shape[-1])).contiguous()
         parts = [torch.empty_like(padded) for _ in range(self.world)]

@@ -23,11 +23,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(checkpoint: Path, world: int, out_dir: Path) -> list[dict]:
+def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu") -> list[dict]:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'engine'}")
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(checkpoint), str(world), str(r), str(port),
-                               str(out_dir / f"tp{world}-rank{r}.pt")], env=env) for r in range(world)]
+                               str(out_dir / f"tp{world}-rank{r}.pt"), device], env=env) for r in range(world)]
     try:
         codes = [p.wait(timeout=180) for p in procs]
     finally:
