@@ -69,9 +69,9 @@ def fingerprint(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def available_bytes(device: str) -> int:
-    if device == "cuda":
+    if device.startswith("cuda"):
         import torch
-        return int(torch.cuda.mem_get_info()[0])
+        return int(torch.cuda.mem_get_info(device)[0])
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
@@ -121,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
     from engine.worker import StepExecutor, follow_plans
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if device == "cuda" and torch.cuda.device_count() > 1:  # several ranks on one host: one GPU each
+        device = f"cuda:{args.rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
     if device == "cpu" and not _env("OMP_NUM_THREADS"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp))
     addr, _, port = args.master.partition(":")

@@ -50,10 +50,10 @@ class StepExecutor:
             self.lanes[lane] = self.model.new_sequence(self.pool)
         if plan.prefill is not None:
             lane, ids = plan.prefill
-            return self.model.prefill(self.lanes[lane], list(ids))
+            return self.model.prefill(self.lanes[lane], list(ids)).cpu()  # sampling runs on the CPU
         if plan.decode is not None:
             lanes, tokens = plan.decode
-            return self.model.decode([self.lanes[lane] for lane in lanes], list(tokens))
+            return self.model.decode([self.lanes[lane] for lane in lanes], list(tokens)).cpu()
         return None
 
     def release_all(self) -> None:
