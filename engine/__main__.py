@@ -14,6 +14,8 @@ COMMANDS = {
     "serve": ("engine.serve", "run one rank: load the checkpoint, join the group, serve the API on rank 0"),
     "info": ("engine.checkpoint.info", "print a checkpoint's architecture, parameter count and bytes per rank"),
     "make-demo": ("engine.checkpoint.demo", "write a small demo checkpoint of this architecture"),
+    "train-demo": ("engine.train.cli", "train the demo model on synthetic GLM-format conversations (needs transformers)"),
+    "eval-demo": ("engine.train.evaluate", "greedy-decode held-out synthetic prompts with this engine; print a score table"),
 }
 
 

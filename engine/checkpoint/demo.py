@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,17 @@ SIZES: dict[str, dict[str, Any]] = {
                   qk_nope_head_dim=64, v_head_dim=64, q_lora_rank=192, kv_lora_rank=128, linear_num_heads=6,
                   linear_head_dim=64, n_routed_experts=32, num_experts_per_tok=4, moe_intermediate_size=128,
                   index_n_heads=16, index_head_dim=32, index_topk=64, index_kpool=4, shards=4),
+    # The trained demo's architecture (engine/train: `python -m engine train-demo`): small enough to train on a CPU in
+    # minutes and to commit in bf16 (~4 MB). index_topk 1024 keeps every synthetic conversation (< 700 tokens) in the
+    # indexer's dense regime: transformers computes the indexer without gradients, so its weights stay as drawn.
+    "chat": dict(hidden_size=128, kinds="KKKD", dense_layers=1, intermediate_size=192, num_attention_heads=6,
+                 qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=64, kv_lora_rank=32, linear_num_heads=6,
+                 linear_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                 index_n_heads=16, index_head_dim=16, index_topk=1024, index_kpool=4, shards=2),
 }
+# `--size trained`: the "chat" preset trained on synthetic GLM-format conversations by `python -m engine train-demo`
+# (engine/train; seed 0), committed here in bf16. It answers, thinks and calls tools; the others are random.
+TRAINED = Path(__file__).with_name("trained_demo")
 VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=14, temporal_patch_size=2,
               spatial_merge_size=2, in_channels=3, image_size=56)
 
@@ -135,11 +146,15 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 def write_demo(path: str | Path, seed: int = 0, size: str = "tiny") -> Path:
-    """Write the demo checkpoint to `path` (created if missing) and return it."""
-    if size not in SIZES:
-        raise ValueError(f"size {size!r} is not one of {sorted(SIZES)}")
+    """Write the demo checkpoint to `path` (created if missing) and return it; `trained` copies the committed
+    trained checkpoint (the seed does not apply)."""
+    if size not in (*SIZES, "trained"):
+        raise ValueError(f"size {size!r} is not one of {sorted(SIZES) + ['trained']}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
+    if size == "trained":
+        shutil.copytree(TRAINED, out, dirs_exist_ok=True)
+        return out
     tokenizer_size = write_tokenizer(out, model_max_length=131072)
     config = build_config(size, tokenizer_size)
     _write_json(out / "config.json", config)
@@ -164,8 +179,9 @@ def write_demo(path: str | Path, seed: int = 0, size: str = "tiny") -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", type=Path, help="where to write the checkpoint (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="weights seed; the same seed gives byte-identical files")
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
-                        help="tiny: for tests (~1 s); small: the local default's served model")
+    parser.add_argument("--size", choices=sorted(SIZES) + ["trained"], default="tiny",
+                        help="tiny: for tests (~1 s); small: the local default's served model; chat: the trained "
+                             "model's architecture, random; trained: the committed chat model trained by train-demo")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,56 @@
+"""`python -m engine train-demo OUT [--seed N] [--steps N]`: train the demo model on synthetic GLM-format
+conversations and write it in the demo checkpoint layout (a dev-time step: it needs transformers)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from engine.train.trainer import PRESET, TrainSettings
+
+DEFAULTS = TrainSettings()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", type=Path, help="where to write the trained checkpoint (created if missing)")
+    parser.add_argument("--seed", type=int, default=DEFAULTS.seed, help="start weights, data order and examples")
+    parser.add_argument("--steps", type=int, default=DEFAULTS.steps, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size, help="conversations per step")
+    parser.add_argument("--lr", type=float, default=DEFAULTS.lr, help="peak learning rate (AdamW)")
+    parser.add_argument("--threads", type=int, default=DEFAULTS.threads,
+                        help="torch threads; the weights hash is only stable for the same value")
+    parser.add_argument("--every", type=int, default=25, help="print the loss every this many steps")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("train-demo needs transformers (a dev dependency): pip install -e '.[dev]'", file=sys.stderr)
+        return 2
+    from engine.train.export import weights_hash, write_trained
+    from engine.train.trainer import train
+
+    settings = TrainSettings(seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                             threads=args.threads)
+    window: list[float] = []
+
+    def report(step: int, loss: float) -> None:
+        window.append(loss)
+        if (step + 1) % args.every == 0 or step + 1 == settings.steps:
+            print(f"step {step + 1:>5}/{settings.steps}  loss {sum(window) / len(window):.4f}", flush=True)
+            window.clear()
+
+    result = train(settings, report)
+    out = write_trained(result.model, args.directory, seed=settings.seed, preset=PRESET)
+    print(f"trained {settings.steps} steps x {settings.batch_size} conversations ({result.tokens} tokens) in "
+          f"{result.seconds:.0f} s on {settings.threads} thread(s); final loss {result.losses[-1]:.4f}")
+    digest = weights_hash(out)
+    record = dict(dataclasses.asdict(settings), seconds=round(result.seconds), tokens=result.tokens,
+                  final_loss=round(result.losses[-1], 4), weights_sha256=digest)
+    (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}; weights sha256 {digest}")
+    return 0

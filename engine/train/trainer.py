@@ -1,0 +1,154 @@
+"""Train the demo model on synthetic conversations with transformers' glm5_next (the differentiable reference).
+
+Start: `write_demo(..., size="chat")` (seeded random weights in the real layout), loaded with
+`Glm5NextForConditionalGeneration.from_pretrained` in fp32. Loss: cross-entropy on the completion tokens only (what
+the assistant writes, through the token that ends its turn). Batches are right-padded, which needs no attention mask
+here: every token mixer is causal, so padding after a sequence never reaches it, and padded positions carry no loss.
+
+Reproducible on one machine: one thread, deterministic algorithms, every random draw seeded. KDA runs in chunks of 16
+instead of transformers' 64 (the chunked form is exact for any chunk size; the intra-chunk tensors are 4x smaller,
+which makes a step ~5x faster on a CPU). The indexer is computed without gradients by transformers, so its weights
+stay as drawn; the "chat" preset's index_topk keeps every training conversation in the dense regime.
+
+transformers is a dev dependency; this module imports it only inside `train`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from engine.checkpoint.demo import write_demo
+from engine.checkpoint.tokenizer_build import build_tokenizer
+from engine.train import synthetic
+
+PRESET = "chat"
+KDA_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    seed: int = 0
+    steps: int = 500
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup: int = 30
+    threads: int = 1
+    preset: str = PRESET
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    model: object  # transformers Glm5NextForConditionalGeneration, trained, fp32
+    losses: list[float]
+    seconds: float
+    tokens: int
+
+
+def encode(example: synthetic.Example, tokenizer) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids), each encoded on its own as serving sees them: the prompt alone, then the
+    tokens the model writes."""
+    return (tokenizer.encode(synthetic.prompt(example)).ids, tokenizer.encode(synthetic.completion(example)).ids)
+
+
+def batches(settings: TrainSettings) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids [B, T], loss mask [B, T]) for each step: fresh examples, grouped by length to keep padding small."""
+    tokenizer = build_tokenizer()
+    rng = random.Random(f"glm5-demo-batches/{settings.seed}")
+    group = 16 * settings.batch_size
+    for start in itertools.count(0, group):
+        pool = [encode(e, tokenizer) for e in synthetic.examples("train", settings.seed * 1_000_003 + start, group)]
+        pool.sort(key=lambda pc: len(pc[0]) + len(pc[1]))
+        chunks = [pool[i:i + settings.batch_size] for i in range(0, group, settings.batch_size)]
+        rng.shuffle(chunks)
+        for chunk in chunks:
+            yield _pad(chunk)
+
+
+def _pad(chunk: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) + len(c) for p, c in chunk)
+    ids = torch.zeros(len(chunk), width, dtype=torch.long)
+    mask = torch.zeros(len(chunk), width, dtype=torch.bool)
+    for row, (p, c) in enumerate(chunk):
+        ids[row, :len(p) + len(c)] = torch.tensor(p + c)
+        mask[row, len(p):len(p) + len(c)] = True  # position t is scored on predicting ids[t] from ids[:t]
+    return ids, mask
+
+
+@contextlib.contextmanager
+def _kda_chunk(size: int) -> Iterator[None]:
+    import transformers.models.glm5_next.modeling_glm5_next as modeling
+
+    original = modeling.chunk_kimi_delta_attention
+    modeling.chunk_kimi_delta_attention = functools.partial(original, chunk_size=size)
+    try:
+        yield
+    finally:
+        modeling.chunk_kimi_delta_attention = original
+
+
+@contextlib.contextmanager
+def _reproducible(threads: int) -> Iterator[None]:
+    saved = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1])
+
+
+def _lr(step: int, settings: TrainSettings) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
+    return settings.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def load_start(directory: Path):
+    from transformers import Glm5NextForConditionalGeneration
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()  # the MTP layer's keys are "unexpected" to transformers, by design
+    model = Glm5NextForConditionalGeneration.from_pretrained(directory, dtype=torch.float32)
+    model.config._attn_implementation = "eager"
+    model.model.language_model.config._attn_implementation = "eager"
+    return model
+
+
+def train(settings: TrainSettings, progress: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train from the preset's seeded start; `progress(step, loss)` after every step."""
+    with _reproducible(settings.threads), _kda_chunk(KDA_CHUNK), tempfile.TemporaryDirectory() as start_dir:
+        torch.manual_seed(settings.seed)
+        write_demo(start_dir, seed=settings.seed, size=settings.preset)
+        model = load_start(Path(start_dir)).train()
+        params = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+        optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        losses, tokens, began = [], 0, time.perf_counter()
+        for step, (ids, mask) in enumerate(itertools.islice(batches(settings), settings.steps)):
+            for group in optimizer.param_groups:
+                group["lr"] = _lr(step, settings)
+            logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
+            loss = torch.nn.functional.cross_entropy(logits[mask[:, 1:]], ids[:, 1:][mask[:, 1:]])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            tokens += int(ids.numel())
+            if progress:
+                progress(step, losses[-1])
+        return TrainResult(model.eval(), losses, time.perf_counter() - began, tokens)
