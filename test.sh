@@ -5,4 +5,4 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/scripts/bootstrap.sh"
 bootstrap engine,dev
 cd "$here"
-exec "$VENV/bin/python" -m pytest -q tests "$@"
+exec "$VENV/bin/python" -m pytest -q "$@"  # no path given: pyproject's testpaths (tests/)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
-
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -146,7 +144,3 @@ def show_settings(settings: Settings) -> None:
     for name in load_specs():
         table.add_row(name, escape(settings.shown(name)), settings.origins.get(name, "default"))
     console.print(table)
-
-
-def path_text(path: Path | str) -> str:
-    return escape(str(path))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import os
 import sys
 import time
 from pathlib import Path
