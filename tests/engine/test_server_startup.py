@@ -57,7 +57,7 @@ def test_peer_watch_both_directions(checkpoint: Path, tmp_path: Path) -> None:
     rank1, rank0 = live.procs
     try:
         rank1.kill()
-        deadline, health = time.monotonic() + 5, None
+        deadline, health = time.monotonic() + 30, None  # generous: CI machines have 2 busy cores
         while time.monotonic() < deadline:
             response = httpx.get(live.url + "/health", timeout=2)
             if response.status_code == 503:
@@ -65,14 +65,14 @@ def test_peer_watch_both_directions(checkpoint: Path, tmp_path: Path) -> None:
                 break
             time.sleep(0.1)
         assert health is not None and not health["ok"] and "rank" in health["error"]
-        assert rank0.wait(20) == 1
+        assert rank0.wait(60) == 1
     finally:
         live.stop()
     live = LiveServer(checkpoint, tmp_path, ["--parallel", "1", "--context", "64"], key=None)
     rank1, rank0 = live.procs
     try:
         rank0.kill()
-        assert rank1.wait(20) == 1
+        assert rank1.wait(60) == 1
         assert "rank 0 is gone" in live.logs[0].read_text()
     finally:
         live.stop()
