@@ -10,17 +10,57 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from recipe.link import Link
 
 
 @dataclass(frozen=True)
-class LinkFacts:
-    """The RoCE link between the head and its workers. Until link detection exists (a later issue) the values are
-    placeholders that DRY_RUN prints as they are, so a reader sees which value goes where."""
+class LinkEnd:
+    """One rank's side of the RoCE link: where its rendezvous goes and which ports NCCL uses. The defaults are
+    placeholders that DRY_RUN prints as they are when the link was not detected, so a reader sees what goes where."""
 
     master_addr: str = "<head address on the link>"
     ifname: str = "<link netdev>"
     hcas: str = "<RoCE devices>"
     gid_index: str = "<RoCE v2 GID index>"
+
+
+@dataclass(frozen=True)
+class LinkFacts:
+    """The links from the head to its workers, as each rank needs them (placeholders until detected)."""
+
+    ends: Mapping[int, LinkEnd] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    summaries: tuple[str, ...] = ()
+
+    def for_rank(self, rank: int) -> LinkEnd:
+        return self.ends.get(rank, LinkEnd())
+
+    @property
+    def master_addr(self) -> str:
+        return self.for_rank(0).master_addr
+
+    @classmethod
+    def from_link(cls, link: "Link") -> "LinkFacts":
+        return cls.from_links([link])
+
+    @classmethod
+    def from_links(cls, links: "Sequence[Link]") -> "LinkFacts":
+        """Rank i+1 sits at the far end of links[i]; rank 0 uses every link's head-side ports."""
+        ends: dict[int, LinkEnd] = {}
+        head_hcas: list[str] = []
+        for rank, link in enumerate(links, start=1):
+            p = link.primary
+            ends[rank] = LinkEnd(p.head_ip, p.worker_ifname, ",".join(r.worker_hca for r in link.rails),
+                                 str(p.gid_index))
+            head_hcas += [r.head_hca for r in link.rails if r.head_hca not in head_hcas]
+        if links:
+            p = links[0].primary
+            ends[0] = LinkEnd(p.head_ip, p.head_ifname, ",".join(head_hcas), str(p.gid_index))
+        return cls(ends=ends, notes=tuple(n for link in links for n in link.notes),
+                   summaries=tuple(link.summary() for link in links))
 
 
 @dataclass(frozen=True)

@@ -189,8 +189,8 @@ def _docker_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str
     mounts = docker_mounts(settings, secret_files)
     key_file = "/run/secrets/api_key" if secret_files else None
     serve = ("python", "-m", "engine", "serve", checkpoint,
-             *serve_flags(settings, rank, f"{host.link.master_addr}:{settings.master_port}", key_file), *extra)
-    env = {**engine_env(settings), **docker_env(settings, host.link)}
+             *serve_flags(settings, rank, f"{host.link.for_rank(rank).master_addr}:{settings.master_port}", key_file), *extra)
+    env = {**engine_env(settings), **docker_env(settings, host.link.for_rank(rank))}
     argv = docker_argv(settings, env, mounts, serve)
     ports = (settings.port, settings.master_port) if rank == 0 else ()
     return RankPlan(rank=rank, node=node, runtime="docker", argv=argv, env=env, mounts=mounts, ports=ports,

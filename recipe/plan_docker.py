@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from recipe.host import LinkFacts
+from recipe.host import LinkEnd
 from recipe.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def docker_mounts(settings: Settings, secret_files: "tuple[SecretFile, ...]") ->
     return tuple(mounts)
 
 
-def docker_env(settings: Settings, link: LinkFacts) -> dict[str, str]:
+def docker_env(settings: Settings, link: LinkEnd) -> dict[str, str]:
     """NCCL over the RoCE link: its netdev for bootstrap, its RDMA devices and RoCE v2 GID for data."""
     env = {
         "HF_HUB_OFFLINE": "1",

@@ -1,0 +1,128 @@
+"""RoCE link detection on stand-in sysfs trees (tests/fixtures/sysfs): no machine here has RDMA hardware or kernel
+support, so each node's RDMA facts come from a fixture tree and its `ip` answers are canned. The inventory script
+itself runs for real (sh) against the tree."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from recipe.link import LinkError, detect_link, parse_route
+from recipe.plan_docker import docker_env
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
+
+
+def addr_lines(*entries: tuple[str, str]) -> str:
+    return "\n".join(f"{i + 2}: {ifname}    inet {cidr} brd 0.0.0.0 scope global {ifname}\\       valid_lft forever"
+                     for i, (ifname, cidr) in enumerate(entries)) + "\n"
+
+
+class FakeNode:
+    """A node whose `ip` answers are written down and whose sysfs is a fixture tree."""
+
+    def __init__(self, name: str, tree: str, addrs: str, routes: dict[str, str]) -> None:
+        self.name, self.tree, self.addrs, self.routes = name, FIXTURES / tree, addrs, routes
+
+    def output(self, argv: Sequence[str], timeout_s: float = 20) -> str:
+        if argv[:3] == ["ip", "-o", "-4"] and argv[3] == "addr":
+            return self.addrs
+        if argv[:5] == ["ip", "-o", "-4", "route", "get"]:
+            return self.routes[argv[5]]
+        if argv[0] == "sh":  # the inventory script, run for real against this node's tree
+            return subprocess.run([*argv[:-1], str(self.tree)], capture_output=True, text=True, check=True).stdout
+        raise AssertionError(f"unexpected command {argv}")
+
+
+SPARK_ADDRS = {n: addr_lines(("enp1s0f1np1", f"192.168.100.{n}/24"), ("enP2p1s0f1np1", f"192.168.101.{n}/24"),
+                             ("enP7s7", f"10.0.0.{10 + n}/24")) for n in (1, 2)}
+
+
+def route(dest: str, dev: str, src: str, via: str = "") -> str:
+    return f"{dest} {'via ' + via + ' ' if via else ''}dev {dev} src {src} uid 0 \\    cache \n"
+
+
+def spark_pair(head_routes: dict[str, str]) -> tuple[FakeNode, FakeNode]:
+    head = FakeNode("local", "spark-head", SPARK_ADDRS[1], head_routes)
+    worker = FakeNode("me@spark2", "spark-worker", SPARK_ADDRS[2],
+                      {"192.168.100.1": route("192.168.100.1", "enp1s0f1np1", "192.168.100.2")})
+    return head, worker
+
+
+def test_spark_with_two_rails_pairs_both_and_feeds_nccl() -> None:
+    head, worker = spark_pair({"192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1")})
+    link = detect_link(head, worker, "192.168.100.2", peer_is_explicit=True, sysfs_root="/unused")
+    assert [(r.head_hca, r.worker_hca) for r in link.rails] == [("rocep1s0f1", "rocep1s0f1"),
+                                                               ("roceP2p1s0f1", "roceP2p1s0f1")]
+    assert link.master_addr == "192.168.100.1" and link.primary.gid_index == 3 and link.notes == ()
+    assert "2 rail(s)" in link.summary()
+    from recipe.host import LinkFacts
+    facts = LinkFacts.from_link(link)
+    env = docker_env(_settings(), facts.for_rank(0))
+    assert env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and env["NCCL_IB_GID_INDEX"] == "3"
+    assert facts.master_addr == "192.168.100.1"
+
+
+def test_route_over_the_lan_finds_the_workers_roce_address_and_says_so() -> None:
+    head, worker = spark_pair({
+        "10.0.0.12": route("10.0.0.12", "enP7s7", "10.0.0.11"),
+        "192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1"),
+    })
+    link = detect_link(head, worker, "10.0.0.12", peer_is_explicit=False, sysfs_root="/unused")
+    assert link.primary.worker_ip == "192.168.100.2" and link.master_addr == "192.168.100.1"
+    assert any("10.0.0.12 is reached over enP7s7" in n and "FABRIC_PEER=192.168.100.2" in n for n in link.notes)
+
+
+def test_an_explicit_fabric_peer_over_the_lan_is_refused_with_the_fix() -> None:
+    head, worker = spark_pair({"10.0.0.12": route("10.0.0.12", "enP7s7", "10.0.0.11")})
+    with pytest.raises(LinkError) as refused:
+        detect_link(head, worker, "10.0.0.12", peer_is_explicit=True, sysfs_root="/unused")
+    assert "FABRIC_PEER 10.0.0.12 is reached over enP7s7" in refused.value.message
+    assert "ConnectX-7" in refused.value.fix
+
+
+def test_a_peer_behind_a_gateway_is_not_a_direct_link() -> None:
+    head, worker = spark_pair({"192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1",
+                                                      via="192.168.100.254")})
+    with pytest.raises(LinkError, match="via 192.168.100.254"):
+        detect_link(head, worker, "192.168.100.2", peer_is_explicit=True, sysfs_root="/unused")
+
+
+def test_a_node_without_roce_is_refused_naming_what_to_connect() -> None:
+    head = FakeNode("local", "no-roce", addr_lines(("enP7s7", "10.0.0.11/24"), ("wlP9s9", "10.0.1.11/24")),
+                    {"10.0.0.12": route("10.0.0.12", "enP7s7", "10.0.0.11")})
+    _, worker = spark_pair({})
+    with pytest.raises(LinkError) as refused:
+        detect_link(head, worker, "10.0.0.12", peer_is_explicit=False, sysfs_root="/unused")
+    assert "no RoCE port" in refused.value.message and "ConnectX-7" in refused.value.fix
+
+
+def test_worker_without_a_route_back_over_its_roce_port_is_refused() -> None:
+    head, worker = spark_pair({"192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1")})
+    worker.routes["192.168.100.1"] = route("192.168.100.1", "enP7s7", "10.0.0.12", via="10.0.0.1")
+    with pytest.raises(LinkError, match="reaches the head's link address 192.168.100.1 over enP7s7"):
+        detect_link(head, worker, "192.168.100.2", peer_is_explicit=True, sysfs_root="/unused")
+
+
+def test_a_second_rail_without_a_partner_is_left_out_and_named() -> None:
+    head, worker = spark_pair({"192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1")})
+    worker.addrs = addr_lines(("enp1s0f1np1", "192.168.100.2/24"), ("enP2p1s0f1np1", "192.168.102.2/24"))
+    link = detect_link(head, worker, "192.168.100.2", peer_is_explicit=True, sysfs_root="/unused")
+    assert len(link.rails) == 1
+    assert any("enP2p1s0f1np1 (192.168.101.1) has no partner" in n for n in link.notes)
+
+
+def test_route_parsing() -> None:
+    parsed = parse_route("8.8.8.8", "8.8.8.8 via 10.0.0.1 dev eth0 src 10.0.0.5 uid 0 \\    cache")
+    assert (parsed.ifname, parsed.src, parsed.via) == ("eth0", "10.0.0.5", "10.0.0.1")
+    with pytest.raises(LinkError, match="no route to 10.9.9.9"):
+        parse_route("10.9.9.9", "RTNETLINK answers: Network is unreachable")
+
+
+def _settings():
+    from recipe.settings import load_settings
+    return load_settings(Path("/nonexistent"), {"TP": "2", "WORKER": "me@spark2"})
