@@ -132,6 +132,42 @@ def settings_command(
     return 0
 
 
+@app.command()
+@_guarded
+def bench(
+    url: str = typer.Option("", "--url", help="API base URL (default: http://HOST:PORT/v1 from the settings)"),
+    model: str = typer.Option("", "--model", help="model id (default: SERVED_NAME)"),
+    concurrency: str = typer.Option("1,2,3,4", "--concurrency", help="requests at once, comma-separated"),
+    tokens: int = typer.Option(256, "--tokens", help="reply length of every decode request"),
+    prompt_sizes: str = typer.Option("512,2k,8k,32k", "--prompt-sizes", help="prefill sweep, in tokens"),
+    repeats: int = typer.Option(3, "--repeats", help="runs per figure; the median is shown"),
+    json_out: Path | None = typer.Option(None, "--json", help="write the result as JSON here"),
+    plot: Path | None = typer.Option(None, "--plot", help="write a PNG plot here (needs the bench extra)"),
+    api_key: str = typer.Option("", "--api-key", help="bearer token (default: API_KEY)", show_default=False),
+    timeout: float = typer.Option(600.0, "--timeout", help="seconds one request may take"),
+    budget: float = typer.Option(3600.0, "--budget", help="seconds the whole bench may take; the rest is skipped"),
+) -> int:
+    """Measure a running server through its OpenAI API: decode tok/s at each concurrency (prose and JSON
+    replies), time to first token, and prefill tok/s over a sweep of prompt sizes."""
+    from recipe.bench import BenchOptions, api_url, parse_sizes, run_bench
+    from recipe.bench_result import write_json
+
+    settings = load_settings()
+    options = BenchOptions(url=api_url(url, settings.host, settings.port), model=model or settings.served_name,
+                           api_key=api_key or settings.api_key, concurrency=parse_sizes(concurrency, "--concurrency"),
+                           tokens=tokens, prompt_sizes=parse_sizes(prompt_sizes, "--prompt-sizes"), repeats=repeats,
+                           request_timeout_s=timeout, budget_s=budget)
+    if plot is not None:
+        from recipe.bench_plot import require_matplotlib, write_plot
+        require_matplotlib()  # before minutes of measuring, not after
+    result = run_bench(options, ui.ConsoleReporter().note)
+    ui.show_bench(result)
+    if json_out is not None:
+        ui.say(f"JSON: {write_json(result, json_out)}")
+    if plot is not None:
+        ui.say(f"Plot: {write_plot(result, plot)}")
+    return 0
+
 def _start(restart: bool, extra: tuple[str, ...]) -> int:
     settings, the_plan = _settings_and_plan(extra)
     current = control.status(Path(the_plan.run_dir))

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from recipe.bench_result import BenchResult
 from recipe.control import Status, StopResult
 from recipe.errors import LaunchError, RecipeError
 from recipe.plan import Plan
@@ -144,3 +145,43 @@ def show_settings(settings: Settings) -> None:
     for name in load_specs():
         table.add_row(name, escape(settings.shown(name)), settings.origins.get(name, "default"))
     console.print(table)
+
+
+def show_bench(result: BenchResult) -> None:
+    """`sparks bench`: the decode table (as the reference recipe publishes it), the prefill table, notes."""
+    decode = Table(title=f"Decode · {result.options.tokens}-token replies · median of {result.options.repeats} · tok/s",
+                   show_edge=False)
+    decode.add_column("Requests", justify="right")
+    for kind in ("Prose", "Structured"):
+        for name in (kind, "Per request", "TTFT"):
+            decode.add_column(name, justify="right")
+    for n in sorted({row.concurrency for row in result.decode}):
+        cells = [str(n)]
+        for kind in ("prose", "structured"):
+            row = next((r for r in result.decode if r.kind == kind and r.concurrency == n), None)
+            cells += ([_num(row.aggregate_tok_s), _num(row.per_request_tok_s), _ms(row.ttft_s)] if row
+                      else ["-", "-", "-"])
+        decode.add_row(*cells)
+    console.print(decode)
+    if result.prefill:
+        prefill = Table(title="Prefill (one request, one-token reply)", show_edge=False)
+        for name in ("Prompt tokens", "Prefill tok/s", "First token"):
+            prefill.add_column(name, justify="right")
+        for row in result.prefill:
+            prefill.add_row(f"{row.prompt_tokens:,}", _num(row.prefill_tok_s), f"{row.ttft_s or 0:.2f} s")
+        console.print(prefill)
+    window = result.server.get("context_length")
+    say(f"{result.options.model} at {result.options.url}" + (f" · window {window} tokens" if window else "")
+        + f" · {result.host} · {result.date} · {result.seconds:.0f}s")
+    for line in result.skipped:
+        say(f"skipped: {line}")
+    for line in result.warnings:
+        warn(line)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:,.0f} ms"
