@@ -6,6 +6,7 @@ exception too, with a traceback only when SPARKS_DEBUG=1.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -14,11 +15,12 @@ from typing import Any, Callable
 
 import typer
 
-from recipe import control, launch, ui
+from recipe import checkpoint, control, launch, preflight, ui
 from recipe.docs import settings_markdown, update_readme
 from recipe.errors import LaunchError, RecipeError
-from recipe.host import detect_host
+from recipe.host import LinkFacts, detect_host
 from recipe.logs import LogFollower
+from recipe.nodes import LocalNode, SshNode, on_each
 from recipe.plan import Plan, build_plan
 from recipe.settings import REPO_ROOT, Settings, load_settings
 from recipe.smoke import smoke_test
@@ -172,13 +174,14 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     settings, the_plan = _settings_and_plan(extra)
     current = control.status(Path(the_plan.run_dir))
     if settings.dry_run:
-        return _dry_run(settings, the_plan, current, restart)
+        return _dry_run(settings, _with_links(settings, the_plan, extra, current, must_pass=False), current, restart)
     if current.running and not restart:
         ui.say(f"{current.state.served_name} is already running ({len(current.state.ranks)} ranks, API "
                f"{current.state.api_url}): nothing to do.")
         ui.say("./start.sh restart restarts it (with new settings, say); ./stop.sh stops it.")
         return 0
     launch.ensure_supported(the_plan)
+    the_plan = _with_links(settings, the_plan, extra, current, must_pass=True)
     ui.headline(settings, the_plan)
     reporter = ui.ConsoleReporter()
     ui.step(1, STEPS, "Settings checked; clearing the way")
@@ -194,6 +197,52 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     if settings.foreground:
         return _follow(settings, the_plan, handles)
     return _wait_and_check(settings, the_plan, state, reporter)
+
+
+def _with_links(settings: Settings, the_plan: Plan, extra: tuple[str, ...], current: control.Status,
+                must_pass: bool) -> Plan:
+    """With workers configured: check every machine (stopping at the first failure for a real start; only
+    reporting under DRY_RUN), then plan with the detected links."""
+    if not settings.workers:
+        return the_plan
+    ctx = preflight.context_for(settings, api_port_ours=current.state is not None)
+    if must_pass:
+        preflight.first_failure(ctx, ui.show_check)
+    else:
+        for check in preflight.run_checks(ctx):
+            ui.show_check(check)
+    if len(ctx.links) != len(settings.workers):
+        return the_plan
+    host = dataclasses.replace(detect_host(), link=LinkFacts.from_links(ctx.links))
+    return build_plan(settings, host, extra)
+
+
+@app.command()
+@_guarded
+def doctor() -> int:
+    """Check every machine: ssh, memory, disk, docker, rsync, the API port, the RoCE link. Exit code 1 on a failure."""
+    settings = load_settings()
+    current = control.status(Path(settings.log_dir, "run"))
+    checks = list(preflight.run_checks(preflight.context_for(settings, api_port_ours=current.state is not None)))
+    ui.show_checks(checks)
+    return 1 if any(c.status == preflight.FAIL for c in checks) else 0
+
+
+@app.command("copy")
+@_guarded
+def copy_command() -> int:
+    """Copy the checkpoint to every worker (resumable: run again after an interruption), then compare manifests."""
+    settings = load_settings()
+    folder = checkpoint.head_checkpoint_dir(settings)
+    if not settings.workers or folder is None:
+        ui.say("No worker is configured (WORKER): every rank reads this machine's checkpoint; nothing to copy.")
+        return 0
+    head = LocalNode()
+    ui.say(f"Copying {folder} to {', '.join(settings.workers)} (rsync -a -L --partial; resumable)")
+    outcomes = on_each([SshNode(w) for w in settings.workers],
+                       lambda worker: checkpoint.copy_to_worker(head, worker, folder))
+    ui.show_copies(outcomes)
+    return 1 if any(isinstance(o, BaseException) for o in outcomes.values()) else 0
 
 
 def _dry_run(settings: Settings, the_plan: Plan, current: control.Status, restart: bool) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -13,6 +14,9 @@ from recipe.errors import LaunchError, RecipeError
 from recipe.plan import Plan
 from recipe.settings import Settings
 from recipe.smoke import SmokeResult
+
+if TYPE_CHECKING:
+    from recipe.preflight import Check
 
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -134,6 +138,41 @@ def show_status(status: Status) -> None:
         say(f"Health: rank 0 runs but {status.state.health_url} does not answer yet (still loading?)")
     else:
         say("Some ranks have exited: ./start.sh restart starts them again, ./stop.sh cleans up.")
+
+
+STATUS_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fail[/]"}
+
+
+def show_check(check: "Check") -> None:
+    """One check as a line (start prints them as they run)."""
+    fix = f" [dim]→ {escape(check.fix)}[/]" if check.fix and check.status != "ok" else ""
+    console.print(f"  {STATUS_STYLE[check.status]} {escape(check.name)} ({escape(check.node)}): "
+                  f"{escape(check.message)}{fix}")
+
+
+def show_checks(checks: "list[Check]") -> None:
+    table = Table(show_edge=False)
+    for column in ("check", "node", "status", "found", "what to do"):
+        table.add_column(column)
+    for check in checks:
+        table.add_row(check.name, escape(check.node), STATUS_STYLE[check.status], escape(check.message),
+                      escape(check.fix) if check.status != "ok" else "")
+    console.print(table)
+    failed = sum(c.status == "fail" for c in checks)
+    warned = sum(c.status == "warn" for c in checks)
+    say(f"{len(checks)} checks: {failed} failed, {warned} warning(s)" if failed or warned
+        else f"All {len(checks)} checks passed.")
+
+
+def show_copies(outcomes: "dict[str, object]") -> None:
+    for worker, outcome in outcomes.items():
+        if isinstance(outcome, RecipeError):
+            errors.print(f"[bold red]{escape(worker)}:[/] {escape(outcome.one_line())}")
+        elif isinstance(outcome, BaseException):
+            errors.print(f"[bold red]{escape(worker)}:[/] unexpected {type(outcome).__name__}: {escape(str(outcome))}")
+        else:
+            say(f"{worker}: {outcome.files} files, {outcome.total_bytes / 2**30:.2f} GiB, identical to the head's "
+                f"({outcome.sent_bytes / 2**20:.1f} MiB sent this time)")
 
 
 def show_settings(settings: Settings) -> None:

@@ -1,0 +1,243 @@
+"""Checks of every machine before anything is stopped or started: `sparks doctor` shows them all, `start` stops at
+the first failure.
+
+Each check returns a `Check` (ok / warn / fail, what was found, what to do). Checks run commands through nodes
+(`recipe.nodes`), so a worker is checked over ssh exactly as the launch will reach it, and tests can hand in
+nodes and a sysfs root of their own. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from recipe.checkpoint import head_checkpoint_dir, missing_bytes, read_manifest
+from recipe.errors import RecipeError
+from recipe.launch import port_is_free
+from recipe.link import Link, LinkError, detect_link
+from recipe.nodes import LocalNode, Node, NodeError, SshNode, ssh_fix
+from recipe.settings import Settings
+
+GIB = 1024 ** 3
+MEMORY_WARN_GIB = 110        # what GLM-5.3-Flash needs free on each Spark with the Docker defaults
+CHECKPOINT_ESTIMATE_GIB = 170  # the pinned checkpoint's size, when none of it is here yet
+DISK_SPARE_GIB = 5           # kept free beyond what the checkpoint needs
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    node: str            # "head" or the worker's ssh target
+    status: str          # ok | warn | fail
+    message: str
+    fix: str = ""
+
+
+@dataclass
+class Context:
+    """What the checks look at. `head` runs commands here; `workers[i]` is rank i+1's node."""
+
+    settings: Settings
+    head: Node
+    workers: Sequence[Node]
+    sysfs_root: str = "/sys"
+    api_port_ours: bool = False        # our own running server holds PORT (restart): not a conflict
+    links: list[Link] = field(default_factory=list)   # filled by the link check
+
+
+class PreflightError(RecipeError):
+    """A check failed; `start` stops here, before anything was stopped or started."""
+
+
+def context_for(settings: Settings, api_port_ours: bool = False) -> Context:
+    return Context(settings=settings, head=LocalNode(), workers=[SshNode(w) for w in settings.workers],
+                   sysfs_root=os.environ.get("SPARKS_SYSFS_ROOT", "/sys"), api_port_ours=api_port_ours)
+
+
+def run_checks(ctx: Context) -> Iterator[Check]:
+    """Every check in order. A worker that ssh cannot reach is checked no further (each later check would fail
+    the same way)."""
+    yield check_tp(ctx)
+    reachable = []
+    for worker in ctx.workers:
+        check = check_ssh(worker)
+        yield check
+        if check.status != FAIL:
+            reachable.append(worker)
+    docker = ctx.settings.effective_runtime == "docker"
+    for node in [ctx.head, *reachable]:
+        yield check_memory(ctx, node)
+        yield check_disk(ctx, node)
+        if ctx.workers:
+            yield check_rsync(node)
+        if docker:
+            yield check_docker(node)
+    for worker in reachable:
+        yield check_cache_writable(ctx, worker)
+    yield check_port(ctx)
+    if docker and len(reachable) == len(ctx.workers):
+        for rank, worker in enumerate(ctx.workers, start=1):
+            yield check_link(ctx, rank, worker)
+
+
+def first_failure(ctx: Context, on_check: Callable[[Check], None] = lambda c: None) -> None:
+    """Run the checks until one fails; raise it as a PreflightError (for `start`)."""
+    for check in run_checks(ctx):
+        on_check(check)
+        if check.status == FAIL:
+            raise PreflightError(f"{label(check)}: {check.message}", check.fix)
+
+
+def label(check: Check) -> str:
+    return f"{check.name} ({check.node})"
+
+
+def _where(node: Node) -> str:
+    return "head" if node.is_local else node.name
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def check_tp(ctx: Context) -> Check:
+    s = ctx.settings
+    if not s.workers:
+        return Check("ranks", "head", OK, f"TP={s.tp}: every rank on this machine ({s.effective_runtime})")
+    where = ", ".join(f"rank {i} on {w}" for i, w in enumerate(s.workers, start=1))
+    if len(s.workers) != s.tp - 1:
+        return Check("ranks", "head", FAIL, f"TP={s.tp} needs {s.tp - 1} worker(s), {len(s.workers)} set",
+                     "set TP to the number of Sparks (./start-tp3.sh for three)")
+    return Check("ranks", "head", OK, f"TP={s.tp}: rank 0 here, {where}")
+
+
+def check_ssh(worker: Node) -> Check:
+    result = worker.run(["true"], timeout_s=30)
+    if result.ok:
+        return Check("ssh", worker.name, OK, "key-based login works")
+    return Check("ssh", worker.name, FAIL, f"cannot log in without a password: {result.last_error_line()}",
+                 ssh_fix(worker.name, result))
+
+
+def mem_available_gib(meminfo: str) -> float:
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / GIB
+    raise NodeError("/proc/meminfo has no MemAvailable line", "a Linux kernel of 3.14 or newer is needed")
+
+
+def check_memory(ctx: Context, node: Node) -> Check:
+    try:
+        available = mem_available_gib(node.output(["cat", "/proc/meminfo"]))
+    except RecipeError as error:
+        return Check("memory", _where(node), FAIL, error.message, error.fix)
+    text = f"{available:.0f} GiB available"
+    if not ctx.workers and ctx.settings.effective_runtime == "process":
+        return Check("memory", _where(node), OK, f"{text} (the embedded default needs a few GiB)")
+    if available < MEMORY_WARN_GIB:
+        return Check("memory", _where(node), WARN, f"only {text}; GLM-5.3-Flash needs ~{MEMORY_WARN_GIB} GiB free",
+                     "stop other GPU work there (docker ps; nvidia-smi), or lower CONTEXT")
+    return Check("memory", _where(node), OK, text)
+
+
+def free_bytes(node: Node, path: str) -> int:
+    """Free bytes on the filesystem holding `path` (or its nearest existing parent)."""
+    script = 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pk "$p" | tail -n 1'
+    fields = node.output(["sh", "-c", script, "df", path]).split()
+    return int(fields[3]) * 1024
+
+
+def check_disk(ctx: Context, node: Node) -> Check:
+    folder = head_checkpoint_dir(ctx.settings)
+    if folder is None:
+        return Check("disk", _where(node), OK, "the demo checkpoint is small (made under CACHE_DIR)")
+    try:
+        free = free_bytes(node, folder)
+        need = _checkpoint_need(ctx, node, folder)
+    except RecipeError as error:
+        return Check("disk", _where(node), FAIL, error.message, error.fix)
+    spare = DISK_SPARE_GIB * GIB if need else 0
+    text = f"{free / GIB:.0f} GiB free under {folder}, {need / GIB:.1f} GiB of checkpoint still to come"
+    if free < need + spare:
+        return Check("disk", _where(node), FAIL, text, f"free {(need + spare - free) / GIB:.0f} GiB there, or point "
+                     "HF_CACHE (CHECKPOINT) at a larger disk")
+    return Check("disk", _where(node), OK, text)
+
+
+def _checkpoint_need(ctx: Context, node: Node, folder: str) -> int:
+    """Only what is missing counts: nothing when the copy is complete, the difference to the head's copy on a
+    worker, an estimate for a download that has not begun."""
+    head = read_manifest(ctx.head, folder)
+    if node.is_local:
+        return 0 if head else CHECKPOINT_ESTIMATE_GIB * GIB
+    if not head:
+        return CHECKPOINT_ESTIMATE_GIB * GIB
+    return missing_bytes(head, read_manifest(node, folder))
+
+
+def check_rsync(node: Node) -> Check:
+    result = node.run(["rsync", "--version"], timeout_s=30)
+    if result.ok:
+        return Check("rsync", _where(node), OK, " ".join(result.stdout.split()[:3]))
+    return Check("rsync", _where(node), FAIL, "rsync is not installed", "sudo apt install rsync (on that node)")
+
+
+def check_docker(node: Node) -> Check:
+    result = node.run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout_s=30)
+    if result.code == 127 or "not found" in result.stderr:
+        return Check("docker", _where(node), FAIL, "docker is not installed", "install Docker with the NVIDIA "
+                     "Container Toolkit (DGX OS ships both)")
+    if not result.ok:
+        return Check("docker", _where(node), FAIL, f"the docker daemon does not answer: {result.last_error_line()}",
+                     "start it (sudo systemctl start docker) and add this user to the docker group "
+                     "(sudo usermod -aG docker $USER, then log in again)")
+    if "nvidia" not in result.stdout:
+        return Check("docker", _where(node), WARN, "docker answers, but lists no nvidia runtime; --gpus may fail",
+                     "install the NVIDIA Container Toolkit (nvidia-ctk runtime configure --runtime=docker)")
+    return Check("docker", _where(node), OK, "docker answers and lists the nvidia runtime")
+
+
+def check_cache_writable(ctx: Context, worker: Node) -> Check:
+    folder = head_checkpoint_dir(ctx.settings)
+    if folder is None:
+        return Check("cache", worker.name, OK, "nothing to copy there")
+    script = 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; [ -w "$p" ] && echo "$p"'
+    result = worker.run(["sh", "-c", script, "writable", folder], timeout_s=30)
+    if result.ok:
+        return Check("cache", worker.name, OK, f"{folder} can be written ({result.stdout.strip()})")
+    return Check("cache", worker.name, FAIL, f"{folder} cannot be written there",
+                 "a container may have left it owned by root: sudo chown -R $USER on that folder, on the worker")
+
+
+def check_port(ctx: Context) -> Check:
+    port = ctx.settings.port
+    if ctx.api_port_ours:
+        return Check("port", "head", OK, f"{port} is held by the running server, which a restart stops first")
+    if port_is_free(port):
+        return Check("port", "head", OK, f"{port} (PORT) is free")
+    return Check("port", "head", FAIL, f"{port} (PORT) is already in use on this machine",
+                 "stop the program holding it (ss -ltnp), or write PORT=<a free port>")
+
+
+def check_link(ctx: Context, rank: int, worker: Node) -> Check:
+    settings = ctx.settings
+    explicit = settings.fabric_peer if rank == 1 else settings.fabric_peer2
+    host = explicit or settings.workers[rank - 1].rpartition("@")[2]
+    try:
+        peer = resolve_ipv4(host)
+        link = detect_link(ctx.head, worker, peer, bool(explicit), ctx.sysfs_root)
+    except (LinkError, NodeError) as error:
+        return Check("link", worker.name, FAIL, error.message, error.fix)
+    ctx.links.append(link)
+    status = WARN if any("not used" in note for note in link.notes) else OK
+    return Check("link", worker.name, status, "; ".join([link.summary(), *link.notes]))
+
+
+def resolve_ipv4(host: str) -> str:
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+    except (socket.gaierror, IndexError):
+        raise LinkError(f"cannot resolve {host} to an IPv4 address",
+                        "write the worker's address instead of its name (WORKER, FABRIC_PEER)") from None

@@ -1,0 +1,122 @@
+"""Preflight checks with nodes whose commands are answered here: memory sizes, docker runtimes and ssh failures of
+real Sparks cannot be produced on a test machine, so each node's answers are written down (the cluster tests run
+the same checks against real sshd, rsync and docker nodes)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pytest
+
+from recipe.nodes import Node, Result
+from recipe.preflight import FAIL, OK, WARN, Context, PreflightError, first_failure, run_checks
+from recipe.settings import load_settings
+
+GIB_KB = 1024 * 1024
+
+
+class Answers(Node):
+    """A node that answers commands from a table: the first key that starts the command wins."""
+
+    def __init__(self, name: str, local: bool, answers: dict[str, Callable[[Sequence[str]], Result] | tuple]) -> None:
+        self.name, self.is_local, self.answers, self.asked = name, local, answers, []
+
+    def run(self, argv: Sequence[str], timeout_s: float = 60, input: str | None = None) -> Result:
+        self.asked.append(" ".join(argv))
+        for key, answer in self.answers.items():
+            if " ".join(argv).startswith(key):
+                if callable(answer):
+                    return answer(argv)
+                code, out, err = answer
+                return Result(self.name, tuple(argv), code, out, err)
+        return Result(self.name, tuple(argv), 127, "", f"{argv[0]}: not found")
+
+
+def healthy(name: str, local: bool, mem_gib: int = 120, runtimes: str = '{"nvidia":{},"runc":{}}') -> Answers:
+    return Answers(name, local, {
+        "true": (0, "", ""),
+        "cat /proc/meminfo": (0, f"MemTotal: {128 * GIB_KB} kB\nMemAvailable: {mem_gib * GIB_KB} kB\n", ""),
+        "sh -c": (0, "/dev/x 1000000000 1 900000000 1% /\n", ""),  # df (and the other small scripts)
+        "rsync --version": (0, "rsync  version 3.2.7  protocol version 31\n", ""),
+        "docker info": (0, runtimes + "\n", ""),
+    })
+
+
+def context(tmp: Path, head: Node, workers: list[Node], **env: str) -> Context:
+    settings = load_settings(tmp, {"TP": str(len(workers) + 1), "WORKER": "me@spark2" if workers else "",
+                                   "HF_CACHE": str(tmp / "hf"), "CACHE_DIR": str(tmp / "c"), "PORT": "18888",
+                                   "LOG_DIR": str(tmp / "logs"), **env})
+    return Context(settings=settings, head=head, workers=workers)
+
+
+def by_name(checks) -> dict[tuple[str, str], object]:
+    return {(c.name, c.node): c for c in checks}
+
+
+def test_unreachable_worker_fails_its_ssh_check_with_the_fix_and_is_checked_no_further(tmp_path: Path) -> None:
+    worker = Answers("me@spark2", False, {"true": (255, "", "me@spark2: Permission denied (publickey).\n")})
+    checks = list(run_checks(context(tmp_path, healthy("local", True), [worker])))
+    ssh = by_name(checks)[("ssh", "me@spark2")]
+    assert ssh.status == FAIL and "Permission denied" in ssh.message and "ssh-copy-id me@spark2" in ssh.fix
+    assert worker.asked == ["true"]                   # no memory/disk/docker/link questions to a node we cannot reach
+    assert not any(c.name == "link" for c in checks)
+
+
+def test_unknown_host_key_is_reported_not_accepted(tmp_path: Path) -> None:
+    worker = Answers("me@spark2", False, {"true": (255, "", "Host key verification failed.\n")})
+    with pytest.raises(PreflightError) as stopped:
+        first_failure(context(tmp_path, healthy("local", True), [worker]))
+    assert "ssh (me@spark2)" in stopped.value.message and "fingerprint" in stopped.value.fix
+
+
+def test_low_memory_warns_on_sparks_and_not_for_the_embedded_default(tmp_path: Path) -> None:
+    spark = by_name(run_checks(context(tmp_path, healthy("local", True, mem_gib=60),
+                                       [healthy("me@spark2", False)], FABRIC_PEER="")))
+    assert spark[("memory", "head")].status == WARN and "only 60 GiB" in spark[("memory", "head")].message
+    assert spark[("memory", "me@spark2")].status == OK
+    local = by_name(run_checks(context(tmp_path, healthy("local", True, mem_gib=6), [])))
+    assert local[("memory", "head")].status == OK
+
+
+def test_docker_without_nvidia_runtime_warns_and_a_silent_daemon_fails(tmp_path: Path) -> None:
+    worker = healthy("me@spark2", False, runtimes='{"runc":{}}')
+    head = healthy("local", True)
+    head.answers["docker info"] = (1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.\n")
+    checks = by_name(run_checks(context(tmp_path, head, [worker])))
+    assert checks[("docker", "me@spark2")].status == WARN and "nvidia" in checks[("docker", "me@spark2")].fix
+    assert checks[("docker", "head")].status == FAIL and "docker group" in checks[("docker", "head")].fix
+
+
+def test_api_port_in_use_fails_unless_our_own_server_holds_it(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ctx = context(tmp_path, healthy("local", True), [], PORT=str(port))
+        assert by_name(run_checks(ctx))[("port", "head")].status == FAIL
+        ctx.api_port_ours = True
+        assert by_name(run_checks(ctx))[("port", "head")].status == OK
+
+
+def test_worker_disk_counts_only_what_it_lacks(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    head = healthy("local", True)
+    head.answers = {"sh -c cd": (0, "a.safetensors\t3000000000\nconfig.json\t10\n", ""), **head.answers}
+    worker = healthy("me@spark2", False)
+    worker.answers = {"sh -c cd": (0, "a.safetensors\t1000\nconfig.json\t10\n", ""),
+                      "sh -c p": (0, "/dev/x 1000 1 2000000 1% /\n", ""), **worker.answers}  # 2 GB free
+    checks = by_name(run_checks(context(tmp_path, head, [worker], CHECKPOINT=str(ckpt))))
+    disk = checks[("disk", "me@spark2")]
+    assert disk.status == FAIL and "2.8 GiB of checkpoint still to come" in disk.message
+    assert checks[("disk", "head")].status == OK and "0.0 GiB" in checks[("disk", "head")].message
+
+
+def test_missing_rsync_fails_on_that_node(tmp_path: Path) -> None:
+    worker = healthy("me@spark2", False)
+    del worker.answers["rsync --version"]
+    checks = by_name(run_checks(context(tmp_path, healthy("local", True), [worker])))
+    assert checks[("rsync", "me@spark2")].status == FAIL and "apt install rsync" in checks[("rsync", "me@spark2")].fix
+    assert checks[("rsync", "head")].status == OK
