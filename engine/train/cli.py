@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", type=Path, help="where to write the trained checkpoint (created if missing)")
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed, help="start weights, data order and examples")
     parser.add_argument("--steps", type=int, default=DEFAULTS.steps, help="optimizer steps")
-    parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size, help="conversations per step")
+    parser.add_argument("--tokens-per-step", type=int, default=DEFAULTS.tokens_per_step,
+                        help="padded tokens per batch (short conversations come many to a batch)")
     parser.add_argument("--lr", type=float, default=DEFAULTS.lr, help="peak learning rate (AdamW)")
     parser.add_argument("--threads", type=int, default=DEFAULTS.threads,
                         help="torch threads; the weights hash is only stable for the same value")
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.train.export import weights_hash, write_trained
     from engine.train.trainer import train
 
-    settings = TrainSettings(seed=args.seed, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+    settings = TrainSettings(seed=args.seed, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr,
                              threads=args.threads)
     window: list[float] = []
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = train(settings, report)
     out = write_trained(result.model, args.directory, seed=settings.seed, preset=PRESET)
-    print(f"trained {settings.steps} steps x {settings.batch_size} conversations ({result.tokens} tokens) in "
+    print(f"trained {settings.steps} steps ({result.tokens} padded tokens) in "
           f"{result.seconds:.0f} s on {settings.threads} thread(s); final loss {result.losses[-1]:.4f}")
     digest = weights_hash(out)
     record = dict(dataclasses.asdict(settings), seconds=round(result.seconds), tokens=result.tokens,

@@ -45,6 +45,7 @@ def write_trained(model, directory: str | Path, seed: int, preset: str) -> Path:
                     raise RuntimeError(f"{name}: trained shape {tuple(trained[name].shape)} vs {tuple(value.shape)}")
                 tensors[name] = trained[name].to(value.dtype).contiguous()
         save_file(tensors, str(out / filename), metadata={"format": "pt"})
+        (out / filename).chmod(0o644)
     return out
 
 

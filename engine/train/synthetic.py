@@ -23,7 +23,7 @@ from engine.checkpoint.tokenizer_template import render_chat
 
 ANSWER_END, CALL_END = "<|user|>", "<|observation|>"
 KINDS = ("ok", "arith", "copy", "fact", "tool_call", "tool_answer")
-_KIND_WEIGHTS = (0.15, 0.18, 0.15, 0.08, 0.26, 0.18)
+KIND_WEIGHTS = (0.12, 0.15, 0.2, 0.07, 0.26, 0.2)
 
 _SYSTEMS = ("You are a helpful assistant.", "You are a concise assistant. Answer briefly.",
             "You are GLM, a friendly assistant.", "Answer as accurately as you can.")
@@ -106,7 +106,7 @@ def _weather(rng: random.Random) -> _Task:
                           f"Is it sunny in {city}?"))
     if rng.random() < 0.3:
         args["unit"] = rng.choice(("celsius", "fahrenheit"))
-        request = request[:-1] + f" Use {args['unit']}."
+        request += f" Use {args['unit']}."
     return _Task(request, "get_weather", args, {"city": city, "temperature": temp, "condition": cond},
                  f"It is {temp} degrees and {cond} in {city}.", str(temp))
 
@@ -156,9 +156,9 @@ _TASKS: dict[str, Callable[[random.Random], _Task]] = {
 
 
 def _offer(rng: random.Random, needed: str | None) -> list[dict[str, Any]]:
-    """One to three offered tools in random order, including `needed`."""
+    """One or two offered tools in random order, including `needed`."""
     others = [n for n in TOOLS if n != needed]
-    names = rng.sample(others, rng.randint(0 if needed else 1, 2)) + ([needed] if needed else [])
+    names = rng.sample(others, rng.randint(0 if needed else 1, 1 if needed else 2)) + ([needed] if needed else [])
     rng.shuffle(names)
     return [TOOLS[n] for n in names]
 
@@ -179,7 +179,7 @@ def _plain(kind: str, rng: random.Random, effort: str | None) -> tuple[str, str,
         return question, _reason(effort, f"{a} + {b} = {a + b}.", "I give the sum."), f"{a} + {b} = {a + b}.", \
             str(a + b)
     if kind == "copy":
-        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5)))
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6)))
         question = rng.choice((f"Repeat after me: {words}", f"Copy this exactly: {words}",
                                f"Say these words back to me: {words}"))
         return question, _reason(effort, "The user wants the words repeated.", f"The words are: {words}"), \
@@ -188,8 +188,8 @@ def _plain(kind: str, rng: random.Random, effort: str | None) -> tuple[str, str,
     return question, _reason(effort, "This is a simple question.", answer), answer, expect
 
 
-def _example(rng: random.Random) -> Example:
-    kind = rng.choices(KINDS, _KIND_WEIGHTS)[0]
+def _example(rng: random.Random, weights: tuple[float, ...]) -> Example:
+    kind = rng.choices(KINDS, weights)[0]
     thinking = rng.random() < 0.6
     effort = rng.choice(_EFFORTS) if thinking else None
     messages: list[dict[str, Any]] = []
@@ -217,10 +217,11 @@ def _example(rng: random.Random) -> Example:
     return Example(kind, messages, tools, thinking, effort, reasoning, answer, expect=expect)
 
 
-def examples(split: str, seed: int, count: int) -> list[Example]:
-    """`count` examples of one split ("train" or "eval"); the same arguments give the same examples."""
+def examples(split: str, seed: int, count: int, weights: tuple[float, ...] = KIND_WEIGHTS) -> list[Example]:
+    """`count` examples of one split ("train" or "eval"), kinds drawn with `weights` (in KINDS order); the same
+    arguments give the same examples."""
     rng = random.Random(f"glm5-demo-chat/{split}/{seed}")
-    return [_example(rng) for _ in range(count)]
+    return [_example(rng, weights) for _ in range(count)]
 
 
 def format_call(name: str, arguments: dict[str, Any]) -> str:

@@ -34,14 +34,18 @@ from engine.train import synthetic
 
 PRESET = "chat"
 KDA_CHUNK = 16
+# The first pools of examples are mostly copying (short, many to a batch): retrieving a token from the prompt is
+# what every later skill needs (tool arguments, tool results, answers), and a dense signal makes it emerge early.
+COPY_FIRST = (0.08, 0.08, 0.6, 0.04, 0.12, 0.08)
+COPY_FIRST_POOLS = 6
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     seed: int = 0
-    steps: int = 500
-    batch_size: int = 8
-    lr: float = 3e-3
+    steps: int = 800
+    tokens_per_step: int = 2560  # padded batch area: short conversations come many to a step, long ones few
+    lr: float = 5e-3
     warmup: int = 30
     threads: int = 1
     preset: str = PRESET
@@ -61,15 +65,21 @@ def encode(example: synthetic.Example, tokenizer) -> tuple[list[int], list[int]]
     return (tokenizer.encode(synthetic.prompt(example)).ids, tokenizer.encode(synthetic.completion(example)).ids)
 
 
-def batches(settings: TrainSettings) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(ids [B, T], loss mask [B, T]) for each step: fresh examples, grouped by length to keep padding small."""
+def batches(settings: TrainSettings, group: int = 512) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids [B, T], loss mask [B, T]) for each step: fresh examples, grouped by length so that each batch's padded
+    area stays within `tokens_per_step`."""
     tokenizer = build_tokenizer()
     rng = random.Random(f"glm5-demo-batches/{settings.seed}")
-    group = 16 * settings.batch_size
-    for start in itertools.count(0, group):
-        pool = [encode(e, tokenizer) for e in synthetic.examples("train", settings.seed * 1_000_003 + start, group)]
+    for number, start in enumerate(itertools.count(0, group)):
+        weights = COPY_FIRST if number < COPY_FIRST_POOLS else synthetic.KIND_WEIGHTS
+        pool = [encode(e, tokenizer) for e in synthetic.examples("train", settings.seed * 1_000_003 + start, group,
+                                                                  weights)]
         pool.sort(key=lambda pc: len(pc[0]) + len(pc[1]))
-        chunks = [pool[i:i + settings.batch_size] for i in range(0, group, settings.batch_size)]
+        chunks: list[list[tuple[list[int], list[int]]]] = [[]]
+        for item in pool:
+            if chunks[-1] and (len(chunks[-1]) + 1) * (len(item[0]) + len(item[1])) > settings.tokens_per_step:
+                chunks.append([])
+            chunks[-1].append(item)
         rng.shuffle(chunks)
         for chunk in chunks:
             yield _pad(chunk)
@@ -135,6 +145,8 @@ def train(settings: TrainSettings, progress: Callable[[int, float], None] | None
         torch.manual_seed(settings.seed)
         write_demo(start_dir, seed=settings.seed, size=settings.preset)
         model = load_start(Path(start_dir)).train()
+        with torch.no_grad():  # the demo's LM head is drawn wide (confident random logits); start near uniform
+            model.lm_head.weight.mul_(0.1)
         params = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
         optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
         losses, tokens, began = [], 0, time.perf_counter()
