@@ -6,6 +6,7 @@ from engine.ops.reference import (  # noqa: F401
     kda_chunked,
     kda_step,
     l2norm,
+    linear,
     layer_norm,
     rms_norm,
     swiglu_clamped,

@@ -6,6 +6,14 @@ import torch
 import torch.nn.functional as F
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [N, in] (fp32 activations) times weight [out, in] stored in any float dtype; fp32 result.
+    The product runs in the weight's dtype (bf16 on GPUs, accumulating in fp32); on the CPU everything is fp32."""
+    if weight.dtype == x.dtype:
+        return x @ weight.t()
+    return (x.to(weight.dtype) @ weight.t()).float()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)

@@ -16,7 +16,7 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str, device: st
         device = f"cuda:{rank}"
         torch.cuda.set_device(device)
     group = ParallelGroup.init(world, rank, "127.0.0.1", port, device=device, timeout_s=120)
-    model = Glm5NextForCausalLM.load(checkpoint, group)
+    model = Glm5NextForCausalLM.load(checkpoint, group, dtype=torch.float32)  # the reference precision
     ids = torch.randint(1, 97, (40,), generator=torch.Generator().manual_seed(7)).tolist()
     pool = model.make_pool(128)
     seqs = [model.new_sequence(pool), model.new_sequence(pool)]

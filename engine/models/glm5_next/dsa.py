@@ -46,11 +46,11 @@ class SparseMLA:
         heads = cfg.num_attention_heads
         p = prefix + "self_attn."
         self.q_a = reader.get(p + "q_a_proj.weight")
-        self.q_a_norm = reader.get(p + "q_a_layernorm.weight")
+        self.q_a_norm = reader.get(p + "q_a_layernorm.weight").float()
         self.q_b = reader.get(p + "q_b_proj.weight", dim=0, units=heads)
         self.kv_a = reader.get(p + "kv_a_proj_with_mqa.weight")
-        self.kv_a_norm = reader.get(p + "kv_a_layernorm.weight")
-        kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads)
+        self.kv_a_norm = reader.get(p + "kv_a_layernorm.weight").float()
+        kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads).float()  # absorbed: used in einsums
         self.local_heads = kv_b.shape[0] // (self.nope + self.v_dim)
         kv_b = kv_b.view(self.local_heads, self.nope + self.v_dim, self.rank_dim)
         self.w_k, self.w_v = kv_b[:, : self.nope], kv_b[:, self.nope:]
@@ -62,9 +62,9 @@ class SparseMLA:
             i = p + "indexer."
             self.wq_b = reader.get(i + "wq_b.weight")
             self.wk = reader.get(i + "wk.weight")
-            self.k_norm_w, self.k_norm_b = reader.get(i + "k_norm.weight"), reader.get(i + "k_norm.bias")
+            self.k_norm_w, self.k_norm_b = reader.get(i + "k_norm.weight").float(), reader.get(i + "k_norm.bias").float()
             self.head_weights = reader.get(i + "weights_proj.weight")
-            self.ape = reader.get(i + "index_kpool_compress_ape")
+            self.ape = reader.get(i + "index_kpool_compress_ape").float()
             self.pool_gate = reader.get(i + "index_kpool_compress_gate")
 
     @property
@@ -73,11 +73,11 @@ class SparseMLA:
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """Cache rows [N, row_width] for tokens x [N, hidden]: latent | index key | pool gate score."""
-        latent = ops.rms_norm(x @ self.kv_a.t(), self.kv_a_norm, self.eps)
+        latent = ops.rms_norm(ops.linear(x, self.kv_a), self.kv_a_norm, self.eps)
         if not self.runs_indexer:
             return torch.cat([latent, x.new_zeros(x.shape[0], 2 * self.idx_dim)], dim=-1)
-        key = ops.layer_norm(x @ self.wk.t(), self.k_norm_w, self.k_norm_b, 1e-6)
-        return torch.cat([latent, key, x @ self.pool_gate.t()], dim=-1)
+        key = ops.layer_norm(ops.linear(x, self.wk), self.k_norm_w, self.k_norm_b, 1e-6)
+        return torch.cat([latent, key, ops.linear(x, self.pool_gate)], dim=-1)
 
     def _select(self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
                 ) -> torch.Tensor:
@@ -95,9 +95,9 @@ class SparseMLA:
         shape = (n_pools, self.kpool, self.idx_dim)
         weights = torch.softmax(gates.reshape(shape) + self.ape, dim=1)
         pool_keys = (weights * keys.reshape(shape)).sum(1)                             # [P, d]
-        q = (q_low @ self.wq_b.t()).view(-1, self.idx_heads, self.idx_dim)
+        q = ops.linear(q_low, self.wq_b).view(-1, self.idx_heads, self.idx_dim)
         scores = torch.relu(torch.einsum("thd,pd->thp", q, pool_keys) * self.idx_dim ** -0.5)
-        head_w = (x @ self.head_weights.t()) * self.idx_heads ** -0.5
+        head_w = ops.linear(x, self.head_weights) * self.idx_heads ** -0.5
         index = torch.einsum("th,thp->tp", head_w, scores)
         index = index.masked_fill(~visible_pools, torch.finfo(index.dtype).min)
         # stable sort: among equal scores (ReLU zeros tie often) the earlier pool wins, whatever the tensor's length
@@ -123,21 +123,21 @@ class SparseMLA:
                 shared_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         rows = seq.pool.read(self.pool_layer, seq.slots[: int(positions[-1]) + 1])
         mask = self._select(x, q_low, rows, positions) if self.runs_indexer else shared_mask
-        q = (q_low @ self.q_b.t()).view(x.shape[0], self.local_heads, self.nope)
+        q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
         return self._attend(q, rows[:, : self.rank_dim], mask), mask
 
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict) -> torch.Tensor:
         """x: [T, hidden] for positions seq.length .. seq.length+T-1 (their pool slots already allocated)."""
         start = seq.length
         seq.pool.write(self.pool_layer, seq.slots[start: start + x.shape[0]], self._rows(x))
-        q_low = ops.rms_norm(x @ self.q_a.t(), self.q_a_norm, self.eps)
+        q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
         positions = torch.arange(start, start + x.shape[0], device=x.device)
         out, selection[id(seq)] = self._stream(x, q_low, seq, positions, selection.get(id(seq)))
-        return self.group.sum_partials(out @ self.o_proj.t())
+        return self.group.sum_partials(ops.linear(out, self.o_proj))
 
     def decode(self, x: torch.Tensor, seqs: list[Sequence], selection: dict) -> torch.Tensor:
         rows = self._rows(x)
-        q_low = ops.rms_norm(x @ self.q_a.t(), self.q_a_norm, self.eps)
+        q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
         outs = []
         for i, seq in enumerate(seqs):
             seq.pool.write(self.pool_layer, seq.slots[seq.length: seq.length + 1], rows[i: i + 1])
@@ -145,4 +145,4 @@ class SparseMLA:
             out, selection[id(seq)] = self._stream(x[i: i + 1], q_low[i: i + 1], seq, positions,
                                                    selection.get(id(seq)))
             outs.append(out)
-        return self.group.sum_partials(torch.cat(outs) @ self.o_proj.t())
+        return self.group.sum_partials(ops.linear(torch.cat(outs), self.o_proj))

@@ -33,15 +33,15 @@ class KimiDeltaAttention:
             return reader.get(p + name, dim=0, units=heads)
 
         self.qkv_proj = torch.cat([column(f"{n}_proj.weight") for n in "qkv"])          # [3*Hl*d, hidden]
-        self.conv = torch.cat([column(f"{n}_conv1d.weight") for n in "qkv"]).squeeze(1)  # [3*Hl*d, K]
+        self.conv = torch.cat([column(f"{n}_conv1d.weight") for n in "qkv"]).squeeze(1).float()  # [3*Hl*d, K]
         self.f_a = reader.get(p + "f_a_proj.weight")
         self.f_b = column("f_b_proj.weight")
-        self.dt_bias = column("dt_bias")
-        self.a_decay = column("A_log").exp()                                             # [Hl]
+        self.dt_bias = column("dt_bias").float()
+        self.a_decay = column("A_log").float().exp()                                             # [Hl]
         self.b_proj = column("b_proj.weight")
         self.g_a = reader.get(p + "g_a_proj.weight")
         self.g_b = column("g_b_proj.weight")
-        self.o_norm = reader.get(p + "o_norm.weight")
+        self.o_norm = reader.get(p + "o_norm.weight").float()
         self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
         self.local_heads = self.b_proj.shape[0]
         self.width = self.local_heads * self.head_dim
@@ -49,13 +49,13 @@ class KimiDeltaAttention:
     def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-decay [N, Hl, d], beta [N, Hl], output gate [N, Hl, d] for tokens x [N, hidden]."""
         shape = (x.shape[0], self.local_heads, self.head_dim)
-        raw = ((x @ self.f_a.t()) @ self.f_b.t() + self.dt_bias).view(shape)
+        raw = (ops.linear(ops.linear(x, self.f_a), self.f_b) + self.dt_bias).view(shape)
         if self.lower_bound is not None:
             g = self.lower_bound * torch.sigmoid(self.a_decay[:, None] * raw)
         else:
             g = -self.a_decay[:, None] * torch.nn.functional.softplus(raw, threshold=20.0)
-        beta = torch.sigmoid(x @ self.b_proj.t())
-        gate = ((x @ self.g_a.t()) @ self.g_b.t()).view(shape)
+        beta = torch.sigmoid(ops.linear(x, self.b_proj))
+        gate = ops.linear(ops.linear(x, self.g_a), self.g_b).view(shape)
         return g, beta, gate
 
     def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,7 +65,7 @@ class KimiDeltaAttention:
 
     def _output(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         normed = ops.rms_norm(core, self.o_norm, self.eps) * torch.sigmoid(gate)
-        return self.group.sum_partials(normed.flatten(1) @ self.o_proj.t())
+        return self.group.sum_partials(ops.linear(normed.flatten(1), self.o_proj))
 
     def _fresh_state(self, seq: Sequence) -> None:
         if self.layer not in seq.kda_state:
@@ -77,7 +77,7 @@ class KimiDeltaAttention:
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict | None = None) -> torch.Tensor:
         """x: [T, hidden] — a chunk of one stream; its state advances."""
         self._fresh_state(seq)
-        mixed, seq.conv_state[self.layer] = ops.causal_conv(x @ self.qkv_proj.t(), seq.conv_state[self.layer],
+        mixed, seq.conv_state[self.layer] = ops.causal_conv(ops.linear(x, self.qkv_proj), seq.conv_state[self.layer],
                                                             self.conv)
         q, k, v = self._split_qkv(mixed)
         g, beta, gate = self._gates(x)
@@ -88,7 +88,7 @@ class KimiDeltaAttention:
         """x: [B, hidden] — one token for each stream."""
         for seq in seqs:
             self._fresh_state(seq)
-        projected = x @ self.qkv_proj.t()
+        projected = ops.linear(x, self.qkv_proj)
         windows = torch.stack([s.conv_state[self.layer] for s in seqs])                # [B, C, K-1]
         seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)                # [B, C, K]
         mixed = torch.nn.functional.silu((seqs_in * self.conv).sum(-1))

@@ -27,7 +27,7 @@ class HyperConnection:
         """streams [N_tok, n, hidden] -> pre [N_tok, n], post [N_tok, n], comb [N_tok, n, n]."""
         n = self.n
         flat = ops.rms_norm(streams.flatten(1), None, self.norm_eps)
-        logits = flat @ self.fn.t()
+        logits = ops.linear(flat, self.fn)
         pre_l, post_l, comb_l = logits.split([n, n, n * n], dim=-1)
         pre_b, post_b, comb_b = self.base.split([n, n, n * n])
         pre = torch.sigmoid(pre_l * self.scale[0] + pre_b) + self.eps

@@ -61,7 +61,7 @@ class Glm5NextForCausalLM:
         prefix = _checkpoint_prefix(reader)
         self.vocab_start, self.vocab_stop = shard_range(cfg.vocab_size, group.rank, group.world)
         self.embed = reader.get(prefix + "embed_tokens.weight", dim=0)
-        self.norm = reader.get(prefix + "norm.weight")
+        self.norm = reader.get(prefix + "norm.weight").float()
         head = "lm_head.weight" if reader.has("lm_head.weight") else prefix + "embed_tokens.weight"
         self.lm_head = reader.get(head, dim=0)
         self.layers: list[DecoderLayer] = []
@@ -77,10 +77,14 @@ class Glm5NextForCausalLM:
 
     @classmethod
     def load(cls, path: str | Path, group: ParallelGroup | None = None,
-             progress: Callable[[str], None] | None = None) -> "Glm5NextForCausalLM":
+             progress: Callable[[str], None] | None = None, dtype: torch.dtype | None = None
+             ) -> "Glm5NextForCausalLM":
+        """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms, gates,
+        the router and the hyper-connections are always kept in fp32, and activations are fp32 throughout."""
         group = group or ParallelGroup.single()
         cfg = TextConfig.from_file(path)
-        reader = CheckpointReader(path, group, device=group.device)
+        dtype = dtype or (torch.bfloat16 if group.device.type == "cuda" else torch.float32)
+        reader = CheckpointReader(path, group, dtype=dtype, device=group.device)
         try:
             return cls(cfg, reader, group, progress)
         finally:
@@ -109,12 +113,12 @@ class Glm5NextForCausalLM:
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.vocab_start
         inside = (local >= 0) & (local < self.embed.shape[0])
-        rows = self.embed[local.clamp(0, self.embed.shape[0] - 1)] * inside[:, None]
+        rows = self.embed[local.clamp(0, self.embed.shape[0] - 1)].float() * inside[:, None]
         return self.group.sum_partials(rows)
 
     def _logits(self, streams: torch.Tensor) -> torch.Tensor:
         hidden = ops.rms_norm(streams.mean(dim=1), self.norm, self.cfg.rms_norm_eps)
-        return self.group.gather_last_dim(hidden @ self.lm_head.t())
+        return self.group.gather_last_dim(ops.linear(hidden, self.lm_head))
 
     def _run(self, ids: list[int], attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         x = self._embed(torch.tensor(ids, dtype=torch.long, device=self.embed.device))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine import ops
+from engine.checkpoint.exl3 import read_projection
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
@@ -22,14 +23,15 @@ class SwiGLU:
     """gate/up [I_local, hidden], down [hidden, I_local]; returns this rank's partial sum."""
 
     def __init__(self, reader: CheckpointReader, prefix: str, limit: float) -> None:
-        self.gate_up = torch.cat([reader.get(prefix + "gate_proj.weight", dim=0),
-                                  reader.get(prefix + "up_proj.weight", dim=0)])
-        self.down = reader.get(prefix + "down_proj.weight", dim=1)
+        # plain .weight or an EXL3 group decoded on load (engine/checkpoint/exl3.py)
+        self.gate_up = torch.cat([read_projection(reader, prefix + "gate_proj", dim=0),
+                                  read_projection(reader, prefix + "up_proj", dim=0)])
+        self.down = read_projection(reader, prefix + "down_proj", dim=1)
         self.limit = limit
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = (x @ self.gate_up.t()).chunk(2, dim=-1)
-        return ops.swiglu_clamped(gate, up, self.limit) @ self.down.t()
+        gate, up = ops.linear(x, self.gate_up).chunk(2, dim=-1)
+        return ops.linear(ops.swiglu_clamped(gate, up, self.limit), self.down)
 
 
 class DenseMLP:
@@ -45,14 +47,25 @@ class MoE:
         p = prefix + "mlp."
         self.group = group
         self.top_k, self.scale, self.renorm = cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.norm_topk_prob
-        self.router = reader.get(p + "gate.weight")
-        self.bias = reader.get(p + "gate.e_score_correction_bias")
+        self.router = reader.get(p + "gate.weight").float()
+        self.bias = reader.get(p + "gate.e_score_correction_bias").float()
         self.experts = [SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
         self.shared = SwiGLU(reader, p + "shared_experts.", cfg.swiglu_limit)
+        self.limit = cfg.swiglu_limit
+        self.stacked = self._stack() if self.router.is_cuda else None
+
+    def _stack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All experts' weights as [E, 2I, H] and [E, H, I] for the GPU kernel; the per-expert tensors become
+        views into them, so nothing is held twice."""
+        gate_up = torch.stack([e.gate_up for e in self.experts])
+        down = torch.stack([e.down for e in self.experts])
+        for i, expert in enumerate(self.experts):
+            expert.gate_up, expert.down = gate_up[i], down[i]
+        return gate_up, down
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Chosen experts [N, k] and their weights [N, k] for tokens x [N, hidden]."""
-        scores = torch.sigmoid(x.float() @ self.router.t())
+        scores = torch.sigmoid(x.float() @ self.router.t())  # the router runs in fp32
         chosen = torch.topk(scores + self.bias, self.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if self.renorm:
@@ -62,6 +75,10 @@ class MoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         chosen, weights = self.route(x)
         out = self.shared.partial(x)
+        if self.stacked is not None and chosen.numel() <= 64:  # decode on a GPU: no host sync, each expert read once
+            from engine.ops.triton_moe import routed_experts
+
+            return self.group.sum_partials(out + routed_experts(x, chosen, weights, *self.stacked, self.limit))
         for expert in chosen.unique().tolist():
             token, slot = (chosen == expert).nonzero(as_tuple=True)
             out.index_add_(0, token, self.experts[expert].partial(x[token]) * weights[token, slot, None])

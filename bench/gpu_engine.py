@@ -1,0 +1,169 @@
+"""Engine benchmark on one GPU: the full-width GLM-5.3-Flash config at reduced depth, random bf16 weights.
+
+    python bench/gpu_engine.py [--layers KKKD] [--out results.json] [--small DEMO_DIR]
+
+Measures the decode step at batch 1..4 (after a 128-token prompt), prefill throughput at 2k / 8k, the bytes a
+decode step must read and the fraction of HBM bandwidth that achieves (H200: 4.8 TB/s), and projects per-layer
+times to the full 45-layer model. With --small, also decode tok/s of our engine vs transformers' `generate` on the
+same demo checkpoint. Weights are generated on the GPU (no checkpoint on disk); see docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from engine.checkpoint.layout import text_tensors  # noqa: E402
+from engine.models.glm5_next.config import TextConfig  # noqa: E402
+from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
+from engine.parallel import ParallelGroup  # noqa: E402
+
+HBM_BYTES_S = 4.8e12
+
+
+class RandomReader:
+    """Stands in for CheckpointReader: every tensor the layout names, drawn on the GPU at a sensible scale."""
+
+    def __init__(self, raw: dict, dtype: torch.dtype, device: str) -> None:
+        self.specs = {s.name: s for s in text_tensors(raw)}
+        self.specs["lm_head.weight"] = self.specs.get("lm_head.weight") or self.specs[
+            "model.language_model.embed_tokens.weight"]
+        self.dtype, self.device, self.path = dtype, device, Path("<random>")
+        self.gen = torch.Generator(device=device).manual_seed(0)
+
+    def has(self, name: str) -> bool:
+        return name in self.specs
+
+    def names(self) -> list[str]:
+        return list(self.specs)
+
+    def close(self) -> None:
+        pass
+
+    def get(self, name: str, dim: int | None = None, units: int | None = None) -> torch.Tensor:
+        shape = self.specs[name].shape
+        if name.endswith(("norm.weight", "_scale", "o_norm.weight")) or name.endswith("layernorm.weight"):
+            return torch.ones(shape, dtype=self.dtype, device=self.device)
+        if name.endswith(("A_log", "_base", "e_score_correction_bias", "compress_ape", "k_norm.bias")):
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        std = 1.0 if "embed_tokens" in name else 1 / math.sqrt(shape[-1])
+        return (torch.randn(shape, generator=self.gen, device=self.device) * std).to(self.dtype)
+
+
+def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int]:
+    """(bytes a decode step reads whatever the routing, bytes of one routed expert), from the `held` weight bytes:
+    everything but the routed experts (an embedding lookup reads one row, so the table is left out too)."""
+    moes = [layer.mlp for layer in model.layers if getattr(layer.mlp, "stacked", None) is not None]
+    routed = sum(t.numel() * t.element_size() for moe in moes for t in moe.stacked)
+    expert = sum(t[0].numel() * t.element_size() for t in moes[0].stacked) if moes else 0
+    return held - routed - model.embed.numel() * model.embed.element_size(), expert
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, repeat: int) -> float:
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / repeat
+
+
+def engine_full_width(layers: str, device: str, config: Path) -> dict:
+    raw = json.loads(config.read_text())
+    text = dict(raw.get("text_config") or raw)
+    kinds = {"K": "linear_attention", "D": "full_attention"}
+    text.update(num_hidden_layers=len(layers), layer_types=[kinds[c] for c in layers],
+                mlp_layer_types=["dense"] + ["sparse"] * (len(layers) - 1), indexer_types=["full"] * len(layers),
+                num_nextn_predict_layers=0)
+    raw = {"text_config": text}
+    cfg = TextConfig.from_dict(raw)
+    model = Glm5NextForCausalLM(cfg, RandomReader(raw, torch.bfloat16, device), ParallelGroup.single(device))
+    held = torch.cuda.memory_allocated() if device == "cuda" else 0
+    fixed, expert = weight_bytes(model, held)
+    out = {"layers": layers, "weights_gib": round(held / 2**30, 1)}
+    pool = model.make_pool(40_000, "bf16")
+    ids = [(i * 7919) % (cfg.vocab_size - 20) + 10 for i in range(8192)]
+    for batch in (1, 2, 3, 4):
+        seqs = [model.new_sequence(pool) for _ in range(batch)]
+        for s in seqs:
+            model.prefill(s, ids[:128])
+        tokens = [11] * batch
+        model.decode(seqs, tokens)
+        step = timed(lambda: model.decode(seqs, tokens), 10)
+        unique = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok)
+        moe_layers = sum(t == "sparse" for t in cfg.mlp_layer_types)
+        read = fixed + moe_layers * unique * expert
+        out[f"decode_b{batch}"] = {"step_ms": round(step * 1e3, 2), "tok_s": round(batch / step, 1),
+                                   "bytes_read_gb": round(read / 1e9, 2),
+                                   "hbm_fraction": round(read / step / HBM_BYTES_S, 3)}
+        for s in seqs:
+            s.release()
+    for length in (2048, 8192) if device == "cuda" else (256,):
+        seq = model.new_sequence(pool)
+        sync()
+        start = time.perf_counter()
+        for chunk in range(0, length, 2048):
+            model.prefill(seq, ids[chunk: chunk + 2048])
+        sync()
+        out[f"prefill_{length}_tok_s"] = round(length / (time.perf_counter() - start), 1)
+        seq.release()
+    return out
+
+
+def small_vs_transformers(path: str) -> dict:
+    from transformers import Glm5NextForConditionalGeneration
+
+    model = Glm5NextForCausalLM.load(path, ParallelGroup.single("cuda"))
+    pool = model.make_pool(2048, "bf16")
+    ids = list(range(5, 133))
+    seq = model.new_sequence(pool)
+    nxt = [int(model.prefill(seq, ids).argmax())]
+    ours = 32 / timed(lambda: nxt.__setitem__(0, int(model.decode([seq], nxt).argmax())), 32) / 32
+    ref = Glm5NextForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    prompt = torch.tensor([ids], device="cuda")
+    ref.generate(prompt, max_new_tokens=4, do_sample=False)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    ref.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+    torch.cuda.synchronize()
+    theirs = 32 / (time.perf_counter() - start)
+    return {"ours_decode_tok_s": round(ours, 1), "transformers_generate_tok_s": round(theirs, 1),
+            "speedup": round(ours / theirs, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", default="KKKD")
+    ap.add_argument("--small", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
+                    help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d")}
+    if args.small:
+        result["small_demo"] = small_vs_transformers(args.small)
+        print(json.dumps(result["small_demo"]), flush=True)
+    result["full_width"] = engine_full_width(args.layers, device, Path(args.config))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
