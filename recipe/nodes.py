@@ -141,7 +141,8 @@ def ssh_fix(target: str, result: Result) -> str:
 
 def _default_control_dir() -> str:
     # Socket paths are limited to ~100 bytes, so keep them short; one folder per user, private to them.
-    path = os.path.join(tempfile.gettempdir(), f"sparks-ssh-{os.getuid()}")
+    # SPARKS_SSH_CONTROL_DIR moves it (the cluster test bed keeps its connections to itself).
+    path = os.environ.get("SPARKS_SSH_CONTROL_DIR") or os.path.join(tempfile.gettempdir(), f"sparks-ssh-{os.getuid()}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 

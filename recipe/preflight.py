@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from recipe.checkpoint import head_checkpoint_dir, missing_bytes, read_manifest
+from recipe.checkpoint import differences, head_checkpoint_dir, missing_bytes, read_manifest
 from recipe.errors import RecipeError
 from recipe.launch import port_is_free
 from recipe.link import Link, LinkError, detect_link
@@ -77,6 +77,7 @@ def run_checks(ctx: Context) -> Iterator[Check]:
             yield check_docker(node)
     for worker in reachable:
         yield check_cache_writable(ctx, worker)
+        yield check_copy(ctx, worker)
     yield check_port(ctx)
     if docker and len(reachable) == len(ctx.workers):
         for rank, worker in enumerate(ctx.workers, start=1):
@@ -209,6 +210,23 @@ def check_cache_writable(ctx: Context, worker: Node) -> Check:
         return Check("cache", worker.name, OK, f"{folder} can be written ({result.stdout.strip()})")
     return Check("cache", worker.name, FAIL, f"{folder} cannot be written there",
                  "a container may have left it owned by root: sudo chown -R $USER on that folder, on the worker")
+
+
+def check_copy(ctx: Context, worker: Node) -> Check:
+    folder = head_checkpoint_dir(ctx.settings)
+    if folder is None:
+        return Check("checkpoint", worker.name, OK, "every rank makes the demo checkpoint itself")
+    try:
+        head, theirs = read_manifest(ctx.head, folder), read_manifest(worker, folder)
+    except RecipeError as error:
+        return Check("checkpoint", worker.name, FAIL, error.message, error.fix)
+    if head and head == theirs:
+        return Check("checkpoint", worker.name, OK, f"{len(head)} files, identical to the head's")
+    if not theirs:
+        return Check("checkpoint", worker.name, WARN, f"{folder} is not there yet", "start copies it (or sparks copy)")
+    shown = "; ".join(differences(head, theirs, limit=3))
+    return Check("checkpoint", worker.name, WARN, f"its copy differs from the head's: {shown}",
+                 "sparks copy repairs it (only what differs is sent)")
 
 
 def check_port(ctx: Context) -> Check:

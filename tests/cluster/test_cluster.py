@@ -1,0 +1,121 @@
+"""The recipe across real nodes: namespaces with their own sshd, rsync and dockerd (tests/cluster/testbed.py). The
+CLI runs in the head's namespace and reaches the workers only over ssh. RoCE facts come from stand-in sysfs trees
+(no RDMA can exist here); everything else is real."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SPARKS = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sparks")
+MIB = 1024 * 1024
+
+
+def sparks(bed, *args: str, timeout_s: float = 120, **settings: str) -> subprocess.CompletedProcess:
+    done = bed.on_head([SPARKS, *args], bed.environ(COLUMNS="200", **settings), timeout_s=timeout_s)
+    print(f"$ sparks {' '.join(args)} → {done.returncode}\n{done.stdout}{done.stderr}")
+    return done
+
+
+def make_checkpoint(bed, files: dict[str, int]) -> Path:
+    folder = bed.path_on("head", "data/ckpt")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "glm5_next"}\n')
+    for name, size in files.items():
+        (folder / name).write_bytes(os.urandom(size))
+    return folder
+
+
+def rows(output: str) -> dict[tuple[str, str], str]:
+    """`sparks doctor`'s table as (check, node) → status."""
+    found = {}
+    for line in output.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃]", line)]
+        if len(cells) >= 3 and cells[2] in ("ok", "warn", "fail"):
+            found[(cells[0], cells[1])] = cells[2]
+    return found
+
+
+def test_doctor_passes_over_ssh_and_detects_the_link(bed) -> None:
+    make_checkpoint(bed, {"model.safetensors": 2 * MIB})
+    done = sparks(bed, "doctor")
+    table = rows(done.stdout)
+    assert done.returncode == 0 and "fail" not in table.values(), done.stdout + done.stderr
+    w1 = "root@" + bed.nodes["w1"].address
+    for check in ("ssh", "memory", "disk", "rsync", "docker", "cache", "link"):
+        assert (check, w1) in table, check
+    assert table[("ssh", w1)] == "ok" and table[("link", w1)] == "ok"
+    assert "10.77.0.1 (eth0) <-> 10.77.0.2 (eth0), RoCE rocep1s0f1 / rocep1s0f1, GID 3" in done.stdout
+    assert table[("checkpoint", w1)] == "warn"   # not copied yet
+
+
+def test_unreachable_worker_is_named_with_a_fix(bed) -> None:
+    # w2's firewall refuses ssh (a stopped sshd looks the same from the head).
+    w2 = "root@" + bed.nodes["w2"].address
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    bed.in_node("w2", "iptables", "-A", *rule)
+    try:
+        done = sparks(bed, "doctor", TP="3", WORKER2=w2)
+    finally:
+        bed.in_node("w2", "iptables", "-D", *rule)
+    table = rows(done.stdout)
+    assert done.returncode == 1 and table[("ssh", w2)] == "fail"
+    assert "Connection refused" in done.stdout and ("memory", w2) not in table
+
+
+def test_copy_then_interrupted_copy_resumes_then_corruption_is_repaired(bed) -> None:
+    folder = make_checkpoint(bed, {"model-00001.safetensors": 3 * MIB, "big.safetensors": 24 * MIB})
+    blob = bed.path_on("head", "data/blob-outside")            # an HF-xet-style link out of the folder
+    blob.write_bytes(os.urandom(MIB))
+    (folder / "linked.safetensors").symlink_to(blob)
+    worker_copy = bed.path_on("w1", "data/ckpt")
+
+    # Interrupted: the worker's side of the cable slowed to ~24 Mbit/s, the copy stopped partway by SIGTERM.
+    bed.in_switch("tc", "qdisc", "add", "dev", "v-w1", "root", "tbf", "rate", "24mbit", "burst", "32kb",
+                  "latency", "400ms")
+    try:
+        proc = bed.on_head([SPARKS, "copy"], bed.environ(), wait=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _partial_bytes(worker_copy) < 6 * MIB:
+            time.sleep(0.2)
+        assert _partial_bytes(worker_copy) >= 6 * MIB, "the copy did not get going"
+        os.killpg(proc.pid, signal.SIGTERM)      # our own process group: the CLI, rsync, ssh
+        proc.communicate(timeout=30)
+        assert proc.returncode != 0
+    finally:
+        bed.in_switch("tc", "qdisc", "del", "dev", "v-w1", "root")
+    kept = _partial_bytes(worker_copy)
+    assert kept >= 6 * MIB
+
+    done = sparks(bed, "copy")
+    assert done.returncode == 0 and "identical to the head's" in done.stdout
+    sent_mib = float(re.search(r"\(([0-9.]+) MiB sent this time\)", done.stdout).group(1))
+    assert sent_mib < 28 - kept / MIB + 2, f"resumed copy sent {sent_mib} MiB though {kept / MIB:.0f} MiB were there"
+    assert (worker_copy / "linked.safetensors").read_bytes() == blob.read_bytes()
+    assert not (worker_copy / "linked.safetensors").is_symlink()
+
+    # Corrupted on the worker: a file cut short and another changed in place are found and repaired.
+    with open(worker_copy / "big.safetensors", "r+b") as cut:
+        cut.truncate(5 * MIB)
+    (worker_copy / "model-00001.safetensors").write_bytes(os.urandom(3 * MIB))
+    w1 = "root@" + bed.nodes["w1"].address
+    doctor = sparks(bed, "doctor")
+    assert rows(doctor.stdout)[("checkpoint", w1)] == "warn" and "big.safetensors" in doctor.stdout
+    done = sparks(bed, "copy")
+    assert done.returncode == 0 and "identical to the head's" in done.stdout
+    for name in ("big.safetensors", "model-00001.safetensors", "config.json"):
+        assert (worker_copy / name).read_bytes() == (folder / name).read_bytes(), name
+    assert rows(sparks(bed, "doctor").stdout)[("checkpoint", w1)] == "ok"
+
+
+def _partial_bytes(folder: Path) -> int:
+    """Bytes that have reached the worker's folder so far, rsync's hidden temporary files included."""
+    if not folder.exists():
+        return 0
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and "big" in p.name)
