@@ -27,6 +27,7 @@ from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
 from engine.parallel import ParallelGroup  # noqa: E402
 
 HBM_BYTES_S = 4.8e12
+PROFILE = "--profile" in sys.argv
 
 
 class RandomReader:
@@ -111,6 +112,17 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
                                    "hbm_fraction": round(read / step / HBM_BYTES_S, 3)}
         for s in seqs:
             s.release()
+    if PROFILE:
+        seq = model.new_sequence(pool)
+        model.prefill(seq, ids[:128])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                model.decode([seq], [11])
+            sync()
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25), flush=True)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+        seq.release()
     for length in (2048, 8192) if device == "cuda" else (256,):
         seq = model.new_sequence(pool)
         sync()
@@ -149,6 +161,7 @@ def main() -> None:
     ap.add_argument("--layers", default="KKKD")
     ap.add_argument("--small", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of 3 decode steps")
     ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
                     help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
     args = ap.parse_args()

@@ -65,3 +65,14 @@ def test_expert_kernel_equals_the_per_expert_loop(dtype):
     assert (out - expected).abs().max() < 1e-3 * expected.abs().max()
     single = routed_experts(x[1:2], chosen[1:2], weights[1:2], gate_up, down, 10.0)
     assert torch.equal(single[0], out[1]), "a row's result must not depend on the rest of the batch"
+
+
+def test_sinkhorn_kernel_equals_the_torch_loop():
+    from engine.ops.triton_mhc import sinkhorn
+
+    comb = torch.softmax(torch.randn(7, 4, 4, device="cuda"), dim=-1) + 1e-6
+    expected = comb / (comb.sum(-2, keepdim=True) + 1e-6)
+    for _ in range(19):
+        expected = expected / (expected.sum(-1, keepdim=True) + 1e-6)
+        expected = expected / (expected.sum(-2, keepdim=True) + 1e-6)
+    assert (sinkhorn(comb, 20, 1e-6) - expected).abs().max() < 1e-6

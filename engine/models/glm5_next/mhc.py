@@ -33,6 +33,10 @@ class HyperConnection:
         pre = torch.sigmoid(pre_l * self.scale[0] + pre_b) + self.eps
         post = 2 * torch.sigmoid(post_l * self.scale[1] + post_b)
         comb = torch.softmax((comb_l * self.scale[2] + comb_b).view(-1, n, n), dim=-1) + self.eps
+        if comb.is_cuda:
+            from engine.ops.triton_mhc import sinkhorn
+
+            return pre, post, sinkhorn(comb, self.iters, self.eps)
         comb = comb / (comb.sum(-2, keepdim=True) + self.eps)
         for _ in range(self.iters - 1):
             comb = comb / (comb.sum(-1, keepdim=True) + self.eps)
