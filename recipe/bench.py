@@ -16,8 +16,10 @@ prints; progress goes through a callback.
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -206,7 +208,20 @@ def _client_versions() -> dict[str, str]:
         version = metadata.version("glm-sparks")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"sparks": version, "python": platform.python_version(), "platform": platform.platform(),
-            "httpx": httpx.__version__}
+    return {"sparks": version, "commit": _git_commit(), "python": platform.python_version(),
+            "platform": platform.platform(), "cpus": str(os.cpu_count()), "httpx": httpx.__version__}
+
+
+def _git_commit() -> str:
+    """The checkout's commit (with '+changes' when the tree differs from it), or 'unknown' outside a checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "recipe", "engine"],
+                               cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
 
 

@@ -118,7 +118,7 @@ class BenchClient:
                 first, last, usage = _read_stream(reply, stop_at, url)
         except httpx.HTTPError as exc:
             raise RecipeError(f"the request to {url} failed: {type(exc).__name__}: {exc}",
-                              "check that the server still runs (sparks status); raise --timeout if it is slow") from None
+                              "is the server still up (sparks status)? raise --timeout if it is slow") from None
         done = time.perf_counter()
         if first is None or usage is None:
             raise RecipeError(f"{url} streamed no {'token' if first is None else 'usage'}",

@@ -59,12 +59,13 @@ def test_report_names_the_run_and_the_server(report: dict[str, Any], server: Liv
     assert data["url"] == server.url + "/v1"                       # HOST=0.0.0.0 is reached over loopback
     assert datetime.fromisoformat(data["date"]).tzinfo is not None
     assert data["server"]["context_length"] == CONTEXT and data["server"]["streams"]["max"] == 4
-    assert data["client"]["sparks"] and data["client"]["python"]
+    assert data["client"]["sparks"] and data["client"]["python"] and data["client"]["commit"]
     assert data["config"]["tokens"] == TOKENS and data["config"]["concurrency"] == [1, 2]
     assert KEY not in report["json_text"] and "api_key" not in data["config"]
     assert data["warnings"] == []
     assert data["skipped"] == [f"prefill 4096: over the server's window of {CONTEXT} tokens"]
-    assert "Decode" in report["output"] and "Prefill" in report["output"] and "skipped: prefill 4096" in report["output"]
+    assert "Decode" in report["output"] and "Prefill" in report["output"]
+    assert "skipped: prefill 4096" in report["output"]
     assert report["png"][:8] == b"\x89PNG\r\n\x1a\n"
 
 
