@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from engine.checkpoint.demo import write_demo
@@ -51,15 +50,12 @@ def write_trained(model, directory: str | Path, seed: int, preset: str) -> Path:
 
 def weights_hash(directory: str | Path) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes, in name order (independent of sharding)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
     digest = hashlib.sha256()
-    paths = sorted(Path(directory).glob("*.safetensors"))
-    names: list[tuple[str, Path]] = []
-    for path in paths:
-        with safe_open(str(path), "pt") as handle:
-            names += [(name, path) for name in handle.keys()]
-    for name, path in sorted(names):
-        with safe_open(str(path), "pt") as handle:
-            tensor = handle.get_tensor(name)
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
