@@ -1,4 +1,4 @@
-"""`python -m engine make-demo DIR [--seed N] [--size tiny|small]`: a complete GLM-5.3-Flash-architecture checkpoint
+"""`python -m engine make-demo DIR [--seed N] [--size tiny|small|...] [--format bf16|exl3]`: a complete GLM-5.3-Flash-architecture checkpoint
 with seeded random weights, in the real Hugging Face layout.
 
 The directory loads unchanged with `transformers.Glm5NextForConditionalGeneration.from_pretrained(DIR)` (5.17 and
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from engine.checkpoint.layout import TensorSpec, text_tensors, vision_tensors
+from engine.checkpoint.layout import TensorSpec, exl3_experts, text_tensors, vision_tensors
 from engine.checkpoint.tokenizer_build import EOS_TOKENS, PAD_TOKEN, token_ids, write_tokenizer
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -56,7 +56,17 @@ SIZES: dict[str, dict[str, Any]] = {
                  qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=64, kv_lora_rank=32, linear_num_heads=6,
                  linear_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                  index_n_heads=16, index_head_dim=16, index_topk=1024, index_kpool=4, shards=2),
+    # `--format exl3`'s default: tiny with the 128-multiple widths EXL3 needs (hidden 128; expert width 256 = two
+    # Hadamard blocks, so TP=2 splits every expert whole-block).
+    "exl3": dict(hidden_size=128, kinds="KDKKDK", dense_layers=1, intermediate_size=256, num_attention_heads=6,
+                 qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=48, kv_lora_rank=32, linear_num_heads=6,
+                 linear_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                 index_n_heads=16, index_head_dim=16, index_topk=16, index_kpool=4, shards=2),
 }
+# config.json's quantization_config for `--format exl3`, laid out as ExLlamaV3's converter writes it (the served
+# checkpoint: routed experts 4-bit mcg, everything else bf16). `version` names the converter we read; no calibration.
+EXL3_QUANTIZATION = dict(quant_method="exl3", version="1.6.5", bits=4.0, head_bits=16, codebook="mcg")
+FORMATS = ("bf16", "exl3")
 # `--size trained`: the "chat" preset trained on synthetic GLM-format conversations by `python -m engine train-demo`
 # (engine/train; seed 0), committed here in bf16. It answers, thinks and calls tools; the others are random.
 TRAINED = Path(__file__).with_name("trained_demo")
@@ -106,6 +116,8 @@ def _generator(seed: int, name: str) -> torch.Generator:
 def init_tensor(spec: TensorSpec, seed: int) -> torch.Tensor:
     """One tensor's seeded initial value, already in its stored dtype."""
     name, shape, gen = spec.name, spec.shape, _generator(seed, spec.name)
+    if spec.dtype:
+        return _init_exl3_part(spec, gen)
     leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else name.rsplit(".", 1)[-1]
     if name.endswith(".bias") or leaf.endswith(("_base", "A_log")):
         value = torch.zeros(shape)
@@ -129,15 +141,28 @@ def init_tensor(spec: TensorSpec, seed: int) -> torch.Tensor:
     return value.to(torch.float32 if spec.fp32 else torch.bfloat16).contiguous()
 
 
+def _init_exl3_part(spec: TensorSpec, gen: torch.Generator) -> torch.Tensor:
+    """Random trellis bits (any bitstream is a valid encoding), the mcg marker, random-sign scales: suh carries
+    1/(1.2437 sqrt(K)) so W has the fan-in std 1/sqrt(K) (the mcg codebook's std is 1.2437; the rotations keep it)."""
+    part = spec.name.rsplit(".", 1)[1]
+    if part == "trellis":
+        return torch.randint(-32768, 32768, spec.shape, generator=gen, dtype=torch.int32).to(torch.int16)
+    if part == "mcg":
+        return torch.tensor(0xCBAC1FED - 2 ** 32, dtype=torch.int32)
+    sign = torch.randint(0, 2, spec.shape, generator=gen) * 2.0 - 1.0
+    magnitude = 1 / (1.2437 * math.sqrt(spec.shape[0])) if part == "suh" else 1.0
+    return (sign * magnitude).half()
+
+
 def _shard_plan(specs: list[TensorSpec], shards: int) -> list[list[TensorSpec]]:
     """Contiguous runs of tensors with roughly equal bytes (checkpoint order kept)."""
-    total = sum(s.numel * (4 if s.fp32 else 2) for s in specs)
+    total = sum(s.nbytes for s in specs)
     groups: list[list[TensorSpec]] = [[] for _ in range(shards)]
     done = 0
     for spec in specs:
         index = min(shards - 1, done * shards // max(total, 1))
         groups[index].append(spec)
-        done += spec.numel * (4 if spec.fp32 else 2)
+        done += spec.nbytes
     return [g for g in groups if g]
 
 
@@ -145,11 +170,17 @@ def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n")
 
 
-def write_demo(path: str | Path, seed: int = 0, size: str = "tiny") -> Path:
+def write_demo(path: str | Path, seed: int = 0, size: str = "tiny", fmt: str = "bf16") -> Path:
     """Write the demo checkpoint to `path` (created if missing) and return it; `trained` copies the committed
-    trained checkpoint (the seed does not apply)."""
+    trained checkpoint (the seed does not apply). `fmt` exl3 stores the routed experts as 4-bit mcg EXL3 groups."""
     if size not in (*SIZES, "trained"):
         raise ValueError(f"size {size!r} is not one of {sorted(SIZES) + ['trained']}")
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {list(FORMATS)}")
+    widths = ("hidden_size", "moe_intermediate_size")
+    if fmt == "exl3" and (size == "trained" or any(SIZES[size][k] % 128 for k in widths)):
+        raise ValueError(f"--format exl3 needs hidden and expert widths that are multiples of 128; size {size!r} "
+                         f"has not: use --size exl3 or small")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     if size == "trained":
@@ -157,11 +188,15 @@ def write_demo(path: str | Path, seed: int = 0, size: str = "tiny") -> Path:
         return out
     tokenizer_size = write_tokenizer(out, model_max_length=131072)
     config = build_config(size, tokenizer_size)
+    if fmt == "exl3":
+        config["quantization_config"] = dict(EXL3_QUANTIZATION)
     _write_json(out / "config.json", config)
     text = config["text_config"]
     _write_json(out / "generation_config.json", dict(do_sample=True, temperature=1.0, top_p=0.95,
                                                      eos_token_id=text["eos_token_id"], pad_token_id=text["pad_token_id"]))
     specs = text_tensors(config) + vision_tensors(config)
+    if fmt == "exl3":
+        specs = exl3_experts(specs)
     groups = _shard_plan(specs, SIZES[size]["shards"])
     weight_map: dict[str, str] = {}
     for number, group in enumerate(groups, start=1):
@@ -169,7 +204,7 @@ def write_demo(path: str | Path, seed: int = 0, size: str = "tiny") -> Path:
         save_file({s.name: init_tensor(s, seed) for s in group}, str(out / filename), metadata={"format": "pt"})
         (out / filename).chmod(0o644)
         weight_map.update({s.name: filename for s in group})
-    total_size = sum(s.numel * (4 if s.fp32 else 2) for s in specs)
+    total_size = sum(s.nbytes for s in specs)
     _write_json(out / "model.safetensors.index.json",
                 {"metadata": {"total_size": total_size, "total_parameters": sum(s.numel for s in specs)},
                  "weight_map": dict(sorted(weight_map.items()))})
@@ -181,13 +216,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="weights seed; the same seed gives byte-identical files")
     parser.add_argument("--size", choices=sorted(SIZES) + ["trained"], default="tiny",
                         help="tiny: for tests (~1 s); small: the local default's served model; chat: the trained "
-                             "model's architecture, random; trained: the committed chat model trained by train-demo")
+                             "model's architecture, random; trained: the committed chat model trained by train-demo; "
+                             "exl3: tiny with the 128-multiple widths --format exl3 needs")
+    parser.add_argument("--format", dest="fmt", choices=FORMATS, default="bf16",
+                        help="exl3: routed experts stored as 4-bit mcg EXL3 groups (random trellis), as the served "
+                             "checkpoint stores them; needs --size exl3 or small")
 
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    out = write_demo(args.directory, seed=args.seed, size=args.size)
+    out = write_demo(args.directory, seed=args.seed, size=args.size, fmt=args.fmt)
     on_disk = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    print(f"wrote the {args.size} demo checkpoint (seed {args.seed}) to {out}: "
+    print(f"wrote the {args.size} {args.fmt} demo checkpoint (seed {args.seed}) to {out}: "
           f"{on_disk / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s")
     return 0

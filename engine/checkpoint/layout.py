@@ -28,6 +28,11 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     fp32: bool = False  # a small control tensor the real checkpoint stores in fp32
+    dtype: str | None = None  # another stored dtype (EXL3 parts: int16, float16, int32); None: bf16 / fp32
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * {"int16": 2, "float16": 2, "int32": 4}.get(self.dtype or "", 4 if self.fp32 else 2)
 
     @property
     def numel(self) -> int:
@@ -158,6 +163,25 @@ def text_tensors(raw: dict[str, Any]) -> list[TensorSpec]:
     return out + [TensorSpec(PREFIX + "norm.weight", (hidden,)), TensorSpec("lm_head.weight", (vocab, hidden))]
 
 
+_ROUTED_PROJECTION = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def exl3_experts(specs: list[TensorSpec], bits: int = 4) -> list[TensorSpec]:
+    """`specs` with every routed expert's projection as an EXL3 group, the way the served checkpoint stores them
+    (4-bit mcg routed experts, everything else bf16): weight [out, in] -> trellis int16 [in/16, out/16, 16*bits],
+    suh fp16 [in], svh fp16 [out], mcg int32 [] (engine/quant/exl3.py)."""
+    out = []
+    for spec in specs:
+        if not _ROUTED_PROJECTION.search(spec.name):
+            out.append(spec)
+            continue
+        prefix, (n, k) = spec.name[:-len(".weight")], spec.shape
+        out += [TensorSpec(prefix + ".trellis", (k // 16, n // 16, 16 * bits), dtype="int16"),
+                TensorSpec(prefix + ".suh", (k,), dtype="float16"), TensorSpec(prefix + ".svh", (n,), dtype="float16"),
+                TensorSpec(prefix + ".mcg", (), dtype="int32")]
+    return out
+
+
 def split_of(name: str, raw: dict[str, Any]) -> Split:
     """The TP plan for one tensor name (see the module docstring)."""
     cfg = text_config(raw)
@@ -168,6 +192,14 @@ def split_of(name: str, raw: dict[str, Any]) -> Split:
         return REPLICATED
     rest, kda = match.group(2), _layer_type(cfg, int(match.group(1))) in KDA_TYPES
     d = cfg.get("linear_head_dim", 128)
+    exl3 = re.fullmatch(r"mlp\..*(gate|up|down)_proj\.(trellis|suh|svh)", rest)
+    if exl3:  # whole 128-wide Hadamard blocks: 8 tiles of 16 in the trellis (engine/checkpoint/exl3.py)
+        column, part = exl3.group(1) != "down", exl3.group(2)
+        if part == "trellis":
+            return Split(1 if column else 0, 8, "column" if column else "row")
+        if part == ("svh" if column else "suh"):
+            return Split(0, 128, "column" if column else "row")
+        return REPLICATED
     if rest.startswith("mlp.") and rest.endswith(("gate_proj.weight", "up_proj.weight")):
         return Split(0, 1, "column")
     if rest.startswith("mlp.") and rest.endswith("down_proj.weight"):

@@ -64,7 +64,7 @@ class CheckpointReader:
         part = self._slice(name)
         shape = part.get_shape()
         if dim is None or self.group.world == 1:
-            tensor = part[:]
+            tensor = part[...]  # `...`, not `:`, so scalars (EXL3 codebook markers) read too
         else:
             units = units or shape[dim]
             if shape[dim] % units:

@@ -151,13 +151,20 @@ def hadamard(dtype: torch.dtype = torch.float64) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """H applied to every block of 128 along `dim` (H is symmetric: left and right products agree)."""
+    """H applied to every block of 128 along `dim`, as a fast Walsh-Hadamard transform (H is symmetric: left and
+    right products agree). Its butterflies give exactly `blocks @ hadamard()`'s sums, in fewer operations."""
     moved = x.movedim(dim, -1)
     size = moved.shape[-1]
     if size % HADAMARD_BLOCK:
         raise Exl3FormatError(f"a rotated dimension must be a multiple of {HADAMARD_BLOCK}, got {size}")
-    blocks = moved.reshape(*moved.shape[:-1], size // HADAMARD_BLOCK, HADAMARD_BLOCK)
-    return (blocks @ hadamard(x.dtype)).reshape(moved.shape).movedim(-1, dim)
+    y = moved.reshape(moved.numel() // HADAMARD_BLOCK, HADAMARD_BLOCK)
+    half = 1
+    while half < HADAMARD_BLOCK:
+        pairs = y.view(y.shape[0], HADAMARD_BLOCK // (2 * half), 2, half)
+        y = torch.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), dim=2)
+        half *= 2
+    y = y.reshape(moved.shape) * (1 / math.sqrt(HADAMARD_BLOCK))
+    return y.movedim(-1, dim)
 
 
 @dataclass(frozen=True)
