@@ -255,6 +255,15 @@ class TestBed:
         """Where `<bed>/node/<relative>` of that node lies in the shared filesystem (for the test to inspect)."""
         return self.nodes[node].dir / relative
 
+    def _close_ssh_masters(self) -> None:
+        """The recipe's shared ssh connections (ControlPersist) would outlive the test bed: end them."""
+        if not (self.root / "ctl").exists() or "head" not in self.nodes or not self._made_netns:
+            return
+        for node in self.workers:
+            subprocess.run(["ip", "netns", "exec", self.nodes["head"].netns, str(self.root / "bin" / "ssh"),
+                            "-o", f"ControlPath={self.root / 'ctl'}/%C", "-O", "exit", f"root@{node.address}"],
+                           capture_output=True, timeout=WAIT_S)
+
     def in_node(self, node: str, *args: str) -> None:
         """A command inside a node's network namespace (fault injection: firewall rules)."""
         subprocess.run(["ip", "netns", "exec", self.nodes[node].netns, *args], check=True, capture_output=True,
@@ -267,11 +276,15 @@ class TestBed:
     # ------------------------------------------------------------ down
 
     def down(self) -> None:
+        self._close_ssh_masters()
         for node in self.nodes.values():
             for what in ("dockerd", "sshd"):
                 pid = node.pids.pop(what, None)
                 if pid:
+                    sessions = _children(pid) if what == "sshd" else []
                     _end(pid, 20 if what == "dockerd" else 5)
+                    for child in sessions:   # a session sshd outlives its listener while its client is connected
+                        _end(child, 2)
         for netns in reversed(self._made_netns):
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=WAIT_S)
         self._made_netns.clear()
@@ -281,6 +294,13 @@ class TestBed:
             except OSError:
                 pass
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _end(pid: int, grace_s: float) -> None:
@@ -293,8 +313,8 @@ def _end(pid: int, grace_s: float) -> None:
     while time.monotonic() < deadline:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
+        except ChildProcessError:  # not our child (a session sshd): watch /proc instead
+            done = not Path(f"/proc/{pid}").exists()
         if done:
             return
         time.sleep(0.05)
