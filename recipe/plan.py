@@ -20,7 +20,7 @@ from recipe.schema import load_specs
 from recipe.settings import Settings
 
 DEMO_SEED = 0
-DEMO_SIZE = "small"
+DEMO_SIZE = "trained"  # the committed demo model that follows GLM's chat format (engine/checkpoint/trained_demo)
 SECRET_ENV_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 
 
@@ -141,7 +141,7 @@ def _local_checkpoint(settings: Settings, host: HostFacts) -> tuple[str, tuple[P
     final = os.path.join(settings.cache_dir, f"demo-{DEMO_SIZE}-{DEMO_SEED}")
     partial = final + ".partial"
     step = PrepareStep(
-        description=f"make the engine's {DEMO_SIZE} demo checkpoint (seeded random weights, same architecture)",
+        description=f"make the engine's {DEMO_SIZE} demo checkpoint (a small model of this architecture)",
         argv=(host.python, "-m", "engine", "make-demo", partial, "--size", DEMO_SIZE, "--seed", str(DEMO_SEED)),
         output=partial, final=final, done=Path(final, "config.json").is_file())
     return final, (step,)
