@@ -109,6 +109,10 @@ def run_bench(options: BenchOptions, progress: Progress = lambda _: None) -> Ben
         busy = server.get("requests_running", 0) + server.get("requests_waiting", 0)
         if busy:
             result.warnings.append(f"the server had {busy} request(s) running or waiting when the bench started")
+        streams = (server.get("streams") or {}).get("max")
+        if streams and max(options.concurrency) > streams:
+            result.warnings.append(f"the server decodes {streams} requests at once: at higher concurrency the others "
+                                   "wait, and their TTFT counts the wait")
         client.check_model()
         before = (server.get("totals") or {}).get("completion_tokens")
         progress(f"warm-up: one {min(options.tokens, 8)}-token reply")
@@ -139,9 +143,12 @@ def _decode_row(client: BenchClient, options: BenchOptions, kind: str, n: int, p
         progress(f"decode {kind}: {n} at once, run {repeat + 1} of {options.repeats}")
         contents = [f"(bench {kind}, {n} at once, run {repeat + 1}, request {i + 1})\n"
                     + prompts[(repeat * n + i) % len(prompts)] for i in range(n)]
-        with ThreadPoolExecutor(max_workers=n) as pool:
+        pool = ThreadPoolExecutor(max_workers=n)
+        try:
             futures = [pool.submit(client.stream_chat, text, options.tokens) for text in contents]
             runs.append(DecodeRun(tuple(f.result() for f in futures)))
+        finally:  # on an error or Ctrl-C, don't wait here: closing the client then ends the other streams
+            pool.shutdown(wait=False, cancel_futures=True)
     return DecodeRow(kind, n, tuple(runs))
 
 
