@@ -1,0 +1,267 @@
+"""EXL3 experts on the GPU: multiply a few rows by EXL3 matrices, decoding the trellis in registers.
+
+The format and its conventions are engine/quant/exl3.py's (the CPU reference this is tested against). A layer is
+y = H(H(x ⊙ suh) · W_q) ⊙ svh + bias, H the 128-block Hadamard rotation. Here:
+
+- the rotations and scales run as torch ops around the kernel (`exl3.rotate`: butterflies, elementwise per row, so a
+  row's result never depends on the other rows); a [rows, K] rotation is cheap next to the K×N weight;
+- `_exl3_gemv` multiplies the rotated rows by W_q without writing W_q anywhere: each program owns BNT output tiles
+  of one matrix (an expert's projection, chosen by an id read on the device: no host sync, the launch shape depends
+  only on the number of (row group, matrix) pairs), walks the K tiles one at a time, and decodes each 16×16 tile
+  from its 16·bits trellis words straight into registers.
+
+Decoding in the kernel's layout. A tile's 256 values come in the order of the MMA fragments: "lane" l (0..31) holds
+values p = 8l + j, j = 0..7; value (l, j) belongs to input row r = 2(l%4) + (j&1) + 8((j>>1)&1) and output column
+c = l//4 + 8(j>>2) of the tile (exl3.tile_cells). So the kernel keeps a [.., 8 (l//4), 4 (l%4)] grid of lanes and, for
+each j, one decoded value per lane: the input it multiplies depends only on (l%4, j&3), the output column only on
+(l//4, j>>2). The wrapper permutes each 16-input tile of the rotated rows into (l%4, j&3) order, so the kernel loads
+4 inputs per row per j; products accumulate per lane in two halves (j < 4: columns 0..7, j >= 4: columns 8..15), and
+the four lanes of a column (l%4) are added at the end in a fixed order. Every sum is an elementwise add in an order
+fixed by the code, whatever the number of rows: a row's result is the same bits alone or in a batch of 8.
+
+- 4-bit tiles (the served checkpoint's routed experts) hold one 32-bit word per lane: lane l's eight 16-bit states
+  end at its own word's nibbles, the first three reaching into word l-1, so two coalesced loads per tile give them all
+  (`DENSE4`). Any other width reads, for each value, the two words its 16-bit window spans (cached loads).
+- The codebooks are computed inline (exl3.codebook's definition): 3inst / mcg hash the state with a 32-bit
+  multiply(-add), mask and flip, then add the word's two fp16 halves (exact in fp32, one rounding to fp16); mul1 sums
+  the hash's four bytes and scales them by fp16 constants in one exact fp32 multiply-add, rounded once to fp16. W_q's
+  values are therefore the reference's, bit for bit (`exl3_unpack` checks it); products and sums are fp32.
+
+Prompt chunks (many rows): `exl3_unpack` decodes a whole matrix to its exact fp16 W_q with the same decoder and the
+matmul runs in torch (fp32 activations × W_q), one expert at a time; W_q is transient (2 bytes a weight, one expert).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.quant import exl3
+
+CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
+MAX_ROWS = 8                                     # rows per matrix in one launch (decode and verify windows)
+
+
+def _fp16_value(bits: int) -> float:
+    return float(torch.tensor(bits, dtype=torch.int16).view(torch.float16).item())
+
+
+_MUL1_SCALE = _fp16_value(exl3._MUL1_SCALE)
+_MUL1_BIAS = _fp16_value(exl3._MUL1_BIAS - 65536)
+
+# (l%4, j&3) -> input row in the tile: the order the kernel reads a tile's 16 inputs in
+_INPUT_ORDER = [2 * (q // 4) + (q % 4 & 1) + 8 * ((q % 4) >> 1) for q in range(16)]
+
+
+@triton.jit
+def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
+    """fp32 value (exactly an fp16) of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1."""
+    if CODEBOOK == 2:
+        x = state * 0x83DCD12D
+        byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
+        value = (byte_sum + 1024).to(tl.float32) * MUL1_SCALE + MUL1_BIAS        # exact in fp32
+    else:
+        if CODEBOOK == 1:
+            x = state * 0xCBAC1FED
+        else:
+            x = state * 89226354 + 64248484
+        x = (x & 0x8FFF8FFF) ^ 0x3B603B60
+        low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        value = low + high                                                         # exact in fp32
+    return value.to(tl.float16).to(tl.float32)                                     # one rounding, to nearest even
+
+
+@triton.jit
+def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
+                 DENSE4: tl.constexpr, cur, prev, CODEBOOK: tl.constexpr,
+                 MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
+    """Value j of every lane of the tiles at `base` (int32 word pointers [BNT, 1, 1]), fp32 [BNT, 8, 4]."""
+    if DENSE4:
+        # lane l's state j spans stream bits 32l + 4j - 12 .. 32l + 4j + 4: the low bits of word l-1 when j < 3
+        state = cur >> (28 - 4 * j)
+        if j < 3:
+            state = state | (prev << (4 + 4 * j))
+        state = state & 0xFFFF
+    else:
+        step = (4 * quad + lane4) * 8 + j + 1                        # p + 1, [8, 4]
+        end = (step * BITS2 - (step % 2) * (BITS2 % 2)) // 2         # exl3.window_ends
+        start = end - 16 + WORDS * 32
+        first = (start // 32) % WORDS
+        offset = (start % 32).to(tl.uint32)
+        lead = tl.load(base + first[None, :, :]).to(tl.uint32, bitcast=True)
+        follow = tl.load(base + ((first + 1) % WORDS)[None, :, :]).to(tl.uint32, bitcast=True)
+        state = ((lead << offset) | ((follow >> 1) >> (31 - offset))) >> 16
+    return _decode(state, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
+
+
+@triton.jit
+def _lane_sum(acc, ROWS: tl.constexpr, BNT: tl.constexpr):
+    """[ROWS, BNT, 8, 4] -> [ROWS, BNT, 8]: ((l0 + l1) + l2) + l3 over the last axis (l % 4 = 2a + b)."""
+    even, odd = tl.split(tl.reshape(acc, [ROWS, BNT, 8, 2, 2]))     # b = 0 / b = 1
+    l0, l2 = tl.split(even)
+    l1, l3 = tl.split(odd)
+    return ((l0 + l1) + l2) + l3
+
+
+@triton.jit
+def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
+               K_TILES: tl.constexpr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
+               CODEBOOK: tl.constexpr, ROWS: tl.constexpr, BNT: tl.constexpr,
+               MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
+    """out[g, m, :] = xp[g, m, :] @ W_q[mat[g]] for m < ROWS; xp in the kernel's input order (module docstring)."""
+    group = tl.program_id(0)
+    block = tl.program_id(1)
+    mat = tl.load(mat_ptr + group).to(tl.int64)
+    DENSE4: tl.constexpr = BITS2 == 8
+    K: tl.constexpr = K_TILES * 16
+    N: tl.constexpr = N_TILES * 16
+
+    rows = tl.arange(0, ROWS)
+    quad = tl.arange(0, 8)[:, None]                                  # l // 4
+    lane4 = tl.arange(0, 4)[None, :]                                 # l % 4
+    tiles = block * BNT + tl.arange(0, BNT)
+    lane_words = (4 * quad + lane4)[None, :, :]                      # [1, 8, 4]
+    tile_words = (mat * (K_TILES * N_TILES) + tiles).to(tl.int64)[:, None, None] * WORDS
+    x_rows = x_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None, None] * K \
+        + (lane4 * 4)[None, None, :, :]                              # [ROWS, 1, 1, 4]
+
+    acc_lo = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
+    acc_hi = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
+    for kt in range(K_TILES):
+        base = t_ptr + tile_words + kt * (N_TILES * WORDS)          # [BNT, 1, 1]
+        if DENSE4:
+            cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
+            prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
+        else:
+            cur = 0
+            prev = 0
+        for j in tl.static_range(8):
+            w = _tile_values(base, quad, lane4, j, WORDS, BITS2, DENSE4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
+            x = tl.load(x_rows + kt * 16 + (j & 3))                  # [ROWS, 1, 1, 4]
+            if j < 4:
+                acc_lo += w[None, :, :, :] * x
+            else:
+                acc_hi += w[None, :, :, :] * x
+
+    # add the four lanes of each column (l % 4 = 0, 1, 2, 3, in that order), then store columns 0..7 and 8..15
+    cols = (tiles * 16)[None, :, None] + tl.arange(0, 8)[None, None, :]
+    out_rows = out_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None] * N
+    tl.store(out_rows + cols, _lane_sum(acc_lo, ROWS, BNT))
+    tl.store(out_rows + cols + 8, _lane_sum(acc_hi, ROWS, BNT))
+
+
+@triton.jit
+def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
+                 CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
+    """W_q fp16 [K, N] from trellis words: one program per (k tile, n tile)."""
+    kt = tl.program_id(0)
+    nt = tl.program_id(1)
+    DENSE4: tl.constexpr = BITS2 == 8
+    quad = tl.arange(0, 8)[:, None]
+    lane4 = tl.arange(0, 4)[None, :]
+    lane_words = (4 * quad + lane4)[None, :, :]
+    base = t_ptr + ((kt * N_TILES + nt).to(tl.int64) * WORDS + tl.zeros([1, 1, 1], dtype=tl.int64))
+    if DENSE4:
+        cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
+        prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
+    else:
+        cur = 0
+        prev = 0
+    N: tl.constexpr = N_TILES * 16
+    for j in tl.static_range(8):
+        w = _tile_values(base, quad, lane4, j, WORDS, BITS2, DENSE4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
+        row = 2 * lane4 + (j & 1) + 8 * ((j >> 1) & 1)                 # [1, 4]
+        col = quad + 8 * (j >> 2)                                       # [8, 1]
+        ptr = out_ptr + (kt * 16 + row).to(tl.int64) * N + nt * 16 + col
+        tl.store(ptr[None, :, :], w.to(tl.float16))
+
+
+# -- host side ---------------------------------------------------------------------------------------------------
+
+def _words(trellis: torch.Tensor) -> torch.Tensor:
+    """int16 [..., 16*bits] -> int32 [..., 8*bits]: little-endian pairs, the format's 32-bit words."""
+    return trellis.contiguous().view(torch.int32)
+
+
+def _format(trellis: torch.Tensor, codebook: str) -> tuple[int, int]:
+    bits = exl3.width_of(trellis.shape[-1])
+    if not bits:
+        raise exl3.Exl3FormatError(f"trellis last dimension {trellis.shape[-1]} is not 16*bits for a width in "
+                                   f"{exl3.WIDTHS}")
+    if not float(bits).is_integer() and codebook != "mul1":
+        raise exl3.Exl3FormatError(f"{bits}-bit tiles need the mul1 codebook, got {codebook}")
+    return int(2 * bits), CODEBOOK_ID[codebook]
+
+
+def exl3_unpack(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
+    """W_q fp16 [K, N] from trellis int16 [K/16, N/16, 16*bits]: exl3.unpack's values, bit for bit."""
+    bits2, cb = _format(trellis, codebook)
+    k_tiles, n_tiles, _ = trellis.shape
+    out = torch.empty(k_tiles * 16, n_tiles * 16, dtype=torch.float16, device=trellis.device)
+    _exl3_unpack[(k_tiles, n_tiles)](_words(trellis), out, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
+                                     CODEBOOK=cb, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS)
+    return out
+
+
+def kernel_order(x: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [..., K] with each 16-input tile in the kernel's (l%4, j&3) order."""
+    order = torch.tensor(_INPUT_ORDER, device=x.device)
+    return x.reshape(*x.shape[:-1], -1, 16)[..., order].reshape(x.shape)
+
+
+def exl3_gemv_rotated(xr: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor, codebook: str,
+                      block_n_tiles: int = 4, num_warps: int = 4) -> torch.Tensor:
+    """out[g] = xr[g] @ W_q[mats[g]]: xr fp32 [G, M, K] (already scaled and rotated), trellis int16
+    [E, K/16, N/16, 16*bits] (or [K/16, N/16, 16*bits] for one matrix), mats int [G] -> fp32 [G, M, N]. M <= 8."""
+    if trellis.dim() == 3:
+        trellis = trellis.unsqueeze(0)
+    bits2, cb = _format(trellis, codebook)
+    _, k_tiles, n_tiles, _ = trellis.shape
+    groups, m, k = xr.shape
+    if k != 16 * k_tiles or not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"rows [G, M, K] with M in 1..{MAX_ROWS} and K = {16 * k_tiles}, got {list(xr.shape)}")
+    rows = 1 << (m - 1).bit_length()                                 # 1, 2, 4, 8: zero rows pad the rest
+    xp = kernel_order(xr.float())
+    if rows != m:
+        xp = torch.cat([xp, xp.new_zeros(groups, rows - m, k)], dim=1)
+    bnt = math.gcd(block_n_tiles, n_tiles)
+    out = torch.empty(groups, rows, 16 * n_tiles, dtype=torch.float32, device=xr.device)
+    grid = (groups, n_tiles // bnt)
+    _exl3_gemv[grid](xp.contiguous(), _words(trellis), mats.to(torch.int32).contiguous(), out,
+                     K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2, CODEBOOK=cb, ROWS=rows,
+                     BNT=bnt, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS, num_warps=num_warps)
+    return out[:, :m]
+
+
+def exl3_matmul(x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor,
+                mats: torch.Tensor, codebook: str, bias: torch.Tensor | None = None, **kw) -> torch.Tensor:
+    """y[g] = x[g] @ W[mats[g]] (+ bias[mats[g]]) in fp32: x [G, M, K]; trellis [E, K/16, N/16, 16*bits]; suh
+    [E, K]; svh [E, N]; bias [E, N] or None. The conventions of exl3.Exl3Linear.forward, decode in the kernel."""
+    suh, svh = suh.float(), svh.float()
+    if trellis.dim() == 3:
+        trellis, suh, svh = trellis.unsqueeze(0), suh.reshape(1, -1), svh.reshape(1, -1)
+        bias = None if bias is None else bias.reshape(1, -1)
+    idx = mats.long()
+    xr = exl3.rotate(x.float() * suh[idx][:, None, :], -1)
+    y = exl3.rotate(exl3_gemv_rotated(xr, trellis, mats, codebook, **kw), -1) * svh[idx][:, None, :]
+    return y if bias is None else y + bias.float()[idx][:, None, :]
+
+
+def exl3_linear(linear: exl3.Exl3Linear, x: torch.Tensor, **kw) -> torch.Tensor:
+    """One Exl3Linear (tensors on x's device) applied to x [..., K] fp32: decode rows in the kernel, M <= 8 rows a
+    launch; more rows (a prompt chunk) through the exact fp16 W_q decoded once."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, k).float()
+    if rows.shape[0] > MAX_ROWS:
+        wq = exl3_unpack(linear.trellis, linear.codebook).float()
+        y = exl3.rotate(exl3.rotate(rows * linear.suh.float(), -1) @ wq, -1) * linear.svh.float()
+        y = y if linear.bias is None else y + linear.bias.float()
+    else:
+        mats = torch.zeros(1, dtype=torch.int32, device=x.device)
+        y = exl3_matmul(rows[None], linear.trellis, linear.suh, linear.svh, mats, linear.codebook,
+                        linear.bias, **kw)[0]
+    return y.reshape(*lead, -1)
