@@ -6,12 +6,13 @@ exception too, with a traceback only when SPARKS_DEBUG=1.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import typer
 
@@ -181,22 +182,62 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
         ui.say("./start.sh restart restarts it (with new settings, say); ./stop.sh stops it.")
         return 0
     launch.ensure_supported(the_plan)
+    clock = StepClock()
     the_plan = _with_links(settings, the_plan, extra, current, must_pass=True)
+    clock.lap("checks")
     ui.headline(settings, the_plan)
     reporter = ui.ConsoleReporter()
     ui.step(1, STEPS, "Settings checked; clearing the way")
     _clear_previous(settings, current, reporter)
     launch.check_ports_free(the_plan)
+    clock.lap("clear")
     ui.step(2, STEPS, "Checkpoint")
     launch.prepare(the_plan, reporter)
+    launch.sync_checkpoint(the_plan, reporter)
+    clock.lap("checkpoint")
     ui.step(3, STEPS, f"Launching {the_plan.tp} rank(s), workers first, rank 0 last")
     launch.save_leftover_logs(the_plan, Path(settings.log_dir), settings.log_keep)
-    state, handles = launch.launch(the_plan, {"API_KEY": settings.api_key})
+    with _stop_all_on(launch.RankExited, settings, reporter):
+        state, handles = launch.launch(the_plan, {"API_KEY": settings.api_key})
     for proc in state.ranks:
-        reporter.note(f"rank {proc.rank}: pid {proc.pid}, log {proc.log}")
+        reporter.note(f"rank {proc.rank} {proc.where}: pid {proc.pid}, log {proc.log}")
+    clock.lap("launch")
     if settings.foreground:
         return _follow(settings, the_plan, handles)
-    return _wait_and_check(settings, the_plan, state, reporter)
+    return _wait_and_check(settings, the_plan, state, reporter, clock)
+
+
+class StepClock:
+    """Wall time of each start step, for the closing line (and for tuning a slow start)."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.monotonic()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps.append((name, now - self.last))
+        self.last = now
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in self.laps)
+        return f"Started in {time.monotonic() - self.started:.1f}s ({parts})"
+
+
+@contextlib.contextmanager
+def _stop_all_on(kind: type[LaunchError], settings: Settings, reporter: ui.ConsoleReporter) -> Iterator[None]:
+    """A rank that exits before the server is ready takes the others down with it: no rank is left on any node."""
+    try:
+        yield
+    except kind as error:
+        reporter.warn(f"{error.message}: stopping every rank on every node")
+        result = control.stop(Path(settings.log_dir, "run"), Path(settings.log_dir), settings.log_keep,
+                              settings.stop_timeout, reporter)
+        left = [r for r in result.ranks if r.outcome.startswith("unknown")]
+        fix = (f"every rank was stopped and its log saved under {settings.log_dir}; read the last lines above"
+               if not left else f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached to stop: "
+               "./stop.sh tries again")
+        raise LaunchError(error.message, fix, logs=error.logs) from None
 
 
 def _with_links(settings: Settings, the_plan: Plan, extra: tuple[str, ...], current: control.Status,
@@ -271,23 +312,29 @@ def _clear_previous(settings: Settings, current: control.Status, reporter: ui.Co
         reporter.note(f"rank {rank.rank}: {rank.outcome}" + (f", log saved to {rank.saved_log}" if rank.saved_log else ""))
 
 
-def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter) -> int:
+def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter,
+                    clock: StepClock) -> int:
     ui.step(4, STEPS, f"Loading on every rank (up to {settings.wait_timeout}s, WAIT_TIMEOUT)")
     started = time.monotonic()
-    health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
+    with _stop_all_on(launch.RankExited, settings, reporter):
+        health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
     reporter.note(f"Rank 0 answered after {time.monotonic() - started:.0f}s")
+    clock.lap("loading")
     ui.step(5, STEPS, "Smoke test: one short chat request through rank 0")
     try:
         result = smoke_test(the_plan.api_url, the_plan.served_name, settings.api_key)
     except LaunchError as error:
         raise LaunchError(error.message, error.fix, logs=launch.last_lines(state)) from None
     reporter.note(f"OK: {result.text.strip()[:60]!r}, {result.completion_tokens} tokens in {result.seconds:.1f}s")
+    clock.lap("smoke")
+    reporter.note(clock.summary())
     ui.live_banner(the_plan, settings, health, result)
     return 0
 
 
 def _follow(settings: Settings, the_plan: Plan, handles: dict) -> int:
-    """FOREGROUND=1: print rank 0's log as it grows until rank 0 exits; Ctrl-C or any rank exiting stops all."""
+    """FOREGROUND=1: print rank 0's log as it grows until rank 0 exits; Ctrl-C or any rank exiting stops all.
+    (A worker's rank is watched through rank 0: the engine's peer watch ends rank 0 when a peer dies.)"""
     follower = LogFollower(Path(the_plan.rank0.log))
     reporter = ui.ConsoleReporter()
     stop_all = functools.partial(control.stop, Path(the_plan.run_dir), Path(settings.log_dir), settings.log_keep,

@@ -1,29 +1,34 @@
-"""Stop and status of the local ranks recorded in the state file.
+"""Stop and status of the ranks recorded in the state file, here and on workers.
 
 `stop` asks every rank to exit (SIGTERM to the rank's process group: it and whatever it started), waits up to
-STOP_TIMEOUT, kills what is left, saves each rank's log gzipped under LOG_DIR and clears the run folder.
-Every rank's outcome is reported, not just the first failure.
+STOP_TIMEOUT, kills what is left, saves each rank's log gzipped under LOG_DIR (a worker's fetched over ssh) and
+clears the run folder. All nodes are stopped at once; every rank's outcome is reported, not just the first failure.
+A worker that cannot be reached keeps its ranks in the state file, so the next stop tries them again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe import launch_remote
 from recipe.launch import Reporter, probe_health
 from recipe.logs import save_log
-from recipe.runstate import RankProcess, RunState, clear_state, is_alive, load_state
+from recipe.nodes import node_for, on_each
+from recipe.runstate import RankProcess, RunState, clear_state, is_alive, load_state, save_state
 
 
 @dataclass(frozen=True)
 class RankStop:
     rank: int
     pid: int
-    outcome: str             # "stopped" | "killed" | "was not running"
+    outcome: str             # "stopped" | "killed" | "was not running" | "unknown: <why>" (worker not reached)
     saved_log: Path | None
+    node: str = "local"
 
 
 @dataclass(frozen=True)
@@ -36,16 +41,21 @@ class StopResult:
 @dataclass(frozen=True)
 class Status:
     state: RunState | None
-    alive: dict[int, bool]
+    alive: dict[int, bool | None]    # None: the rank's node did not answer
     health: dict | None
 
     @property
     def running(self) -> bool:
-        return bool(self.alive) and all(self.alive.values())
+        return bool(self.alive) and all(v is True for v in self.alive.values())
 
     @property
     def partly_running(self) -> bool:
-        return any(self.alive.values()) and not self.running
+        return any(v is not False for v in self.alive.values()) and not self.running
+
+    @property
+    def exited(self) -> list[RankProcess]:
+        """Recorded ranks that are known to have exited (peer watch: the dead rank, and rank 0 after it)."""
+        return [r for r in self.state.ranks if self.alive.get(r.rank) is False] if self.state else []
 
 
 def status(run_dir: Path) -> Status:
@@ -69,8 +79,27 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
     cut = requests_running(probe_health(state.health_url)) if state.any_alive else 0
     if cut:
         reporter.warn(f"{cut} request(s) still running will be cut off")
-    # Rank 0 first: it holds the API, so clients stop getting answers before the other ranks go.
-    ordered = sorted(state.ranks, key=lambda r: r.rank)
+    def on_node(node: str) -> list[RankStop]:
+        ranks = sorted((r for r in state.ranks if r.node == node), key=lambda r: r.rank)
+        if node == "local":
+            return _stop_local(ranks, log_dir, keep, timeout_s)
+        return [RankStop(s.rank, s.pid, s.outcome, s.saved_log, node)
+                for s in launch_remote.stop_ranks(node_for(node), ranks, timeout_s, log_dir, keep)]
+
+    # Every node at once; on the head rank 0 goes first with its group, so clients stop getting answers early.
+    by_node = on_each([node_for(n) for n in state.nodes], lambda node: on_node(node.name))
+    outcomes: list[RankStop] = []
+    for node, found in by_node.items():
+        if isinstance(found, BaseException):
+            found = [RankStop(r.rank, r.pid, f"unknown: {found}", None, r.node) for r in state.ranks if r.node == node]
+        outcomes += found
+    outcomes.sort(key=lambda s: s.rank)
+    unreached = {s.rank for s in outcomes if s.outcome.startswith("unknown")}
+    _clear_run_dir(run_dir, state, keep_ranks=unreached)
+    return StopResult(found=True, requests_cut=cut, ranks=tuple(outcomes))
+
+
+def _stop_local(ordered: list[RankProcess], log_dir: Path, keep: int, timeout_s: float) -> list[RankStop]:
     signalled = {r.rank: _signal(r, signal.SIGTERM) for r in ordered}
     _wait_gone([r for r in ordered if signalled[r.rank]], timeout_s)
     outcomes = []
@@ -79,9 +108,9 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
         if signalled[proc.rank]:
             outcome = "killed" if _kill_leftovers(proc) else "stopped"
         saved = save_log(Path(proc.log), log_dir, proc.rank, keep)
+        Path(proc.log).unlink(missing_ok=True)
         outcomes.append(RankStop(proc.rank, proc.pid, outcome, saved))
-    _clear_run_dir(run_dir, state)
-    return StopResult(found=True, requests_cut=cut, ranks=tuple(outcomes))
+    return outcomes
 
 
 def _signal(proc: RankProcess, sig: signal.Signals) -> bool:
@@ -119,8 +148,9 @@ def _kill_leftovers(proc: RankProcess) -> bool:
     return killed
 
 
-def _clear_run_dir(run_dir: Path, state: RunState) -> None:
-    for proc in state.ranks:
-        Path(proc.log).unlink(missing_ok=True)
+def _clear_run_dir(run_dir: Path, state: RunState, keep_ranks: set[int]) -> None:
+    if keep_ranks:   # a worker did not answer: remember its ranks so the next stop (or start) tries again
+        save_state(run_dir, dataclasses.replace(state, ranks=tuple(r for r in state.ranks if r.rank in keep_ranks)))
+        return
     (run_dir / "api_key").unlink(missing_ok=True)
     clear_state(run_dir)

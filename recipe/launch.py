@@ -1,8 +1,10 @@
-"""The process executor: make what the plan prepares, start every rank, wait until rank 0 answers.
+"""The process executor: make what the plan prepares, copy the checkpoint to workers that lack it, start every
+rank (workers first, over ssh; rank 0 last, here), wait until rank 0 answers.
 
 Ranks run in their own session (so a Ctrl-C in the terminal does not reach them, and a stop can signal a rank and
-everything it started), with output to LOG_DIR/run/rank<N>.log. The PIDs go to a state file that `stop` and
-`status` read. Nothing here prints: progress goes through a `Reporter`.
+everything it started), with output to LOG_DIR/run/rank<N>.log on their node. Each rank's node, PID and start time
+go to the head's state file (rewritten after every rank, so a launch cut short can still be stopped) that `stop`
+and `status` read. Nothing here prints: progress goes through a `Reporter`.
 """
 
 from __future__ import annotations
@@ -13,17 +15,22 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping, Protocol
 
 import httpx
 
+from recipe import launch_remote
+from recipe.checkpoint import compare, copy_to_worker
 from recipe.errors import LaunchError, RecipeError
 from recipe.logs import LogFollower, save_log, tail
+from recipe.nodes import LocalNode, SshNode, node_for, on_each
 from recipe.plan import Plan, PrepareStep
 from recipe.runstate import RankProcess, RunState, save_state, start_ticks
 
 POLL_S = 0.5
+REMOTE_POLL_S = 2.0   # a worker rank's liveness costs an ssh round trip: asked less often than rank 0's /health
 SECRET_NAMES = ("HF_TOKEN", "API_KEY")
 
 
@@ -86,6 +93,36 @@ def _run_step(step: PrepareStep, reporter: Reporter, timeout_s: float) -> None:
     os.replace(step.output, step.final)
 
 
+class RankExited(LaunchError):
+    """A rank exited (or could not be started) before the server was ready: the others are to be stopped."""
+
+
+def workers_of(plan: Plan) -> list[str]:
+    return list(dict.fromkeys(r.node for r in plan.ranks if r.node != "local"))
+
+
+def sync_checkpoint(plan: Plan, reporter: Reporter) -> None:
+    """Give every worker the head's checkpoint at the same path: compared first, copied only where it differs."""
+    workers = [SshNode(w) for w in workers_of(plan)]
+    if not workers:
+        return
+    head = LocalNode()
+
+    def one(worker: SshNode) -> str:
+        differ = compare(head, worker, plan.checkpoint)
+        if not differ:
+            return f"{worker.name}: its copy of {plan.checkpoint} matches the head's"
+        copied = copy_to_worker(head, worker, plan.checkpoint)
+        return (f"{worker.name}: copied {plan.checkpoint} ({copied.files} files, "
+                f"{copied.sent_bytes / 2**20:.1f} MiB sent), now identical to the head's")
+
+    outcomes = on_each(workers, one)
+    for outcome in outcomes.values():
+        if isinstance(outcome, BaseException):
+            raise outcome
+        reporter.note(outcome)
+
+
 def scrubbed_environ(extra: Mapping[str, str]) -> dict[str, str]:
     """This environment without secrets, plus `extra`: what a local rank starts with."""
     env = {k: v for k, v in os.environ.items() if k not in SECRET_NAMES}
@@ -127,17 +164,30 @@ def launch(plan: Plan, secrets: Mapping[str, str]) -> tuple[RunState, dict[int, 
     for secret in plan.secret_files:
         _write_secret(Path(secret.path), secrets[secret.setting])
     handles: dict[int, subprocess.Popen] = {}
-    recorded = []
+    recorded: list[RankProcess] = []
+    started_at = time.time()
+
+    def record() -> RunState:
+        state = RunState(runtime=plan.runtime, served_name=plan.served_name, api_url=plan.api_url,
+                         health_url=plan.health_url, started_at=started_at, ranks=tuple(recorded))
+        save_state(run_dir, state)
+        return state
+
     for rank in plan.ranks:
-        with open(rank.log, "wb") as log:
-            proc = subprocess.Popen(rank.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=scrubbed_environ(rank.env), start_new_session=True)
-        handles[rank.rank] = proc
-        recorded.append(RankProcess(rank.rank, proc.pid, start_ticks(proc.pid) or 0, rank.log))
-    state = RunState(runtime=plan.runtime, served_name=plan.served_name, api_url=plan.api_url,
-                     health_url=plan.health_url, started_at=time.time(), ranks=tuple(recorded))
-    save_state(run_dir, state)
-    return state, handles
+        if rank.node == "local":
+            with open(rank.log, "wb") as log:
+                proc = subprocess.Popen(rank.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=scrubbed_environ(rank.env), start_new_session=True)
+            handles[rank.rank] = proc
+            recorded.append(RankProcess(rank.rank, proc.pid, start_ticks(proc.pid) or 0, rank.log))
+        else:
+            try:
+                recorded.append(launch_remote.spawn(node_for(rank.node), rank))
+            except RecipeError as error:
+                record()
+                raise RankExited(error.message, error.fix) from None
+        record()
+    return record(), handles
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -150,14 +200,18 @@ def _write_secret(path: Path, value: str) -> None:
 def wait_ready(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter,
                tick_s: float = 15.0) -> dict:
     """Follow the rank logs until rank 0's /health answers 200; fail early when a rank exits."""
-    followers = {r.rank: LogFollower(Path(r.log)) for r in state.ranks}
+    followers = {r.rank: LogFollower(Path(r.log)) for r in state.ranks if r.node == "local"}
     started = time.monotonic()
     next_tick = started + tick_s
+    next_remote = started
     while True:
         for rank, follower in followers.items():
             for text in follower.new_lines():
                 reporter.line(f"rank {rank}", text)
-        _fail_if_a_rank_exited(state)
+        remote_too = time.monotonic() >= next_remote
+        _fail_if_a_rank_exited(state, remote_too)
+        if remote_too:
+            next_remote = time.monotonic() + REMOTE_POLL_S
         health = probe_health(plan.health_url)
         if health is not None:
             return health
@@ -171,18 +225,30 @@ def wait_ready(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter
         time.sleep(POLL_S)
 
 
-def _fail_if_a_rank_exited(state: RunState) -> None:
-    alive = state.alive()
-    dead = [r for r in state.ranks if not alive[r.rank]]
+def _fail_if_a_rank_exited(state: RunState, remote_too: bool = True) -> None:
+    from recipe.runstate import ranks_alive
+
+    alive: dict[int, bool | None] = {}
+    for node in state.nodes:
+        if node == "local" or remote_too:
+            alive.update(ranks_alive([r for r in state.ranks if r.node == node]))
+    dead = [r for r in state.ranks if alive.get(r.rank) is False]   # None: the node did not answer this time
     if dead:
-        names = ", ".join(f"rank {r.rank} (pid {r.pid})" for r in dead)
-        raise LaunchError(f"{names} exited before the server was ready",
-                          "read the last log lines above; ./stop.sh stops the ranks still running",
-                          logs=last_lines(state))
+        names = ", ".join(f"rank {r.rank} {r.where} (pid {r.pid})" for r in dead)
+        raise RankExited(f"{names} exited before the server was ready", "read the last log lines above",
+                         logs=last_lines(state))
 
 
 def last_lines(state: RunState, count: int = 25) -> dict[str, list[str]]:
-    return {f"rank {r.rank} ({r.log})": tail(Path(r.log), count) for r in state.ranks}
+    """Every rank's last log lines, a worker's fetched over ssh (all nodes at once)."""
+    def one(proc: RankProcess) -> list[str]:
+        if proc.node == "local":
+            return tail(Path(proc.log), count)
+        return launch_remote.tail(node_for(proc.node), proc.log, count)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
+        lines = list(pool.map(one, state.ranks))
+    return {f"rank {r.rank} {r.where} ({r.log})": found for r, found in zip(state.ranks, lines)}
 
 
 def probe_health(url: str, timeout_s: float = 3.0) -> dict | None:
@@ -204,7 +270,7 @@ def save_leftover_logs(plan: Plan, log_dir: Path, keep: int) -> list[Path]:
     """Logs a crashed run left in the run folder are evidence: save them before a new start overwrites them."""
     saved = []
     for rank in plan.ranks:
-        path = save_log(Path(rank.log), log_dir, rank.rank, keep) if rank.runtime == "process" else None
+        path = save_log(Path(rank.log), log_dir, rank.rank, keep) if rank.node == "local" else None
         if path:
             saved.append(path)
             Path(rank.log).unlink(missing_ok=True)

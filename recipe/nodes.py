@@ -66,6 +66,14 @@ class Node:
             return Result(self.name, tuple(argv), 127, "", str(error))
         return Result(self.name, tuple(argv), done.returncode, done.stdout, done.stderr)
 
+    def fetch(self, argv: Sequence[str], timeout_s: float = 60) -> bytes | None:
+        """stdout of a command as bytes (a log may hold anything), or None when it fails or cannot be run."""
+        try:
+            done = subprocess.run(self._wrap(argv), capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except (subprocess.TimeoutExpired, OSError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
     def output(self, argv: Sequence[str], timeout_s: float = 20) -> str:
         """stdout of a command that must succeed."""
         result = self.run(argv, timeout_s)

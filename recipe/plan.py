@@ -171,15 +171,23 @@ def engine_env(settings: Settings) -> dict[str, str]:
 
 def _process_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str, run_dir: str,
                   secret_files: tuple[SecretFile, ...], extra: tuple[str, ...]) -> RankPlan:
-    key_file = secret_files[0].path if secret_files else None
-    argv = (host.python, "-m", "engine", "serve", checkpoint,
-            *serve_flags(settings, rank, f"127.0.0.1:{settings.master_port}", key_file), *extra)
+    """A rank as a plain process: here, or on its worker over ssh with the same interpreter path, checkpoint path
+    (after the copy) and log path, and the head's link address as the rendezvous."""
+    node = "local" if rank == 0 or not settings.workers else settings.workers[rank - 1]
+    key_file = secret_files[0].path if secret_files and node == "local" else None  # the key file stays here
+    master = f"{host.link.master_addr}:{settings.master_port}" if settings.workers else f"127.0.0.1:{settings.master_port}"
+    argv = (host.python, "-m", "engine", "serve", checkpoint, *serve_flags(settings, rank, master, key_file), *extra)
     env = {**engine_env(settings), "PYTHONUNBUFFERED": "1"}
+    if settings.workers:
+        link = host.link.for_rank(rank)
+        # gloo (CPU) and NCCL (GPU) both bind to the link's netdev, never to whatever the hostname resolves to.
+        env.update({**docker_env(settings, link), "GLOO_SOCKET_IFNAME": link.ifname})
+        env.pop("HF_HUB_OFFLINE", None)
     if not host.gpu:
-        # Ranks share this machine's cores; without a cap each would start one thread per core.
+        # Ranks may share this machine's cores; without a cap each would start one thread per core.
         env["OMP_NUM_THREADS"] = str(max(1, host.cpu_count // settings.tp))
     ports = (settings.port, settings.master_port) if rank == 0 else ()
-    return RankPlan(rank=rank, node="local", runtime="process", argv=argv, env=env, ports=ports,
+    return RankPlan(rank=rank, node=node, runtime="process", argv=argv, env=env, ports=ports,
                     log=os.path.join(run_dir, f"rank{rank}.log"))
 
 

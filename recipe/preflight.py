@@ -79,7 +79,7 @@ def run_checks(ctx: Context) -> Iterator[Check]:
         yield check_cache_writable(ctx, worker)
         yield check_copy(ctx, worker)
     yield check_port(ctx)
-    if docker and len(reachable) == len(ctx.workers):
+    if ctx.workers and len(reachable) == len(ctx.workers):   # every runtime across nodes meets on the link
         for rank, worker in enumerate(ctx.workers, start=1):
             yield check_link(ctx, rank, worker)
 

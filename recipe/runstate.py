@@ -1,7 +1,8 @@
 """What is running: the state file a launch writes (LOG_DIR/run/state.json) and checks on the processes it names.
 
-A PID alone can be reused by an unrelated program after ours exits, so each rank is recorded with its PID *and*
-its start time from /proc; a rank counts as ours only while both match.
+A PID alone can be reused by an unrelated program after ours exits, so each rank is recorded with its node, its PID
+*and* its start time from /proc; a rank counts as ours only while both match. A worker's ranks are looked up over
+ssh, one command per node; a node that does not answer leaves its ranks unknown (None), never "exited".
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from recipe.nodes import node_for
+
 STATE_FILE = "state.json"
 
 
@@ -19,7 +22,12 @@ class RankProcess:
     rank: int
     pid: int
     start_ticks: int   # field 22 of /proc/PID/stat: when the process started, in clock ticks since boot
-    log: str
+    log: str           # on its node
+    node: str = "local"   # "local" or the worker's ssh target
+
+    @property
+    def where(self) -> str:
+        return "here" if self.node == "local" else f"on {self.node}"
 
 
 @dataclass(frozen=True)
@@ -31,16 +39,24 @@ class RunState:
     started_at: float
     ranks: tuple[RankProcess, ...]
 
-    def alive(self) -> dict[int, bool]:
-        return {r.rank: is_alive(r.pid, r.start_ticks) for r in self.ranks}
+    def alive(self) -> dict[int, bool | None]:
+        """Per rank: True while it runs, False once it exited, None when its node does not answer."""
+        found: dict[int, bool | None] = {}
+        for node in dict.fromkeys(r.node for r in self.ranks):
+            found.update(ranks_alive([r for r in self.ranks if r.node == node]))
+        return {r.rank: found[r.rank] for r in self.ranks}
 
     @property
     def all_alive(self) -> bool:
-        return all(self.alive().values())
+        return all(v is True for v in self.alive().values())
 
     @property
     def any_alive(self) -> bool:
-        return any(self.alive().values())
+        return any(v is not False for v in self.alive().values())
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.node for r in self.ranks))
 
 
 def start_ticks(pid: int) -> int | None:
@@ -66,6 +82,28 @@ def _reap(pid: int) -> None:
 
 def is_alive(pid: int, ticks: int) -> bool:
     return start_ticks(pid) == ticks
+
+
+# `ticks PID` prints a live process's start time (field 22 of /proc/PID/stat; a zombie counts as gone). The command
+# name in (...) may hold spaces, so fields are counted after the last ") ".
+TICKS_SH = ('ticks() { s=$(cat /proc/$1/stat 2>/dev/null) || return 1; s=${s##*") "}; set -- $s; '
+            '[ "$1" != Z ] || return 1; shift 19; echo "$1"; }')
+PROBE_TIMEOUT_S = 20
+
+
+def ranks_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
+    """Liveness of ranks that share one node: /proc here, one ssh command for a worker."""
+    if not ranks:
+        return {}
+    if ranks[0].node == "local":
+        return {r.rank: is_alive(r.pid, r.start_ticks) for r in ranks}
+    script = TICKS_SH + '; for p in "$@"; do echo "$p $(ticks $p || echo -)"; done'
+    result = node_for(ranks[0].node).run(["sh", "-c", script, "alive", *(str(r.pid) for r in ranks)],
+                                         timeout_s=PROBE_TIMEOUT_S)
+    if not result.ok:
+        return {r.rank: None for r in ranks}
+    seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    return {r.rank: seen.get(str(r.pid)) == str(r.start_ticks) for r in ranks}
 
 
 def save_state(run_dir: Path, state: RunState) -> None:

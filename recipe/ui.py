@@ -58,7 +58,11 @@ def show_error(error: RecipeError) -> None:
 
 
 def headline(settings: Settings, plan: Plan) -> None:
-    if plan.runtime == "process":
+    workers = sorted({r.node for r in plan.ranks if r.node != "local"})
+    if plan.runtime == "process" and workers:
+        where = (f"{plan.tp} processes on the {plan.device}: rank 0 here, the rest on {', '.join(workers)}; "
+                 f"checkpoint {plan.checkpoint}")
+    elif plan.runtime == "process":
         where = (f"embedded default: {plan.tp} local process(es) on this machine's {plan.device}, "
                  + ("the engine's demo checkpoint (random weights, not GLM-5.3-Flash)" if plan.prepare
                     else f"checkpoint {plan.checkpoint}"))
@@ -115,8 +119,14 @@ def show_stop(result: StopResult) -> None:
         return
     for rank in result.ranks:
         saved = f"; its log: {rank.saved_log}" if rank.saved_log else ""
-        say(f"rank {rank.rank} (pid {rank.pid}): {rank.outcome}{saved}")
-    say("Stopped every rank.")
+        where = "here" if rank.node == "local" else f"on {rank.node}"
+        say(f"rank {rank.rank} {where} (pid {rank.pid}): {rank.outcome}{saved}")
+    left = [r for r in result.ranks if r.outcome.startswith("unknown")]
+    if left:
+        warn(f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached; they are still recorded: "
+             "./stop.sh tries again once the worker answers")
+    else:
+        say("Stopped every rank.")
 
 
 def show_status(status: Status) -> None:
@@ -124,12 +134,15 @@ def show_status(status: Status) -> None:
         say("Not running (no recorded ranks). Start it with ./start.sh")
         return
     table = Table(show_edge=False)
-    for column in ("rank", "pid", "state", "log"):
+    for column in ("rank", "node", "pid", "state", "log"):
         table.add_column(column)
-    for proc in status.state.ranks:
-        alive = status.alive.get(proc.rank)
-        table.add_row(str(proc.rank), str(proc.pid), "[green]running[/]" if alive else "[red]exited[/]", proc.log)
+    shown = {True: "[green]running[/]", False: "[red]exited[/]", None: "[yellow]unknown (node not reached)[/]"}
+    for proc in sorted(status.state.ranks, key=lambda r: r.rank):
+        table.add_row(str(proc.rank), escape("here" if proc.node == "local" else proc.node), str(proc.pid),
+                      shown[status.alive.get(proc.rank)], escape(proc.log))
     console.print(table)
+    for proc in status.exited:
+        say(f"rank {proc.rank} {proc.where} (pid {proc.pid}) has exited")
     if status.health is not None:
         h = status.health
         say(f"Health: answering · {h.get('requests_running', '?')} request(s) running · "

@@ -46,12 +46,8 @@ def _workers_for_runtime(s: "Settings") -> None:
     if s.worker2 and not s.worker:
         raise SettingError(f"WORKER2={s.worker2}{_origin(s, 'WORKER2')} is set but WORKER is not; rank 1 runs on WORKER",
                            "write WORKER=user@<second Spark> first")
-    if s.effective_runtime == "process":
-        if s.workers:
-            raise SettingError(
-                f"RUNTIME=process runs every rank on this machine, but WORKER={s.worker}{_origin(s, 'WORKER')} is set",
-                "write RUNTIME=auto (or docker) to use the worker, or remove WORKER for local processes")
-        return
+    if s.effective_runtime == "process" and not s.workers:
+        return   # the embedded default: every rank a local process
     needed = s.tp - 1
     if len(s.workers) < needed:
         missing = "WORKER" if not s.worker else "WORKER2"

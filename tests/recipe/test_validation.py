@@ -27,7 +27,7 @@ RULES = [
     ({"TP": "3", "WORKER": "me@spark2"}, "WORKER2 is empty"),
     ({"TP": "2", "WORKER": "me@spark2", "WORKER2": "me@spark3"}, "WORKER2 is set too"),
     ({"TP": "3", "WORKER": "me@spark2", "WORKER2": "other@SPARK2"}, "same node"),
-    ({"RUNTIME": "process", "WORKER": "me@spark2"}, "RUNTIME=process"),
+    ({"RUNTIME": "process", "TP": "3", "WORKER": "me@127.0.0.9"}, "WORKER2 is empty"),
     ({"RUNTIME": "docker", "TP": "2"}, "WORKER is empty"),
     ({"PORT": "9000", "MASTER_PORT": "9000"}, "PORT and MASTER_PORT"),
     ({"VISION_URLS": "1"}, "VISION_URLS=1"),
@@ -109,3 +109,13 @@ def test_unexpected_errors_print_one_line_without_traceback(sandbox: Path, monke
 def test_docker_start_is_refused_before_anything_is_touched(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result = run(monkeypatch, {"WORKER": "me@spark2"})
     assert_rejected_untouched(result, sandbox, "Docker", "DRY_RUN=1")
+
+
+def test_process_ranks_on_a_worker_are_checked_over_ssh_first(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # RUNTIME=process with WORKER runs rank 1 as a process on the worker: start checks the worker over ssh before
+    # anything is stopped or written. A loopback address no sshd answers on: no traffic leaves this machine.
+    monkeypatch.setenv("SPARKS_SSH_CONTROL_DIR", str(sandbox / "ctl"))
+    result = run(monkeypatch, {"RUNTIME": "process", "WORKER": "me@127.0.0.9", "PORT": "8899"})
+    assert result.exit_code != 0, result.output
+    assert "error: ssh (me@127.0.0.9)" in result.output and "Docker" not in result.output
+    assert not (sandbox / "logs").exists() and not (sandbox / "cache").exists()
