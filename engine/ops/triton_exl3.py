@@ -58,28 +58,30 @@ _INPUT_ORDER = [2 * (q // 4) + (q % 4 & 1) + 8 * ((q % 4) >> 1) for q in range(1
 
 @triton.jit
 def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
-    """fp32 value (exactly an fp16) of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1."""
+    """fp16 value of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1."""
     if CODEBOOK == 2:
         x = state * 0x83DCD12D
         byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
-        value = (byte_sum + 1024).to(tl.float32) * MUL1_SCALE + MUL1_BIAS        # exact in fp32
+        # 2^23 + (1024 + byte_sum) as fp32 bits, less 2^23: the integer as fp32 without a conversion
+        count = (0x4B000400 + byte_sum).to(tl.float32, bitcast=True) - 8388608.0
+        value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16)                      # exact in fp32, one rounding
     else:
         if CODEBOOK == 1:
             x = state * 0xCBAC1FED
         else:
             x = state * 89226354 + 64248484
         x = (x & 0x8FFF8FFF) ^ 0x3B603B60
-        low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        value = low + high                                                         # exact in fp32
-    return value.to(tl.float16).to(tl.float32)                                     # one rounding, to nearest even
+        low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+        high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+        value = low + high            # an fp16 add rounds the exact sum once, as the format's fp32 sum then fp16
+    return value
 
 
 @triton.jit
 def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
                  DENSE4: tl.constexpr, cur, prev, CODEBOOK: tl.constexpr,
                  MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
-    """Value j of every lane of the tiles at `base` (int32 word pointers [BNT, 1, 1]), fp32 [BNT, 8, 4]."""
+    """Value j of every lane of the tiles at `base` (int32 word pointers [BNT, 1, 1]), fp16 [BNT, 8, 4]."""
     if DENSE4:
         # lane l's state j spans stream bits 32l + 4j - 12 .. 32l + 4j + 4: the low bits of word l-1 when j < 3
         state = cur >> (28 - 4 * j)
@@ -110,48 +112,93 @@ def _lane_sum(acc, ROWS: tl.constexpr, BNT: tl.constexpr):
 @triton.jit
 def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
                K_TILES: tl.constexpr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
-               CODEBOOK: tl.constexpr, ROWS: tl.constexpr, BNT: tl.constexpr,
+               CODEBOOK: tl.constexpr, ROWS: tl.constexpr, BNT: tl.constexpr, SPLIT: tl.constexpr, KU: tl.constexpr,
                MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
-    """out[g, m, :] = xp[g, m, :] @ W_q[mat[g]] for m < ROWS; xp in the kernel's input order (module docstring)."""
+    """part[s, g, m, :] = xp[g, m, K_s] @ W_q[mats[g]][K_s, :] for m < ROWS, K_s the s-th of SPLIT runs of K tiles;
+    xp in the kernel's input order (module docstring). KU tiles a step, unrolled (their loads issue together)."""
     group = tl.program_id(0)
     block = tl.program_id(1)
+    split = tl.program_id(2)
+    groups = tl.num_programs(0)
     mat = tl.load(mat_ptr + group).to(tl.int64)
     DENSE4: tl.constexpr = BITS2 == 8
     K: tl.constexpr = K_TILES * 16
     N: tl.constexpr = N_TILES * 16
+    SPAN: tl.constexpr = K_TILES // SPLIT
 
     rows = tl.arange(0, ROWS)
     quad = tl.arange(0, 8)[:, None]                                  # l // 4
     lane4 = tl.arange(0, 4)[None, :]                                 # l % 4
     tiles = block * BNT + tl.arange(0, BNT)
     lane_words = (4 * quad + lane4)[None, :, :]                      # [1, 8, 4]
-    tile_words = (mat * (K_TILES * N_TILES) + tiles).to(tl.int64)[:, None, None] * WORDS
-    x_rows = x_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None, None] * K \
+    first_tile = split * SPAN
+    tile_words = (mat * (K_TILES * N_TILES) + first_tile * N_TILES + tiles).to(tl.int64)[:, None, None] * WORDS
+    x_rows = x_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None, None] * K + first_tile * 16 \
         + (lane4 * 4)[None, None, :, :]                              # [ROWS, 1, 1, 4]
 
     acc_lo = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
     acc_hi = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
-    for kt in range(K_TILES):
-        base = t_ptr + tile_words + kt * (N_TILES * WORDS)          # [BNT, 1, 1]
-        if DENSE4:
-            cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
-            prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
-        else:
-            cur = 0
-            prev = 0
-        for j in tl.static_range(8):
-            w = _tile_values(base, quad, lane4, j, WORDS, BITS2, DENSE4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
-            x = tl.load(x_rows + kt * 16 + (j & 3))                  # [ROWS, 1, 1, 4]
-            if j < 4:
-                acc_lo += w[None, :, :, :] * x
+    for kt0 in range(0, SPAN, KU):
+        for u in tl.static_range(KU):
+            kt = kt0 + u
+            base = t_ptr + tile_words + kt * (N_TILES * WORDS)      # [BNT, 1, 1]
+            if DENSE4:
+                cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
+                prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
             else:
-                acc_hi += w[None, :, :, :] * x
+                cur = 0
+                prev = 0
+            for j in tl.static_range(8):
+                w = _tile_values(base, quad, lane4, j, WORDS, BITS2, DENSE4, cur, prev, CODEBOOK,
+                                 MUL1_SCALE, MUL1_BIAS).to(tl.float32)
+                x = tl.load(x_rows + kt * 16 + (j & 3))              # [ROWS, 1, 1, 4]
+                if j < 4:
+                    acc_lo += w[None, :, :, :] * x
+                else:
+                    acc_hi += w[None, :, :, :] * x
 
     # add the four lanes of each column (l % 4 = 0, 1, 2, 3, in that order), then store columns 0..7 and 8..15
     cols = (tiles * 16)[None, :, None] + tl.arange(0, 8)[None, None, :]
-    out_rows = out_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None] * N
+    out_rows = out_ptr + ((split * groups + group) * ROWS + rows).to(tl.int64)[:, None, None] * N
     tl.store(out_rows + cols, _lane_sum(acc_lo, ROWS, BNT))
     tl.store(out_rows + cols + 8, _lane_sum(acc_hi, ROWS, BNT))
+
+
+@triton.jit
+def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows,
+            WIDTH: tl.constexpr, ROWS: tl.constexpr, PARTS: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
+            ADD: tl.constexpr, TO_KERNEL_ORDER: tl.constexpr):
+    """One 128-block of one row r = g*ROWS + m: out = H(sum of PARTS partials · pre[mats[g]]) · post[mats[g]]
+    (+ add[mats[g]]), H by the butterflies of exl3.rotate in its order (same fp32 bits); rows m >= live_rows are
+    written as zeros; TO_KERNEL_ORDER stores each 16-tile in the GEMV's input order."""
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    total_rows = tl.num_programs(0)
+    mat = tl.load(mat_ptr + row // ROWS).to(tl.int64)
+    live = (row % ROWS) < live_rows
+    offs = block * 128 + tl.arange(0, 128)
+    y = tl.zeros([128], dtype=tl.float32)
+    for part in tl.static_range(PARTS):
+        y += tl.load(in_ptr + (part * total_rows + row).to(tl.int64) * WIDTH + offs)
+    if PRE:
+        y = y * tl.load(pre_ptr + mat * WIDTH + offs).to(tl.float32)
+    for stage in tl.static_range(7):
+        half: tl.constexpr = 1 << stage
+        pairs = tl.permute(tl.reshape(y, [128 // (2 * half), 2, half]), (0, 2, 1))
+        a, b = tl.split(pairs)
+        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
+    y = y * 0.08838834764831845                                      # 1 / sqrt(128), as exl3.rotate
+    if POST:
+        y = y * tl.load(post_ptr + mat * WIDTH + offs).to(tl.float32)
+    if ADD:
+        y = y + tl.load(add_ptr + mat * WIDTH + offs).to(tl.float32)
+    y = tl.where(live, y, 0.0)
+    if TO_KERNEL_ORDER:
+        k = tl.arange(0, 128) % 16                                   # input row in the tile -> (l%4, j&3)
+        dest = block * 128 + (tl.arange(0, 128) // 16) * 16 + 4 * ((k % 8) // 2) + (k & 1) + 2 * (k >> 3)
+    else:
+        dest = offs
+    tl.store(out_ptr + row.to(tl.int64) * WIDTH + dest, y)
 
 
 @triton.jit
@@ -177,7 +224,7 @@ def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BIT
         row = 2 * lane4 + (j & 1) + 8 * ((j >> 1) & 1)                 # [1, 4]
         col = quad + 8 * (j >> 2)                                       # [8, 1]
         ptr = out_ptr + (kt * 16 + row).to(tl.int64) * N + nt * 16 + col
-        tl.store(ptr[None, :, :], w.to(tl.float16))
+        tl.store(ptr[None, :, :], w)
 
 
 # -- host side ---------------------------------------------------------------------------------------------------
@@ -213,47 +260,82 @@ def kernel_order(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], -1, 16)[..., order].reshape(x.shape)
 
 
-def exl3_gemv_rotated(xr: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor, codebook: str,
-                      block_n_tiles: int = 4, num_warps: int = 4) -> torch.Tensor:
-    """out[g] = xr[g] @ W_q[mats[g]]: xr fp32 [G, M, K] (already scaled and rotated), trellis int16
-    [E, K/16, N/16, 16*bits] (or [K/16, N/16, 16*bits] for one matrix), mats int [G] -> fp32 [G, M, N]. M <= 8."""
-    if trellis.dim() == 3:
-        trellis = trellis.unsqueeze(0)
+def _config(k_tiles: int, n_tiles: int, groups: int, block_n_tiles: int | None, split: int | None,
+            unroll: int) -> tuple[int, int, int]:
+    """(BNT, SPLIT, KU): BNT output tiles a program; K split so that the launch fills the GPU (~4 programs an SM)."""
+    bnt = math.gcd(block_n_tiles or 4, n_tiles)
+    if split is None:
+        split = 1
+        while groups * (n_tiles // bnt) * split < 512 and k_tiles % (2 * split * unroll) == 0 and split < 16:
+            split *= 2
+    if k_tiles % split or (k_tiles // split) % unroll:
+        raise ValueError(f"K/16 = {k_tiles} tiles do not split {split} ways in steps of {unroll}")
+    return bnt, split, unroll
+
+
+def rotate_rows(x: torch.Tensor, rows: int, mats: torch.Tensor, *, pre: torch.Tensor | None = None,
+                post: torch.Tensor | None = None, add: torch.Tensor | None = None, live_rows: int | None = None,
+                to_kernel_order: bool = False) -> torch.Tensor:
+    """x [PARTS, G*rows, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
+    [G*rows, W] fp32; pre / post / add are [E, W]."""
+    parts, total, width = x.shape
+    out = torch.empty(total, width, dtype=torch.float32, device=x.device)
+    dummy = out
+    _rotate[(total, width // exl3.HADAMARD_BLOCK)](
+        x.contiguous(), out, mats, dummy if pre is None else pre, dummy if post is None else post,
+        dummy if add is None else add, rows if live_rows is None else live_rows, WIDTH=width, ROWS=rows,
+        PARTS=parts, PRE=pre is not None, POST=post is not None, ADD=add is not None,
+        TO_KERNEL_ORDER=to_kernel_order)
+    return out
+
+
+def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor, codebook: str,
+                    block_n_tiles: int | None = None, split: int | None = None, unroll: int = 2,
+                    num_warps: int = 4) -> torch.Tensor:
+    """The kernel alone: xp fp32 [G, ROWS, K] (rotated, in kernel order, ROWS in 1, 2, 4, 8), trellis int16
+    [E, K/16, N/16, 16*bits], mats int32 [G] -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q)."""
     bits2, cb = _format(trellis, codebook)
     _, k_tiles, n_tiles, _ = trellis.shape
-    groups, m, k = xr.shape
-    if k != 16 * k_tiles or not 1 <= m <= MAX_ROWS:
-        raise ValueError(f"rows [G, M, K] with M in 1..{MAX_ROWS} and K = {16 * k_tiles}, got {list(xr.shape)}")
-    rows = 1 << (m - 1).bit_length()                                 # 1, 2, 4, 8: zero rows pad the rest
-    xp = kernel_order(xr.float())
-    if rows != m:
-        xp = torch.cat([xp, xp.new_zeros(groups, rows - m, k)], dim=1)
-    bnt = math.gcd(block_n_tiles, n_tiles)
-    out = torch.empty(groups, rows, 16 * n_tiles, dtype=torch.float32, device=xr.device)
-    grid = (groups, n_tiles // bnt)
-    _exl3_gemv[grid](xp.contiguous(), _words(trellis), mats.to(torch.int32).contiguous(), out,
-                     K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2, CODEBOOK=cb, ROWS=rows,
-                     BNT=bnt, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS, num_warps=num_warps)
-    return out[:, :m]
+    groups, rows, k = xp.shape
+    if k != 16 * k_tiles or rows not in (1, 2, 4, 8):
+        raise ValueError(f"rows [G, ROWS, K] with ROWS in 1, 2, 4, 8 and K = {16 * k_tiles}, got {list(xp.shape)}")
+    bnt, split, unroll = _config(k_tiles, n_tiles, groups, block_n_tiles, split, unroll)
+    out = torch.empty(split, groups, rows, 16 * n_tiles, dtype=torch.float32, device=xp.device)
+    _exl3_gemv[(groups, n_tiles // bnt, split)](
+        xp, _words(trellis), mats, out, K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
+        CODEBOOK=cb, ROWS=rows, BNT=bnt, SPLIT=split, KU=unroll, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS,
+        num_warps=num_warps)
+    return out
 
 
 def exl3_matmul(x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor,
                 mats: torch.Tensor, codebook: str, bias: torch.Tensor | None = None, **kw) -> torch.Tensor:
-    """y[g] = x[g] @ W[mats[g]] (+ bias[mats[g]]) in fp32: x [G, M, K]; trellis [E, K/16, N/16, 16*bits]; suh
-    [E, K]; svh [E, N]; bias [E, N] or None. The conventions of exl3.Exl3Linear.forward, decode in the kernel."""
-    suh, svh = suh.float(), svh.float()
+    """y[g] = x[g] @ W[mats[g]] (+ bias[mats[g]]) in fp32: x [G, M, K] (M <= 8); trellis [E, K/16, N/16, 16*bits];
+    suh [E, K]; svh [E, N]; bias [E, N] or None; mats [G] (on the device: no host sync). Three launches: rotate the
+    input (suh, H, kernel order), the decode GEMV, rotate the output (split partials summed in order, H, svh, bias).
+    The conventions of exl3.Exl3Linear.forward; a row's result does not depend on the other rows."""
     if trellis.dim() == 3:
         trellis, suh, svh = trellis.unsqueeze(0), suh.reshape(1, -1), svh.reshape(1, -1)
         bias = None if bias is None else bias.reshape(1, -1)
-    idx = mats.long()
-    xr = exl3.rotate(x.float() * suh[idx][:, None, :], -1)
-    y = exl3.rotate(exl3_gemv_rotated(xr, trellis, mats, codebook, **kw), -1) * svh[idx][:, None, :]
-    return y if bias is None else y + bias.float()[idx][:, None, :]
+    groups, m, k = x.shape
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"1..{MAX_ROWS} rows a matrix, got {m}")
+    rows = 1 << (m - 1).bit_length()                                 # 1, 2, 4, 8: zero rows pad the rest
+    mats = mats.to(torch.int32).contiguous()
+    xin = x.float()
+    if rows != m:
+        xin = torch.cat([xin, xin.new_zeros(groups, rows - m, k)], dim=1)
+    xp = rotate_rows(xin.reshape(1, groups * rows, k), rows, mats, pre=suh.contiguous(), live_rows=m,
+                     to_kernel_order=True)
+    parts = exl3_gemv_parts(xp.view(groups, rows, k), trellis, mats, codebook, **kw)
+    y = rotate_rows(parts.view(parts.shape[0], groups * rows, -1), rows, mats, post=svh.contiguous(),
+                    add=None if bias is None else bias.contiguous())
+    return y.view(groups, rows, -1)[:, :m]
 
 
 def exl3_linear(linear: exl3.Exl3Linear, x: torch.Tensor, **kw) -> torch.Tensor:
-    """One Exl3Linear (tensors on x's device) applied to x [..., K] fp32: decode rows in the kernel, M <= 8 rows a
-    launch; more rows (a prompt chunk) through the exact fp16 W_q decoded once."""
+    """One Exl3Linear (tensors on x's device) applied to x [..., K] fp32: decode rows in the kernel, up to 8 rows a
+    launch; more rows (a prompt chunk) through the exact fp16 W_q decoded once (transient, 2 bytes a weight)."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).float()
     if rows.shape[0] > MAX_ROWS:
