@@ -3,12 +3,14 @@
 The format and its conventions are engine/quant/exl3.py's (the CPU reference this is tested against). A layer is
 y = H(H(x ⊙ suh) · W_q) ⊙ svh + bias, H the 128-block Hadamard rotation. Here:
 
-- the rotations and scales run as torch ops around the kernel (`exl3.rotate`: butterflies, elementwise per row, so a
-  row's result never depends on the other rows); a [rows, K] rotation is cheap next to the K×N weight;
+- `_rotate` applies suh, the Hadamard rotation and the kernel's input order to each row (one launch), and
+  `_rotate` again sums the split-K partials in a fixed order, rotates back and applies svh and the bias: both use
+  exl3.rotate's butterflies in its order (the same fp32 bits) and are elementwise per row;
 - `_exl3_gemv` multiplies the rotated rows by W_q without writing W_q anywhere: each program owns BNT output tiles
   of one matrix (an expert's projection, chosen by an id read on the device: no host sync, the launch shape depends
-  only on the number of (row group, matrix) pairs), walks the K tiles one at a time, and decodes each 16×16 tile
-  from its 16·bits trellis words straight into registers.
+  only on the number of (row group, matrix) pairs) and one of SPLIT runs of K tiles, walks its K tiles KU at a time
+  (unrolled, so their loads are in flight together), and decodes each 16×16 tile from its 16·bits trellis words
+  straight into registers.
 
 Decoding in the kernel's layout. A tile's 256 values come in the order of the MMA fragments: "lane" l (0..31) holds
 values p = 8l + j, j = 0..7; value (l, j) belongs to input row r = 2(l%4) + (j&1) + 8((j>>1)&1) and output column
@@ -121,35 +123,31 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
     split = tl.program_id(2)
     groups = tl.num_programs(0)
     mat = tl.load(mat_ptr + group).to(tl.int64)
-    DENSE4: tl.constexpr = BITS2 == 8
-    K: tl.constexpr = K_TILES * 16
-    N: tl.constexpr = N_TILES * 16
-    SPAN: tl.constexpr = K_TILES // SPLIT
 
     rows = tl.arange(0, ROWS)
     quad = tl.arange(0, 8)[:, None]                                  # l // 4
     lane4 = tl.arange(0, 4)[None, :]                                 # l % 4
     tiles = block * BNT + tl.arange(0, BNT)
     lane_words = (4 * quad + lane4)[None, :, :]                      # [1, 8, 4]
-    first_tile = split * SPAN
+    first_tile = split * (K_TILES // SPLIT)
     tile_words = (mat * (K_TILES * N_TILES) + first_tile * N_TILES + tiles).to(tl.int64)[:, None, None] * WORDS
-    x_rows = x_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None, None] * K + first_tile * 16 \
+    x_rows = x_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None, None] * (K_TILES * 16) + first_tile * 16 \
         + (lane4 * 4)[None, None, :, :]                              # [ROWS, 1, 1, 4]
 
     acc_lo = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
     acc_hi = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
-    for kt0 in range(0, SPAN, KU):
+    for kt0 in range(0, K_TILES // SPLIT, KU):
         for u in tl.static_range(KU):
             kt = kt0 + u
             base = t_ptr + tile_words + kt * (N_TILES * WORDS)      # [BNT, 1, 1]
-            if DENSE4:
+            if BITS2 == 8:
                 cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
                 prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
             else:
                 cur = 0
                 prev = 0
             for j in tl.static_range(8):
-                w = _tile_values(base, quad, lane4, j, WORDS, BITS2, DENSE4, cur, prev, CODEBOOK,
+                w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK,
                                  MUL1_SCALE, MUL1_BIAS).to(tl.float32)
                 x = tl.load(x_rows + kt * 16 + (j & 3))              # [ROWS, 1, 1, 4]
                 if j < 4:
@@ -159,7 +157,7 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
 
     # add the four lanes of each column (l % 4 = 0, 1, 2, 3, in that order), then store columns 0..7 and 8..15
     cols = (tiles * 16)[None, :, None] + tl.arange(0, 8)[None, None, :]
-    out_rows = out_ptr + ((split * groups + group) * ROWS + rows).to(tl.int64)[:, None, None] * N
+    out_rows = out_ptr + ((split * groups + group) * ROWS + rows).to(tl.int64)[:, None, None] * (N_TILES * 16)
     tl.store(out_rows + cols, _lane_sum(acc_lo, ROWS, BNT))
     tl.store(out_rows + cols + 8, _lane_sum(acc_hi, ROWS, BNT))
 
@@ -183,8 +181,7 @@ def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows,
     if PRE:
         y = y * tl.load(pre_ptr + mat * WIDTH + offs).to(tl.float32)
     for stage in tl.static_range(7):
-        half: tl.constexpr = 1 << stage
-        pairs = tl.permute(tl.reshape(y, [128 // (2 * half), 2, half]), (0, 2, 1))
+        pairs = tl.permute(tl.reshape(y, [64 >> stage, 2, 1 << stage]), (0, 2, 1))
         a, b = tl.split(pairs)
         y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
     y = y * 0.08838834764831845                                      # 1 / sqrt(128), as exl3.rotate
@@ -203,28 +200,27 @@ def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows,
 
 @triton.jit
 def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
-                 CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
-    """W_q fp16 [K, N] from trellis words: one program per (k tile, n tile)."""
+                 CODEBOOK: tl.constexpr, BNT: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
+    """W_q fp16 [K, N] from trellis words: one program per (k tile, BNT n tiles)."""
     kt = tl.program_id(0)
-    nt = tl.program_id(1)
-    DENSE4: tl.constexpr = BITS2 == 8
+    block = tl.program_id(1)
     quad = tl.arange(0, 8)[:, None]
     lane4 = tl.arange(0, 4)[None, :]
     lane_words = (4 * quad + lane4)[None, :, :]
-    base = t_ptr + ((kt * N_TILES + nt).to(tl.int64) * WORDS + tl.zeros([1, 1, 1], dtype=tl.int64))
-    if DENSE4:
+    tiles = block * BNT + tl.arange(0, BNT)
+    base = t_ptr + (kt * N_TILES + tiles).to(tl.int64)[:, None, None] * WORDS
+    if BITS2 == 8:
         cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
         prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
     else:
         cur = 0
         prev = 0
-    N: tl.constexpr = N_TILES * 16
     for j in tl.static_range(8):
-        w = _tile_values(base, quad, lane4, j, WORDS, BITS2, DENSE4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
+        w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
         row = 2 * lane4 + (j & 1) + 8 * ((j >> 1) & 1)                 # [1, 4]
         col = quad + 8 * (j >> 2)                                       # [8, 1]
-        ptr = out_ptr + (kt * 16 + row).to(tl.int64) * N + nt * 16 + col
-        tl.store(ptr[None, :, :], w)
+        ptr = out_ptr + (kt * 16 + row).to(tl.int64)[None, :, :] * (N_TILES * 16) + (tiles * 16)[:, None, None] + col[None, :, :]
+        tl.store(ptr, w)
 
 
 # -- host side ---------------------------------------------------------------------------------------------------
@@ -249,8 +245,9 @@ def exl3_unpack(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
     bits2, cb = _format(trellis, codebook)
     k_tiles, n_tiles, _ = trellis.shape
     out = torch.empty(k_tiles * 16, n_tiles * 16, dtype=torch.float16, device=trellis.device)
-    _exl3_unpack[(k_tiles, n_tiles)](_words(trellis), out, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
-                                     CODEBOOK=cb, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS)
+    bnt = math.gcd(8, n_tiles)
+    _exl3_unpack[(k_tiles, n_tiles // bnt)](_words(trellis), out, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
+                                            CODEBOOK=cb, BNT=bnt, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS)
     return out
 
 

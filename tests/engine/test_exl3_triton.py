@@ -1,0 +1,166 @@
+"""The EXL3 Triton kernels (engine/ops/triton_exl3.py) in Triton's interpreter, on the CPU, against the reference
+decoder (engine/quant/exl3.py) and exllamav3's own vectors (tests/fixtures/exl3).
+
+Triton reads TRITON_INTERPRET when it is first imported, so the kernels run in a child process started with it set
+(this file run as a script prints every case's figures as JSON); the tests assert on them. Skipped where Triton is
+not installed (CI installs only pyproject's dependencies). The same checks on a GPU: tests/gpu/test_exl3_gpu.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "exl3"
+
+# (bits, codebook, K, N, rows, bias): every codebook, integer and half-integer widths, the dense 4-bit path and the
+# per-value path, 1..8 rows (padded to 1, 2, 4, 8 inside)
+FORWARD_CASES = [
+    (4, "mcg", 256, 128, 1, False),
+    (4, "3inst", 128, 256, 3, True),
+    (4, "mul1", 128, 128, 8, False),
+    (2, "mcg", 128, 128, 2, False),
+    (3, "3inst", 128, 128, 1, True),
+    (2.5, "mul1", 128, 128, 5, False),
+    (6, "mcg", 128, 128, 1, False),
+]
+TOLERANCE = 2e-6   # of max |y|: fp32 sums over K <= 256 products differ from fp64 by ~2e-7 of it
+
+
+def _cases() -> dict:
+    """Run in the child (TRITON_INTERPRET=1): every figure the tests check."""
+    import torch
+    from safetensors.torch import load_file
+
+    from engine.ops import triton_exl3 as tx
+    from engine.quant import exl3
+
+    gen = torch.Generator().manual_seed(8)
+    out: dict = {}
+
+    def error(y: torch.Tensor, linear: exl3.Exl3Linear, x: torch.Tensor) -> dict:
+        exact = linear.forward(x.double())
+        scale = float(exact.abs().max())
+        return {"kernel": float((y.double() - exact).abs().max()) / scale,
+                "reference_fp32": float((linear.forward(x.float()).double() - exact).abs().max()) / scale}
+
+    def random_linear(bits, codebook, k, n, bias, experts=None):
+        lead = () if experts is None else (experts,)
+        trellis = torch.randint(-32768, 32768, (*lead, k // 16, n // 16, int(16 * bits)), generator=gen)
+        suh = (torch.rand(*lead, k, generator=gen) + 0.5) * torch.sign(torch.randn(*lead, k, generator=gen))
+        svh = (torch.rand(*lead, n, generator=gen) + 0.5) * torch.sign(torch.randn(*lead, n, generator=gen))
+        b = torch.randn(*lead, n, generator=gen).half() if bias else None
+        return trellis.to(torch.int16), suh.half(), svh.half(), b
+
+    # W_q bit for bit: exllamav3's 27 tiles, and a larger random matrix at the served width
+    tiles = load_file(str(FIXTURES / "tiles.safetensors"))
+    for name in sorted(n for n in tiles if n.endswith(".trellis")):
+        case = name[: -len(".trellis")]
+        ours = tx.exl3_unpack(tiles[name], case.split("_", 1)[1])
+        out.setdefault("tiles", {})[case] = int((ours.view(torch.int16) != tiles[case + ".wq"].view(torch.int16))
+                                                .sum())
+    trellis = random_linear(4, "mcg", 128, 256, False)[0]
+    out["unpack_random_4bit_differ"] = int((tx.exl3_unpack(trellis, "mcg").view(torch.int16)
+                                            != exl3.unpack(trellis, "mcg").view(torch.int16)).sum())
+
+    # forward against Exl3Linear.forward
+    for bits, codebook, k, n, m, bias in FORWARD_CASES:
+        linear = exl3.Exl3Linear(*random_linear(bits, codebook, k, n, False)[:3], codebook,
+                                 torch.randn(n, generator=gen).half() if bias else None)
+        x = torch.randn(m, k, generator=gen)
+        out.setdefault("forward", {})[f"{bits}-{codebook}-{m}"] = error(tx.exl3_linear(linear, x), linear, x)
+
+    # exllamav3's layers (suh / svh as it made them)
+    layers = load_file(str(FIXTURES / "layers.safetensors"))
+    for case in ("l4_mcg", "l3_3inst", "l2.5_mul1"):
+        linear = exl3.Exl3Linear(layers[case + ".trellis"], layers[case + ".suh"], layers[case + ".svh"],
+                                 case.split("_", 1)[1])
+        x = torch.randn(2, linear.in_features, generator=gen)
+        out.setdefault("fixture_layers", {})[case] = error(tx.exl3_linear(linear, x), linear, x)
+
+    # a bank of experts, each group its own expert (ids on the "device"), split-K and unroll variants agree
+    trellis, suh, svh, bias = random_linear(4, "mcg", 256, 128, True, experts=3)
+    mats = torch.tensor([2, 0, 2], dtype=torch.int32)
+    x = torch.randn(3, 2, 256, generator=gen)
+    worst = 0.0
+    for kw in ({}, {"split": 1, "unroll": 1}, {"split": 4, "unroll": 2, "block_n_tiles": 8}):
+        y = tx.exl3_matmul(x, trellis, suh, svh, mats, "mcg", bias, **kw)
+        for g, e in enumerate(mats.tolist()):
+            linear = exl3.Exl3Linear(trellis[e], suh[e], svh[e], "mcg", bias[e])
+            worst = max(worst, error(y[g], linear, x[g])["kernel"])
+    out["bank_worst"] = worst
+
+    # a row's result alone and among 8 rows: the same bits
+    linear = exl3.Exl3Linear(*random_linear(4, "mcg", 256, 128, False)[:3], "mcg")
+    x = torch.randn(8, 256, generator=gen)
+    together = tx.exl3_linear(linear, x)
+    out["rows_alone_differ"] = int(sum((tx.exl3_linear(linear, x[i:i + 1])[0] != together[i]).sum()
+                                       for i in (0, 5)))
+
+    # the Hadamard kernel gives exl3.rotate's bits
+    x = torch.randn(3, 256, generator=gen)
+    out["rotate_differ"] = int((tx.rotate_rows(x[None], 1, torch.zeros(3, dtype=torch.int32))
+                                != exl3.rotate(x, -1)).sum())
+
+    # a prompt chunk (more than 8 rows): exact fp16 W_q, torch matmul
+    linear = exl3.Exl3Linear(*random_linear(4, "mcg", 128, 128, False)[:3], "mcg")
+    x = torch.randn(12, 128, generator=gen)
+    out["prompt_chunk"] = error(tx.exl3_linear(linear, x), linear, x)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (CPU CI installs only pyproject's dependencies)")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_unpack_matches_exllamav3_bit_for_bit(results: dict) -> None:
+    assert len(results["tiles"]) == 27
+    assert {case: n for case, n in results["tiles"].items() if n} == {}
+    assert results["unpack_random_4bit_differ"] == 0
+
+
+@pytest.mark.parametrize("case", [f"{b}-{c}-{m}" for b, c, _, _, m, _ in FORWARD_CASES])
+def test_forward_matches_the_reference_within_fp32(results: dict, case: str) -> None:
+    err = results["forward"][case]
+    assert err["kernel"] <= TOLERANCE and err["reference_fp32"] <= TOLERANCE, err
+
+
+def test_exllamav3_fixture_layers(results: dict) -> None:
+    for case, err in results["fixture_layers"].items():
+        assert err["kernel"] <= TOLERANCE, (case, err)
+
+
+def test_expert_bank_and_split_variants(results: dict) -> None:
+    assert results["bank_worst"] <= TOLERANCE
+
+
+def test_a_rows_result_does_not_depend_on_the_batch(results: dict) -> None:
+    assert results["rows_alone_differ"] == 0
+
+
+def test_rotation_kernel_is_bitwise_the_reference(results: dict) -> None:
+    assert results["rotate_differ"] == 0
+
+
+def test_prompt_chunk_path(results: dict) -> None:
+    assert results["prompt_chunk"]["kernel"] <= TOLERANCE
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(ROOT))
+    print(json.dumps(_cases()))
