@@ -83,7 +83,7 @@ def restart(ctx: typer.Context) -> int:
 @_guarded
 def stop() -> int:
     """Stop every rank; each rank's log is saved under LOG_DIR."""
-    settings = load_settings()
+    settings = load_settings(rules=False)
     run_dir = Path(settings.log_dir, "run")
     if settings.dry_run:
         current = control.status(run_dir)
@@ -100,7 +100,7 @@ def stop() -> int:
 @_guarded
 def status() -> int:
     """Show each rank, rank 0's health and the API URL. Exit code 0 while every rank runs, else 3."""
-    settings = load_settings()
+    settings = load_settings(rules=False)
     current = control.status(Path(settings.log_dir, "run"))
     ui.show_status(current)
     return 0 if current.running else 3

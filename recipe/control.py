@@ -76,7 +76,8 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
     state = load_state(run_dir)
     if state is None:
         return StopResult(found=False, requests_cut=0)
-    cut = requests_running(probe_health(state.health_url)) if state.any_alive else 0
+    before = state.alive()
+    cut = requests_running(probe_health(state.health_url)) if any(v is not False for v in before.values()) else 0
     if cut:
         reporter.warn(f"{cut} request(s) still running will be cut off")
     def on_node(node: str) -> list[RankStop]:
@@ -93,6 +94,9 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
         if isinstance(found, BaseException):
             found = [RankStop(r.rank, r.pid, f"unknown: {found}", None, r.node) for r in state.ranks if r.node == node]
         outcomes += found
+    # A worker's rank that ran when the stop began may exit on its own first (rank 0's shutdown ends it): stopped.
+    outcomes = [dataclasses.replace(s, outcome="stopped") if s.outcome == "was not running" and before.get(s.rank)
+                else s for s in outcomes]
     outcomes.sort(key=lambda s: s.rank)
     unreached = {s.rank for s in outcomes if s.outcome.startswith("unknown")}
     _clear_run_dir(run_dir, state, keep_ranks=unreached)

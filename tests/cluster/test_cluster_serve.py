@@ -155,3 +155,23 @@ def test_rank_exiting_while_loading_stops_every_rank(bed, serving) -> None:
     assert "rank 0 here" in done.stderr and f"rank 1 on root@{bed.nodes['w1'].address}" in done.stderr
     assert "every rank was stopped" in done.stderr
     assert engines(bed) == [] and state(bed) == []
+
+
+def test_three_nodes_with_start_tp3(bed, serving) -> None:
+    w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
+    env = {**serving, "WORKER2": w2}
+    env.pop("TP")                                   # ./start-tp3.sh sets it
+    done = run_on_head(bed, [str(REPO / "start-tp3.sh")], env, timeout_s=START_TIMEOUT_S)
+    assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+    ranks = {r["rank"]: r for r in state(bed)}
+    assert [ranks[i]["node"] for i in (0, 1, 2)] == ["local", w1, w2]
+    assert netns_of(ranks[2]["pid"]) == netns_of(bed.nodes["w2"].pids["sshd"])
+
+    chat = run_on_head(bed, [PYTHON, "-c", CHAT], env)
+    assert chat.returncode == 0 and "REPLY" in chat.stdout, chat.stdout + chat.stderr
+    assert all(ticks(r["pid"]) == r["start_ticks"] for r in ranks.values())
+
+    stopped = run_on_head(bed, [str(REPO / "stop.sh")], env)
+    assert stopped.returncode == 0 and engines(bed) == []
+    assert f"rank 1 on {w1} (pid {ranks[1]['pid']}): stopped" in stopped.stdout
+    assert f"rank 2 on {w2} (pid {ranks[2]['pid']}): stopped" in stopped.stdout
