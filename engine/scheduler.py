@@ -100,6 +100,7 @@ class Scheduler:
         self._prefill_turn = True
         self._lock = threading.Lock()
         self._in_system = 0
+        self._closed: str | None = None  # set (under _lock) once the loop stops taking requests
         self._thread: threading.Thread | None = None
         self.totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "cancelled": 0}
         self._stats: dict[str, Any] = {}
@@ -107,9 +108,9 @@ class Scheduler:
 
     # -- called from other threads ----------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
-        if self.broken:
-            raise Unavailable(self.broken)
         with self._lock:
+            if self._closed is not None:
+                raise Unavailable(self._closed)
             if self._in_system >= self.parallel + self.max_queued:
                 raise QueueFull(self.retry_after_s)
             self._in_system += 1
@@ -272,7 +273,18 @@ class Scheduler:
             log.debug("sink of %s refused an event", req.id)
 
     def _fail_everyone(self, message: str) -> None:
-        for req in [*self._waiting, *self._background, *(r for r in self._lanes if r is not None)]:
+        """Fail every request the loop knows of, and those still in the inbox; refuse later submissions."""
+        with self._lock:
+            self._closed = message
+        unread = []
+        while True:
+            try:
+                kind, value = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                unread.append(value)
+        for req in [*self._waiting, *self._background, *(r for r in self._lanes if r is not None), *unread]:
             self._finish(req, "failed", message)
         self._waiting.clear()
         self._background.clear()

@@ -228,3 +228,31 @@ def test_request_waits_until_the_pool_can_hold_it() -> None:
     run_all(sched, [never])
     sched.stop()
     assert isinstance(never[1].end, Failed)
+
+
+def test_a_failed_step_answers_requests_still_in_the_inbox() -> None:
+    """Regression: a step failure used to leave submissions the loop had not read yet unanswered forever."""
+    from engine.scheduler import Unavailable
+
+    sched = make(parallel=2)
+    entered, release = threading.Event(), threading.Event()
+    model = sched.executor.model
+
+    def failing_decode(seqs, tokens):  # blocks inside a step, then fails it
+        entered.set()
+        release.wait(10)
+        raise RuntimeError("step failed")
+
+    model.decode = failing_decode
+    sched.start()
+    first, first_sink = request("a", [1, 2, 3])
+    sched.submit(first)
+    assert entered.wait(10)
+    second, second_sink = request("b", [4, 5])
+    sched.submit(second)          # lands in the inbox while the step is running
+    release.set()
+    assert first_sink.done.wait(10) and second_sink.done.wait(10)
+    assert isinstance(first_sink.end, Failed) and isinstance(second_sink.end, Failed)
+    assert sched.stats()["requests_waiting"] == 0
+    with pytest.raises(Unavailable):
+        sched.submit(request("c", [6])[0])
