@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -153,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
     return _serve(args, group, executor, context, api_key)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def _read_api_key(path: str | None) -> str | None:
     if path:
         key = Path(path).read_text().strip()
@@ -208,6 +213,9 @@ def _serve(args: argparse.Namespace, group: Any, executor: Any, context: int, ap
                 f"{args.parallel}, context {context}, pool {executor.pool.num_tokens} tokens)")
 
     threading.Thread(target=announce, daemon=True).start()
+    # uvicorn re-raises SIGTERM once it has shut down; with the default handler that would kill this process
+    # before the scheduler tells the other ranks to stop. As an exception it passes through `finally` below.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         server.run()
     finally:

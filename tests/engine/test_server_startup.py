@@ -76,3 +76,20 @@ def test_peer_watch_both_directions(checkpoint: Path, tmp_path: Path) -> None:
         assert "rank 0 is gone" in live.logs[0].read_text()
     finally:
         live.stop()
+
+
+def test_sigterm_to_rank0_shuts_every_rank_down_cleanly(checkpoint: Path, tmp_path: Path) -> None:
+    """Regression: uvicorn re-raised SIGTERM after its shutdown and killed rank 0 before the shutdown plan went out,
+    so the other ranks only noticed a dropped connection (or, over NCCL, a timeout)."""
+    import signal
+
+    from test_api_live import LiveServer
+
+    live = LiveServer(checkpoint, tmp_path, ["--parallel", "1", "--context", "64"], key=None)
+    rank1, rank0 = live.procs
+    try:
+        rank0.send_signal(signal.SIGTERM)
+        assert rank0.wait(60) == 0 and rank1.wait(60) == 0
+        assert "exiting (shutdown)" in live.logs[0].read_text()
+    finally:
+        live.stop()
