@@ -70,17 +70,17 @@ class GuardMiddleware:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _reply(send, 413, f"the request body exceeds the {limit}-byte limit", code="body_too_large")
             return
-        body, more = b"", True
+        buffer, more = bytearray(), True
         while more:  # read the whole body up front so an oversized chunked body is refused before any handler
             message = await receive()
             if message["type"] != "http.request":
                 return
-            body += message.get("body", b"")
+            buffer += message.get("body", b"")  # a bytearray grows in place: no copy per chunk
             more = message.get("more_body", False)
-            if len(body) > limit:
+            if len(buffer) > limit:
                 await _reply(send, 413, f"the request body exceeds the {limit}-byte limit", code="body_too_large")
                 return
-        replayed = False
+        body, replayed = bytes(buffer), False
 
         async def replay() -> dict[str, Any]:
             nonlocal replayed

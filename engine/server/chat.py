@@ -51,6 +51,10 @@ def thinking_options(default_on: bool, effort: str | None, kwargs: dict[str, Any
     if effort is not None and effort not in EFFORTS and effort != "none":
         raise bad_request(f"reasoning_effort {effort!r} is not one of none, minimal, low, medium, high, xhigh, max",
                           "reasoning_effort")
+    for name in ("enable_thinking", "thinking"):
+        if options.get(name) is not None and not isinstance(options[name], bool):
+            raise bad_request(f"chat_template_kwargs.{name} must be true or false, not {options[name]!r}",
+                              f"chat_template_kwargs.{name}")
     explicit = options.get("enable_thinking") is not None or options.get("thinking") is not None
     if not explicit:
         options["enable_thinking"] = default_on and effort != "none"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from engine.server.chat import ReplyParser, ReplyPiece, render, starts_in_reasoning
 from engine.server.common import (check_request, collect, new_id, reply_budget, server_state, sse,
@@ -52,9 +53,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state = server_state(request)
     check_request(state, body)
     shown, parsed = _tools(body)
-    prompt = render(state.template, body.messages, shown, state.thinking, body.reasoning_effort,
-                    body.chat_template_kwargs)
-    prompt_ids = state.tokenizer.encode(prompt, add_special_tokens=False).ids
+    # rendering and tokenising a long prompt take real time: off the event loop, so streams and /health go on
+    prompt = await run_in_threadpool(render, state.template, body.messages, shown, state.thinking,
+                                     body.reasoning_effort, body.chat_template_kwargs)
+    prompt_ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
     max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
     generation = start_generation(state, body, prompt_ids, max_tokens)
     thinking = starts_in_reasoning(prompt)

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from engine.server.common import (check_request, collect, new_id, reply_budget, server_state, sse,
                                   start_generation, stream_error, usage)
@@ -25,7 +26,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
     if isinstance(body.prompt, str):
-        prompt_ids = state.tokenizer.encode(body.prompt, add_special_tokens=bool(body.add_special_tokens)).ids
+        encoding = await run_in_threadpool(state.tokenizer.encode, body.prompt,
+                                           add_special_tokens=bool(body.add_special_tokens))
+        prompt_ids = encoding.ids
         if not prompt_ids:
             raise bad_request("the prompt encodes to no tokens", "prompt")
     else:

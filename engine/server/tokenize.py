@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from engine.server.chat import render
 from engine.server.common import server_state
@@ -23,11 +24,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("/tokenize takes a JSON body with messages or prompt (exactly one)")
     if body.messages is not None:
-        text = render(state.template, body.messages, body.tools, state.thinking, body.reasoning_effort,
-                      body.chat_template_kwargs, add_generation_prompt=body.add_generation_prompt is not False)
-        encoding = state.tokenizer.encode(text, add_special_tokens=False)
+        text = await run_in_threadpool(render, state.template, body.messages, body.tools, state.thinking,
+                                       body.reasoning_effort, body.chat_template_kwargs,
+                                       add_generation_prompt=body.add_generation_prompt is not False)
+        encoding = await run_in_threadpool(state.tokenizer.encode, text, add_special_tokens=False)
     else:
-        encoding = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+        encoding = await run_in_threadpool(state.tokenizer.encode, body.prompt,
+                                           add_special_tokens=body.add_special_tokens is not False)
     out: dict[str, Any] = {"count": len(encoding.ids), "tokens": list(encoding.ids), "max_model_len": state.context}
     if body.return_token_strs:
         out["token_strs"] = list(encoding.tokens)

@@ -84,6 +84,8 @@ def test_thinking_options_map_effort_and_respect_explicit_switches() -> None:
     assert thinking_options(True, None, {"reasoning_effort": "xhigh"})["reasoning_effort"] == "max"
     with pytest.raises(APIError):
         thinking_options(True, "extreme", None)
+    with pytest.raises(APIError):  # regression: the string "no" is truthy and used to turn thinking on
+        thinking_options(False, None, {"enable_thinking": "no"})
 
 
 def test_tool_round_trip_renders_the_call_and_the_observation() -> None:
