@@ -45,6 +45,7 @@ from engine.quant import exl3
 
 CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
 MAX_ROWS = 8                                     # rows per matrix in one launch (decode and verify windows)
+LAST_LAUNCH: dict = {}                           # the last compiled GEMV (registers, spills: bench/exl3_bench.py)
 
 
 def _fp16_value(bits: int) -> float:
@@ -259,11 +260,11 @@ def kernel_order(x: torch.Tensor) -> torch.Tensor:
 
 def _config(k_tiles: int, n_tiles: int, groups: int, block_n_tiles: int | None, split: int | None,
             unroll: int) -> tuple[int, int, int]:
-    """(BNT, SPLIT, KU): BNT output tiles a program; K split so that the launch fills the GPU (~4 programs an SM)."""
+    """(BNT, SPLIT, KU): BNT output tiles a program; K split until the launch has ~1024 programs (~8 an SM)."""
     bnt = math.gcd(block_n_tiles or 4, n_tiles)
     if split is None:
         split = 1
-        while groups * (n_tiles // bnt) * split < 512 and k_tiles % (2 * split * unroll) == 0 and split < 16:
+        while groups * (n_tiles // bnt) * split < 1024 and k_tiles % (2 * split * unroll) == 0 and split < 16:
             split *= 2
     if k_tiles % split or (k_tiles // split) % unroll:
         raise ValueError(f"K/16 = {k_tiles} tiles do not split {split} ways in steps of {unroll}")
@@ -298,7 +299,7 @@ def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor,
         raise ValueError(f"rows [G, ROWS, K] with ROWS in 1, 2, 4, 8 and K = {16 * k_tiles}, got {list(xp.shape)}")
     bnt, split, unroll = _config(k_tiles, n_tiles, groups, block_n_tiles, split, unroll)
     out = torch.empty(split, groups, rows, 16 * n_tiles, dtype=torch.float32, device=xp.device)
-    _exl3_gemv[(groups, n_tiles // bnt, split)](
+    LAST_LAUNCH["gemv"] = _exl3_gemv[(groups, n_tiles // bnt, split)](
         xp, _words(trellis), mats, out, K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
         CODEBOOK=cb, ROWS=rows, BNT=bnt, SPLIT=split, KU=unroll, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS,
         num_warps=num_warps)
