@@ -29,17 +29,18 @@ log=$1; shift
 mkdir -p "$(dirname "$log")" && cd / || exit 1
 setsid "$@" >"$log" 2>&1 </dev/null &
 pid=$!
-t=$(ticks $pid) || { echo "the rank exited at once; its log: $log" >&2; tail -n 5 "$log" >&2; exit 1; }
+t=$(ticks $pid) && sleep 0.2 && [ "$(ticks $pid)" = "$t" ] || {
+  echo "the rank exited at once; its log: $log" >&2; tail -n 5 "$log" >&2; exit 1; }
 echo "$pid $t"
 '''
 
-# Arguments: the timeout in seconds, then PID:TICKS of each rank. Prints "PID signalled|gone|killed" lines.
+# Arguments: the timeout in seconds, then PID:TICKS of each rank. Prints "PID:TICKS signalled|gone|killed" lines.
 _STOP_SH = TICKS_SH + r'''
 T=$1; shift
 ours() { [ "$(ticks "${1%%:*}")" = "${1#*:}" ]; }
 for e in "$@"; do
   p=${e%%:*}
-  if ours "$e"; then kill -TERM -$p 2>/dev/null || kill -TERM $p; echo "$p signalled"; else echo "$p gone"; fi
+  if ours "$e"; then kill -TERM -$p 2>/dev/null || kill -TERM $p; echo "$e signalled"; else echo "$e gone"; fi
 done
 n=0
 while [ $n -lt $((T * 10)) ]; do
@@ -50,7 +51,7 @@ while [ $n -lt $((T * 10)) ]; do
 done
 for e in "$@"; do
   p=${e%%:*}
-  if ours "$e"; then kill -KILL -$p 2>/dev/null || kill -KILL $p; echo "$p killed"; fi
+  if ours "$e"; then kill -KILL -$p 2>/dev/null || kill -KILL $p; echo "$e killed"; fi
 done
 '''
 
@@ -89,10 +90,10 @@ def stop_ranks(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: 
         return [RemoteStop(r.rank, r.pid, why, None) for r in ranks]
     said: dict[str, str] = {}
     for line in result.stdout.splitlines():
-        pid, _, word = line.partition(" ")
-        said[pid] = "killed" if word == "killed" or said.get(pid) == "killed" else word
+        pair, _, word = line.partition(" ")
+        said[pair] = "killed" if word == "killed" or said.get(pair) == "killed" else word
     outcome = {"signalled": "stopped", "killed": "killed", "gone": "was not running"}
-    return [RemoteStop(r.rank, r.pid, outcome.get(said.get(str(r.pid), ""), "unknown"),
+    return [RemoteStop(r.rank, r.pid, outcome.get(said.get(f"{r.pid}:{r.start_ticks}", ""), "unknown"),
                        fetch_log(node, r, log_dir, keep)) for r in ranks]
 
 

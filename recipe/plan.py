@@ -175,7 +175,7 @@ def _process_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: st
     (after the copy) and log path, and the head's link address as the rendezvous."""
     node = "local" if rank == 0 or not settings.workers else settings.workers[rank - 1]
     key_file = secret_files[0].path if secret_files and node == "local" else None  # the key file stays here
-    master = f"{host.link.master_addr}:{settings.master_port}" if settings.workers else f"127.0.0.1:{settings.master_port}"
+    master = f"{host.link.master_addr if settings.workers else '127.0.0.1'}:{settings.master_port}"
     argv = (host.python, "-m", "engine", "serve", checkpoint, *serve_flags(settings, rank, master, key_file), *extra)
     env = {**engine_env(settings), "PYTHONUNBUFFERED": "1"}
     if settings.workers:
