@@ -84,24 +84,53 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.top_k == 1
 
 
+CANDIDATES = 1024  # first look at this many top tokens for top_p / min_p; widened only when they do not suffice
+
+
+def _ranked(scaled: torch.Tensor, limit: int) -> torch.Tensor:
+    """Ids of the `limit` best tokens by (score desc, id asc), without sorting the whole vocabulary."""
+    if limit >= scaled.numel():
+        return torch.sort(-scaled, stable=True).indices
+    ids = torch.topk(scaled, limit).indices.sort().values      # id-ascending, so the stable sort below keeps
+    return ids[torch.sort(-scaled[ids], stable=True).indices]  # ties in id order
+
+
+def _kept(values: torch.Tensor, log_norm: torch.Tensor, params: SamplingParams) -> tuple[int, bool]:
+    """How many of the ranked candidates survive min_p / top_p, and whether the ranking was long enough to say."""
+    probs = torch.exp(values - log_norm)
+    keep, complete = values.shape[0], False
+    if params.min_p > 0.0:
+        passing = int((probs >= params.min_p * probs[0]).sum())
+        keep, complete = min(keep, passing), complete or passing < values.shape[0]
+    if params.top_p < 1.0:
+        before = torch.cumsum(probs[:keep], dim=0) - probs[:keep]
+        reached = int((before < params.top_p).sum())
+        keep, complete = min(keep, max(1, reached)), complete or reached < keep
+    return keep, complete
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
-    """One token from fp32 logits [vocab] for the token at absolute `position` of its sequence."""
+    """One token from fp32 logits [vocab] for the token at absolute `position` of its sequence.
+
+    Candidates are ranked by (scaled logit desc, id asc); top_k, then min_p and top_p (relative to the softmax over
+    the top_k set, or the whole vocabulary) cut the ranking; keyed Gumbel noise picks among what is left. Only as
+    many top tokens as the filters need are ranked (the full-vocabulary sort cost ~40 ms at 155k tokens)."""
     logits = logits.detach().to(torch.float64).reshape(-1)
     if params.greedy:
         return int(torch.argmax(logits))  # ties -> lowest id
     scaled = logits / params.temperature
-    # candidates sorted by (scaled desc, id asc): a stable sort of the negated values keeps ids ascending on ties
-    order = torch.sort(-scaled, stable=True).indices
-    values = scaled[order]
-    keep = values.shape[0]
-    if params.top_k > 0:
-        keep = min(keep, params.top_k)
-    probs = torch.softmax(values[:keep], dim=0)
-    if params.min_p > 0.0:
-        keep = min(keep, int((probs >= params.min_p * probs[0]).sum()))
-    if params.top_p < 1.0:
-        before = torch.cumsum(probs[:keep], dim=0) - probs[:keep]
-        keep = min(keep, max(1, int((before < params.top_p).sum())))
-    ids = order[:keep]
-    score = values[:keep] + gumbel(params.seed, position, ids)
-    return int(ids[int(torch.argmax(score))])
+    vocab = scaled.numel()
+    if params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0:
+        ids = torch.arange(vocab)
+        return int(torch.argmax(scaled + gumbel(params.seed, position, ids)))
+    limit = min(vocab, params.top_k) if params.top_k > 0 else min(vocab, CANDIDATES)
+    while True:
+        ids = _ranked(scaled, limit)
+        values = scaled[ids]
+        log_norm = torch.logsumexp(values if params.top_k > 0 else scaled, dim=0)
+        keep, complete = _kept(values, log_norm, params)
+        if complete or params.top_k > 0 or limit == vocab:
+            break
+        limit = min(vocab, limit * 8)
+    ids = ids[:keep]
+    return int(ids[int(torch.argmax(values[:keep] + gumbel(params.seed, position, ids)))])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import pytest
 import torch
 
 from engine.sampling import (SamplingParams, gumbel, prompt_seed, row_key, sample, splitmix64, splitmix64_tensor,
@@ -70,3 +71,33 @@ def test_filters_limit_the_candidates() -> None:
 def test_prompt_seed_is_stable_and_prompt_specific() -> None:
     assert prompt_seed([1, 2, 3]) == prompt_seed([1, 2, 3])
     assert prompt_seed([1, 2, 3]) != prompt_seed([1, 2, 4])
+
+
+def _full_sort_sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """The filters written the plain way (rank the whole vocabulary), to check the fast path against."""
+    from engine.sampling import gumbel
+
+    scaled = logits.to(torch.float64) / params.temperature
+    order = torch.sort(-scaled, stable=True).indices
+    values = scaled[order]
+    keep = min(values.shape[0], params.top_k) if params.top_k > 0 else values.shape[0]
+    probs = torch.softmax(values[:keep], dim=0)
+    if params.min_p > 0.0:
+        keep = min(keep, int((probs >= params.min_p * probs[0]).sum()))
+    if params.top_p < 1.0:
+        before = torch.cumsum(probs[:keep], dim=0) - probs[:keep]
+        keep = min(keep, max(1, int((before < params.top_p).sum())))
+    ids = order[:keep]
+    return int(ids[int(torch.argmax(values[:keep] + gumbel(params.seed, position, ids)))])
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 1.0, 0.0), (20, 1.0, 0.0), (0, 0.95, 0.0), (0, 1.0, 0.05),
+                                               (40, 0.9, 0.02), (0, 0.9999, 0.0), (0, 1.0, 1e-7)])
+def test_fast_filters_equal_the_full_sort(top_k: int, top_p: float, min_p: float) -> None:
+    """Only as many top tokens as the filters need are ranked; the draw must equal ranking everything."""
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(6):
+        logits = torch.randn(5000, generator=gen) * (1 + trial)   # from flat to peaked distributions
+        params = SamplingParams(temperature=0.8, top_p=top_p, top_k=top_k, min_p=min_p, seed=trial)
+        for position in (0, 7, 1000):
+            assert sample(logits, params, position) == _full_sort_sample(logits, params, position)
