@@ -2,8 +2,13 @@
 
 Every candidate token gets Gumbel noise from a counter-based hash of (seed, position, token id), and the sample is
 the argmax of `logits / T + noise` over the tokens that survive top-k / top-p / min-p. The noise for a row depends
-only on its own key, so a reply is the same whether it is decoded alone, in a batch, or (later) checked as a draft.
+only on its own key, so the draw never depends on the rest of the batch or (later) on a draft window.
 Gumbel-max over the kept set draws exactly from the renormalised truncated distribution.
+
+The logits themselves are only as batch-independent as the kernels: on the CPU, BLAS may block a matmul
+differently for 1 row than for 41, moving a row's logits in the last bits (~1e-5), so a near-tie can in principle
+flip with the batch's composition. The tests assert identical tokens (concurrent == serial), not identical bits;
+batch-invariant kernels (one fixed-shape GEMV per row, as the GPU's routed-expert kernel already is) close the gap.
 """
 
 from __future__ import annotations
