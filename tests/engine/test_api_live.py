@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,16 +19,13 @@ import openai
 import pytest
 
 from engine.checkpoint.demo import write_demo
+from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-123"
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LiveServer:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,12 @@ import pytest
 import torch
 
 from reference import make_reference
+from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu") -> list[dict]:

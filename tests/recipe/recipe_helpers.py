@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 from recipe.schema import load_specs
+from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
 
 SETTING_NAMES = tuple(load_specs())
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def clean_environ(**overrides: str) -> dict[str, str]:
