@@ -80,8 +80,10 @@ def available_bytes(device: str) -> int:
 
 
 def size_pool(args: argparse.Namespace, bytes_per_token: int, device: str, group: Any) -> tuple[int, int]:
-    """(context, pool tokens) for this run, the same on every rank, or SystemExit naming the largest window
-    that fits. Nothing is allocated before this check."""
+    """(context, pool tokens) for this run, the same on every rank, or SystemExit naming the largest window that
+    fits. The pool is shared by every stream: it must hold one whole window; beyond that it takes what memory
+    (and --kv-pool-gib) allow, up to a window per stream — streams that do not fit yet wait. Nothing is allocated
+    before this check."""
     reserve = args.memory_reserve_gib
     if reserve is None:
         reserve = float(_env("GLM_MEMORY_RESERVE_GIB", "1" if device == "cpu" else "4") or 1)
@@ -90,15 +92,13 @@ def size_pool(args: argparse.Namespace, bytes_per_token: int, device: str, group
         budget = min(budget, int(args.kv_pool_gib * GIB))
     budget = min(group.all_gather_object(budget))  # the tightest rank decides for all
     fit_tokens = budget // max(1, bytes_per_token)
-    context = args.context if args.context > 0 else min(fit_tokens // args.parallel, 1_048_576)
-    need = context * args.parallel
-    if context < 1 or need > fit_tokens:
-        largest = fit_tokens // args.parallel
-        say(f"refused: a {context}-token window for {args.parallel} streams needs {need * bytes_per_token / GIB:.2f} "
-            f"GiB of cache per rank and {budget / GIB:.2f} GiB is available; the largest window that fits is "
-            f"{largest} tokens (restart with --context {largest}, fewer --parallel streams, or more memory)")
+    context = args.context if args.context > 0 else min(fit_tokens, 1_048_576)
+    if context < 1 or context > fit_tokens:
+        say(f"refused: a {context}-token window needs {context * bytes_per_token / GIB:.2f} GiB of cache per rank "
+            f"and {budget / GIB:.2f} GiB is available; the largest window that fits is {fit_tokens} tokens "
+            f"(restart with --context {fit_tokens}, a larger --kv-pool-gib, or more memory)")
         raise SystemExit(3)
-    return context, need
+    return context, min(fit_tokens, context * args.parallel)
 
 
 def run(args: argparse.Namespace) -> int:
