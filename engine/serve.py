@@ -111,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.rank < args.tp:
         say(f"error: --rank {args.rank} is outside 0..{args.tp - 1}")
         return 2
-    api_key = _read_api_key(args.api_key_file)
+    api_key = None
+    if args.rank == 0:  # only rank 0 serves HTTP; the other ranks never need (or see) the key
+        try:
+            api_key = _read_api_key(args.api_key_file)
+        except OSError as exc:
+            say(f"error: cannot read the API key file {args.api_key_file}: {exc.strerror}")
+            return 2
     if args.rank == 0 and api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without an API key: anyone who reaches this port can use the model", args.host)
 
