@@ -151,12 +151,11 @@ def run(args: argparse.Namespace) -> int:
         say(f"rank {args.rank}: following rank 0's step plans")
         code = follow_plans(group, executor)
         say(f"rank {args.rank}: exiting ({'shutdown' if code == 0 else 'peer lost'})")
-        if code != 0:
-            # The process group still holds a broken connection whose teardown can abort the interpreter
-            # (SIGABRT from the backend's destructor); nothing is left to clean up, so leave at once.
-            sys.stdout.flush()
-            os._exit(code)
-        return code
+        # Rank 0 may already be gone (always, once it has sent the shutdown plan): tearing the process group down
+        # then can abort the interpreter (SIGABRT from the backend's destructor). Nothing is left to clean up.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return _serve(args, group, executor, context, api_key)
 
 
