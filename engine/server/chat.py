@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.checkpoint.tokenizer_template import render_chat
 from engine.server.errors import bad_request
+from engine.server.generation import held_suffix
 from engine.server.protocol import ChatMessage, Tool
 from engine.server.tools import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_call
 
@@ -80,16 +81,6 @@ def starts_in_reasoning(prompt: str) -> bool:
     return prompt.rstrip().endswith(THINK_OPEN)
 
 
-def _held_suffix(text: str, tags: tuple[str, ...]) -> int:
-    """Length of the longest tail of `text` that could be the start of one of `tags`."""
-    best = 0
-    for tag in tags:
-        for n in range(min(len(tag) - 1, len(text)), 0, -1):
-            if text.endswith(tag[:n]):
-                best = max(best, n)
-                break
-    return best
-
 
 @dataclass
 class ReplyPiece:
@@ -116,7 +107,7 @@ class ReplyParser:
                     self._out(pieces, "reasoning", head)
                     self.in_reasoning, self.buffer = False, tail
                     continue
-                keep = _held_suffix(self.buffer, (THINK_CLOSE,))
+                keep = held_suffix(self.buffer, (THINK_CLOSE,))
                 self._out(pieces, "reasoning", self.buffer[:len(self.buffer) - keep])
                 self.buffer = self.buffer[len(self.buffer) - keep:]
                 return pieces
@@ -136,7 +127,7 @@ class ReplyParser:
                     pieces.append(ReplyPiece("tool_call", call=call))
                 self.buffer = rest
                 continue
-            keep = _held_suffix(self.buffer, (CALL_OPEN,) if self.tools else ())
+            keep = held_suffix(self.buffer, (CALL_OPEN,) if self.tools else ())
             self._out(pieces, "content", self.buffer[:len(self.buffer) - keep])
             self.buffer = self.buffer[len(self.buffer) - keep:]
             return pieces

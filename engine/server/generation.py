@@ -131,7 +131,7 @@ class Generation:
                         self.cancel_quietly()
                         yield self._end("stop", len(self.token_ids))
                         return
-                    safe = len(text) - _held_stop_prefix(text, self.stop)
+                    safe = len(text) - held_suffix(text, self.stop)
                     if safe > sent:
                         yield Delta(text[sent:safe])
                         sent = safe
@@ -160,11 +160,13 @@ def _find_stop(text: str, stops: list[str], start: int) -> int | None:
     return min(hits) if hits else None
 
 
-def _held_stop_prefix(text: str, stops: list[str]) -> int:
+def held_suffix(text: str, tags: tuple[str, ...] | list[str]) -> int:
+    """Length of the longest tail of `text` that could be the start of one of `tags` (text to hold back until the
+    next token says whether a stop string / a tag is coming)."""
     best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:n]):
+    for tag in tags:
+        for n in range(min(len(tag) - 1, len(text)), 0, -1):
+            if text.endswith(tag[:n]):
                 best = max(best, n)
                 break
     return best
