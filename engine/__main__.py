@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -31,7 +32,20 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    code = int(module.run(args) or 0)
+    _leave_if_in_a_group(code)
+    return code
+
+
+def _leave_if_in_a_group(code: int) -> None:
+    """A process that joined a torch.distributed group exits without the interpreter's teardown: destroying the
+    group's backend after a peer has gone (or refused) aborts the process ("terminate called…", SIGABRT), which
+    would turn a clean exit code into a crash. Nothing is left to clean up at this point."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
