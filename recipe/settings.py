@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -13,7 +14,7 @@ from typing import Any, Mapping
 
 from recipe.errors import SettingError
 from recipe.schema import SettingSpec, load_specs, parse_value
-from recipe.sources import parse_file
+from recipe.sources import Assignment, parse_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,11 +133,22 @@ def _collect(root: Path, environ: Mapping[str, str], specs: dict[str, SettingSpe
             if item.key not in specs:
                 warnings.extend(_unknown_key(item.key, item.origin, specs))
                 continue
+            _refuse_references(specs[item.key], item)
             _put(raw, origins, specs[item.key], item.value, item.origin)
     for name, spec in specs.items():
         if name in environ:
             _put(raw, origins, spec, environ[name], "environment")
     return raw, origins, warnings
+
+
+def _refuse_references(spec: SettingSpec, item: Assignment) -> None:
+    """Files are read as data: `API_KEY="$MY_KEY"` would silently become the five characters $MY_KEY. Paths are
+    the exception (their `$HOME` and `~` are expanded on purpose); a single-quoted value keeps a literal $."""
+    reference = re.search(r"\$\{?[A-Za-z_]", item.value)
+    if reference and spec.type != "path" and not item.literal:
+        raise SettingError(f"{item.origin}: {spec.name} refers to a variable ({item.value[reference.start():][:20]!r}), "
+                           "but settings files are read as data, not run",
+                           f"write the value itself, or single-quote it to keep a literal $: {spec.name}='...'")
 
 
 def _put(raw: dict[str, str], origins: dict[str, str], spec: SettingSpec, value: str, origin: str) -> None:

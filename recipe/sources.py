@@ -21,6 +21,7 @@ class Assignment:
     key: str
     value: str
     origin: str  # "scripts/local.sh line 4"
+    literal: bool = False  # single-quoted: a $ in it is meant as a $
 
 
 def parse_file(path: Path, shown_as: str) -> list[Assignment]:
@@ -39,7 +40,8 @@ def parse_file(path: Path, shown_as: str) -> list[Assignment]:
                 f"{origin} is not a KEY=value line: {_clip(stripped)!r}",
                 f"write KEY=value or export KEY=value there ({shown_as} is read as data, not run)",
             )
-        found.append(Assignment(match.group(1), _parse_value(match.group(2), origin), origin))
+        text = match.group(2)
+        found.append(Assignment(match.group(1), _parse_value(text, origin), origin, literal=text.startswith("'")))
     return found
 
 

@@ -91,3 +91,15 @@ def test_secrets_stay_out_of_repr(root: Path) -> None:
     settings = load_settings(root, {"API_KEY": "sk-abcdef123", "HF_TOKEN": "hf_secret_value"})
     assert "sk-abcdef123" not in repr(settings) and "hf_secret_value" not in repr(settings)
     assert settings.shown("API_KEY") == "(set, hidden)"
+
+
+def test_variable_references_are_refused_except_in_paths_and_single_quotes(root: Path) -> None:
+    """Regression: `API_KEY="$MY_KEY"` used to become the literal key $MY_KEY without a word."""
+    write(root / "scripts" / "local.sh", 'export API_KEY="$MY_KEY"\n')
+    with pytest.raises(SettingError, match=r"scripts/local.sh line 1: API_KEY refers to a variable") as error:
+        load_settings(root, {"MY_KEY": "secret-value"})
+    assert "secret-value" not in str(error.value)
+    write(root / "scripts" / "local.sh", "API_KEY='pa$$word'\nLOG_DIR=$HOME/sparks-logs\n")
+    settings = load_settings(root, {"HOME": "/home/me"})
+    assert settings.api_key == "pa$$word"
+    assert settings.log_dir.endswith("/sparks-logs") and "$" not in settings.log_dir
