@@ -81,6 +81,18 @@ def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: 
 
 
 @triton.jit
+def _tile_words(base, lane_words, FAST4: tl.constexpr):
+    """The 4-bit fast path's two coalesced loads: each lane's word and its predecessor (circular); unused else."""
+    if FAST4:
+        cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
+        prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
+    else:
+        cur = 0
+        prev = 0
+    return cur, prev
+
+
+@triton.jit
 def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
                  DENSE4: tl.constexpr, cur, prev, CODEBOOK: tl.constexpr,
                  MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
@@ -141,12 +153,7 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
         for u in tl.static_range(KU):
             kt = kt0 + u
             base = t_ptr + tile_words + kt * (N_TILES * WORDS)      # [BNT, 1, 1]
-            if BITS2 == 8:
-                cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
-                prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
-            else:
-                cur = 0
-                prev = 0
+            cur, prev = _tile_words(base, lane_words, BITS2 == 8)
             for j in tl.static_range(8):
                 w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK,
                                  MUL1_SCALE, MUL1_BIAS).to(tl.float32)
@@ -210,12 +217,7 @@ def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BIT
     lane_words = (4 * quad + lane4)[None, :, :]
     tiles = block * BNT + tl.arange(0, BNT)
     base = t_ptr + (kt * N_TILES + tiles).to(tl.int64)[:, None, None] * WORDS
-    if BITS2 == 8:
-        cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
-        prev = tl.load(base + (lane_words + 31) % 32).to(tl.uint32, bitcast=True)
-    else:
-        cur = 0
-        prev = 0
+    cur, prev = _tile_words(base, lane_words, BITS2 == 8)
     for j in tl.static_range(8):
         w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
         row = 2 * lane4 + (j & 1) + 8 * ((j >> 1) & 1)                 # [1, 4]
