@@ -30,6 +30,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Serve GLM-5.3-Flash on DGX Sparks, or on this machine when no WORKER is set.")
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 STEPS = 5
+PORT_GRACE_S = 20.0   # how long a restart waits for the stopped ranks' ports to be released
 
 
 def _guarded(command: Callable[..., int | None]) -> Callable[..., None]:
@@ -188,8 +189,9 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     ui.headline(settings, the_plan)
     reporter = ui.ConsoleReporter()
     ui.step(1, STEPS, "Settings checked; clearing the way")
-    _clear_previous(settings, current, reporter)
-    launch.check_ports_free(the_plan)
+    stopped = _clear_previous(settings, current, reporter)
+    # Ports the stopped ranks held can stay taken for a moment after their processes are gone (a closing socket).
+    launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S if stopped else 0.0)
     clock.lap("clear")
     ui.step(2, STEPS, "Checkpoint")
     launch.prepare(the_plan, reporter)
@@ -298,10 +300,11 @@ def _dry_run(settings: Settings, the_plan: Plan, current: control.Status, restar
     return 0
 
 
-def _clear_previous(settings: Settings, current: control.Status, reporter: ui.ConsoleReporter) -> None:
+def _clear_previous(settings: Settings, current: control.Status, reporter: ui.ConsoleReporter) -> bool:
+    """Stop what the last run left; True when something was stopped."""
     if current.state is None:
         reporter.note("Nothing running before: starting fresh")
-        return
+        return False
     why = "restart: stopping the running server" if current.running else (
         "only some ranks of the last run are running: stopping them first" if current.partly_running
         else "the last run's ranks have exited: saving their logs")
@@ -310,6 +313,7 @@ def _clear_previous(settings: Settings, current: control.Status, reporter: ui.Co
                           settings.stop_timeout, reporter)
     for rank in result.ranks:
         reporter.note(f"rank {rank.rank}: {rank.outcome}" + (f", log saved to {rank.saved_log}" if rank.saved_log else ""))
+    return True
 
 
 def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter,

@@ -130,9 +130,13 @@ def scrubbed_environ(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def check_ports_free(plan: Plan) -> None:
+def check_ports_free(plan: Plan, grace_s: float = 0.0) -> None:
+    """Refuse a port another program holds; with grace_s, first wait that long for it to be released."""
+    deadline = time.monotonic() + grace_s
     for rank in plan.ranks:
         for port in rank.ports:
+            while not port_is_free(port) and time.monotonic() < deadline:
+                time.sleep(0.2)
             if not port_is_free(port):
                 name = "PORT" if port == rank.ports[0] else "MASTER_PORT"
                 raise RecipeError(f"port {port} ({name}) is already in use on this machine by another program",
