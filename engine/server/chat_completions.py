@@ -16,7 +16,7 @@ from engine.server.common import (check_request, collect, new_id, reply_budget, 
 from engine.server.errors import APIError, bad_request
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
-from engine.server.tools import offered_tools
+from engine.server.tools import CALL_OPEN, offered_tools
 
 if TYPE_CHECKING:
     from engine.server.state import ServerState
@@ -40,6 +40,19 @@ def _tools(body: ChatCompletionRequest) -> tuple[list[Tool] | None, dict[str, di
     return tools, offered_tools([t.model_dump(exclude_none=True) for t in tools])
 
 
+def forced_call_prefix(body: ChatCompletionRequest, shown: list[Tool] | None) -> str:
+    """The start of the reply that tool_choice forces: `<tool_call>NAME` for a named function or for "required" with
+    one tool offered; `<tool_call>` for "required" among several (the model writes the name: one it was not offered
+    stays text, as under "auto"); "" when the model may answer freely."""
+    if not shown:
+        return ""
+    if isinstance(body.tool_choice, NamedToolChoice):
+        return CALL_OPEN + body.tool_choice.function.name
+    if body.tool_choice == "required":
+        return CALL_OPEN + shown[0].function.name if len(shown) == 1 else CALL_OPEN
+    return ""
+
+
 def _reasoning_tokens(state: "ServerState", generation: Generation, thinking: bool) -> int:
     if not thinking:
         return 0
@@ -53,14 +66,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state = server_state(request)
     check_request(state, body)
     shown, parsed = _tools(body)
+    forced = forced_call_prefix(body, shown)
+    # A forced call is written into the reply's start, so the reply cannot open with a think block: thinking is off.
+    kwargs = {**(body.chat_template_kwargs or {}), "enable_thinking": False, "thinking": False} if forced \
+        else body.chat_template_kwargs
     # rendering and tokenising a long prompt take real time: off the event loop, so streams and /health go on
     prompt = await run_in_threadpool(render, state.template, body.messages, shown, state.thinking,
-                                     body.reasoning_effort, body.chat_template_kwargs)
+                                     body.reasoning_effort, kwargs)
+    prompt += forced
     prompt_ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
     max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
     generation = start_generation(state, body, prompt_ids, max_tokens)
     thinking = starts_in_reasoning(prompt)
     parser = ReplyParser(thinking, parsed)
+    parser.feed(forced)   # held back until the model closes the call (the prefix alone is never a piece)
     reply = _Reply(state, generation, parser, thinking, new_id("chatcmpl"), bool(body.return_token_ids))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -72,3 +72,29 @@ def test_tool_call_round_trip(client):
 def test_length_when_the_budget_runs_out(client):
     choice = chat(client, OK, max_tokens=2).choices[0]
     assert choice.finish_reason == "length"
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_tool_choice_named_or_required_forces_a_call(client, choice):
+    # "Reply with OK." alone never calls a tool; a forced choice makes the reply start with the call (thinking off).
+    reply = chat(client, OK, tools=[WEATHER], tool_choice=choice, max_tokens=48).choices[0]
+    assert reply.finish_reason == "tool_calls", reply.message
+    call = reply.message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments), dict)
+    assert not getattr(reply.message, "reasoning_content", None)
+    streamed = [c for c in chat(client, OK, tools=[WEATHER], tool_choice=choice, max_tokens=48, stream=True)
+                if c.choices]
+    calls = [d for c in streamed for d in (c.choices[0].delta.tool_calls or [])]
+    assert [c.function.name for c in calls] == ["get_weather"] and streamed[-1].choices[0].finish_reason == "tool_calls"
+    free = chat(client, OK, tools=[WEATHER], tool_choice="auto").choices[0]
+    assert free.finish_reason == "stop" and not free.message.tool_calls
+
+
+def test_tool_choice_required_among_several_starts_the_reply_with_a_call(client):
+    tools = [WEATHER, synthetic.TOOLS["get_time"]]
+    reply = chat(client, OK, tools=tools, tool_choice="required", max_tokens=48).choices[0]
+    if reply.message.tool_calls:    # the model named an offered tool
+        assert reply.finish_reason == "tool_calls"
+        assert reply.message.tool_calls[0].function.name in {"get_weather", "get_time"}
+    else:                           # it named another: kept as text, which still starts with the call markup
+        assert reply.message.content.startswith("<tool_call>")
