@@ -69,6 +69,7 @@ class HostFacts:
     gpu: bool                  # an NVIDIA GPU answers here (the engine then picks CUDA itself)
     cpu_count: int
     link: LinkFacts = field(default_factory=LinkFacts)
+    rdma: bool = False         # RDMA devices exist here (/dev/infiniband): containers get them
 
     @property
     def device(self) -> str:
@@ -86,5 +87,11 @@ def has_nvidia_gpu() -> bool:
     return listed.returncode == 0 and "GPU" in listed.stdout
 
 
+def has_rdma_devices() -> bool:
+    """True when this machine has RDMA device files (SPARKS_DEV_ROOT moves /dev, for tests)."""
+    return os.path.isdir(os.path.join(os.environ.get("SPARKS_DEV_ROOT", "/dev"), "infiniband"))
+
+
 def detect_host() -> HostFacts:
-    return HostFacts(python=sys.executable, gpu=has_nvidia_gpu(), cpu_count=os.cpu_count() or 1)
+    return HostFacts(python=sys.executable, gpu=has_nvidia_gpu(), cpu_count=os.cpu_count() or 1,
+                     rdma=has_rdma_devices())

@@ -7,6 +7,7 @@ reaches the engine as a file (`--api-key-file`), and the printed form masks anyt
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ from typing import Any, Mapping
 
 from recipe.errors import RecipeError
 from recipe.host import HostFacts
-from recipe.plan_docker import docker_argv, docker_env, docker_checkpoint, docker_mounts
+from recipe.plan_docker import (container_env, container_name, docker_argv, docker_checkpoint, docker_env,
+                                docker_mounts)
 from recipe.schema import load_specs
 from recipe.settings import Settings
 
@@ -81,6 +83,18 @@ class Plan:
     def rank0(self) -> RankPlan:
         return next(r for r in self.ranks if r.rank == 0)
 
+    def with_context(self, tokens: int) -> "Plan":
+        """The same plan with every rank's window set to `tokens` (a restart after rank 0 named what fits)."""
+        def refit(rank: RankPlan) -> RankPlan:
+            argv = list(rank.argv)
+            for i, word in enumerate(argv[:-1]):
+                if word == "--context":
+                    argv[i + 1] = str(tokens)
+            return dataclasses.replace(rank, argv=tuple(argv))
+
+        return dataclasses.replace(self, ranks=tuple(refit(r) for r in self.ranks),
+                                   summary={**self.summary, "context": tokens})
+
     def to_dict(self) -> dict[str, Any]:
         """The printable form: secret-looking environment values masked."""
         return {
@@ -123,7 +137,7 @@ def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] 
         checkpoint, prepare = docker_checkpoint(settings), ()
         ranks = tuple(_docker_rank(settings, host, r, checkpoint, secret_files, extra_args)
                       for r in _start_order(settings.tp))
-    plan = Plan(runtime=runtime, tp=settings.tp, device=host.device if runtime == "process" else "GPU",
+    plan = Plan(runtime=runtime, tp=settings.tp, device=host.device,
                 checkpoint=checkpoint, served_name=settings.served_name, api_url=_api_url(settings) + "/v1",
                 health_url=_local_url(settings) + "/health", run_dir=run_dir, ranks=ranks, prepare=prepare,
                 secret_files=secret_files, summary=_summary(settings))
@@ -193,16 +207,18 @@ def _process_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: st
 
 def _docker_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str,
                  secret_files: tuple[SecretFile, ...], extra: tuple[str, ...]) -> RankPlan:
+    """A rank as a container on its node (rank 0 here); the rendezvous is the head's address on this rank's link."""
     node = "local" if rank == 0 else settings.workers[rank - 1]
-    mounts = docker_mounts(settings, secret_files)
-    key_file = "/run/secrets/api_key" if secret_files else None
+    mounts = docker_mounts(settings, secret_files, rank)
+    key_file = "/run/secrets/api_key" if secret_files and rank == 0 else None
+    link = host.link.for_rank(rank)
     serve = ("python", "-m", "engine", "serve", checkpoint,
-             *serve_flags(settings, rank, f"{host.link.for_rank(rank).master_addr}:{settings.master_port}", key_file), *extra)
-    env = {**engine_env(settings), **docker_env(settings, host.link.for_rank(rank))}
-    argv = docker_argv(settings, env, mounts, serve)
+             *serve_flags(settings, rank, f"{link.master_addr}:{settings.master_port}", key_file), *extra)
+    env = {**engine_env(settings), **container_env(settings, host, link)}
+    argv = docker_argv(settings, host, rank, env, mounts, serve)
     ports = (settings.port, settings.master_port) if rank == 0 else ()
     return RankPlan(rank=rank, node=node, runtime="docker", argv=argv, env=env, mounts=mounts, ports=ports,
-                    log=f"docker logs -f {settings.container_name}")
+                    log=f"docker logs -f {container_name(settings, rank)}")
 
 
 def _local_url(settings: Settings) -> str:

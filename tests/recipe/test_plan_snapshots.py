@@ -14,6 +14,7 @@ from recipe.settings import load_settings
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
 HOST = HostFacts(python="python3", gpu=False, cpu_count=4)
+SPARK = HostFacts(python="python3", gpu=True, cpu_count=20, rdma=True)   # what detect_host finds on a Spark
 BASE = {"LOG_DIR": "/srv/sparks/logs", "CACHE_DIR": "/srv/sparks/cache", "HF_CACHE": "/srv/hf",
         "API_KEY": "sk-test-0123456789", "HF_TOKEN": "hf_test0123456789"}
 WORKERS = {1: {}, 2: {"WORKER": "me@spark2"}, 3: {"WORKER": "me@spark2", "WORKER2": "me@spark3"}}
@@ -21,7 +22,7 @@ WORKERS = {1: {}, 2: {"WORKER": "me@spark2"}, 3: {"WORKER": "me@spark2", "WORKER
 
 def plan_for(root: Path, tp: int, runtime: str):
     env = {**BASE, "TP": str(tp), "RUNTIME": runtime, **(WORKERS[tp] if runtime == "docker" else {})}
-    return build_plan(load_settings(root, env), HOST)
+    return build_plan(load_settings(root, env), SPARK if runtime == "docker" else HOST)
 
 
 @pytest.mark.parametrize("runtime", ["process", "docker"])
@@ -44,12 +45,14 @@ def test_plan_shape(root: Path, tp: int, runtime: str) -> None:
     assert [r.ports for r in plan.ranks if r.ports] == [(8888, 29551)]   # only rank 0 listens
     for rank in plan.ranks:
         assert rank.argv[rank.argv.index("--rank") + 1] == str(rank.rank)
-        assert "--api-key-file" in rank.argv
+        assert ("--api-key-file" in rank.argv) == (rank.node == "local")   # the key file exists on the head only
     printed = plan.to_json()
     assert "sk-test-0123456789" not in printed and "hf_test0123456789" not in printed
     if runtime == "docker":
-        for flag in ("--gpus", "--network", "--ipc", "--shm-size", "/dev/infiniband", "NCCL_IB_HCA=<RoCE devices>"):
-            assert any(flag in word for word in plan.ranks[0].argv)
+        for rank in plan.ranks:
+            for flag in ("--gpus", "--network", "--ipc", "--shm-size", "/dev/infiniband", "NCCL_IB_HCA=<RoCE devices>",
+                         "memlock=-1", f"glm-sparks-rank{rank.rank}"):
+                assert any(flag in word for word in rank.argv), flag
         assert [r.node for r in plan.ranks] == [*reversed(list(WORKERS[tp].values())), "local"]
 
 
@@ -66,3 +69,32 @@ def test_extra_args_reach_every_rank(root: Path) -> None:
 
 def test_plan_json_round_trips(root: Path) -> None:
     assert json.loads(plan_for(root, 2, "process").to_json())["ranks"][1]["rank"] == 0
+
+
+def test_docker_flags_follow_the_host_facts(root: Path) -> None:
+    """The test bed (no GPU, no /dev/infiniband) runs the same plan as a Spark, without the device flags."""
+    settings = load_settings(root, {**BASE, "TP": "2", "RUNTIME": "docker", **WORKERS[2]})
+    bare = build_plan(settings, HOST)
+    for rank in bare.ranks:
+        assert "--gpus" not in rank.argv and "--device" not in rank.argv and "IPC_LOCK" not in rank.argv
+        assert "--network" in rank.argv and "OMP_NUM_THREADS=2" in rank.argv   # 4 cores shared by 2 ranks
+    gpu_only = build_plan(settings, HostFacts(python="python3", gpu=True, cpu_count=4))
+    assert all("--gpus" in r.argv and "--device" not in r.argv for r in gpu_only.ranks)
+    assert not any(w.startswith("OMP_NUM_THREADS") for r in gpu_only.ranks for w in r.argv)
+
+
+def test_docker_mounts_secret_only_on_rank_0_and_cache_writable(root: Path) -> None:
+    plan = plan_for(root, 2, "docker")
+    rank0, rank1 = plan.rank0, plan.ranks[0]
+    assert any(m.target == "/run/secrets/api_key" for m in rank0.mounts)
+    assert not any(m.target.startswith("/run/secrets") for m in rank1.mounts)
+    cache = [m for m in rank1.mounts if m.target == "/cache"]
+    assert cache and not cache[0].read_only and cache[0].source == "/srv/sparks/cache/kernels/<image id>"
+    assert all(m.read_only for m in rank1.mounts if m.target != "/cache")
+
+
+def test_with_context_rewrites_every_rank(root: Path) -> None:
+    plan = plan_for(root, 3, "docker").with_context(4096)
+    for rank in plan.ranks:
+        assert rank.argv[rank.argv.index("--context") + 1] == "4096"
+    assert plan.summary["context"] == 4096
