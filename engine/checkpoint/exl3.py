@@ -206,3 +206,52 @@ def read_projection(reader: CheckpointReader, prefix: str, dim: int | None) -> t
         raise CheckpointError(f"{prefix}.bias: the MLP projections of this model have no bias; found one")
     weight = linear.dequantize(torch.float32).t()                  # [K, N] -> [out, in]
     return weight.to(device=reader.device, dtype=reader.dtype).contiguous()
+
+
+class Exl3Experts:
+    """A MoE layer's routed experts kept in EXL3 form on the GPU (never decoded to dense matrices): `gate_up` holds
+    expert e's gate as matrix 2e and its up as matrix 2e+1 (they have their own suh), `down` expert e as matrix e;
+    this rank's whole-block TP parts. Calling it gives the routed partial sum (engine/ops/triton_exl3.routed_experts:
+    sync-free decode-GEMV for <= 64 (row, expert) pairs, experts decoded per chunk for prompt chunks)."""
+
+    def __init__(self, gate_up: exl3.Exl3Bank, down: exl3.Exl3Bank) -> None:
+        self.gate_up, self.down = gate_up, down
+
+    @classmethod
+    def load(cls, reader: CheckpointReader, prefix: str, experts: int) -> "Exl3Experts | None":
+        """`prefix` e.g. `model.language_model.layers.3.mlp.`; None when the routed experts are not EXL3 (plain
+        weights), or not one width and codebook per bank: those load through `read_projection` (decoded)."""
+        names = {proj: [f"{prefix}experts.{e}.{proj}" for e in range(experts)]
+                 for proj in ("gate_proj", "up_proj", "down_proj")}
+        if reader.has(names["gate_proj"][0] + ".weight"):
+            return None
+        index = Exl3Index.of(reader)
+        for proj in ("gate_proj", "down_proj"):
+            bank = [index.groups.get(n) for n in (names[proj] + names["up_proj"] if proj == "gate_proj" else
+                                                  names[proj])]
+            if None in bank or len({(g.bits, g.codebook, g.in_features, g.out_features) for g in bank}) != 1:
+                return None
+        gate_up = _bank(reader, index, [n for pair in zip(names["gate_proj"], names["up_proj"]) for n in pair], 0)
+        return cls(gate_up, _bank(reader, index, names["down_proj"], 1))
+
+    def __call__(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, limit: float) -> torch.Tensor:
+        from engine.ops.triton_exl3 import routed_experts
+
+        return routed_experts(x, chosen, weights, self.gate_up, self.down, limit)
+
+
+def _bank(reader: CheckpointReader, index: Exl3Index, prefixes: list[str], split_dim: int) -> exl3.Exl3Bank:
+    """The groups `prefixes` (one shape and format) read for this rank and stacked on the reader's device."""
+    trellis = suh = svh = None
+    for i, prefix in enumerate(prefixes):
+        linear = index.load(reader, prefix, split_dim)
+        if linear.bias is not None:
+            raise CheckpointError(f"{prefix}.bias: the MLP projections of this model have no bias; found one")
+        if trellis is None:
+            def stack(t: torch.Tensor) -> torch.Tensor:
+                return torch.empty(len(prefixes), *t.shape, dtype=t.dtype, device=reader.device)
+            trellis, suh, svh = stack(linear.trellis), stack(linear.suh), stack(linear.svh)
+        trellis[i].copy_(linear.trellis)
+        suh[i].copy_(linear.suh)
+        svh[i].copy_(linear.svh)
+    return exl3.Exl3Bank(trellis, suh, svh, index.groups[prefixes[0]].codebook)

@@ -171,21 +171,23 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
 
 
 @triton.jit
-def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows,
+def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, share,
             WIDTH: tl.constexpr, ROWS: tl.constexpr, PARTS: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
             ADD: tl.constexpr, TO_KERNEL_ORDER: tl.constexpr):
     """One 128-block of one row r = g*ROWS + m: out = H(sum of PARTS partials · pre[mats[g]]) · post[mats[g]]
     (+ add[mats[g]]), H by the butterflies of exl3.rotate in its order (same fp32 bits); rows m >= live_rows are
-    written as zeros; TO_KERNEL_ORDER stores each 16-tile in the GEMV's input order."""
+    written as zeros; TO_KERNEL_ORDER stores each 16-tile in the GEMV's input order. Output row r reads input row
+    r // share (one input row feeding `share` matrices)."""
     row = tl.program_id(0)
     block = tl.program_id(1)
-    total_rows = tl.num_programs(0)
+    in_rows = tl.num_programs(0) // share
+    in_row = row // share
     mat = tl.load(mat_ptr + row // ROWS).to(tl.int64)
     live = (row % ROWS) < live_rows
     offs = block * 128 + tl.arange(0, 128)
     y = tl.zeros([128], dtype=tl.float32)
     for part in tl.static_range(PARTS):
-        y += tl.load(in_ptr + (part * total_rows + row).to(tl.int64) * WIDTH + offs)
+        y += tl.load(in_ptr + (part * in_rows + in_row).to(tl.int64) * WIDTH + offs)
     if PRE:
         y = y * tl.load(pre_ptr + mat * WIDTH + offs).to(tl.float32)
     for stage in tl.static_range(7):
@@ -275,15 +277,16 @@ def _config(k_tiles: int, n_tiles: int, groups: int, block_n_tiles: int | None, 
 
 def rotate_rows(x: torch.Tensor, rows: int, mats: torch.Tensor, *, pre: torch.Tensor | None = None,
                 post: torch.Tensor | None = None, add: torch.Tensor | None = None, live_rows: int | None = None,
-                to_kernel_order: bool = False) -> torch.Tensor:
-    """x [PARTS, G*rows, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
-    [G*rows, W] fp32; pre / post / add are [E, W]."""
+                to_kernel_order: bool = False, share: int = 1) -> torch.Tensor:
+    """x [PARTS, G*rows / share, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
+    [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]."""
     parts, total, width = x.shape
+    total *= share
     out = torch.empty(total, width, dtype=torch.float32, device=x.device)
     dummy = out
     _rotate[(total, width // exl3.HADAMARD_BLOCK)](
         x.contiguous(), out, mats, dummy if pre is None else pre, dummy if post is None else post,
-        dummy if add is None else add, rows if live_rows is None else live_rows, WIDTH=width, ROWS=rows,
+        dummy if add is None else add, rows if live_rows is None else live_rows, share, WIDTH=width, ROWS=rows,
         PARTS=parts, PRE=pre is not None, POST=post is not None, ADD=add is not None,
         TO_KERNEL_ORDER=to_kernel_order)
     return out
@@ -347,3 +350,48 @@ def exl3_linear(linear: exl3.Exl3Linear, x: torch.Tensor, **kw) -> torch.Tensor:
         y = exl3_matmul(rows[None], linear.trellis, linear.suh, linear.svh, mats, linear.codebook,
                         linear.bias, **kw)[0]
     return y.reshape(*lead, -1)
+
+
+PAIRS_MAX = 64                  # (row, expert) pairs up to which the routed experts run as sync-free GEMVs
+
+
+def _bank_apply(x: torch.Tensor, bank: exl3.Exl3Bank, mats: torch.Tensor, share: int = 1) -> torch.Tensor:
+    """y[p] = x[p // share] @ W[mats[p]] in fp32, one row a matrix: [P, N]. Sync-free, fixed shapes."""
+    xp = rotate_rows(x[None], 1, mats, pre=bank.suh, to_kernel_order=True, share=share)
+    parts = exl3_gemv_parts(xp[:, None], bank.trellis, mats, bank.codebook)
+    return rotate_rows(parts[:, :, 0], 1, mats, post=bank.svh)
+
+
+def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:
+    """x [R, K] @ W[i] for many rows: W_q decoded (exact fp16, transient) and a matmul between the rotations."""
+    wq = exl3_unpack(bank.trellis[i], bank.codebook).float()
+    return exl3.rotate(exl3.rotate(x * bank.suh[i].float(), -1) @ wq, -1) * bank.svh[i].float()
+
+
+def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, gate_up: exl3.Exl3Bank,
+                   down: exl3.Exl3Bank, limit: float) -> torch.Tensor:
+    """Σ over each row's chosen experts of weight · down(swiglu(gate(x), up(x))) with EXL3 experts: x [T, H] fp32;
+    chosen, weights [T, k]; gate_up holds expert e's gate / up as matrices 2e / 2e+1, down expert e as matrix e.
+    Returns [T, H] fp32 (this rank's partial sum), as engine/ops/triton_moe.routed_experts does for bf16 experts.
+
+    Up to PAIRS_MAX (row, expert) pairs (decode, verify): every pair through the decode-GEMV, expert ids read on
+    the device (no host sync, shapes fixed by T and k: CUDA-graph safe); a row's result depends only on that row.
+    More pairs (a prompt chunk): per selected expert, its W_q decoded once for the chunk and a matmul."""
+    from engine.ops.reference import swiglu_clamped
+
+    rows, k = chosen.shape
+    x = x.float().contiguous()
+    if rows * k <= PAIRS_MAX:
+        experts = chosen.reshape(-1).to(torch.int32)
+        mats = torch.stack([2 * experts, 2 * experts + 1], 1).reshape(-1)      # gate, up of each pair
+        gate, up = _bank_apply(x, gate_up, mats, share=2 * k).view(rows * k, 2, -1).unbind(1)
+        out = _bank_apply(swiglu_clamped(gate, up, limit).contiguous(), down, experts).view(rows, k, -1)
+        return (out * weights.float().unsqueeze(-1)).sum(1)
+    out = torch.zeros(rows, down.svh.shape[-1], dtype=torch.float32, device=x.device)
+    for expert in chosen.unique().tolist():
+        token, slot = (chosen == expert).nonzero(as_tuple=True)
+        xs = x[token]
+        hidden = swiglu_clamped(_dense_apply(xs, gate_up, 2 * expert), _dense_apply(xs, gate_up, 2 * expert + 1),
+                                limit)
+        out.index_add_(0, token, _dense_apply(hidden, down, expert) * weights[token, slot, None].float())
+    return out

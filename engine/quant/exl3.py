@@ -198,3 +198,19 @@ class Exl3Linear:
         wq = unpack(self.trellis, self.codebook).to(x.dtype)
         y = rotate(rotate(x * self.suh.to(x.dtype), -1) @ wq, -1) * self.svh.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Exl3Bank:
+    """Matrices of one shape and one format stacked so a kernel picks matrix i by an index read on the device (a
+    MoE layer's routed experts): trellis int16 [M, K/16, N/16, 16*bits], suh fp16 [M, K], svh fp16 [M, N]."""
+    trellis: torch.Tensor
+    suh: torch.Tensor
+    svh: torch.Tensor
+    codebook: str
+
+    def __len__(self) -> int:
+        return self.trellis.shape[0]
+
+    def linear(self, i: int) -> Exl3Linear:
+        return Exl3Linear(self.trellis[i], self.suh[i], self.svh[i], self.codebook)

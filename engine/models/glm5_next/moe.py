@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine import ops
-from engine.checkpoint.exl3 import read_projection
+from engine.checkpoint.exl3 import Exl3Experts, read_projection
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
@@ -49,10 +49,13 @@ class MoE:
         self.top_k, self.scale, self.renorm = cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.norm_topk_prob
         self.router = reader.get(p + "gate.weight").float()
         self.bias = reader.get(p + "gate.e_score_correction_bias").float()
-        self.experts = [SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
+        # on CUDA, EXL3 routed experts stay EXL3 (engine/checkpoint/exl3.py); elsewhere they are decoded on load
+        self.exl3 = Exl3Experts.load(reader, p, cfg.n_routed_experts) if self.router.is_cuda else None
+        self.experts = [] if self.exl3 is not None else [
+            SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
         self.shared = SwiGLU(reader, p + "shared_experts.", cfg.swiglu_limit)
         self.limit = cfg.swiglu_limit
-        self.stacked = self._stack() if self.router.is_cuda else None
+        self.stacked = self._stack() if self.router.is_cuda and self.exl3 is None else None
 
     def _stack(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All experts' weights as [E, 2I, H] and [E, H, I] for the GPU kernel; the per-expert tensors become
@@ -75,6 +78,8 @@ class MoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         chosen, weights = self.route(x)
         out = self.shared.partial(x)
+        if self.exl3 is not None:
+            return self.group.sum_partials(out + self.exl3(x, chosen, weights, self.limit))
         if self.stacked is not None and chosen.numel() <= 64:  # decode on a GPU: no host sync, each expert read once
             from engine.ops.triton_moe import routed_experts
 
