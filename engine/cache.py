@@ -5,6 +5,10 @@ key and the indexer's pooling gate score. Those rows live in ONE pool shared by 
 is a question of free tokens, not of per-stream reservations. The KDA layers' state is fixed-size per stream (the
 delta-rule state and the short-conv windows) and lives on the `Sequence`.
 
+Sequences served through lanes (`LaneState`, the static decode step of `engine/models/glm5_next/lanes.py`) keep
+that state in preallocated per-lane tensors instead, and their pool slots in a per-lane slot table, so a decode step
+reads and writes everything by lane index with shapes that never change (what a CUDA graph needs).
+
 Rows are stored in fp32 (the CPU reference), bf16, or fp8 e4m3 with one fp32 scale per row (`kv="fp8"`).
 """
 
@@ -32,8 +36,11 @@ class KVPool:
         self.kv = kv
         self.num_tokens = num_tokens
         self.row_width = row_width
-        self.rows = torch.zeros(num_layers, num_tokens, row_width, dtype=KV_DTYPES[kv], device=device)
-        self.scales = torch.ones(num_layers, num_tokens, dtype=torch.float32, device=device) if kv == "fp8" else None
+        # one row more than handed out: `scratch_slot`, written by graph warm-ups and read by padded table entries
+        self.rows = torch.zeros(num_layers, num_tokens + 1, row_width, dtype=KV_DTYPES[kv], device=device)
+        self.scales = (torch.ones(num_layers, num_tokens + 1, dtype=torch.float32, device=device)
+                       if kv == "fp8" else None)
+        self.scratch_slot = num_tokens
         self._free = list(range(num_tokens - 1, -1, -1))  # pop() hands out low slots first
 
     @staticmethod
@@ -45,14 +52,18 @@ class KVPool:
     def free_tokens(self) -> int:
         return len(self._free)
 
-    def allocate(self, n: int) -> torch.Tensor:
+    def take(self, n: int) -> list[int]:
+        """Hand out `n` free slots (host-side only)."""
         if n > len(self._free):
             raise PoolExhausted(f"the cache pool has {len(self._free)} free token rows, {n} needed")
-        slots = [self._free.pop() for _ in range(n)]
-        return torch.tensor(slots, dtype=torch.long, device=self.rows.device)
+        return [self._free.pop() for _ in range(n)]
 
-    def release(self, slots: torch.Tensor) -> None:
-        self._free.extend(int(s) for s in reversed(slots.tolist()))
+    def allocate(self, n: int) -> torch.Tensor:
+        return torch.tensor(self.take(n), dtype=torch.long, device=self.rows.device)
+
+    def release(self, slots: torch.Tensor | list[int]) -> None:
+        slots = slots.tolist() if isinstance(slots, torch.Tensor) else slots
+        self._free.extend(int(s) for s in reversed(slots))
 
     def write(self, layer: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """rows: [n, row_width] fp32."""
@@ -63,36 +74,98 @@ class KVPool:
         self.rows[layer, slots] = rows.to(self.rows.dtype)
 
     def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
-        """[n, row_width] fp32."""
+        """slots [...] -> rows [..., row_width] fp32."""
         rows = self.rows[layer, slots].to(torch.float32)
         if self.scales is not None:
-            rows = rows * self.scales[layer, slots][:, None]
+            rows = rows * self.scales[layer, slots][..., None]
         return rows
 
 
 @dataclass
 class Sequence:
-    """One stream's state. `length` counts the tokens the model has consumed."""
+    """One stream's state. `length` counts the tokens the model has consumed; `slot_ids` are its pool slots in
+    token order (host-side). A lane-bound sequence (`lane` set) keeps its KDA state as views into `LaneState`'s
+    tensors and its slots in the lane's row of the slot table (`table`)."""
 
     pool: KVPool
     kda_state: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> [heads, d_k, d_v] fp32
     conv_state: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [channels, kernel - 1]
-    slots: torch.Tensor = field(default=None)  # type: ignore[assignment]
     length: int = 0
     released: bool = False
+    lane: int | None = None
+    table: torch.Tensor | None = None  # [max_tokens] long: the lane's row of the slot table
+    slot_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.slots is None:
-            self.slots = torch.zeros(0, dtype=torch.long, device=self.pool.rows.device)
+        self._slots = torch.zeros(0, dtype=torch.long, device=self.pool.rows.device)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """Pool slots by position (device tensor; for a lane-bound sequence, the whole table row)."""
+        return self._slots if self.table is None else self.table
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slot_ids)
 
     def grow(self, n: int) -> torch.Tensor:
         """Allocate rows for the next `n` tokens and return their slots."""
-        new = self.pool.allocate(n)
-        self.slots = torch.cat([self.slots, new])
+        ids = self.pool.take(n)
+        new = torch.tensor(ids, dtype=torch.long, device=self.pool.rows.device)
+        if self.table is None:
+            self._slots = torch.cat([self._slots, new])
+        else:
+            self.table[len(self.slot_ids): len(self.slot_ids) + n] = new
+        self.slot_ids += ids
         return new
+
+    def next_slot(self) -> int:
+        """The slot of the token at `length`, taken from the pool if not held yet; host-side only (the static decode
+        step writes it into the slot table on the device)."""
+        if len(self.slot_ids) <= self.length:
+            self.slot_ids += self.pool.take(1)
+        return self.slot_ids[self.length]
+
+    def store_state(self, layer: int, kda: torch.Tensor, conv: torch.Tensor) -> None:
+        """Set a KDA layer's state (in place for a lane-bound sequence, whose state is a view of the lane's)."""
+        if self.lane is None:
+            self.kda_state[layer], self.conv_state[layer] = kda, conv
+        else:
+            self.kda_state[layer].copy_(kda)
+            self.conv_state[layer].copy_(conv)
 
     def release(self) -> None:
         if not self.released:
-            self.pool.release(self.slots)
-            self.slots = self.slots[:0]
+            self.pool.release(self.slot_ids)
+            self.slot_ids = []
+            self._slots = self._slots[:0]
             self.released = True
+
+
+class LaneState:
+    """Preallocated decode state for `num_lanes` lanes (plus one scratch lane, index `num_lanes`, used by graph
+    warm-ups): per KDA layer the delta-rule state [lanes, heads, d_k, d_v] and conv window [lanes, C, K-1], and the
+    slot table [lanes, max_tokens] (entries past a sequence's length point at the pool's scratch row)."""
+
+    def __init__(self, pool: KVPool, num_lanes: int, kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]],
+                 max_tokens: int | None = None) -> None:
+        dev = pool.rows.device
+        self.pool, self.num_lanes = pool, num_lanes
+        self.scratch_lane = num_lanes
+        self.kda = {layer: torch.zeros(num_lanes + 1, *state, device=dev) for layer, (state, _) in kda_shapes.items()}
+        self.conv = {layer: torch.zeros(num_lanes + 1, *conv, device=dev) for layer, (_, conv) in kda_shapes.items()}
+        width = max_tokens or pool.num_tokens
+        self.slots = torch.full((num_lanes + 1, width), pool.scratch_slot, dtype=torch.long, device=dev)
+
+    def reset(self, lane: int) -> None:
+        for buf in (*self.kda.values(), *self.conv.values()):
+            buf[lane].zero_()
+        self.slots[lane].fill_(self.pool.scratch_slot)
+
+    def bind(self, lane: int) -> Sequence:
+        """A fresh sequence on `lane` (zero state, empty slot row)."""
+        if not 0 <= lane < self.num_lanes:
+            raise ValueError(f"lane {lane} is outside 0..{self.num_lanes - 1}")
+        self.reset(lane)
+        return Sequence(self.pool, {layer: buf[lane] for layer, buf in self.kda.items()},
+                        {layer: buf[lane] for layer, buf in self.conv.items()}, lane=lane, table=self.slots[lane])

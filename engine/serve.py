@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     model = Glm5NextForCausalLM.load(args.checkpoint, group, progress=lambda m: say(f"loading: {m}"))
     say(f"loading: done in {time.monotonic() - started:.1f} s")
     context, pool_tokens = size_pool(args, model.cache_bytes_per_token(args.kv), device, group)
-    executor = StepExecutor(model, model.make_pool(pool_tokens, args.kv))
+    executor = StepExecutor(model, model.make_pool(pool_tokens, args.kv), lanes=args.parallel)
     say(f"pool: {pool_tokens} tokens ({context} x {args.parallel} streams, kv {args.kv})")
     if args.rank > 0:
         say(f"rank {args.rank}: following rank 0's step plans")

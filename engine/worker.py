@@ -32,12 +32,15 @@ class StepPlan:
 
 
 class StepExecutor:
-    """Holds this rank's sequences by lane and applies plans to the model."""
+    """Holds this rank's sequences by lane and applies plans to the model. A model with `lane_decoder` decodes
+    through it (static step over lane-indexed state, CUDA graphs on a GPU); `lanes` is the number of lanes
+    (PARALLEL)."""
 
-    def __init__(self, model: Any, pool: Any) -> None:
+    def __init__(self, model: Any, pool: Any, lanes: int = 4) -> None:
         self.model = model
         self.pool = pool
         self.lanes: dict[int, Any] = {}
+        self.decoder = model.lane_decoder(pool, lanes) if hasattr(model, "lane_decoder") else None
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:
@@ -47,13 +50,15 @@ class StepExecutor:
             if seq is not None:
                 seq.release()
         for lane in plan.admits:
-            self.lanes[lane] = self.model.new_sequence(self.pool)
+            self.lanes[lane] = (self.decoder.new_sequence(lane) if self.decoder is not None
+                                else self.model.new_sequence(self.pool))
         if plan.prefill is not None:
             lane, ids = plan.prefill
             return self.model.prefill(self.lanes[lane], list(ids)).cpu()  # sampling runs on the CPU
         if plan.decode is not None:
             lanes, tokens = plan.decode
-            return self.model.decode([self.lanes[lane] for lane in lanes], list(tokens)).cpu()
+            decode = self.decoder.decode if self.decoder is not None else self.model.decode
+            return decode([self.lanes[lane] for lane in lanes], list(tokens)).cpu()
         return None
 
     def release_all(self) -> None:

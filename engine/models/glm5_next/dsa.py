@@ -21,6 +21,10 @@ break the same tie differently, which is the ~0.05..2 logit gap between the two.
 wins (a stable sort by score). Away from exact ties our selection equals both of the reference's paths, and the
 parity tests compare against the reference only where its selection is tie-free.
 
+Static decode (`decode_lanes`): every stream reads a fixed `span` of its slot-table row (padded past its length);
+the same selection is computed with per-stream lengths as tensors: pools past a stream's length score as invisible,
+the dense regime is a per-stream flag rather than a branch, so nothing waits for the host.
+
 Tensor parallel: MLA heads split across ranks (q_b and kv_b column-wise, o_proj row-wise); q_a, kv_a and the
 whole indexer are replicated so every rank selects the same tokens bit for bit.
 """
@@ -90,11 +94,7 @@ class SparseMLA:
         visible_pools = pool_end[None, :] <= positions[:, None]                        # [T, P]
         if n_pools <= self.pick or int(visible_pools.sum(-1).max()) <= self.pick:
             return causal                                                              # dense regime
-        keys = rows[: n_pools * self.kpool, self.rank_dim: self.rank_dim + self.idx_dim]
-        gates = rows[: n_pools * self.kpool, self.rank_dim + self.idx_dim:]
-        shape = (n_pools, self.kpool, self.idx_dim)
-        weights = torch.softmax(gates.reshape(shape) + self.ape, dim=1)
-        pool_keys = (weights * keys.reshape(shape)).sum(1)                             # [P, d]
+        pool_keys = self._pool_keys(rows, n_pools)                                     # [P, d]
         q = ops.linear(q_low, self.wq_b).view(-1, self.idx_heads, self.idx_dim)
         scores = torch.relu(torch.einsum("thd,pd->thp", q, pool_keys) * self.idx_dim ** -0.5)
         head_w = ops.linear(x, self.head_weights) * self.idx_heads ** -0.5
@@ -146,3 +146,58 @@ class SparseMLA:
                                                    selection.get(id(seq)))
             outs.append(out)
         return self.group.sum_partials(ops.linear(torch.cat(outs), self.o_proj))
+
+    # -- the static decode step (engine/models/glm5_next/lanes.py) ---------------------------------------------------
+    def _pool_keys(self, rows: torch.Tensor, n_pools: int) -> torch.Tensor:
+        """Pooled index keys [..., P, d] of the first n_pools complete pools of cached rows [..., L, row_width]."""
+        lead = rows.shape[:-2]
+        span = rows[..., : n_pools * self.kpool, :]
+        keys = span[..., self.rank_dim: self.rank_dim + self.idx_dim].reshape(*lead, n_pools, self.kpool, self.idx_dim)
+        gates = span[..., self.rank_dim + self.idx_dim:].reshape(*lead, n_pools, self.kpool, self.idx_dim)
+        return (torch.softmax(gates + self.ape, dim=-2) * keys).sum(-2)
+
+    def _select_lanes(self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+                      ) -> torch.Tensor:
+        """Visibility mask [B, S] for one query per stream at `positions` [B] over its padded rows [B, S, width]."""
+        batch, span = rows.shape[:2]
+        dev = rows.device
+        idx = torch.arange(span, device=dev)
+        causal = idx[None, :] <= positions[:, None]                                    # [B, S]
+        n_pools = span // self.kpool
+        pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
+        visible = pool_end[None, :] <= positions[:, None]                              # [B, P]
+        q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
+        scores = torch.relu(torch.einsum("bhd,bpd->bhp", q, self._pool_keys(rows, n_pools)) * self.idx_dim ** -0.5)
+        head_w = ops.linear(x, self.head_weights) * self.idx_heads ** -0.5
+        index = torch.einsum("bh,bhp->bp", head_w, scores).masked_fill(~visible, torch.finfo(torch.float32).min)
+        # stable sort: the earlier pool wins a tie, and padding pools (invisible) sort after every visible one
+        chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
+        pool_mask = torch.zeros_like(visible).scatter_(-1, chosen, visible.gather(-1, chosen))
+        mask = torch.zeros(batch, span, dtype=torch.bool, device=dev)
+        mask[:, : n_pools * self.kpool] = pool_mask.repeat_interleave(self.kpool, dim=1)
+        mask |= (visible.sum(-1) <= self.pick)[:, None]                                # dense regime: all visible
+        if self.keep_tail:
+            tail_start = (positions + 1) - (positions + 1) % self.kpool
+            mask |= idx[None, :] >= tail_start[:, None]
+        return mask & causal
+
+    def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [B, Hl, nope], latents [B, S, r], mask [B, S] -> [B, Hl * v]."""
+        q_abs = torch.einsum("bhd,hdr->bhr", q, self.w_k)
+        scores = torch.einsum("bhr,bsr->bhs", q_abs, latents) * self.scaling
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        ctx = torch.einsum("bhs,bsr->bhr", torch.softmax(scores, dim=-1), latents)
+        return torch.einsum("bhr,hvr->bhv", ctx, self.w_v).flatten(1)
+
+    def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
+        """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots`, the
+        streams read their slot-table rows `step.table` [B, span]."""
+        pool = step.lanes.pool
+        pool.write(self.pool_layer, step.new_slots, self._rows(x))
+        q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
+        rows = pool.read(self.pool_layer, step.table)                                  # [B, S, width]
+        if self.runs_indexer:
+            step.mask = self._select_lanes(x, q_low, rows, step.positions)
+        q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
+        out = self._attend_lanes(q, rows[..., : self.rank_dim], step.mask)
+        return self.group.sum_partials(ops.linear(out, self.o_proj))

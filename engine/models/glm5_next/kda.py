@@ -67,36 +67,53 @@ class KimiDeltaAttention:
         normed = ops.rms_norm(core, self.o_norm, self.eps) * torch.sigmoid(gate)
         return self.group.sum_partials(ops.linear(normed.flatten(1), self.o_proj))
 
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of one stream's delta-rule state and conv window on this rank."""
+        return (self.local_heads, self.head_dim, self.head_dim), (self.conv.shape[0], self.conv.shape[1] - 1)
+
     def _fresh_state(self, seq: Sequence) -> None:
         if self.layer not in seq.kda_state:
-            seq.kda_state[self.layer] = torch.zeros(self.local_heads, self.head_dim, self.head_dim,
-                                                     device=self.conv.device)
-            seq.conv_state[self.layer] = torch.zeros(self.conv.shape[0], self.conv.shape[1] - 1,
-                                                      device=self.conv.device)
+            state, conv = self.state_shapes
+            seq.kda_state[self.layer] = torch.zeros(state, device=self.conv.device)
+            seq.conv_state[self.layer] = torch.zeros(conv, device=self.conv.device)
 
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict | None = None) -> torch.Tensor:
         """x: [T, hidden] — a chunk of one stream; its state advances."""
         self._fresh_state(seq)
-        mixed, seq.conv_state[self.layer] = ops.causal_conv(ops.linear(x, self.qkv_proj), seq.conv_state[self.layer],
-                                                            self.conv)
+        mixed, conv = ops.causal_conv(ops.linear(x, self.qkv_proj), seq.conv_state[self.layer], self.conv)
         q, k, v = self._split_qkv(mixed)
         g, beta, gate = self._gates(x)
-        core, seq.kda_state[self.layer] = ops.kda_chunked(seq.kda_state[self.layer], q, k, v, g, beta)
+        core, state = ops.kda_chunked(seq.kda_state[self.layer], q, k, v, g, beta)
+        seq.store_state(self.layer, state, conv)
         return self._output(core, gate)
+
+    def _step(self, x: torch.Tensor, windows: torch.Tensor, state: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One token per stream: x [B, hidden], windows [B, C, K-1], state [B, Hl, d, d] -> output [B, hidden],
+        new windows, new state."""
+        projected = ops.linear(x, self.qkv_proj)
+        seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)                # [B, C, K]
+        mixed = torch.nn.functional.silu((seqs_in * self.conv).sum(-1))
+        q, k, v = self._split_qkv(mixed)
+        g, beta, gate = self._gates(x)
+        core, state = ops.kda_step(state, q, k, v, g, beta)
+        return self._output(core, gate), seqs_in[:, :, 1:], state
 
     def decode(self, x: torch.Tensor, seqs: list[Sequence], selection: dict | None = None) -> torch.Tensor:
         """x: [B, hidden] — one token for each stream."""
         for seq in seqs:
             self._fresh_state(seq)
-        projected = ops.linear(x, self.qkv_proj)
-        windows = torch.stack([s.conv_state[self.layer] for s in seqs])                # [B, C, K-1]
-        seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)                # [B, C, K]
-        mixed = torch.nn.functional.silu((seqs_in * self.conv).sum(-1))
-        q, k, v = self._split_qkv(mixed)
-        g, beta, gate = self._gates(x)
-        state = torch.stack([s.kda_state[self.layer] for s in seqs])
-        core, state = ops.kda_step(state, q, k, v, g, beta)
+        windows = torch.stack([s.conv_state[self.layer] for s in seqs])
+        out, windows, state = self._step(x, windows, torch.stack([s.kda_state[self.layer] for s in seqs]))
         for i, seq in enumerate(seqs):
-            seq.kda_state[self.layer] = state[i]
-            seq.conv_state[self.layer] = seqs_in[i, :, 1:].clone()
-        return self._output(core, gate)
+            seq.store_state(self.layer, state[i], windows[i].clone())
+        return out
+
+    def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
+        """The static decode step (`lanes.LaneStep`): state gathered from and scattered back to the lane tensors."""
+        kda, conv = step.lanes.kda[self.layer], step.lanes.conv[self.layer]
+        out, windows, state = self._step(x, conv[step.lane_ids], kda[step.lane_ids])
+        kda[step.lane_ids] = state
+        conv[step.lane_ids] = windows
+        return out

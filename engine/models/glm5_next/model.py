@@ -4,6 +4,8 @@ Two entry points over explicit per-stream state (`engine.cache.Sequence`):
 - `prefill(seq, ids)`: a chunk of one stream's prompt (any size, continuing where the stream stopped);
 - `decode(seqs, ids)`: one token for each of several streams.
 Both return fp32 logits for the last token of each stream, identical on every rank.
+Serving decodes through `lane_decoder` instead (engine/models/glm5_next/lanes.py): the same step with per-lane state
+tensors and fixed shapes (`decode_step`), replayed from CUDA graphs on a GPU.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Callable
 import torch
 
 from engine import ops
-from engine.cache import KVPool, Sequence
+from engine.cache import KVPool, LaneState, Sequence
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import DSA, TextConfig
 from engine.models.glm5_next.dsa import SparseMLA
@@ -109,6 +111,17 @@ class Glm5NextForCausalLM:
     def new_sequence(self, pool: KVPool) -> Sequence:
         return Sequence(pool)
 
+    def kda_state_shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Per KDA layer: this rank's (delta-rule state, conv window) shape of one stream."""
+        return {layer.attn.layer: layer.attn.state_shapes for layer in self.layers if not layer.is_dsa}
+
+    def lane_decoder(self, pool: KVPool, num_lanes: int, graphs: bool | None = None):
+        """The serving decode path over `num_lanes` lanes (graphs: None = on when a single rank runs on a GPU and
+        GLM_CUDA_GRAPHS is not 0)."""
+        from engine.models.glm5_next.lanes import LaneDecoder
+
+        return LaneDecoder(self, pool, num_lanes, graphs)
+
     # -- forward -------------------------------------------------------------------------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.vocab_start
@@ -120,8 +133,11 @@ class Glm5NextForCausalLM:
         hidden = ops.rms_norm(streams.mean(dim=1), self.norm, self.cfg.rms_norm_eps)
         return self.group.gather_last_dim(ops.linear(hidden, self.lm_head))
 
-    def _run(self, ids: list[int], attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        x = self._embed(torch.tensor(ids, dtype=torch.long, device=self.embed.device))
+    def _run(self, ids: list[int] | torch.Tensor, attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]
+             ) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.tensor(ids, dtype=torch.long, device=self.embed.device)
+        x = self._embed(ids)
         streams = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
         for layer in self.layers:
             streams = layer.forward(streams, lambda h, layer=layer: attend_fn(layer, h))
@@ -132,8 +148,8 @@ class Glm5NextForCausalLM:
         """Consume a chunk of one stream's tokens; fp32 logits [vocab] of its last token."""
         if not ids:
             raise ValueError("prefill needs at least one token")
-        if len(seq.slots) < seq.length + len(ids):
-            seq.grow(seq.length + len(ids) - len(seq.slots))
+        if seq.num_slots < seq.length + len(ids):
+            seq.grow(seq.length + len(ids) - seq.num_slots)
         selection: dict = {}
         streams = self._run(ids, lambda layer, h: layer.attn.prefill(h, seq, selection))
         seq.length += len(ids)
@@ -143,10 +159,23 @@ class Glm5NextForCausalLM:
     def decode(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
         """One token for each stream; fp32 logits [B, vocab]."""
         for seq in seqs:
-            if len(seq.slots) < seq.length + 1:
+            if seq.num_slots < seq.length + 1:
                 seq.grow(1)
         selection: dict = {}
         streams = self._run(ids, lambda layer, h: layer.attn.decode(h, seqs, selection))
         for seq in seqs:
             seq.length += 1
+        return self._logits(streams)
+
+    @torch.no_grad()
+    def decode_step(self, lanes: LaneState, inputs: torch.Tensor, span: int) -> torch.Tensor:
+        """The static decode step: inputs [4, B] long on the device (lane, token, position, new slot of each stream);
+        every stream reads `span` entries of its slot-table row. No host sync, no shape that depends on the data, so
+        it can be captured in a CUDA graph. fp32 logits [B, vocab]. The caller advances the sequences' lengths."""
+        from engine.models.glm5_next.lanes import LaneStep
+
+        lane_ids, tokens, positions, new_slots = inputs
+        lanes.slots[lane_ids, positions] = new_slots
+        step = LaneStep(lanes, lane_ids, positions, new_slots, lanes.slots[lane_ids, :span])
+        streams = self._run(tokens, lambda layer, h: layer.attn.decode_lanes(h, step))
         return self._logits(streams)

@@ -1,0 +1,129 @@
+"""The serving decode path: one static, sync-free step over lanes, replayed from CUDA graphs on a GPU.
+
+A lane is a stream's fixed seat (0..PARALLEL-1, chosen by the scheduler). Each lane owns preallocated state
+(`engine.cache.LaneState`: KDA state and conv windows, its row of the slot table), so a decode step is a function
+of four small device tensors — lane, token, position and new pool slot of each stream — and of `span`, how many
+slot-table entries every stream reads (a power of two ≥ the longest stream, so it changes rarely). Nothing in the
+step depends on the data through a shape or a host read (`Glm5NextForCausalLM.decode_step`).
+
+On CUDA, `LaneDecoder` captures that step once per (batch, span) in a `torch.cuda.CUDAGraph` (warm-up on a side
+stream, on the scratch lane and the pool's scratch row, so no stream's state is touched) and replays it: streams
+joining or leaving change only the lane ids fed in, never the graph. A capture that fails falls back to the eager
+step with one warning. GLM_CUDA_GRAPHS=0 turns graphs off; they are also off with several ranks (the vocab gather
+still reads shard widths on the host).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.cache import KVPool, LaneState, Sequence
+
+if TYPE_CHECKING:
+    from engine.models.glm5_next.model import Glm5NextForCausalLM
+
+log = logging.getLogger("engine.lanes")
+
+MIN_SPAN = 64
+
+
+@dataclass
+class LaneStep:
+    """What every layer of one static decode step reads (device tensors, shapes fixed by batch and span)."""
+
+    lanes: LaneState
+    lane_ids: torch.Tensor     # [B]
+    positions: torch.Tensor    # [B] the position of each stream's new token
+    new_slots: torch.Tensor    # [B] the pool slot each new token's row goes to
+    table: torch.Tensor        # [B, span] pool slots by position (past a stream's length: the scratch row)
+    mask: torch.Tensor | None = None  # [B, span] the last full indexer's selection (shared-indexer layers reuse it)
+
+
+def graphs_wanted(device: torch.device, world: int) -> bool:
+    return device.type == "cuda" and world == 1 and os.environ.get("GLM_CUDA_GRAPHS", "1") != "0"
+
+
+class CapturedStep:
+    """The decode step for one (batch, span), captured; `replay(inputs)` -> the graph's logits buffer."""
+
+    def __init__(self, model: "Glm5NextForCausalLM", lanes: LaneState, batch: int, span: int, mempool) -> None:
+        dev = lanes.pool.rows.device
+        scratch = [[lanes.scratch_lane] * batch, [0] * batch, [0] * batch, [lanes.pool.scratch_slot] * batch]
+        self.inputs = torch.tensor(scratch, dtype=torch.long, device=dev)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels, nothing syncs later
+            for _ in range(2):
+                model.decode_step(lanes, self.inputs, span)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=mempool, capture_error_mode="thread_local"):
+            self.logits = model.decode_step(lanes, self.inputs, span)
+        lanes.reset(lanes.scratch_lane)
+
+    def replay(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.inputs.copy_(inputs, non_blocking=True)
+        self.graph.replay()
+        return self.logits
+
+
+class LaneDecoder:
+    """Sequences bound to lanes, and their decode step (graphs on a GPU, eager elsewhere)."""
+
+    def __init__(self, model: "Glm5NextForCausalLM", pool: KVPool, num_lanes: int, graphs: bool | None = None,
+                 min_span: int = MIN_SPAN) -> None:
+        self.model, self.pool = model, pool
+        self.state = LaneState(pool, num_lanes, model.kda_state_shapes())
+        self.device = pool.rows.device
+        if graphs is None:
+            graphs = graphs_wanted(self.device, model.group.world)
+        graphs = graphs and self.device.type == "cuda"
+        self.graphs: dict[tuple[int, int], CapturedStep] | None = {} if graphs else None
+        self._mempool = torch.cuda.graph_pool_handle() if graphs else None
+        self.min_span = min_span
+
+    @property
+    def uses_graphs(self) -> bool:
+        return self.graphs is not None
+
+    def new_sequence(self, lane: int) -> Sequence:
+        return self.state.bind(lane)
+
+    def span_for(self, tokens: int) -> int:
+        """Slot-table entries a step reads when its longest stream holds `tokens` tokens."""
+        return min(max(self.min_span, 1 << (tokens - 1).bit_length()), self.state.slots.shape[1])
+
+    @torch.no_grad()
+    def decode(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
+        """One token for each lane-bound sequence; fp32 logits [B, vocab] (a fresh tensor)."""
+        if any(seq.lane is None for seq in seqs):
+            raise ValueError("LaneDecoder.decode takes sequences from LaneDecoder.new_sequence")
+        rows = [[s.lane for s in seqs], list(ids), [s.length for s in seqs], [s.next_slot() for s in seqs]]
+        inputs = torch.tensor(rows, dtype=torch.long)
+        span = self.span_for(max(s.length for s in seqs) + 1)
+        graph = self._graph(len(seqs), span) if self.graphs is not None else None
+        if graph is not None:
+            logits = graph.replay(inputs.pin_memory()).clone()
+        else:
+            logits = self.model.decode_step(self.state, inputs.to(self.device), span)
+        for seq in seqs:
+            seq.length += 1
+        return logits
+
+    def _graph(self, batch: int, span: int) -> CapturedStep | None:
+        key = (batch, span)
+        if key not in self.graphs:
+            try:
+                self.graphs[key] = CapturedStep(self.model, self.state, batch, span, self._mempool)
+            except Exception as exc:  # any capture failure: serve on, eagerly
+                log.warning("CUDA graph capture failed (batch %d, span %d: %s: %s); decoding without graphs",
+                            batch, span, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                self.graphs = None
+                self.state.reset(self.state.scratch_lane)
+                return None
+        return self.graphs[key]

@@ -1,0 +1,112 @@
+"""The static decode step (lanes: per-lane state tensors, slot tables, on-device selection) against the plain decode
+path, on tiny random checkpoints on the CPU (eager; the same step is what CUDA graphs capture, tests/gpu).
+
+A schedule of streams with mixed prompt lengths — past the indexer's selection size, so sparse selection runs —
+joins and leaves lanes while others decode; every stream must get the greedy tokens and logits it gets decoded
+alone through `model.decode`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from reference import make_reference
+from test_parity import ours_greedy, prompt
+
+TOKENS = 10
+# (prompt seed, prompt length, lane, the step at which it joins); lane 0 is used twice: its first stream leaves
+SCHEDULE = [(1, 5, 0, 0), (3, 40, 2, 0), (2, 23, 1, 3), (4, 13, 0, TOKENS), (5, 61, 1, TOKENS + 3)]
+
+
+@pytest.fixture(scope="module", params=["kda3_dsa1", "dsa_heavy"])
+def model(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    make_reference(path, request.param, seed=1)
+    return Glm5NextForCausalLM.load(path)
+
+
+def run_schedule(model, kv: str = "fp32", min_span: int = 8):
+    """Every stream of SCHEDULE through one LaneDecoder; per stream its greedy tokens and logits, and the pool."""
+    pool = model.make_pool(256, kv)
+    decoder = model.lane_decoder(pool, num_lanes=3, graphs=False)
+    decoder.min_span = min_span
+    live: dict[int, tuple[int, object]] = {}   # lane -> (stream index, sequence)
+    out = {i: ([], []) for i in range(len(SCHEDULE))}
+    nxt: dict[int, int] = {}
+    for step in range(60):
+        for i, (seed, length, lane, start) in enumerate(SCHEDULE):
+            if start == step:
+                assert lane not in live
+                seq = decoder.new_sequence(lane)
+                logits = model.prefill(seq, prompt(seed=seed, length=length))
+                out[i][1].append(logits)
+                out[i][0].append(int(logits.argmax()))
+                live[lane] = (i, seq)
+        if not live:
+            break
+        lanes = sorted(live, reverse=step % 2 == 1)    # the batch order changes too
+        logits = decoder.decode([live[lane][1] for lane in lanes], [out[live[lane][0]][0][-1] for lane in lanes])
+        for row, lane in enumerate(lanes):
+            i, seq = live[lane]
+            out[i][1].append(logits[row])
+            out[i][0].append(int(logits[row].argmax()))
+            if len(out[i][0]) == TOKENS:
+                seq.release()
+                del live[lane]
+    return out, pool
+
+
+@torch.no_grad()
+def test_lanes_give_each_stream_its_alone_decode(model):
+    got, pool = run_schedule(model)
+    for i, (seed, length, _, _) in enumerate(SCHEDULE):
+        tokens, logits = ours_greedy(model, prompt(seed=seed, length=length), TOKENS)
+        assert got[i][0] == tokens, f"stream {i} (prompt {length} tokens)"
+        assert max(float((a - b).abs().max()) for a, b in zip(got[i][1], logits)) < 1e-4
+    assert pool.free_tokens == pool.num_tokens
+
+
+@torch.no_grad()
+def test_sparse_selection_runs_past_the_selection_size(model):
+    """The schedule's long prompts see more pools than the indexer may pick (else this tests the dense regime only)."""
+    cfg = model.cfg
+    assert max(length for _, length, _, _ in SCHEDULE) // cfg.index_kpool > cfg.index_topk // cfg.index_kpool
+
+
+@torch.no_grad()
+def test_static_selection_equals_the_plain_one(model):
+    """Per position, the padded on-device selection marks exactly the tokens the plain path's selection does."""
+    layer = next(layer.attn for layer in model.layers if layer.is_dsa and layer.attn.runs_indexer)
+    gen = torch.Generator().manual_seed(0)
+    length, span = 37, 64
+    rows = torch.randn(span, layer.row_width, generator=gen)
+    x = torch.randn(length, model.cfg.hidden_size, generator=gen)
+    q_low = torch.randn(length, model.cfg.q_lora_rank, generator=gen)
+    positions = torch.arange(length)
+    static = layer._select_lanes(x, q_low, rows.expand(length, -1, -1), positions)
+    for pos in range(length):
+        plain = layer._select(x[pos: pos + 1], q_low[pos: pos + 1], rows[: pos + 1], positions[pos: pos + 1])
+        assert torch.equal(static[pos, : pos + 1], plain[0]), f"position {pos}"
+        assert not static[pos, pos + 1:].any()
+
+
+@torch.no_grad()
+def test_bf16_pool_and_a_one_bucket_span(model):
+    """The same with bf16 rows and a span that never changes (the longest bucket from the start)."""
+    got, _ = run_schedule(model, kv="bf16", min_span=128)
+    for i, (seed, length, _, _) in enumerate(SCHEDULE):
+        ids = prompt(seed=seed, length=length)
+        seq = model.new_sequence(model.make_pool(length + TOKENS, "bf16"))
+        step = model.prefill(seq, ids)
+        for t in range(TOKENS - 1):
+            assert int(step.argmax()) == got[i][0][t]
+            assert (got[i][1][t] - step).abs().max() < 1e-3   # bf16 rows: summation order shows in the last bits
+            step = model.decode([seq], [got[i][0][t]])[0]
+
+
+def test_lane_outside_the_table_is_refused(model):
+    decoder = model.lane_decoder(model.make_pool(16), num_lanes=2, graphs=False)
+    with pytest.raises(ValueError, match="lane 2 is outside 0..1"):
+        decoder.new_sequence(2)
