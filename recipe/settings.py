@@ -51,6 +51,7 @@ class Settings:
     kv_pool_gib: float
     memory_reserve_gib: float | None
     kda_chunked: bool
+    cuda_graphs: bool
     image: str
     container_name: str
     runtime: str

@@ -114,11 +114,11 @@ def test_copy_then_interrupted_copy_resumes_then_corruption_is_repaired(bed) -> 
     assert rows(sparks(bed, "doctor").stdout)[("checkpoint", w1)] == "ok"
 
 
-def _partial_bytes(folder: Path) -> int:
+def _partial_bytes(folder: Path, part: str = "big") -> int:
     """Bytes that have reached the worker's folder so far, rsync's hidden temporary files included."""
     if not folder.exists():
         return 0
-    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and "big" in p.name)
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and part in p.name)
 
 
 def test_dry_run_plans_with_the_detected_link(bed) -> None:
@@ -131,3 +131,76 @@ def test_dry_run_plans_with_the_detected_link(bed) -> None:
         assert "NCCL_SOCKET_IFNAME=eth0" in text and "NCCL_IB_HCA=rocep1s0f1" in text
         assert "NCCL_IB_GID_INDEX=3" in text and "--master 10.77.0.1:" in text
     assert "<link netdev>" not in done.stdout
+
+
+REV = "078455ffe6472f9a52fbc1139f58b9db2881b25c"
+HF = {"MODEL_ID": "org/model", "MODEL_REVISION": REV, "CHECKPOINT": "", "HF_HUB_OFFLINE": "1"}
+
+
+def make_hf_cache(bed) -> tuple[Path, Path]:
+    """The head's HF cache as huggingface_hub leaves it: snapshot links into blobs/, one blob a xet-style link to a
+    file outside the cache, refs/main naming the commit."""
+    repo = bed.path_on("head", "hf/hub/models--org--model")
+    snap = repo / "snapshots" / REV
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REV)
+    contents = {"config.json": b'{"model_type": "glm5_next"}\n', "model-00001.safetensors": os.urandom(3 * MIB),
+                "model-00002.safetensors": os.urandom(24 * MIB)}
+    for i, (name, data) in enumerate(contents.items()):
+        (repo / "blobs" / f"blob{i}").write_bytes(data)
+        (snap / name).symlink_to(f"../../blobs/blob{i}")
+    xet = bed.path_on("head", "xet-store/chunk")
+    xet.parent.mkdir()
+    xet.write_bytes(os.urandom(MIB))
+    (repo / "blobs" / "blob-xet").symlink_to(xet)
+    (snap / "model-00003.safetensors").symlink_to("../../blobs/blob-xet")
+    return repo, snap
+
+
+def test_hf_cache_copy_sends_blobs_then_links_resumes_and_repairs(bed) -> None:
+    repo, snap = make_hf_cache(bed)
+    w_repo = bed.path_on("w1", "hf/hub/models--org--model")
+    w_snap = w_repo / "snapshots" / REV
+    w1 = "root@" + bed.nodes["w1"].address
+
+    # Interrupted while the blobs travel: what arrived stays, and no snapshot link points at half a blob yet.
+    bed.in_switch("tc", "qdisc", "add", "dev", "v-w1", "root", "tbf", "rate", "24mbit", "burst", "32kb",
+                  "latency", "400ms")
+    try:
+        proc = bed.on_head([SPARKS, "copy"], bed.environ(**HF), wait=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _partial_bytes(w_repo / "blobs", "blob") < 6 * MIB:
+            time.sleep(0.2)
+        assert _partial_bytes(w_repo / "blobs", "blob") >= 6 * MIB, "the copy did not get going"
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+        assert proc.returncode != 0
+    finally:
+        bed.in_switch("tc", "qdisc", "del", "dev", "v-w1", "root")
+    kept = _partial_bytes(w_repo / "blobs", "blob")
+    assert not w_snap.exists() or not any(w_snap.iterdir())
+
+    done = sparks(bed, "copy", **HF)
+    assert done.returncode == 0 and "identical to the head's" in done.stdout
+    sent_mib = float(re.search(r"\(([0-9.]+) MiB sent this time\)", done.stdout).group(1))
+    assert sent_mib < 29 - kept / MIB + 2, f"resumed copy sent {sent_mib} MiB though {kept / MIB:.0f} MiB were there"
+    # The worker's cache is a cache: the snapshot holds links into blobs/, the xet blob arrived as a file.
+    for entry in snap.iterdir():
+        assert os.readlink(w_snap / entry.name) == os.readlink(entry), entry.name
+        assert (w_snap / entry.name).read_bytes() == entry.read_bytes(), entry.name
+    assert not (w_repo / "blobs" / "blob-xet").is_symlink()
+    assert (w_repo / "refs" / "main").read_text() == REV
+
+    # Corrupted on the worker (a blob cut short, a stray file in the snapshot): found, then repaired.
+    with open(w_repo / "blobs" / "blob2", "r+b") as cut:
+        cut.truncate(5 * MIB)
+    (w_snap / "stray.safetensors").write_bytes(b"not the head's")
+    doctor = sparks(bed, "doctor", **HF)
+    assert rows(doctor.stdout)[("checkpoint", w1)] == "warn" and "model-00002.safetensors" in doctor.stdout
+    done = sparks(bed, "copy", **HF)
+    assert done.returncode == 0 and "identical to the head's" in done.stdout
+    assert (w_snap / "model-00002.safetensors").read_bytes() == (snap / "model-00002.safetensors").read_bytes()
+    assert not (w_snap / "stray.safetensors").exists()
+    assert rows(sparks(bed, "doctor", **HF).stdout)[("checkpoint", w1)] == "ok"

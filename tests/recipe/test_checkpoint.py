@@ -1,4 +1,5 @@
-"""Checkpoint manifests and the pinned download's offline path (no network: a complete snapshot already cached)."""
+"""Checkpoint manifests, and what a copy to a worker sends from a Hugging Face cache (the copy itself runs over
+real ssh and rsync in tests/cluster/test_cluster.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from recipe.checkpoint import CheckpointError, differences, download, missing_bytes, parse_manifest, read_manifest
+from recipe.checkpoint import differences, head_checkpoint_dir, layout_of, missing_bytes, parse_manifest, read_manifest
 from recipe.nodes import LocalNode
+from recipe.settings import load_settings
 from recipe.settings import load_settings
 
 REV = "078455ffe6472f9a52fbc1139f58b9db2881b25c"
@@ -34,18 +36,49 @@ def test_differences_and_missing_bytes() -> None:
     assert missing_bytes(head, worker) == 50
 
 
-def _settings(tmp_path: Path, revision: str):
-    return load_settings(tmp_path, {"MODEL_ID": "org/model", "MODEL_REVISION": revision,
-                                    "HF_CACHE": str(tmp_path / "hf")})
-
-
-def test_offline_download_uses_a_complete_cached_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    repo = tmp_path / "hf" / "hub" / "models--org--model"
-    (repo / "snapshots" / REV).mkdir(parents=True)
+def hf_cache(root: Path) -> tuple[Path, Path]:
+    """A cache as huggingface_hub leaves it: snapshot links into blobs/, one blob a xet-style link further out, a
+    file written into the snapshot by hand, a link whose blob never arrived, refs/main naming the commit."""
+    repo = root / "hub" / "models--org--model"
+    snap = repo / "snapshots" / REV
+    (snap / "sub").mkdir(parents=True)
+    (repo / "blobs").mkdir()
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(REV)
-    (repo / "snapshots" / REV / "config.json").write_text("{}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert download(_settings(tmp_path, REV), offline=True) == str(repo / "snapshots" / REV)
-    with pytest.raises(CheckpointError, match="not complete"):
-        download(_settings(tmp_path, "1" * 40), offline=True)
+    (repo / "refs" / "other").write_text("f" * 40)
+    (repo / "blobs" / "aaa").write_bytes(b"config")
+    (repo / "blobs" / "bbb").write_bytes(b"weights")
+    (root / "xet").mkdir()
+    (root / "xet" / "chunk").write_bytes(b"xet-data")
+    (repo / "blobs" / "ccc").symlink_to(root / "xet" / "chunk")
+    (snap / "config.json").symlink_to("../../blobs/aaa")
+    (snap / "sub" / "w.safetensors").symlink_to("../../../blobs/bbb")
+    (snap / "x.safetensors").symlink_to("../../blobs/ccc")
+    (snap / "gone.safetensors").symlink_to("../../blobs/never-arrived")
+    (snap / "README.md").write_text("by hand")
+    return repo, snap
+
+
+def test_hf_snapshot_is_sent_blobs_first_then_its_links(tmp_path: Path) -> None:
+    repo, snap = hf_cache(tmp_path)
+    layout = layout_of(str(snap))
+    assert layout.root == str(repo)
+    # First, with links followed: the blobs the snapshot reads (a xet link included) and its plain file.
+    assert sorted(layout.blobs) == ["blobs/aaa", "blobs/bbb", "blobs/ccc", f"snapshots/{REV}/README.md"]
+    # Then, as links: the snapshot's links into blobs/ and the ref naming this commit (not a broken link).
+    assert sorted(layout.links) == ["refs/main", f"snapshots/{REV}/config.json", f"snapshots/{REV}/sub/w.safetensors",
+                                    f"snapshots/{REV}/x.safetensors"]
+    assert dict(read_manifest(LocalNode(), str(snap)))["x.safetensors"] == len(b"xet-data")
+
+
+def test_a_plain_folder_is_sent_whole(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    layout = layout_of(str(tmp_path / "ckpt") + "/")
+    assert layout.root == str(tmp_path / "ckpt") and layout.blobs is None
+
+
+def test_an_unpinned_revision_is_found_through_refs(tmp_path: Path) -> None:
+    repo, snap = hf_cache(tmp_path / "hf")
+    settings = load_settings(tmp_path, {"MODEL_ID": "org/model", "MODEL_REVISION": "", "HF_CACHE": str(tmp_path / "hf"),
+                                        "WORKER": "me@spark2"})
+    assert head_checkpoint_dir(settings) == str(snap)
