@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import typer
 
-from recipe import checkpoint, control, launch, preflight, ui
+from recipe import checkpoint, control, download, launch, preflight, ui
 from recipe.docs import settings_markdown, update_readme
 from recipe.errors import LaunchError, RecipeError
 from recipe.host import LinkFacts, detect_host
@@ -194,6 +194,7 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S if stopped else 0.0)
     clock.lap("clear")
     ui.step(2, STEPS, "Checkpoint")
+    _download(settings, reporter)
     launch.prepare(the_plan, reporter)
     launch.sync_checkpoint(the_plan, reporter)
     clock.lap("checkpoint")
@@ -269,6 +270,24 @@ def doctor() -> int:
     checks = list(preflight.run_checks(preflight.context_for(settings, api_port_ours=current.state is not None)))
     ui.show_checks(checks)
     return 1 if any(c.status == preflight.FAIL for c in checks) else 0
+
+
+@app.command("download")
+@_guarded
+def download_command() -> int:
+    """Fetch the pinned checkpoint into HF_CACHE here (only the files the cache lacks; offline, check the cache)."""
+    settings = load_settings()
+    if not download.wanted(settings):
+        ui.say("The ranks read CHECKPOINT (or the embedded default's demo checkpoint): nothing to download.")
+        return 0
+    _download(settings, ui.ConsoleReporter())
+    return 0
+
+
+def _download(settings: Settings, reporter: ui.ConsoleReporter) -> None:
+    if download.wanted(settings):
+        fetched = download.fetch(settings, lambda done, total: reporter.note(download.progress_line(done, total)))
+        reporter.note(fetched.note)
 
 
 @app.command("copy")

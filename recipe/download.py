@@ -52,6 +52,16 @@ class HubUnreachable(CheckpointError):
     """The Hub could not be asked (offline by setting, no network, the Hub down)."""
 
 
+def wanted(settings: Settings) -> bool:
+    """True when the ranks serve a snapshot of HF_CACHE (not CHECKPOINT, not the embedded default's demo)."""
+    return not settings.checkpoint and head_checkpoint_dir(settings) is not None
+
+
+def progress_line(done: int, total: int) -> str:
+    share = f" ({100 * done // total}%)" if total else ""
+    return f"downloaded {done / GIB:.2f} of {total / GIB:.2f} GiB{share}"
+
+
 def offline_by_setting() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in OFFLINE_VALUES
 
