@@ -33,7 +33,10 @@ def settings_for(tmp: Path, revision: str = REV):
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)       # tests/conftest.py sets it for every other test
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     with FakeHub("org/model", REV, repo_files()) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
