@@ -110,3 +110,53 @@ def test_lane_outside_the_table_is_refused(model):
     decoder = model.lane_decoder(model.make_pool(16), num_lanes=2, graphs=False)
     with pytest.raises(ValueError, match="lane 2 is outside 0..1"):
         decoder.new_sequence(2)
+
+
+class HostReads:
+    """Records every op that reads a tensor's value on the host or makes a shape from data (what breaks a CUDA
+    graph capture): .item()/.tolist()/int(t) all go through _local_scalar_dense."""
+
+    FORBIDDEN = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "repeat_interleave")
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        found = self.found = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if any(name in str(func) for name in HostReads.FORBIDDEN):
+                    found.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+
+def sync_free_moe(self, x):
+    """The MoE as a dense sum over experts weighted by the routing (same value; no host read): the CPU stand-in for
+    the GPU's Triton routed-experts kernel, whose own sync-freedom tests/gpu checks by capturing it."""
+    chosen, weights = self.route(x)
+    dense = torch.zeros(x.shape[0], len(self.experts)).scatter(1, chosen, weights)
+    out = self.shared.partial(x)
+    for e, expert in enumerate(self.experts):
+        out = out + expert.partial(x) * dense[:, e: e + 1]
+    return self.group.sum_partials(out)
+
+
+@torch.no_grad()
+def test_the_static_step_never_reads_the_device_from_the_host(model, monkeypatch):
+    from engine.models.glm5_next.moe import MoE
+
+    monkeypatch.setattr(MoE, "__call__", sync_free_moe)
+    decoder = model.lane_decoder(model.make_pool(128), num_lanes=2, graphs=False)
+    seqs = [decoder.new_sequence(lane) for lane in (0, 1)]
+    for seq, length in zip(seqs, (40, 9)):
+        model.prefill(seq, prompt(seed=length, length=length))
+    inputs = torch.tensor([[0, 1], [5, 6], [40, 9], [s.next_slot() for s in seqs]])
+    host = HostReads()
+    with host.mode:
+        model.decode_step(decoder.state, inputs, 64)
+    assert host.found == []
+    with host.mode:   # the plain path does read (this is what the check catches)
+        model.decode(seqs, [5, 6])
+    assert "aten._local_scalar_dense.default" in host.found
