@@ -2,18 +2,23 @@
 
 Facts come from two places on each node: `ip -o -4 …` (addresses, the route to the peer) and the RDMA part of
 sysfs. Both are read through a node's `run`, so the same code reads this machine, a worker over ssh, or a fixture
-tree (`sysfs_root` points anywhere; real Sparks use /sys). Nothing here prints; problems raise `LinkError`.
+tree (`sysfs_root` points anywhere; real Sparks use /sys). A second rail (another RoCE port pair on one subnet) is
+probed before it is used: pings both ways through its ports, full-size and unfragmented at the smaller MTU. Nothing
+here prints; problems raise `LinkError`.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from recipe.errors import RecipeError
 
 ROCE_V2 = "RoCE v2"
+PING = ["ping", "-n", "-q", "-c", "2", "-i", "0.2", "-W", "2", "-w", "4"]   # two echoes, at most 4 s in all
+IP_ICMP_HEADERS = 28          # a ping of MTU - 28 bytes fills one unfragmented packet
 
 # Prints one line per RoCE GID and one per netdev → RDMA device mapping. Unused GID slots fail to read (EINVAL on
 # real sysfs) and are skipped; the GID type goes last because it holds a space.
@@ -223,7 +228,39 @@ def detect_link(head: Runs, worker: Runs, peer: str, peer_is_explicit: bool, sys
                         f"{' via ' + back.via if back.via else ''}, not over its RoCE port {primary.worker_ifname}",
                         "give both ends of the cable addresses on one subnet (ip -4 addr on both Sparks)")
     rails, more = _more_rails(head_net, worker_net, primary)
-    return Link(worker=worker.name, rails=(primary, *rails), notes=(*notes, *more))
+    probed = []
+    for rail in rails:
+        why = probe_rail(head, worker, rail)
+        if why is None:
+            probed.append(rail)
+        else:
+            more.append(f"second rail {rail.head_ifname} ({rail.head_ip}) <-> {worker.name}'s {rail.worker_ifname} "
+                        f"({rail.worker_ip}) {why}: not used, running on fewer rails (give both ports an address "
+                        "on one subnet per rail and the same MTU on both Sparks)")
+    return Link(worker=worker.name, rails=(primary, *probed), notes=(*notes, *more))
+
+
+def probe_rail(head: Runs, worker: Runs, rail: Rail) -> str | None:
+    """None when both ends reach each other through this rail's ports with full-size unfragmented packets (the
+    smaller MTU of the two); otherwise what failed. A rail NCCL cannot use stalls it instead of being skipped."""
+    try:
+        mtu = min(_mtu(head, rail.head_ifname), _mtu(worker, rail.worker_ifname))
+    except RecipeError as error:
+        return f"has no readable MTU ({error.message})"
+    size = str(mtu - IP_ICMP_HEADERS)
+    for node, ifname, dest in ((head, rail.head_ifname, rail.worker_ip), (worker, rail.worker_ifname, rail.head_ip)):
+        try:
+            node.output([*PING, "-M", "do", "-s", size, "-I", ifname, dest], timeout_s=10)
+        except RecipeError:
+            return f"does not carry {mtu}-byte packets from {node.name} ({ifname}) to {dest}"
+    return None
+
+
+def _mtu(node: Runs, ifname: str) -> int:
+    found = re.search(r"\bmtu (\d+)", node.output(["ip", "-o", "link", "show", "dev", ifname]))
+    if not found:
+        raise LinkError(f"`ip link` shows no MTU for {ifname} on {node.name}")
+    return int(found.group(1))
 
 
 def _rail(head: NodeNet, worker: NodeNet, route: Route, peer: str) -> Rail:

@@ -13,7 +13,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from recipe.checkpoint import differences, head_checkpoint_dir, missing_bytes, read_manifest
+from recipe import download
+from recipe.checkpoint import differences, head_checkpoint_dir, hf_repo_of, missing_bytes, read_manifest
 from recipe.errors import RecipeError
 from recipe.launch import port_is_free
 from recipe.link import Link, LinkError, detect_link
@@ -46,6 +47,8 @@ class Context:
     sysfs_root: str = "/sys"
     api_port_ours: bool = False        # our own running server holds PORT (restart): not a conflict
     links: list[Link] = field(default_factory=list)   # filled by the link check
+    # Bytes of the pinned revision the head's cache lacks, as the Hub lists them (None: do not ask the Hub).
+    hub_need: Callable[[Settings], int] | None = None
 
 
 class PreflightError(RecipeError):
@@ -54,7 +57,8 @@ class PreflightError(RecipeError):
 
 def context_for(settings: Settings, api_port_ours: bool = False) -> Context:
     return Context(settings=settings, head=LocalNode(), workers=[SshNode(w) for w in settings.workers],
-                   sysfs_root=os.environ.get("SPARKS_SYSFS_ROOT", "/sys"), api_port_ours=api_port_ours)
+                   sysfs_root=os.environ.get("SPARKS_SYSFS_ROOT", "/sys"), api_port_ours=api_port_ours,
+                   hub_need=lambda s: download.needed(s).missing_bytes)
 
 
 def run_checks(ctx: Context) -> Iterator[Check]:
@@ -156,26 +160,36 @@ def check_disk(ctx: Context, node: Node) -> Check:
         return Check("disk", _where(node), OK, "the demo checkpoint is small (made under CACHE_DIR)")
     try:
         free = free_bytes(node, folder)
-        need = _checkpoint_need(ctx, node, folder)
+        need, how = _checkpoint_need(ctx, node, folder)
     except RecipeError as error:
         return Check("disk", _where(node), FAIL, error.message, error.fix)
     spare = DISK_SPARE_GIB * GIB if need else 0
-    text = f"{free / GIB:.0f} GiB free under {folder}, {need / GIB:.1f} GiB of checkpoint still to come"
+    text = f"{free / GIB:.0f} GiB free under {folder}, {need / GIB:.1f} GiB of checkpoint still to come ({how})"
     if free < need + spare:
         return Check("disk", _where(node), FAIL, text, f"free {(need + spare - free) / GIB:.0f} GiB there, or point "
                      "HF_CACHE (CHECKPOINT) at a larger disk")
     return Check("disk", _where(node), OK, text)
 
 
-def _checkpoint_need(ctx: Context, node: Node, folder: str) -> int:
-    """Only what is missing counts: nothing when the copy is complete, the difference to the head's copy on a
-    worker, an estimate for a download that has not begun."""
+def _checkpoint_need(ctx: Context, node: Node, folder: str) -> tuple[int, str]:
+    """Only what is missing counts, and how that was found: on a worker, what differs from the head's copy; on the
+    head, the files the Hub lists that the cache lacks (an estimate when the Hub cannot be asked)."""
     head = read_manifest(ctx.head, folder)
-    if node.is_local:
-        return 0 if head else CHECKPOINT_ESTIMATE_GIB * GIB
-    if not head:
-        return CHECKPOINT_ESTIMATE_GIB * GIB
-    return missing_bytes(head, read_manifest(node, folder))
+    if not node.is_local:
+        if not head:
+            return CHECKPOINT_ESTIMATE_GIB * GIB, "estimate: the head has none of it yet"
+        return missing_bytes(head, read_manifest(node, folder)), "what differs from the head's copy"
+    if head and not download.incomplete_files(folder):
+        return 0, "complete here"
+    if ctx.hub_need is None or not download.wanted(ctx.settings):
+        if head:
+            return 0, "CHECKPOINT is served as it is"
+        return CHECKPOINT_ESTIMATE_GIB * GIB, "estimate: none of it is here"
+    try:
+        return ctx.hub_need(ctx.settings), "the files the Hub lists that the cache lacks"
+    except RecipeError as error:
+        have = sum(size for _, size in head)
+        return max(0, CHECKPOINT_ESTIMATE_GIB * GIB - have), f"estimate: {error.message}"
 
 
 def check_rsync(node: Node) -> Check:
@@ -187,29 +201,41 @@ def check_rsync(node: Node) -> Check:
 
 def check_docker(node: Node) -> Check:
     result = node.run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout_s=30)
-    if result.code == 127 or "not found" in result.stderr:
+    error = result.stderr.lower()
+    if result.code == 127 or "not found" in error:
         return Check("docker", _where(node), FAIL, "docker is not installed", "install Docker with the NVIDIA "
                      "Container Toolkit (DGX OS ships both)")
+    if not result.ok and "permission denied" in error:
+        return Check("docker", _where(node), FAIL, "the docker daemon refuses this user (permission denied on its "
+                     "socket)", "add the user to the docker group: sudo usermod -aG docker $USER, then log in again")
     if not result.ok:
         return Check("docker", _where(node), FAIL, f"the docker daemon does not answer: {result.last_error_line()}",
-                     "start it (sudo systemctl start docker) and add this user to the docker group "
-                     "(sudo usermod -aG docker $USER, then log in again)")
+                     "start it: sudo systemctl enable --now docker")
     if "nvidia" not in result.stdout:
         return Check("docker", _where(node), WARN, "docker answers, but lists no nvidia runtime; --gpus may fail",
                      "install the NVIDIA Container Toolkit (nvidia-ctk runtime configure --runtime=docker)")
-    return Check("docker", _where(node), OK, "docker answers and lists the nvidia runtime")
+    return Check("docker", _where(node), OK, "docker answers this user and lists the nvidia runtime")
+
+
+# For each path: the nearest folder that exists must be writable (what a copy or download creates goes there).
+WRITABLE_SCRIPT = 'for p in "$@"; do while [ ! -e "$p" ]; do p=$(dirname "$p"); done; [ -w "$p" ] || echo "$p"; done'
 
 
 def check_cache_writable(ctx: Context, worker: Node) -> Check:
     folder = head_checkpoint_dir(ctx.settings)
     if folder is None:
         return Check("cache", worker.name, OK, "nothing to copy there")
-    script = 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; [ -w "$p" ] && echo "$p"'
-    result = worker.run(["sh", "-c", script, "writable", folder], timeout_s=30)
-    if result.ok:
-        return Check("cache", worker.name, OK, f"{folder} can be written ({result.stdout.strip()})")
-    return Check("cache", worker.name, FAIL, f"{folder} cannot be written there",
-                 "a container may have left it owned by root: sudo chown -R $USER on that folder, on the worker")
+    repo = hf_repo_of(folder)
+    paths = [folder] if repo is None else [os.path.join(repo, "blobs"), folder, os.path.join(repo, "refs")]
+    result = worker.run(["sh", "-c", WRITABLE_SCRIPT, "writable", *paths], timeout_s=30)
+    if not result.ok:
+        return Check("cache", worker.name, FAIL, f"cannot check {folder} there: {result.last_error_line()}",
+                     worker.fix_for(result))
+    locked = list(dict.fromkeys(result.stdout.split()))
+    if locked:
+        return Check("cache", worker.name, FAIL, f"this user cannot write {', '.join(locked)} there",
+                     f"a container may have left it owned by root: sudo chown -R $USER {locked[0]} on {worker.name}")
+    return Check("cache", worker.name, OK, f"{repo or folder} can be written")
 
 
 def check_copy(ctx: Context, worker: Node) -> Check:

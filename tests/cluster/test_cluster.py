@@ -125,8 +125,8 @@ def test_dry_run_plans_with_the_detected_link(bed) -> None:
     make_checkpoint(bed, {"model.safetensors": MIB})
     done = sparks(bed, "start", DRY_RUN="1")
     assert done.returncode == 0, done.stdout + done.stderr
-    rank1 = done.stdout.split("rank 1 on root@10.77.0.2", 1)[1].split("rank 0 here", 1)[0]
-    rank0 = done.stdout.split("rank 0 here", 1)[1]
+    rank1 = done.stdout.split("\nrank 1 on root@10.77.0.2", 1)[1].split("\nrank 0 here", 1)[0]
+    rank0 = done.stdout.split("\nrank 0 here", 1)[1]
     for text in (rank0, rank1):
         assert "NCCL_SOCKET_IFNAME=eth0" in text and "NCCL_IB_HCA=rocep1s0f1" in text
         assert "NCCL_IB_GID_INDEX=3" in text and "--master 10.77.0.1:" in text

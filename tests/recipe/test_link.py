@@ -11,8 +11,10 @@ from typing import Sequence
 import pytest
 
 from recipe.link import LinkError, detect_link, parse_route
+from recipe.nodes import NodeError
 from recipe.plan_docker import docker_env
 
+PING_ARGS = ["ping", "-n", "-q", "-c", "2", "-i", "0.2", "-W", "2", "-w", "4"]
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
 
 
@@ -22,16 +24,27 @@ def addr_lines(*entries: tuple[str, str]) -> str:
 
 
 class FakeNode:
-    """A node whose `ip` answers are written down and whose sysfs is a fixture tree."""
+    """A node whose `ip` and `ping` answers are written down and whose sysfs is a fixture tree (MTUs included).
+    `silent` lists the (netdev, destination) pairs whose pings get no answer."""
 
     def __init__(self, name: str, tree: str, addrs: str, routes: dict[str, str]) -> None:
         self.name, self.tree, self.addrs, self.routes = name, FIXTURES / tree, addrs, routes
+        self.silent: set[tuple[str, str]] = set()
+        self.pings: list[list[str]] = []
 
     def output(self, argv: Sequence[str], timeout_s: float = 20) -> str:
         if argv[:3] == ["ip", "-o", "-4"] and argv[3] == "addr":
             return self.addrs
         if argv[:5] == ["ip", "-o", "-4", "route", "get"]:
             return self.routes[argv[5]]
+        if argv[:5] == ["ip", "-o", "link", "show", "dev"]:
+            mtu = (self.tree / "class/net" / argv[5] / "mtu").read_text().strip()
+            return f"4: {argv[5]}: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu {mtu} qdisc mq state UP mode DEFAULT\n"
+        if argv[0] == "ping":
+            self.pings.append(list(argv))
+            if (argv[argv.index("-I") + 1], argv[-1]) in self.silent:
+                raise NodeError(f"`ping` failed on {self.name}: 2 packets transmitted, 0 received")
+            return "2 packets transmitted, 2 received, 0% packet loss\n"
         if argv[0] == "sh":  # the inventory script, run for real against this node's tree
             return subprocess.run([*argv[:-1], str(self.tree)], capture_output=True, text=True, check=True).stdout
         raise AssertionError(f"unexpected command {argv}")
@@ -59,6 +72,9 @@ def test_spark_with_two_rails_pairs_both_and_feeds_nccl() -> None:
                                                                ("roceP2p1s0f1", "roceP2p1s0f1")]
     assert link.master_addr == "192.168.100.1" and link.primary.gid_index == 3 and link.notes == ()
     assert "2 rail(s)" in link.summary()
+    # The second rail was probed both ways with full-size unfragmented packets (MTU 9000 - 28).
+    assert head.pings == [[*PING_ARGS, "-M", "do", "-s", "8972", "-I", "enP2p1s0f1np1", "192.168.101.2"]]
+    assert worker.pings == [[*PING_ARGS, "-M", "do", "-s", "8972", "-I", "enP2p1s0f1np1", "192.168.101.1"]]
     from recipe.host import LinkFacts
     facts = LinkFacts.from_link(link)
     env = docker_env(_settings(), facts.for_rank(0))
@@ -114,6 +130,15 @@ def test_a_second_rail_without_a_partner_is_left_out_and_named() -> None:
     link = detect_link(head, worker, "192.168.100.2", peer_is_explicit=True, sysfs_root="/unused")
     assert len(link.rails) == 1
     assert any("enP2p1s0f1np1 (192.168.101.1) has no partner" in n for n in link.notes)
+
+
+def test_a_second_rail_that_does_not_answer_is_left_out_and_named() -> None:
+    head, worker = spark_pair({"192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1")})
+    worker.silent.add(("enP2p1s0f1np1", "192.168.101.1"))       # the head's twin port answers, the way back not
+    link = detect_link(head, worker, "192.168.100.2", peer_is_explicit=True, sysfs_root="/unused")
+    assert [r.head_ifname for r in link.rails] == ["enp1s0f1np1"]
+    assert any("enP2p1s0f1np1 (192.168.101.1)" in n and "from me@spark2 (enP2p1s0f1np1) to 192.168.101.1" in n
+               and "not used" in n for n in link.notes), link.notes
 
 
 def test_route_parsing() -> None:

@@ -4,7 +4,10 @@ the same checks against real sshd, rsync and docker nodes)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -86,7 +89,17 @@ def test_docker_without_nvidia_runtime_warns_and_a_silent_daemon_fails(tmp_path:
     head.answers["docker info"] = (1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.\n")
     checks = by_name(run_checks(context(tmp_path, head, [worker])))
     assert checks[("docker", "me@spark2")].status == WARN and "nvidia" in checks[("docker", "me@spark2")].fix
-    assert checks[("docker", "head")].status == FAIL and "docker group" in checks[("docker", "head")].fix
+    assert checks[("docker", "head")].status == FAIL and "systemctl" in checks[("docker", "head")].fix
+
+
+def test_docker_that_refuses_this_user_says_to_join_the_docker_group(tmp_path: Path) -> None:
+    head = healthy("local", True)
+    head.answers["docker info"] = (1, "", "permission denied while trying to connect to the Docker daemon socket at "
+                                   "unix:///var/run/docker.sock: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/info\": "
+                                   "dial unix /var/run/docker.sock: connect: permission denied\n")
+    docker = by_name(run_checks(context(tmp_path, head, [healthy("me@spark2", False)])))[("docker", "head")]
+    assert docker.status == FAIL and "refuses this user" in docker.message
+    assert "usermod -aG docker" in docker.fix
 
 
 def test_api_port_in_use_fails_unless_our_own_server_holds_it(tmp_path: Path) -> None:
@@ -120,3 +133,63 @@ def test_missing_rsync_fails_on_that_node(tmp_path: Path) -> None:
     checks = by_name(run_checks(context(tmp_path, healthy("local", True), [worker])))
     assert checks[("rsync", "me@spark2")].status == FAIL and "apt install rsync" in checks[("rsync", "me@spark2")].fix
     assert checks[("rsync", "head")].status == OK
+
+
+def test_tp_that_does_not_match_the_workers_stops_before_any_worker_is_asked(tmp_path: Path) -> None:
+    worker = healthy("me@spark2", False)
+    settings = load_settings(tmp_path, {"TP": "3", "WORKER": "me@spark2", "HF_CACHE": str(tmp_path / "hf"),
+                                        "PORT": "18888"}, rules=False)
+    with pytest.raises(PreflightError) as stopped:
+        first_failure(Context(settings=settings, head=healthy("local", True), workers=[worker]))
+    assert "TP=3 needs 2 worker(s), 1 set" in stopped.value.message and worker.asked == []
+
+
+def test_head_disk_counts_what_the_hub_lists_as_missing_or_estimates_without_it(tmp_path: Path) -> None:
+    from recipe.download import HubUnreachable
+
+    head = healthy("local", True)       # df: ~858 GiB free
+    ctx = context(tmp_path, head, [healthy("me@spark2", False)])
+    ctx.hub_need = lambda settings: 3 * 1024 ** 3
+    disk = by_name(run_checks(ctx))[("disk", "head")]
+    assert disk.status == OK and "3.0 GiB of checkpoint still to come (the files the Hub lists" in disk.message
+
+    def unreachable(settings):
+        raise HubUnreachable("the Hub (huggingface.co:443) did not answer (Network is unreachable)")
+
+    ctx.hub_need = unreachable
+    disk = by_name(run_checks(ctx))[("disk", "head")]
+    assert "170.0 GiB of checkpoint still to come (estimate: the Hub (huggingface.co:443) did not answer" \
+        in disk.message
+
+
+class AsNobody(Node):
+    """This machine, every command run as the unprivileged user `nobody` (real permission checks, no root
+    override): how a worker's cache left owned by root by a container looks to the user the recipe runs as."""
+
+    def __init__(self) -> None:
+        self.name, self.is_local = "nobody@here", False
+
+    def _wrap(self, argv: Sequence[str]) -> list[str]:
+        return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", *argv]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to run the check as another user")
+def test_worker_cache_left_owned_by_root_is_refused_with_the_chown_fix(tmp_path: Path) -> None:
+    from recipe.preflight import check_cache_writable
+
+    base = Path(tempfile.mkdtemp(prefix="sparks-cache-"))    # pytest's own folders are private to root
+    try:
+        base.chmod(0o755)
+        hub = base / "hf" / "hub" / "models--org--model"
+        (hub / "blobs").mkdir(parents=True)
+        ctx = context(tmp_path, healthy("local", True), [AsNobody()], MODEL_ID="org/model",
+                      HF_CACHE=str(base / "hf"), MODEL_REVISION="078455ffe6472f9a52fbc1139f58b9db2881b25c")
+        check = check_cache_writable(ctx, AsNobody())
+        assert check.status == FAIL and str(hub / "blobs") in check.message
+        assert f"chown -R $USER {hub / 'blobs'}" in check.fix
+        for folder in (hub, hub / "blobs"):
+            shutil.chown(folder, "nobody")
+        assert check_cache_writable(ctx, AsNobody()).status == OK
+    finally:
+        shutil.rmtree(base)
