@@ -42,6 +42,21 @@ def rows(output: str) -> dict[tuple[str, str], str]:
     return found
 
 
+def found(output: str, check: str, node: str) -> str:
+    """The "found" cell of one row of `sparks doctor`'s table, wrapped lines joined."""
+    parts, inside = [], False
+    for line in output.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃]", line)]
+        if len(cells) < 4:
+            inside = False
+            continue
+        if cells[0]:
+            inside = (cells[0], cells[1]) == (check, node)
+        if inside:
+            parts.append(cells[3])
+    return " ".join(p for p in parts if p)
+
+
 def test_doctor_passes_over_ssh_and_detects_the_link(bed) -> None:
     make_checkpoint(bed, {"model.safetensors": 2 * MIB})
     done = sparks(bed, "doctor")
@@ -204,3 +219,50 @@ def test_hf_cache_copy_sends_blobs_then_links_resumes_and_repairs(bed) -> None:
     assert (w_snap / "model-00002.safetensors").read_bytes() == (snap / "model-00002.safetensors").read_bytes()
     assert not (w_snap / "stray.safetensors").exists()
     assert rows(sparks(bed, "doctor", **HF).stdout)[("checkpoint", w1)] == "ok"
+
+
+@pytest.fixture
+def second_rail(bed):
+    """A second cable between the head and w1 (eth1 on 10.77.1.0/24 through a bridge of its own), and stand-in
+    sysfs trees that give eth1 a RoCE device on both; all undone afterwards (the test bed is shared)."""
+    from sysfs_tree import Port, write_tree
+
+    def trees(rails: int) -> None:
+        for name, octet in (("head", 1), ("w1", 2)):
+            node = bed.nodes[name]
+            ports = [Port("eth0", node.address, "rocep1s0f1"), Port("eth1", f"10.77.1.{octet}", "roceP2p1s0f1")]
+            write_tree(node.dir / "sys", ports[:rails])
+
+    bed.in_switch("ip", "link", "add", "br1", "type", "bridge")
+    bed.in_switch("ip", "link", "set", "br1", "up")
+    try:
+        for name, octet in (("head", 1), ("w1", 2)):
+            bed.in_switch("ip", "link", "add", f"r2-{name}", "type", "veth", "peer", "name", "eth1", "netns",
+                          bed.nodes[name].netns)
+            bed.in_switch("ip", "link", "set", f"r2-{name}", "master", "br1", "up")
+            bed.in_node(name, "ip", "addr", "add", f"10.77.1.{octet}/24", "dev", "eth1")
+            bed.in_node(name, "ip", "link", "set", "eth1", "up")
+        bed.assert_no_default_route()
+        trees(2)
+        yield
+    finally:
+        trees(1)
+        for name in ("head", "w1"):
+            subprocess.run(["ip", "netns", "exec", bed.switch, "ip", "link", "del", f"r2-{name}"], capture_output=True,
+                           timeout=10)
+        subprocess.run(["ip", "netns", "exec", bed.switch, "ip", "link", "del", "br1"], capture_output=True, timeout=10)
+
+
+def test_second_rail_is_probed_and_left_out_when_it_does_not_carry(bed, second_rail) -> None:
+    make_checkpoint(bed, {"model.safetensors": MIB})
+    w1 = "root@" + bed.nodes["w1"].address
+    done = sparks(bed, "doctor")
+    assert rows(done.stdout)[("link", w1)] == "ok", done.stdout
+    assert "RoCE rocep1s0f1,roceP2p1s0f1 / rocep1s0f1,roceP2p1s0f1, GID 3, 2 rail(s)" in found(done.stdout, "link", w1)
+
+    bed.in_switch("ip", "link", "set", "r2-w1", "down")      # the second cable pulled at w1's end
+    done = sparks(bed, "doctor")
+    assert rows(done.stdout)[("link", w1)] == "warn"
+    text = found(done.stdout, "link", w1)
+    assert "1 rail(s)" in text and "second rail eth1 (10.77.1.1) <-> root@10.77.0.2's eth1 (10.77.1.2)" in text
+    assert "not used" in text
