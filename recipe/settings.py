@@ -53,6 +53,8 @@ class Settings:
     kda_chunked: bool
     cuda_graphs: bool
     image: str
+    base_image: str
+    image_offline: bool
     container_name: str
     runtime: str
     checkpoint: str

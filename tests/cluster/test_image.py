@@ -1,0 +1,146 @@
+"""The engine image on real dockerds: built on the head from the test bed's base image (tests/cluster/images.py)
+with no route out (IMAGE_OFFLINE=1), shipped to a worker by `docker save | ssh | docker load`, compared by its
+identity label; a patch that does not apply stops the build, named. The recipe runs in the head's namespace and
+reaches the worker only over ssh.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from images import BaseImageUnavailable, image_settings
+
+REPO = Path(__file__).resolve().parents[2]
+LABEL = "glm-sparks.identity"
+
+# Runs on the head: ensure_image for the settings in the environment, from the repository given (a scratch copy
+# for the patch tests); prints each node's outcome as JSON, or the error's message and fix.
+DRIVER = """
+import json, sys
+from pathlib import Path
+from recipe.errors import RecipeError
+from recipe.image import ensure_image, image_spec
+from recipe.launch import Quiet
+from recipe.settings import load_settings
+
+settings = load_settings()
+reporter = Quiet()
+try:
+    outcomes = ensure_image(settings, reporter, repo=Path(sys.argv[1]))
+except RecipeError as error:
+    print(json.dumps({"error": error.message, "fix": error.fix, "notes": reporter.notes}))
+    sys.exit(3)
+print(json.dumps({"identity": image_spec(settings, Path(sys.argv[1])).identity, "notes": reporter.notes,
+                  "outcomes": [o.__dict__ for o in outcomes]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def env(bed):
+    try:
+        extra = image_settings(bed)
+    except BaseImageUnavailable as reason:
+        pytest.skip(f"test bed base image: {reason}")
+    return bed.environ(**extra)
+
+
+def ensure(bed, env: dict[str, str], repo: Path = REPO, **settings: str) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    done = bed.on_head([sys.executable, "-c", DRIVER, str(repo)], {**env, **settings}, timeout_s=900)
+    seconds = time.monotonic() - started
+    assert done.stdout.strip(), f"driver printed nothing: {done.stderr[-2000:]}"
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1]), seconds
+
+
+def identity_on(bed, node: str, tag: str) -> str:
+    """Asked of that node's dockerd through its socket (a file; no network is used)."""
+    done = subprocess.run(["docker", "-H", f"unix://{bed.path_on(node, 'run/docker.sock')}", "image", "inspect",
+                           "--format", f'{{{{ index .Config.Labels "{LABEL}" }}}}', tag],
+                          capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def test_build_on_head_then_ship_to_worker_once(bed, env):
+    code, first, build_ship_s = ensure(bed, env)
+    assert code == 0, first
+    actions = {o["node"]: o["action"] for o in first["outcomes"]}
+    worker = env["WORKER"]
+    assert actions == {"local": "built", worker: "shipped"}, first["notes"]
+    sent = next(o for o in first["outcomes"] if o["node"] == worker)["bytes_sent"]
+    assert sent > 100 * 2**20, "the whole image travels to a worker that has none of it"
+    assert identity_on(bed, "head", env.get("IMAGE", "glm-sparks-engine:0.1")) == first["identity"]
+    assert identity_on(bed, "w1", env.get("IMAGE", "glm-sparks-engine:0.1")) == first["identity"]
+    assert identity_on(bed, "w2", env.get("IMAGE", "glm-sparks-engine:0.1")) == "", "w2 is not configured"
+    assert any("MiB sent" in n for n in first["notes"]), "the copy reports its progress in bytes"
+
+    code, second, again_s = ensure(bed, env)
+    assert code == 0, second
+    assert [o["action"] for o in second["outcomes"]] == ["had it", "had it"]
+    assert all(o["bytes_sent"] == 0 for o in second["outcomes"])
+    print(f"\n[image] ensure (build on head + ship to one worker): {build_ship_s:.1f}s; "
+          f"{'; '.join(n for n in first['notes'] if n.startswith(('local:', worker + ':')) and ' in ' in n)}; "
+          f"second ensure: {again_s:.1f}s")
+
+    # the shipped image runs the engine on the worker (its dockerd, no network inside)
+    ran = subprocess.run(["docker", "-H", f"unix://{bed.path_on('w1', 'run/docker.sock')}", "run", "--rm",
+                          "--network", "none", env.get("IMAGE", "glm-sparks-engine:0.1"), "python3", "-c",
+                          "import engine.serve, torch; print('ok', torch.__version__)"],
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and ran.stdout.startswith("ok 2."), ran.stderr[-1500:]
+
+
+def scratch_repo(tmp_path: Path, patches: dict[str, str]) -> Path:
+    """A copy of what the image is built from, with these patches listed in order."""
+    repo = tmp_path / "repo"
+    for part in ("docker", "engine"):
+        shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "recipe").mkdir()
+    shutil.copy(REPO / "recipe" / "patches.py", repo / "recipe" / "patches.py")
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    (repo / "patches").mkdir()
+    for name, text in patches.items():
+        (repo / "patches" / name).write_text(text)
+    (repo / "patches" / "series").write_text("".join(f"{name}\n" for name in patches))
+    return repo
+
+
+GOOD = """--- /dev/null
++++ b/engine/patched_marker.py
+@@ -0,0 +1 @@
++PATCHED_BY_SERIES = True
+"""
+STALE = """--- a/engine/parallel.py
++++ b/engine/parallel.py
+@@ -1,3 +1,3 @@
+-this line is not in the engine
++nor is this one
+ and neither is this
+ or this
+"""
+
+
+def test_a_patch_that_does_not_apply_stops_the_build_named(bed, env, tmp_path):
+    repo = scratch_repo(tmp_path, {"0001-good.patch": GOOD, "0002-stale.patch": STALE})
+    code, result, _ = ensure(bed, env, repo, IMAGE="sparks-patch-test:1")
+    assert code == 3, result
+    assert "patch 0002-stale.patch does not apply" in result["error"], result
+    assert "patches/series" in result["error"] and "sparks patches check" in result["fix"]
+    assert any("patch 0001-good.patch: ok" in n for n in result["notes"]), result["notes"]
+    assert identity_on(bed, "head", "sparks-patch-test:1") == ""
+
+
+def test_applied_patches_are_in_the_image(bed, env, tmp_path):
+    repo = scratch_repo(tmp_path, {"0001-good.patch": GOOD})
+    code, result, _ = ensure(bed, env, repo, IMAGE="sparks-patch-test:2", WORKER="", TP="1")
+    assert code == 0, result
+    ran = subprocess.run(["docker", "-H", f"unix://{bed.path_on('head', 'run/docker.sock')}", "run", "--rm",
+                          "--network", "none", "sparks-patch-test:2", "python3", "-c",
+                          "from engine.patched_marker import PATCHED_BY_SERIES as p; print(p)"],
+                         capture_output=True, text=True, timeout=300)
+    assert ran.stdout.strip() == "True", ran.stderr[-1500:]
