@@ -4,6 +4,7 @@ CLI runs in the head's namespace and reaches the workers only over ssh. RoCE fac
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -266,3 +267,70 @@ def test_second_rail_is_probed_and_left_out_when_it_does_not_carry(bed, second_r
     text = found(done.stdout, "link", w1)
     assert "1 rail(s)" in text and "second rail eth1 (10.77.1.1) <-> root@10.77.0.2's eth1 (10.77.1.2)" in text
     assert "not used" in text
+
+
+NODES_SCRIPT = r"""
+import json, subprocess, sys, time
+from recipe.nodes import SshNode, on_each, ssh_fix
+
+def master(node):
+    return subprocess.run(["ssh", *node.ssh_options(), "-O", "check", node.target], capture_output=True,
+                          text=True).stderr.strip()
+
+w1, w2 = sys.argv[1:3]
+node = SshNode(w1)
+first = node.run(["printf", "%s|", "two words", "it's", "$HOME", "a;b"])
+before = master(node)
+node.run(["true"])
+after = master(node)
+started = time.monotonic()
+group = on_each([SshNode(w1), SshNode(w2), SshNode("ghost@" + w1.split("@")[1])], lambda n: n.run(["hostname"]))
+group_s = time.monotonic() - started
+node.close()
+print(json.dumps({"first": first.stdout, "before": before, "after": after, "group_s": group_s,
+                  "group": {k: [r.code, r.stdout.strip(), r.last_error_line(), ssh_fix(k, r)]
+                            for k, r in group.items()}}))
+"""
+
+
+def test_nodes_over_ssh_quote_reuse_one_connection_and_report_each_node(bed, tmp_path: Path) -> None:
+    """SshNode against real sshd: arguments arrive as given, commands share one master connection, a group call
+    returns every node's own result (a blackholed node within ConnectTimeout, a refused key at once)."""
+    w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
+    control = bed.root / "ctl-nodes"          # a fresh master: none of the other tests' connections
+    control.mkdir(mode=0o700, exist_ok=True)
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]      # w2 is switched off, as seen from the head
+    bed.in_node("w2", "iptables", "-A", *rule)
+    try:
+        done = bed.on_head([str(Path(SPARKS).parent / "python"), "-c", NODES_SCRIPT, w1, w2],
+                           bed.environ(SPARKS_SSH_CONTROL_DIR=str(control)), timeout_s=60)
+    finally:
+        bed.in_node("w2", "iptables", "-D", *rule)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["first"] == "two words|it's|$HOME|a;b|"
+    assert "Master running" in result["before"] and result["before"] == result["after"]   # same master PID
+    group = result["group"]
+    assert group[w1][:2] == [0, "w1"]
+    code, _, error, fix = group[w2]
+    assert code == 255 and "timed out" in error and "reachable" in fix
+    code, _, error, fix = group["ghost@" + bed.nodes["w1"].address]
+    assert code == 255 and "Permission denied" in error and "ssh-copy-id" in fix
+    assert result["group_s"] < 10 + 5      # the silent node took ConnectTimeout, the others did not wait for it
+
+
+def test_a_changed_host_key_is_refused_not_accepted(bed, tmp_path: Path) -> None:
+    known = bed.root / "keys" / "known_hosts"
+    saved = known.read_text()
+    w1 = bed.nodes["w1"]
+    other_key = (bed.nodes["w2"].dir / "ssh_host_ed25519_key.pub").read_text().split()
+    control = bed.root / "ctl-hostkey"
+    control.mkdir(mode=0o700, exist_ok=True)
+    known.write_text("".join(line + "\n" if not line.startswith(w1.address + " ") else
+                             f"{w1.address} {other_key[0]} {other_key[1]}\n" for line in saved.splitlines()))
+    try:
+        done = sparks(bed, "doctor", SPARKS_SSH_CONTROL_DIR=str(control))
+    finally:
+        known.write_text(saved)
+    assert done.returncode == 1 and rows(done.stdout)[("ssh", "root@" + w1.address)] == "fail"
+    assert "fingerprint" in " ".join(done.stdout.split())
