@@ -2,10 +2,12 @@
 
     python bench/gpu_engine.py [--layers KKKD] [--out results.json] [--small DEMO_DIR]
 
-Measures the decode step at batch 1..4 (after a 128-token prompt), prefill throughput at 2k / 8k, the bytes a
-decode step must read and the fraction of HBM bandwidth that achieves (H200: 4.8 TB/s), and projects per-layer
-times to the full 45-layer model. With --small, also decode tok/s of our engine vs transformers' `generate` on the
-same demo checkpoint. Weights are generated on the GPU (no checkpoint on disk); see docs/BENCHMARKS.md.
+Measures the decode step at batch 1..4 (after a 128-token prompt) three ways — the serving path replayed from CUDA
+graphs (`graphs`), the same static step run op by op (`eager`), and the plain `model.decode` (`plain`) — with the
+bytes a step must read and the fraction of HBM bandwidth that achieves (H200: 4.8 TB/s), and prefill throughput at
+2k / 8k. With --small, also decode tok/s of our engine (graphs and eager) vs transformers' `generate` on the same
+demo checkpoint. Weights are generated on the GPU (no checkpoint on disk); see docs/BENCHMARKS.md. The JSON is
+rewritten after every figure, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -68,6 +70,16 @@ def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int]:
     return held - routed - model.embed.numel() * model.embed.element_size(), expert
 
 
+RESULT: dict = {}
+OUT: Path | None = None
+
+
+def save() -> None:
+    """Rewrite the JSON with everything measured so far."""
+    if OUT is not None:
+        OUT.write_text(json.dumps(RESULT, indent=1))
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -94,24 +106,35 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     model = Glm5NextForCausalLM(cfg, RandomReader(raw, torch.bfloat16, device), ParallelGroup.single(device))
     held = torch.cuda.memory_allocated() if device == "cuda" else 0
     fixed, expert = weight_bytes(model, held)
-    out = {"layers": layers, "weights_gib": round(held / 2**30, 1)}
+    out = RESULT.setdefault("full_width", {})
+    out.update(layers=layers, weights_gib=round(held / 2**30, 1))
+    save()
     pool = model.make_pool(40_000, "bf16")
     ids = [(i * 7919) % (cfg.vocab_size - 20) + 10 for i in range(8192)]
+    decoders = {"graphs": model.lane_decoder(pool, 4, graphs=device == "cuda"),
+                "eager": model.lane_decoder(pool, 4, graphs=False)}
+    moe_layers = sum(t == "sparse" for t in cfg.mlp_layer_types)
     for batch in (1, 2, 3, 4):
-        seqs = [model.new_sequence(pool) for _ in range(batch)]
-        for s in seqs:
-            model.prefill(s, ids[:128])
-        tokens = [11] * batch
-        model.decode(seqs, tokens)
-        step = timed(lambda: model.decode(seqs, tokens), 10)
         unique = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok)
-        moe_layers = sum(t == "sparse" for t in cfg.mlp_layer_types)
         read = fixed + moe_layers * unique * expert
-        out[f"decode_b{batch}"] = {"step_ms": round(step * 1e3, 2), "tok_s": round(batch / step, 1),
-                                   "bytes_read_gb": round(read / 1e9, 2),
-                                   "hbm_fraction": round(read / step / HBM_BYTES_S, 3)}
-        for s in seqs:
-            s.release()
+        figures = out[f"decode_b{batch}"] = {"bytes_read_gb": round(read / 1e9, 2)}
+        for mode in ("graphs", "eager", "plain"):
+            decoder = decoders.get(mode)
+            seqs = [decoder.new_sequence(lane) if decoder else model.new_sequence(pool) for lane in range(batch)]
+            for s in seqs:
+                model.prefill(s, ids[:128])
+            tokens = [11] * batch
+            decode = decoder.decode if decoder else model.decode
+            decode(seqs, tokens)  # the graph is captured here
+            step = timed(lambda: decode(seqs, tokens), 10)
+            figures[mode] = {"step_ms": round(step * 1e3, 2), "tok_s": round(batch / step, 1),
+                             "hbm_fraction": round(read / step / HBM_BYTES_S, 3)}
+            for s in seqs:
+                s.release()
+            print(f"decode batch {batch} {mode}: {figures[mode]}", flush=True)
+            save()
+        if device == "cuda" and not decoders["graphs"].uses_graphs:
+            figures["graphs"]["fell_back_to_eager"] = True
     if PROFILE:
         seq = model.new_sequence(pool)
         model.prefill(seq, ids[:128])
@@ -132,6 +155,7 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         sync()
         out[f"prefill_{length}_tok_s"] = round(length / (time.perf_counter() - start), 1)
         seq.release()
+        save()
     return out
 
 
@@ -141,9 +165,15 @@ def small_vs_transformers(path: str) -> dict:
     model = Glm5NextForCausalLM.load(path, ParallelGroup.single("cuda"))
     pool = model.make_pool(2048, "bf16")
     ids = list(range(5, 133))
-    seq = model.new_sequence(pool)
-    nxt = [int(model.prefill(seq, ids).argmax())]
-    ours = 32 / timed(lambda: nxt.__setitem__(0, int(model.decode([seq], nxt).argmax())), 32) / 32
+    ours = {}
+    for mode in ("graphs", "eager"):
+        decoder = model.lane_decoder(pool, 1, graphs=mode == "graphs")
+        seq = decoder.new_sequence(0)
+        nxt = [int(model.prefill(seq, ids).argmax())]
+        step = lambda: nxt.__setitem__(0, int(decoder.decode([seq], nxt)[0].argmax()))  # noqa: E731
+        step()
+        ours[mode] = 1 / timed(step, 32)
+        seq.release()
     ref = Glm5NextForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
     prompt = torch.tensor([ids], device="cuda")
     ref.generate(prompt, max_new_tokens=4, do_sample=False)
@@ -152,8 +182,8 @@ def small_vs_transformers(path: str) -> dict:
     ref.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
     torch.cuda.synchronize()
     theirs = 32 / (time.perf_counter() - start)
-    return {"ours_decode_tok_s": round(ours, 1), "transformers_generate_tok_s": round(theirs, 1),
-            "speedup": round(ours / theirs, 1)}
+    return {"ours_decode_tok_s": round(ours["graphs"], 1), "ours_eager_decode_tok_s": round(ours["eager"], 1),
+            "transformers_generate_tok_s": round(theirs, 1), "speedup": round(ours["graphs"] / theirs, 1)}
 
 
 def main() -> None:
@@ -165,17 +195,17 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
                     help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
     args = ap.parse_args()
+    global OUT
+    OUT = Path(args.out) if args.out else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    result = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d")}
+    RESULT.update(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                  date=time.strftime("%Y-%m-%d"))
+    RESULT["full_width"] = engine_full_width(args.layers, device, Path(args.config))
+    save()
     if args.small:
-        result["small_demo"] = small_vs_transformers(args.small)
-        print(json.dumps(result["small_demo"]), flush=True)
-    result["full_width"] = engine_full_width(args.layers, device, Path(args.config))
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+        RESULT["small_demo"] = small_vs_transformers(args.small)
+        save()
+    print(json.dumps(RESULT, indent=1))
 
 
 if __name__ == "__main__":

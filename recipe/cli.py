@@ -20,6 +20,7 @@ from recipe import checkpoint, control, download, launch, preflight, ui
 from recipe.docs import settings_markdown, update_readme
 from recipe.errors import LaunchError, RecipeError
 from recipe.host import LinkFacts, detect_host
+from recipe.image import check_patches, ensure_image, plan_lines
 from recipe.logs import LogFollower
 from recipe.nodes import LocalNode, SshNode, on_each
 from recipe.plan import Plan, build_plan
@@ -29,7 +30,7 @@ from recipe.smoke import smoke_test
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Serve GLM-5.3-Flash on DGX Sparks, or on this machine when no WORKER is set.")
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
-STEPS = 5
+STEPS = 6
 PORT_GRACE_S = 20.0   # how long a restart waits for the stopped ranks' ports to be released
 
 
@@ -198,7 +199,9 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     launch.prepare(the_plan, reporter)
     launch.sync_checkpoint(the_plan, reporter)
     clock.lap("checkpoint")
-    ui.step(3, STEPS, f"Launching {the_plan.tp} rank(s), workers first, rank 0 last")
+    _image_step(settings, the_plan, reporter)
+    clock.lap("image")
+    ui.step(4, STEPS, f"Launching {the_plan.tp} rank(s), workers first, rank 0 last")
     launch.save_leftover_logs(the_plan, Path(settings.log_dir), settings.log_keep)
     with _stop_all_on(launch.RankExited, settings, reporter):
         state, handles = launch.launch(the_plan, {"API_KEY": settings.api_key})
@@ -316,6 +319,9 @@ def _dry_run(settings: Settings, the_plan: Plan, current: control.Status, restar
     elif current.state is not None:
         ui.say("DRY_RUN: a previous run is recorded but not all of its ranks run; a real start would stop it first")
     ui.show_plan(the_plan, settings)
+    if the_plan.runtime == "docker":
+        for text in plan_lines(settings):
+            ui.say(text)
     return 0
 
 
@@ -337,13 +343,13 @@ def _clear_previous(settings: Settings, current: control.Status, reporter: ui.Co
 
 def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter,
                     clock: StepClock) -> int:
-    ui.step(4, STEPS, f"Loading on every rank (up to {settings.wait_timeout}s, WAIT_TIMEOUT)")
+    ui.step(5, STEPS, f"Loading on every rank (up to {settings.wait_timeout}s, WAIT_TIMEOUT)")
     started = time.monotonic()
     with _stop_all_on(launch.RankExited, settings, reporter):
         health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
     reporter.note(f"Rank 0 answered after {time.monotonic() - started:.0f}s")
     clock.lap("loading")
-    ui.step(5, STEPS, "Smoke test: one short chat request through rank 0")
+    ui.step(6, STEPS, "Smoke test: one short chat request through rank 0")
     try:
         result = smoke_test(the_plan.api_url, the_plan.served_name, settings.api_key)
     except LaunchError as error:
@@ -380,3 +386,36 @@ def _follow(settings: Settings, the_plan: Plan, handles: dict) -> int:
         ui.warn(f"rank {rank} exited with code {code}: stopping the others")
     stop_all()
     return exited.get(0, 1) or (1 if any(exited.values()) else 0)
+
+
+def _image_step(settings: Settings, the_plan: Plan, reporter: ui.ConsoleReporter) -> None:
+    """RUNTIME=docker: the engine image with this checkout's identity on every node (built here, sent to workers)."""
+    if the_plan.runtime != "docker":
+        ui.step(3, STEPS, "Engine image: none needed (ranks run as processes)")
+        return
+    ui.step(3, STEPS, f"Engine image {settings.image} on every node")
+    ensure_image(settings, reporter)
+
+
+patches_app = typer.Typer(no_args_is_help=True, help="The engine patch series (patches/series).")
+app.add_typer(patches_app, name="patches")
+
+
+@patches_app.command("check")
+@_guarded
+def patches_check() -> int:
+    """Apply patches/series in order to a scratch copy of engine/ and report each patch; nothing is built."""
+    outcomes, unlisted = check_patches()
+    if not outcomes:
+        ui.say("patches/series lists no patch: the image gets engine/ as it is.")
+    for outcome in outcomes:
+        ui.say(f"  {outcome.status:<9} {outcome.name}" + (f"  ({outcome.detail})" if outcome.detail else ""))
+    for name in unlisted:
+        ui.warn(f"patches/{name} is not listed in patches/series, so it is not applied")
+    failed = [o for o in outcomes if o.status == "fails"]
+    if failed:
+        raise RecipeError(f"patch {failed[0].name} does not apply to engine/",
+                          f"update patches/{failed[0].name} for the current engine, or remove it from patches/series")
+    if outcomes:
+        ui.say(f"All {len(outcomes)} patch(es) apply in order.")
+    return 0

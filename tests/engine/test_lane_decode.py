@@ -31,7 +31,7 @@ def run_schedule(model, kv: str = "fp32", min_span: int = 8):
     """Every stream of SCHEDULE through one LaneDecoder; per stream its greedy tokens and logits, and the pool."""
     pool = model.make_pool(256, kv)
     decoder = model.lane_decoder(pool, num_lanes=3, graphs=False)
-    decoder.min_span = min_span
+    decoder.min_span, decoder.pad_spans = min_span, min_span > 0   # padded spans as under graphs (0: exact spans)
     live: dict[int, tuple[int, object]] = {}   # lane -> (stream index, sequence)
     out = {i: ([], []) for i in range(len(SCHEDULE))}
     nxt: dict[int, int] = {}
@@ -66,6 +66,13 @@ def test_lanes_give_each_stream_its_alone_decode(model):
         assert got[i][0] == tokens, f"stream {i} (prompt {length} tokens)"
         assert max(float((a - b).abs().max()) for a, b in zip(got[i][1], logits)) < 1e-4
     assert pool.free_tokens == pool.num_tokens
+
+
+@torch.no_grad()
+def test_exact_spans_without_padding(model):
+    got, _ = run_schedule(model, min_span=0)
+    for i, (seed, length, _, _) in enumerate(SCHEDULE):
+        assert got[i][0] == ours_greedy(model, prompt(seed=seed, length=length), TOKENS)[0], f"stream {i}"
 
 
 @torch.no_grad()

@@ -86,6 +86,7 @@ class LaneDecoder:
         self.graphs: dict[tuple[int, int], CapturedStep] | None = {} if graphs else None
         self._mempool = torch.cuda.graph_pool_handle() if graphs else None
         self.min_span = min_span
+        self.pad_spans = graphs  # a graph needs a span from a few buckets; eager steps read exactly what they need
 
     @property
     def uses_graphs(self) -> bool:
@@ -95,7 +96,10 @@ class LaneDecoder:
         return self.state.bind(lane)
 
     def span_for(self, tokens: int) -> int:
-        """Slot-table entries a step reads when its longest stream holds `tokens` tokens."""
+        """Slot-table entries a step reads when its longest stream holds `tokens` tokens: a power of two (at least
+        `min_span`) when padding for graphs, else `tokens`."""
+        if not self.pad_spans:
+            return tokens
         return min(max(self.min_span, 1 << (tokens - 1).bit_length()), self.state.slots.shape[1])
 
     @torch.no_grad()

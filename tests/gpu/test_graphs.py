@@ -1,0 +1,122 @@
+"""CUDA-graph decode (engine/models/glm5_next/lanes.py) against the eager step and the plain decode path, on a tiny
+random checkpoint in bf16 on the GPU. Runs on the lent H200 machine:
+    PYTHONPATH=.:tests/engine python -m pytest -q tests/gpu
+Skipped where no GPU is present (never part of CI)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.parallel import ParallelGroup
+from reference import make_reference
+from test_parity import NEAR_TIE, margin, prompt
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+TOKENS = 12
+# (prompt seed, prompt length, lane, the step at which it joins): batch 1, 2, 3, 4, then lane 0 leaves and a new
+# stream takes it (batch 4 again, same graphs)
+SCHEDULE = [(1, 5, 0, 0), (2, 23, 1, 1), (3, 40, 2, 2), (4, 13, 3, 3), (5, 61, 0, TOKENS)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("graphs")
+    make_reference(path, "kda3_dsa1", seed=2)
+    return Glm5NextForCausalLM.load(path, ParallelGroup.single("cuda"))
+
+
+def run_schedule(model, graphs: bool):
+    """Streams of SCHEDULE through one LaneDecoder; per stream (greedy tokens, logits), and the decoder."""
+    decoder = model.lane_decoder(model.make_pool(512, "bf16"), num_lanes=4, graphs=graphs)
+    decoder.min_span, decoder.pad_spans = 16, True   # eager with the graphs' spans: the same kernels on both sides
+    live: dict[int, tuple[int, object]] = {}
+    out = {i: ([], []) for i in range(len(SCHEDULE))}
+    for step in range(80):
+        for i, (seed, length, lane, start) in enumerate(SCHEDULE):
+            if start == step:
+                seq = decoder.new_sequence(lane)
+                logits = model.prefill(seq, prompt(seed=seed, length=length))
+                out[i][0].append(int(logits.argmax()))
+                out[i][1].append(logits.cpu())
+                live[lane] = (i, seq)
+        if not live:
+            break
+        lanes = sorted(live)
+        logits = decoder.decode([live[lane][1] for lane in lanes], [out[live[lane][0]][0][-1] for lane in lanes])
+        for row, lane in enumerate(lanes):
+            i, seq = live[lane]
+            out[i][0].append(int(logits[row].argmax()))
+            out[i][1].append(logits[row].cpu())
+            if len(out[i][0]) == TOKENS:
+                seq.release()
+                del live[lane]
+    return out, decoder
+
+
+@torch.no_grad()
+def test_graph_decode_equals_eager_decode(model):
+    graphed, decoder = run_schedule(model, graphs=True)
+    eager, _ = run_schedule(model, graphs=False)
+    assert decoder.uses_graphs, "the capture fell back to eager"
+    assert {b for b, _ in decoder.graphs} == {1, 2, 3, 4}
+    for i in graphed:
+        assert graphed[i][0] == eager[i][0], f"stream {i}"
+        assert max(float((a - b).abs().max()) for a, b in zip(graphed[i][1], eager[i][1])) < 1e-3
+
+
+@torch.no_grad()
+def test_graph_decode_equals_the_plain_path_alone(model):
+    """Each stream batched in graphs against the same stream alone through model.decode (bf16: logits within
+    bf16 resolution; greedy tokens equal unless the plain path is at a near-tie)."""
+    graphed, _ = run_schedule(model, graphs=True)
+    for i, (seed, length, _, _) in enumerate(SCHEDULE):
+        seq = model.new_sequence(model.make_pool(length + TOKENS, "bf16"))
+        step = model.prefill(seq, prompt(seed=seed, length=length))
+        for t in range(TOKENS):
+            assert float((graphed[i][1][t] - step.cpu()).abs().max()) < 5e-2, f"stream {i} token {t}"
+            if int(step.argmax()) != graphed[i][0][t]:
+                assert margin(step) < NEAR_TIE, f"stream {i} token {t}: a clear greedy choice differs"
+                break
+            step = model.decode([seq], [graphed[i][0][t]])[0]
+
+
+@torch.no_grad()
+def test_joining_and_leaving_needs_no_new_capture(model):
+    _, decoder = run_schedule(model, graphs=True)
+    captured = dict(decoder.graphs)
+    seq = decoder.new_sequence(2)   # a lane reused by a new stream at a (batch, span) seen before: (1, 16)
+    model.prefill(seq, prompt(seed=9, length=10))
+    decoder.decode([seq], [3])
+    assert (1, 16) in captured
+    assert decoder.graphs == captured and all(decoder.graphs[k] is captured[k] for k in captured)
+
+
+@torch.no_grad()
+def test_a_failed_capture_falls_back_to_eager_with_one_warning(model, monkeypatch, caplog):
+    expected, _ = run_schedule(model, graphs=False)
+    plain_step = type(model).decode_step
+
+    def syncing_step(self, lanes, inputs, span):
+        if torch.cuda.is_current_stream_capturing():
+            inputs.sum().item()   # a host read: not allowed while capturing
+        return plain_step(self, lanes, inputs, span)
+
+    monkeypatch.setattr(type(model), "decode_step", syncing_step)
+    with caplog.at_level(logging.WARNING, logger="engine.lanes"):
+        got, decoder = run_schedule(model, graphs=True)
+    assert not decoder.uses_graphs
+    warnings = [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()]
+    assert len(warnings) == 1
+    assert all(got[i][0] == expected[i][0] for i in got)
+
+
+def test_cuda_graphs_0_turns_them_off(model, monkeypatch):
+    monkeypatch.setenv("GLM_CUDA_GRAPHS", "0")
+    assert not model.lane_decoder(model.make_pool(64, "bf16"), num_lanes=1).uses_graphs
+    monkeypatch.setenv("GLM_CUDA_GRAPHS", "1")
+    assert model.lane_decoder(model.make_pool(64, "bf16"), num_lanes=1).uses_graphs
