@@ -22,7 +22,6 @@ from recipe.nodes import LocalNode, Node, NodeError, SshNode, ssh_fix
 from recipe.settings import Settings
 
 GIB = 1024 ** 3
-MEMORY_WARN_GIB = 110        # what GLM-5.3-Flash needs free on each Spark with the Docker defaults
 CHECKPOINT_ESTIMATE_GIB = 170  # the pinned checkpoint's size, when none of it is here yet
 DISK_SPARE_GIB = 5           # kept free beyond what the checkpoint needs
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -141,9 +140,10 @@ def check_memory(ctx: Context, node: Node) -> Check:
     text = f"{available:.0f} GiB available"
     if not ctx.workers and ctx.settings.effective_runtime == "process":
         return Check("memory", _where(node), OK, f"{text} (the embedded default needs a few GiB)")
-    if available < MEMORY_WARN_GIB:
-        return Check("memory", _where(node), WARN, f"only {text}; GLM-5.3-Flash needs ~{MEMORY_WARN_GIB} GiB free",
-                     "stop other GPU work there (docker ps; nvidia-smi), or lower CONTEXT")
+    threshold = ctx.settings.memory_warn_gib
+    if available < threshold:
+        return Check("memory", _where(node), WARN, f"only {text}; GLM-5.3-Flash needs ~{threshold:.0f} GiB free "
+                     "(MEMORY_WARN_GIB)", "stop other GPU work there (docker ps; nvidia-smi), or lower CONTEXT")
     return Check("memory", _where(node), OK, text)
 
 

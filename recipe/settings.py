@@ -50,6 +50,7 @@ class Settings:
     vision_urls: bool
     kv_pool_gib: float
     memory_reserve_gib: float | None
+    memory_warn_gib: float
     kda_chunked: bool
     cuda_graphs: bool
     image: str

@@ -81,6 +81,9 @@ def test_low_memory_warns_on_sparks_and_not_for_the_embedded_default(tmp_path: P
     assert spark[("memory", "me@spark2")].status == OK
     local = by_name(run_checks(context(tmp_path, healthy("local", True, mem_gib=6), [])))
     assert local[("memory", "head")].status == OK
+    lowered = by_name(run_checks(context(tmp_path, healthy("local", True, mem_gib=60),
+                                         [healthy("me@spark2", False)], MEMORY_WARN_GIB="50")))
+    assert lowered[("memory", "head")].status == OK
 
 
 def test_docker_without_nvidia_runtime_warns_and_a_silent_daemon_fails(tmp_path: Path) -> None:
