@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from recipe.errors import RecipeError
 from recipe.image_ship import ship
 from recipe.nodes import LocalNode, Node, SshNode, on_each
-from recipe.patches import SeriesError, read_series
+from recipe.patches import PatchOutcome, SeriesError, apply_series, read_series, unlisted
 from recipe.settings import REPO_ROOT, Settings
 
 if TYPE_CHECKING:
@@ -153,9 +153,7 @@ def build(spec: ImageSpec, note: Callable[[str], None], node: Node | None = None
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sparks-image-") as scratch:
         write_context(spec, Path(scratch))
-        argv = ["docker", "build", "--tag", spec.tag, "--build-arg", f"BASE_IMAGE={spec.base_image}",
-                "--build-arg", f"IDENTITY={spec.identity}", "--build-arg", f"OFFLINE={int(spec.offline)}", scratch]
-        tail = _run_build(argv, note)
+        _run_build(build_argv(spec, scratch), spec.tag, note)
     found = identity_on(node or LocalNode(), spec.tag)
     if found != spec.identity:
         raise ImageError(f"the image built as {spec.tag} carries identity {found!r}, not {spec.short}",
@@ -163,7 +161,12 @@ def build(spec: ImageSpec, note: Callable[[str], None], node: Node | None = None
     return time.monotonic() - started
 
 
-def _run_build(argv: list[str], note: Callable[[str], None]) -> list[str]:
+def build_argv(spec: ImageSpec, context: str) -> list[str]:
+    return ["docker", "build", "--tag", spec.tag, "--build-arg", f"BASE_IMAGE={spec.base_image}",
+            "--build-arg", f"IDENTITY={spec.identity}", "--build-arg", f"OFFLINE={int(spec.offline)}", context]
+
+
+def _run_build(argv: list[str], tag: str, note: Callable[[str], None]) -> None:
     tail: deque[str] = deque(maxlen=BUILD_LOG_TAIL)
     env = {**os.environ, "BUILDKIT_PROGRESS": "plain"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -179,7 +182,7 @@ def _run_build(argv: list[str], note: Callable[[str], None]) -> list[str]:
     finally:
         timer.cancel()
     if code == 0:
-        return list(tail)
+        return
     failed = next((l for l in tail if " does not apply: " in l and "patch " in l), "")
     if failed:
         name = failed.split("patch ", 1)[1].split(" does not apply", 1)[0]
@@ -189,7 +192,7 @@ def _run_build(argv: list[str], note: Callable[[str], None]) -> list[str]:
                          "`sparks patches check` tries the series without building")
     for line in tail:
         note(f"│ {line}")
-    raise ImageError(f"docker build of {argv[3]} failed (exit code {code}): {tail[-1] if tail else 'no output'}",
+    raise ImageError(f"docker build of {tag} failed (exit code {code}): {tail[-1] if tail else 'no output'}",
                      "read the build's last lines above; with IMAGE_OFFLINE=1 every pin of docker/requirements.txt "
                      "must already be installed in BASE_IMAGE")
 
@@ -285,12 +288,17 @@ def plan_lines(settings: Settings, head: Node | None = None, repo: Path = REPO_R
     return lines
 
 
-def scratch_copy(repo: Path, folder: Path) -> Path:
-    """A pristine copy of engine/ (plus pyproject.toml) as the build would see it, for `patches check`."""
-    for item in context_files(repo):
-        if item.path.startswith("src/"):
-            target = folder / item.path[len("src/"):]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(item.read())
-    return folder
-
+def check_patches(repo: Path = REPO_ROOT) -> tuple[list[PatchOutcome], list[str]]:
+    """`sparks patches check`: the series applied in order to a scratch copy of engine/ (as the build would);
+    each patch's outcome, and the patch files that series does not list."""
+    patches = repo / "patches"
+    try:
+        with tempfile.TemporaryDirectory(prefix="sparks-patches-") as scratch:
+            for item in context_files(repo):
+                if item.path.startswith("src/"):
+                    target = Path(scratch) / item.path[len("src/"):]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(item.read())
+            return apply_series(patches, Path(scratch)), unlisted(patches)
+    except SeriesError as error:
+        raise ImageError(error.message, error.fix) from None

@@ -65,14 +65,14 @@ def ship(tag: str, head: Node, worker: SshNode, note: Callable[[str], None]) -> 
         if expired.is_set():
             raise ShipError(f"sending {tag} to {worker.name} took longer than {SHIP_TIMEOUT_S}s",
                             f"check the link to {worker.name}; a start sends only to workers that still lack it")
-        if save_code != 0:
-            raise ShipError(f"docker save {tag} failed here: {_last_line(save_err)}",
-                            "check docker on this machine (docker image ls)")
-        if load_code != 0 or broken:
+        if load_code != 0 or broken:   # first: a load that stopped reading also ends the save
             raise ShipError(f"docker load on {worker.name} failed after {sent / 2**20:.0f} MiB: "
                             f"{_last_line(load_out)}",
                             f"check that {worker.name} answers (ssh {worker.target} true)" if load_code == 255
                             else f"check docker and free disk on {worker.name} (df -h /var/lib/docker there)")
+        if save_code != 0:
+            raise ShipError(f"docker save {tag} failed here: {_last_line(save_err)}",
+                            "check docker on this machine (docker image ls)")
     note(f"{sent / 2**20:.0f} MiB sent")
     return sent
 
