@@ -334,3 +334,20 @@ def test_a_changed_host_key_is_refused_not_accepted(bed, tmp_path: Path) -> None
         known.write_text(saved)
     assert done.returncode == 1 and rows(done.stdout)[("ssh", "root@" + w1.address)] == "fail"
     assert "fingerprint" in " ".join(done.stdout.split())
+
+
+def test_three_nodes_doctor_and_copy_reach_both_workers(bed) -> None:
+    """./start-tp3.sh's checks and copy: WORKER2 is checked like WORKER (its own link), and the copy goes to both
+    workers at once, each reported."""
+    folder = make_checkpoint(bed, {"model.safetensors": 2 * MIB})
+    w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
+    done = sparks(bed, "doctor", TP="3", WORKER2=w2)
+    table = rows(done.stdout)
+    assert done.returncode == 0 and table[("link", w1)] == "ok" and table[("link", w2)] == "ok", done.stdout
+    assert "10.77.0.1 (eth0) <-> 10.77.0.3 (eth0)" in found(done.stdout, "link", w2)
+    done = sparks(bed, "copy", TP="3", WORKER2=w2)
+    assert done.returncode == 0
+    for worker, node in ((w1, "w1"), (w2, "w2")):
+        assert f"{worker}: 2 files" in done.stdout and "identical to the head's" in done.stdout
+        assert (bed.path_on(node, "data/ckpt/model.safetensors")).read_bytes() == \
+            (folder / "model.safetensors").read_bytes()

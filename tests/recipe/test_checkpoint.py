@@ -82,3 +82,15 @@ def test_an_unpinned_revision_is_found_through_refs(tmp_path: Path) -> None:
     settings = load_settings(tmp_path, {"MODEL_ID": "org/model", "MODEL_REVISION": "", "HF_CACHE": str(tmp_path / "hf"),
                                         "WORKER": "me@spark2"})
     assert head_checkpoint_dir(settings) == str(snap)
+
+
+def test_a_copy_that_still_differs_names_the_first_differences(tmp_path: Path) -> None:
+    from recipe.checkpoint import CheckpointError, verify_copy
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "a.safetensors").write_bytes(b"12345")
+    want = parse_manifest("a.safetensors\t9\nb.safetensors\t3\n")
+    with pytest.raises(CheckpointError) as differs:
+        verify_copy(LocalNode(), str(tmp_path / "ckpt"), want)
+    assert "a.safetensors: head 9 bytes, worker 5 bytes; b.safetensors: head 3 bytes, worker missing" \
+        in differs.value.message

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,19 @@ def test_offline_without_a_cached_snapshot_says_what_to_do(tmp_path: Path, monke
     with pytest.raises(CheckpointError) as refused:
         download.fetch(settings_for(tmp_path))
     assert "is not in" in refused.value.message and "network access" in refused.value.fix
+
+
+def test_sparks_download_prints_progress_then_what_it_did(tmp_path: Path, hub: FakeHub) -> None:
+    from recipe.schema import load_specs
+
+    sparks = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sparks"
+    env = {k: v for k, v in os.environ.items() if k not in load_specs() and not k.startswith("SPARKS_")}
+    env.update({"SPARKS_CONFIG_ROOT": str(tmp_path), "MODEL_ID": "org/model", "MODEL_REVISION": REV,
+                "HF_CACHE": str(tmp_path / "hf"), "TP": "2", "WORKER": "me@spark2", "COLUMNS": "200"})
+    done = subprocess.run([str(sparks), "download"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    total = sum(len(d) for d in hub.files.values()) / 2 ** 30
+    assert f"downloaded {total:.2f} of {total:.2f} GiB (100%)" in done.stdout
+    assert "org/model @ 078455ff: fetched 4 of 4 files" in done.stdout
+    again = subprocess.run([str(sparks), "download"], env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "all 4 files already here" in again.stdout and "downloaded" not in again.stdout
