@@ -183,6 +183,9 @@ def _hub_error(settings: Settings, error: Exception) -> CheckpointError:
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
     what = f"{settings.model_id} @ {settings.model_revision or 'main'}"
+    if isinstance(error, PermissionError):
+        return CheckpointError(f"this user cannot write {error.filename or settings.hf_cache} (permission denied)",
+                               f"a container may have left it owned by root: sudo chown -R $USER {settings.hf_cache}")
     if isinstance(error, GatedRepoError):
         return CheckpointError(f"{settings.model_id} is gated and HF_TOKEN may not read it",
                                f"agree to its terms on huggingface.co/{settings.model_id}, then set HF_TOKEN")

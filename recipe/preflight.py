@@ -78,6 +78,8 @@ def run_checks(ctx: Context) -> Iterator[Check]:
             yield check_rsync(node)
         if docker:
             yield check_docker(node)
+    if download.wanted(ctx.settings):
+        yield check_cache_writable(ctx, ctx.head)
     for worker in reachable:
         yield check_cache_writable(ctx, worker)
         yield check_copy(ctx, worker)
@@ -221,21 +223,30 @@ def check_docker(node: Node) -> Check:
 WRITABLE_SCRIPT = 'for p in "$@"; do while [ ! -e "$p" ]; do p=$(dirname "$p"); done; [ -w "$p" ] || echo "$p"; done'
 
 
-def check_cache_writable(ctx: Context, worker: Node) -> Check:
+def check_cache_writable(ctx: Context, node: Node) -> Check:
+    """Where the download (head) or the copy (worker) writes, this user may write: a cache a container created as
+    root is the usual reason it may not."""
+    where = _where(node)
     folder = head_checkpoint_dir(ctx.settings)
     if folder is None:
-        return Check("cache", worker.name, OK, "nothing to copy there")
-    repo = hf_repo_of(folder)
+        return Check("cache", where, OK, "nothing to copy there")
+    if node.is_local:
+        if os.path.isdir(folder) and not download.incomplete_files(folder):
+            return Check("cache", where, OK, f"{folder} is complete here: the download writes nothing")
+        repo = os.path.dirname(os.path.dirname(folder))
+    else:
+        repo = hf_repo_of(folder)
     paths = [folder] if repo is None else [os.path.join(repo, "blobs"), folder, os.path.join(repo, "refs")]
-    result = worker.run(["sh", "-c", WRITABLE_SCRIPT, "writable", *paths], timeout_s=30)
+    result = node.run(["sh", "-c", WRITABLE_SCRIPT, "writable", *paths], timeout_s=30)
     if not result.ok:
-        return Check("cache", worker.name, FAIL, f"cannot check {folder} there: {result.last_error_line()}",
-                     worker.fix_for(result))
+        return Check("cache", where, FAIL, f"cannot check {folder} there: {result.last_error_line()}",
+                     node.fix_for(result))
     locked = list(dict.fromkeys(result.stdout.split()))
     if locked:
-        return Check("cache", worker.name, FAIL, f"this user cannot write {', '.join(locked)} there",
-                     f"a container may have left it owned by root: sudo chown -R $USER {locked[0]} on {worker.name}")
-    return Check("cache", worker.name, OK, f"{repo or folder} can be written")
+        return Check("cache", where, FAIL, f"this user cannot write {', '.join(locked)}",
+                     f"a container may have left it owned by root: sudo chown -R $USER {locked[0]}"
+                     f"{' (on this machine)' if node.is_local else ' on ' + node.name}")
+    return Check("cache", where, OK, f"{repo or folder} can be written")
 
 
 def check_copy(ctx: Context, worker: Node) -> Check:

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,22 @@ def test_sparks_download_prints_progress_then_what_it_did(tmp_path: Path, hub: F
     assert "org/model @ 078455ff: fetched 4 of 4 files" in done.stdout
     again = subprocess.run([str(sparks), "download"], env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "all 4 files already here" in again.stdout and "downloaded" not in again.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to download as "
+                    "another user")
+def test_a_cache_owned_by_root_is_named_with_the_chown_fix(tmp_path: Path, hub: FakeHub) -> None:
+    base = Path(tempfile.mkdtemp(prefix="sparks-hf-"))       # readable by nobody, writable only by root
+    try:
+        base.chmod(0o755)
+        (base / "hf" / "hub").mkdir(parents=True)
+        env = {**os.environ, "MODEL_ID": "org/model", "MODEL_REVISION": REV, "HF_CACHE": str(base / "hf"),
+               "TP": "2", "WORKER": "me@spark2", "SPARKS_CONFIG_ROOT": str(base), "COLUMNS": "200", "HOME": str(base)}
+        sparks = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sparks"
+        done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", str(sparks),
+                               "download"], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1
+        text = " ".join((done.stdout + done.stderr).split())
+        assert "cannot write" in text and f"sudo chown -R $USER {base / 'hf'}" in text, text
+    finally:
+        shutil.rmtree(base)

@@ -167,10 +167,10 @@ def test_head_disk_counts_what_the_hub_lists_as_missing_or_estimates_without_it(
 
 class AsNobody(Node):
     """This machine, every command run as the unprivileged user `nobody` (real permission checks, no root
-    override): how a worker's cache left owned by root by a container looks to the user the recipe runs as."""
+    override): how a cache left owned by root by a container looks to the user the recipe runs as."""
 
-    def __init__(self) -> None:
-        self.name, self.is_local = "nobody@here", False
+    def __init__(self, local: bool) -> None:
+        self.name, self.is_local = ("local" if local else "nobody@here"), local
 
     def _wrap(self, argv: Sequence[str]) -> list[str]:
         return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", *argv]
@@ -178,7 +178,8 @@ class AsNobody(Node):
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv to run the check as another user")
-def test_worker_cache_left_owned_by_root_is_refused_with_the_chown_fix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("local", [False, True], ids=["worker", "head"])
+def test_cache_left_owned_by_root_is_refused_with_the_chown_fix(tmp_path: Path, local: bool) -> None:
     from recipe.preflight import check_cache_writable
 
     base = Path(tempfile.mkdtemp(prefix="sparks-cache-"))    # pytest's own folders are private to root
@@ -186,13 +187,20 @@ def test_worker_cache_left_owned_by_root_is_refused_with_the_chown_fix(tmp_path:
         base.chmod(0o755)
         hub = base / "hf" / "hub" / "models--org--model"
         (hub / "blobs").mkdir(parents=True)
-        ctx = context(tmp_path, healthy("local", True), [AsNobody()], MODEL_ID="org/model",
+        node = AsNobody(local)
+        ctx = context(tmp_path, healthy("local", True), [healthy("me@spark2", False)], MODEL_ID="org/model",
                       HF_CACHE=str(base / "hf"), MODEL_REVISION="078455ffe6472f9a52fbc1139f58b9db2881b25c")
-        check = check_cache_writable(ctx, AsNobody())
+        check = check_cache_writable(ctx, node)
         assert check.status == FAIL and str(hub / "blobs") in check.message
         assert f"chown -R $USER {hub / 'blobs'}" in check.fix
         for folder in (hub, hub / "blobs"):
             shutil.chown(folder, "nobody")
-        assert check_cache_writable(ctx, AsNobody()).status == OK
+        assert check_cache_writable(ctx, node).status == OK
+        if local:     # a complete snapshot is only read: nothing to write, whoever owns it
+            shutil.chown(hub, "root")
+            snap = hub / "snapshots" / "078455ffe6472f9a52fbc1139f58b9db2881b25c"
+            snap.mkdir(parents=True)
+            (snap / "config.json").write_text("{}")
+            assert check_cache_writable(ctx, node).status == OK
     finally:
         shutil.rmtree(base)
