@@ -17,7 +17,8 @@ INVALID = {
     "HF_TOKEN": "two words", "SERVED_NAME": "bad name", "HOST": "localhost", "PORT": "80a", "PARALLEL": "9",
     "CONTEXT": "2000000", "MAX_TOKENS": "0", "KV": "fp4", "DENSE": "int8", "DRAFTER": "dflash2", "THINKING": "yes",
     "VISION": "2", "VISION_URLS": "true", "KV_POOL_GIB": "-1", "MEMORY_RESERVE_GIB": "lots", "KDA_CHUNKED": "on",
-    "IMAGE": "Bad Image", "BASE_IMAGE": "Not An Image", "IMAGE_OFFLINE": "2", "CONTAINER_NAME": "-bad", "RUNTIME": "kubernetes", "CHECKPOINT": "rel/dir",
+    "IMAGE": "Bad Image", "BASE_IMAGE": "Not An Image", "IMAGE_OFFLINE": "2",
+    "CONTAINER_NAME": "-bad", "RUNTIME": "kubernetes", "CHECKPOINT": "rel/dir",
     "CACHE_DIR": "rel", "DRY_RUN": "maybe", "WAIT_TIMEOUT": "0", "LOG_DIR": "logs", "LOG_KEEP": "-2",
     "STOP_TIMEOUT": "1h", "FOREGROUND": "yes", "API_KEY": "has space",
 }
