@@ -76,6 +76,19 @@ def test_exact_spans_without_padding(model):
 
 
 @torch.no_grad()
+def test_a_one_token_prompt_on_exact_spans(model):
+    """Spans shorter than one pool (no complete pool to score yet) on the eager path."""
+    decoder = model.lane_decoder(model.make_pool(32), num_lanes=1, graphs=False)
+    seq = decoder.new_sequence(0)
+    logits = model.prefill(seq, [7])
+    tokens, _ = ours_greedy(model, [7], 6)
+    got = [int(logits.argmax())]
+    for _ in range(5):
+        got.append(int(decoder.decode([seq], [got[-1]])[0].argmax()))
+    assert got == tokens
+
+
+@torch.no_grad()
 def test_sparse_selection_runs_past_the_selection_size(model):
     """The schedule's long prompts see more pools than the indexer may pick (else this tests the dense regime only)."""
     cfg = model.cfg

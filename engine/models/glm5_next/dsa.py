@@ -174,7 +174,8 @@ class SparseMLA:
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
         pool_mask = torch.zeros_like(visible).scatter_(-1, chosen, visible.gather(-1, chosen))
         mask = torch.zeros(batch, span, dtype=torch.bool, device=dev)
-        mask[:, : n_pools * self.kpool] = pool_mask[:, :, None].expand(-1, -1, self.kpool).reshape(batch, -1)
+        covered = n_pools * self.kpool
+        mask[:, :covered] = pool_mask[:, :, None].expand(-1, -1, self.kpool).reshape(batch, covered)
         mask |= (visible.sum(-1) <= self.pick)[:, None]                                # dense regime: all visible
         if self.keep_tail:
             tail_start = (positions + 1) - (positions + 1) % self.kpool
