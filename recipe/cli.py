@@ -203,14 +203,20 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     clock.lap("image")
     ui.step(4, STEPS, f"Launching {the_plan.tp} rank(s), workers first, rank 0 last")
     launch.save_leftover_logs(the_plan, Path(settings.log_dir), settings.log_keep)
-    with _stop_all_on(launch.RankExited, settings, reporter):
-        state, handles = launch.launch(the_plan, {"API_KEY": settings.api_key})
-    for proc in state.ranks:
-        reporter.note(f"rank {proc.rank} {proc.where}: pid {proc.pid}, log {proc.log}")
+    state, handles = _launch(settings, the_plan, reporter)
     clock.lap("launch")
     if settings.foreground:
         return _follow(settings, the_plan, handles)
     return _wait_and_check(settings, the_plan, state, reporter, clock)
+
+
+def _launch(settings: Settings, the_plan: Plan, reporter: ui.ConsoleReporter) -> tuple[Any, dict]:
+    with _stop_all_on(launch.RankExited, settings, reporter):
+        state, handles = launch.launch(the_plan, {"API_KEY": settings.api_key}, reporter, image=settings.image,
+                                       cache_dir=settings.cache_dir, log_dir=settings.log_dir, keep=settings.log_keep)
+    for proc in state.ranks:
+        reporter.note(f"rank {proc.rank} {proc.where}: {proc.ident}, log {proc.log}")
+    return state, handles
 
 
 class StepClock:
@@ -231,8 +237,10 @@ class StepClock:
 
 
 @contextlib.contextmanager
-def _stop_all_on(kind: type[LaunchError], settings: Settings, reporter: ui.ConsoleReporter) -> Iterator[None]:
-    """A rank that exits before the server is ready takes the others down with it: no rank is left on any node."""
+def _stop_all_on(kind: type[LaunchError], settings: Settings, reporter: ui.ConsoleReporter,
+                 refit: bool = False) -> Iterator[None]:
+    """A rank that exits before the server is ready takes the others down with it: no rank is left on any node.
+    With `refit`, a window that does not fit is raised as it is (after the stop) for one more start."""
     try:
         yield
     except kind as error:
@@ -240,6 +248,8 @@ def _stop_all_on(kind: type[LaunchError], settings: Settings, reporter: ui.Conso
         result = control.stop(Path(settings.log_dir, "run"), Path(settings.log_dir), settings.log_keep,
                               settings.stop_timeout, reporter)
         left = [r for r in result.ranks if r.outcome.startswith("unknown")]
+        if refit and not left and isinstance(error, launch.WindowTooLarge):
+            raise
         fix = (f"every rank was stopped and its log saved under {settings.log_dir}; read the last lines above"
                if not left else f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached to stop: "
                "./stop.sh tries again")
@@ -345,8 +355,17 @@ def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui
                     clock: StepClock) -> int:
     ui.step(5, STEPS, f"Loading on every rank (up to {settings.wait_timeout}s, WAIT_TIMEOUT)")
     started = time.monotonic()
-    with _stop_all_on(launch.RankExited, settings, reporter):
-        health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
+    try:
+        with _stop_all_on(launch.RankExited, settings, reporter, refit=True):
+            health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
+    except launch.WindowTooLarge as error:   # rank 0 named the window that fits: start again with it, once
+        reporter.warn(f"this start's memory holds a {error.fits}-token window, not {settings.context}: "
+                      f"starting again with --context {error.fits}")
+        the_plan = the_plan.with_context(error.fits)
+        launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S)
+        state, _ = _launch(settings, the_plan, reporter)
+        with _stop_all_on(launch.RankExited, settings, reporter):
+            health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
     reporter.note(f"Rank 0 answered after {time.monotonic() - started:.0f}s")
     clock.lap("loading")
     ui.step(6, STEPS, "Smoke test: one short chat request through rank 0")

@@ -2,7 +2,8 @@
 
 `stop` asks every rank to exit (SIGTERM to the rank's process group: it and whatever it started), waits up to
 STOP_TIMEOUT, kills what is left, saves each rank's log gzipped under LOG_DIR (a worker's fetched over ssh) and
-clears the run folder. All nodes are stopped at once; every rank's outcome is reported, not just the first failure.
+clears the run folder. Container ranks (RUNTIME=docker) get `docker stop -t STOP_TIMEOUT` on their node, their logs
+saved the same way, and are removed (`launch_docker.stop_containers`). All nodes are stopped at once; every rank's outcome is reported, not just the first failure.
 A worker that cannot be reached keeps its ranks in the state file, so the next stop tries them again.
 """
 
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipe import launch_remote
+from recipe import launch_docker, launch_remote
 from recipe.launch import Reporter, probe_health
 from recipe.logs import save_log
 from recipe.nodes import node_for, on_each
@@ -29,6 +30,11 @@ class RankStop:
     outcome: str             # "stopped" | "killed" | "was not running" | "unknown: <why>" (worker not reached)
     saved_log: Path | None
     node: str = "local"
+    container: str = ""
+
+    @property
+    def ident(self) -> str:
+        return f"container {self.container[:12]}" if self.container else f"pid {self.pid}"
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,9 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
         reporter.warn(f"{cut} request(s) still running will be cut off")
     def on_node(node: str) -> list[RankStop]:
         ranks = sorted((r for r in state.ranks if r.node == node), key=lambda r: r.rank)
+        if ranks and ranks[0].container:
+            return [RankStop(s.rank, 0, s.outcome, s.saved_log, node, s.container)
+                    for s in launch_docker.stop_containers(node_for(node), ranks, timeout_s, log_dir, keep)]
         if node == "local":
             return _stop_local(ranks, log_dir, keep, timeout_s)
         return [RankStop(s.rank, s.pid, s.outcome, s.saved_log, node)
@@ -92,7 +101,8 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
     outcomes: list[RankStop] = []
     for node, found in by_node.items():
         if isinstance(found, BaseException):
-            found = [RankStop(r.rank, r.pid, f"unknown: {found}", None, r.node) for r in state.ranks if r.node == node]
+            found = [RankStop(r.rank, r.pid, f"unknown: {found}", None, r.node, r.container)
+                     for r in state.ranks if r.node == node]
         outcomes += found
     # A worker's rank that ran when the stop began may exit on its own first (rank 0's shutdown ends it): stopped.
     outcomes = [dataclasses.replace(s, outcome="stopped") if s.outcome == "was not running" and before.get(s.rank)

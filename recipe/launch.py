@@ -1,7 +1,8 @@
-"""The process executor: make what the plan prepares, copy the checkpoint to workers that lack it, start every
-rank (workers first, over ssh; rank 0 last, here), wait until rank 0 answers.
+"""The executor: make what the plan prepares, copy the checkpoint to workers that lack it, start every rank
+(workers first, over ssh; rank 0 last, here), wait until rank 0 answers.
 
-Ranks run in their own session (so a Ctrl-C in the terminal does not reach them, and a stop can signal a rank and
+With RUNTIME=docker each rank is a container (`launch_docker`: one `docker run -d` per rank, recorded by container
+id). Otherwise ranks run in their own session (so a Ctrl-C in the terminal does not reach them, and a stop can signal a rank and
 everything it started), with output to LOG_DIR/run/rank<N>.log on their node. Each rank's node, PID and start time
 go to the head's state file (rewritten after every rank, so a launch cut short can still be stopped) that `stop`
 and `status` read. Nothing here prints: progress goes through a `Reporter`.
@@ -10,6 +11,7 @@ and `status` read. Nothing here prints: progress goes through a `Reporter`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -21,7 +23,7 @@ from typing import Mapping, Protocol
 
 import httpx
 
-from recipe import launch_remote
+from recipe import launch_docker, launch_remote
 from recipe.checkpoint import compare, copy_to_worker
 from recipe.errors import LaunchError, RecipeError
 from recipe.logs import LogFollower, save_log, tail
@@ -104,16 +106,17 @@ def workers_of(plan: Plan) -> list[str]:
 def sync_checkpoint(plan: Plan, reporter: Reporter) -> None:
     """Give every worker the head's checkpoint at the same path: compared first, copied only where it differs."""
     workers = [SshNode(w) for w in workers_of(plan)]
-    if not workers:
+    folder = plan.host_checkpoint
+    if not workers or not folder:
         return
     head = LocalNode()
 
     def one(worker: SshNode) -> str:
-        differ = compare(head, worker, plan.checkpoint)
+        differ = compare(head, worker, folder)
         if not differ:
-            return f"{worker.name}: its copy of {plan.checkpoint} matches the head's"
-        copied = copy_to_worker(head, worker, plan.checkpoint)
-        return (f"{worker.name}: copied {plan.checkpoint} ({copied.files} files, "
+            return f"{worker.name}: its copy of {folder} matches the head's"
+        copied = copy_to_worker(head, worker, folder)
+        return (f"{worker.name}: copied {folder} ({copied.files} files, "
                 f"{copied.sent_bytes / 2**20:.1f} MiB sent), now identical to the head's")
 
     outcomes = on_each(workers, one)
@@ -154,14 +157,16 @@ def port_is_free(port: int) -> bool:
 
 
 def ensure_supported(plan: Plan) -> None:
-    """Refuse, before anything is touched, a plan this executor cannot run yet."""
-    if plan.runtime != "process":
-        raise RecipeError("starting ranks in Docker on Sparks is not built yet (it lands with the preflight and "
-                          "image issues)", "use DRY_RUN=1 to see the plan, or remove WORKER to run locally")
+    """Refuse, before anything is touched, a plan this executor cannot run."""
+    if plan.runtime not in ("process", "docker"):
+        raise RecipeError(f"RUNTIME={plan.runtime} cannot be started", "write RUNTIME=docker or RUNTIME=process")
 
 
-def launch(plan: Plan, secrets: Mapping[str, str]) -> tuple[RunState, dict[int, subprocess.Popen]]:
-    """Start every rank in the plan's order; returns the recorded state and the process handles."""
+def launch(plan: Plan, secrets: Mapping[str, str], reporter: Reporter | None = None,
+           image: str = "", cache_dir: str = "", log_dir: str = "", keep: int = 10,
+           ) -> tuple[RunState, dict[int, subprocess.Popen]]:
+    """Start every rank in the plan's order; returns the recorded state and the (local process) handles.
+    The Docker runtime needs `image`, `cache_dir` (kernel caches) and `log_dir`/`keep` (a leftover's log)."""
     ensure_supported(plan)
     run_dir = Path(plan.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -177,19 +182,26 @@ def launch(plan: Plan, secrets: Mapping[str, str]) -> tuple[RunState, dict[int, 
         save_state(run_dir, state)
         return state
 
+    ready = {}
+    if plan.runtime == "docker":
+        ready = launch_docker.prepare_nodes(plan, image, os.path.join(cache_dir, "kernels"), Path(log_dir), keep,
+                                            reporter or Quiet())
     for rank in plan.ranks:
-        if rank.node == "local":
-            with open(rank.log, "wb") as log:
-                proc = subprocess.Popen(rank.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=scrubbed_environ(rank.env), start_new_session=True)
-            handles[rank.rank] = proc
-            recorded.append(RankProcess(rank.rank, proc.pid, start_ticks(proc.pid) or 0, rank.log))
-        else:
-            try:
+        try:
+            if plan.runtime == "docker":
+                recorded.append(launch_docker.run_rank(node_for(rank.node), rank, ready[rank.node]))
+            elif rank.node == "local":
+                with open(rank.log, "wb") as log:
+                    proc = subprocess.Popen(rank.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=scrubbed_environ(rank.env),
+                                            start_new_session=True)
+                handles[rank.rank] = proc
+                recorded.append(RankProcess(rank.rank, proc.pid, start_ticks(proc.pid) or 0, rank.log))
+            else:
                 recorded.append(launch_remote.spawn(node_for(rank.node), rank))
-            except RecipeError as error:
-                record()
-                raise RankExited(error.message, error.fix) from None
+        except RecipeError as error:
+            record()
+            raise RankExited(error.message, error.fix) from None
         record()
     return record(), handles
 
@@ -204,7 +216,17 @@ def _write_secret(path: Path, value: str) -> None:
 def wait_ready(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter,
                tick_s: float = 15.0) -> dict:
     """Follow the rank logs until rank 0's /health answers 200; fail early when a rank exits."""
-    followers = {r.rank: LogFollower(Path(r.log)) for r in state.ranks if r.node == "local"}
+    followers = {r.rank: launch_docker.ContainerLogFollower(r.container) if r.container else LogFollower(Path(r.log))
+                 for r in state.ranks if r.node == "local"}
+    try:
+        return _wait(plan, state, timeout_s, reporter, tick_s, followers)
+    finally:
+        for follower in followers.values():
+            getattr(follower, "close", lambda: None)()
+
+
+def _wait(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter, tick_s: float,
+          followers: dict) -> dict:
     started = time.monotonic()
     next_tick = started + tick_s
     next_remote = started
@@ -238,21 +260,49 @@ def _fail_if_a_rank_exited(state: RunState, remote_too: bool = True) -> None:
             alive.update(ranks_alive([r for r in state.ranks if r.node == node]))
     dead = [r for r in state.ranks if alive.get(r.rank) is False]   # None: the node did not answer this time
     if dead:
-        names = ", ".join(f"rank {r.rank} {r.where} (pid {r.pid})" for r in dead)
-        raise RankExited(f"{names} exited before the server was ready", "read the last log lines above",
-                         logs=last_lines(state))
+        names = ", ".join(f"rank {r.rank} {r.where} ({r.ident})" for r in dead)
+        logs = last_lines(state)
+        fits = fitting_window(logs)
+        if fits is not None:
+            raise WindowTooLarge(f"{names} exited before the server was ready: the window does not fit; "
+                                 f"the largest that does is {fits} tokens", "lower CONTEXT", logs=logs, fits=fits)
+        raise RankExited(f"{names} exited before the server was ready", "read the last log lines above", logs=logs)
+
+
+class WindowTooLarge(RankExited):
+    """Rank 0 refused the window before allocating and named the largest that fits: start again with it, once."""
+
+    def __init__(self, message: str, fix: str, logs: dict, fits: int) -> None:
+        super().__init__(message, fix, logs=logs)
+        self.fits = fits
+
+
+FITS = re.compile(r"the largest window that fits is (\d+) tokens")
+
+
+def fitting_window(logs: Mapping[str, list[str]]) -> int | None:
+    """The window rank 0's log says fits (engine/serve.py `size_pool`), when it refused a larger one."""
+    for source, lines in logs.items():
+        if source.startswith("rank 0 "):
+            for line in reversed(lines):
+                found = FITS.search(line)
+                if found and int(found.group(1)) > 0:
+                    return int(found.group(1))
+    return None
 
 
 def last_lines(state: RunState, count: int = 25) -> dict[str, list[str]]:
     """Every rank's last log lines, a worker's fetched over ssh (all nodes at once)."""
     def one(proc: RankProcess) -> list[str]:
+        if proc.container:
+            return launch_docker.tail(proc, count)
         if proc.node == "local":
             return tail(Path(proc.log), count)
         return launch_remote.tail(node_for(proc.node), proc.log, count)
 
     with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
         lines = list(pool.map(one, state.ranks))
-    return {f"rank {r.rank} {r.where} ({r.log})": found for r, found in zip(state.ranks, lines)}
+    return {f"rank {r.rank} {r.where} ({r.container[:12] if r.container else r.log})": found for r, found in zip(state.ranks, lines)}
 
 
 def probe_health(url: str, timeout_s: float = 3.0) -> dict | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from recipe.checkpoint import head_checkpoint_dir
 from recipe.errors import RecipeError
 from recipe.host import HostFacts
 from recipe.plan_docker import (container_env, container_name, docker_argv, docker_checkpoint, docker_env,
@@ -69,7 +70,7 @@ class Plan:
     runtime: str
     tp: int
     device: str
-    checkpoint: str
+    checkpoint: str                # as the ranks see it (inside the container with RUNTIME=docker)
     served_name: str
     api_url: str                   # what clients use
     health_url: str                # what the recipe polls (rank 0, from this machine)
@@ -78,6 +79,7 @@ class Plan:
     prepare: tuple[PrepareStep, ...] = ()
     secret_files: tuple[SecretFile, ...] = ()
     summary: Mapping[str, Any] = field(default_factory=dict)
+    host_checkpoint: str = ""      # the folder on the nodes (the same path on each): compared and copied to workers
 
     @property
     def rank0(self) -> RankPlan:
@@ -99,6 +101,7 @@ class Plan:
         """The printable form: secret-looking environment values masked."""
         return {
             "runtime": self.runtime, "tp": self.tp, "device": self.device, "checkpoint": self.checkpoint,
+            "host_checkpoint": self.host_checkpoint,
             "served_name": self.served_name, "api_url": self.api_url, "health_url": self.health_url,
             "run_dir": self.run_dir, "summary": dict(self.summary),
             "prepare": [{"description": p.description, "command": list(p.argv), "output": p.final, "done": p.done}
@@ -131,16 +134,18 @@ def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] 
     secret_files = (SecretFile(os.path.join(run_dir, "api_key"), "API_KEY"),) if settings.api_key else ()
     if runtime == "process":
         checkpoint, prepare = _local_checkpoint(settings, host)
+        host_checkpoint = checkpoint
         ranks = tuple(_process_rank(settings, host, r, checkpoint, run_dir, secret_files, extra_args)
                       for r in _start_order(settings.tp))
     else:
         checkpoint, prepare = docker_checkpoint(settings), ()
+        host_checkpoint = head_checkpoint_dir(settings) or ""
         ranks = tuple(_docker_rank(settings, host, r, checkpoint, secret_files, extra_args)
                       for r in _start_order(settings.tp))
     plan = Plan(runtime=runtime, tp=settings.tp, device=host.device,
                 checkpoint=checkpoint, served_name=settings.served_name, api_url=_api_url(settings) + "/v1",
                 health_url=_local_url(settings) + "/health", run_dir=run_dir, ranks=ranks, prepare=prepare,
-                secret_files=secret_files, summary=_summary(settings))
+                secret_files=secret_files, summary=_summary(settings), host_checkpoint=host_checkpoint)
     _check_no_secret_leaks(plan, settings)
     return plan
 
@@ -212,7 +217,7 @@ def _docker_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str
     mounts = docker_mounts(settings, secret_files, rank)
     key_file = "/run/secrets/api_key" if secret_files and rank == 0 else None
     link = host.link.for_rank(rank)
-    serve = ("python", "-m", "engine", "serve", checkpoint,
+    serve = ("python3", "-m", "engine", "serve", checkpoint,
              *serve_flags(settings, rank, f"{link.master_addr}:{settings.master_port}", key_file), *extra)
     env = {**engine_env(settings), **container_env(settings, host, link)}
     argv = docker_argv(settings, host, rank, env, mounts, serve)

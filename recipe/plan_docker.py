@@ -14,6 +14,7 @@ into a mounted folder ends up owned by root).
 from __future__ import annotations
 
 import os
+import shlex
 from typing import TYPE_CHECKING, Mapping
 
 from recipe.host import HostFacts, LinkEnd
@@ -88,10 +89,11 @@ def container_env(settings: Settings, host: HostFacts, link: LinkEnd) -> dict[st
 
 
 def device_flags(host: HostFacts) -> list[str]:
-    """GPUs and the RDMA devices when this kind of machine has them; nothing otherwise."""
+    """GPUs and the RDMA devices when this kind of machine has them; nothing otherwise (without RDMA, raising the
+    locked-memory limit is pointless, and a machine whose own hard limit is lower refuses to start the container)."""
     flags = ["--gpus", "all"] if host.gpu else []
-    if host.rdma:
-        flags += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
+    if host.rdma:   # RDMA registers (pins) memory: unlimited locked memory, and the right to lock it
+        flags += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
     return flags
 
 
@@ -101,9 +103,13 @@ def docker_argv(settings: Settings, host: HostFacts, rank: int, env: Mapping[str
     # handler for, and ranks > 0 have none: they would sit out STOP_TIMEOUT and be killed).
     argv = ["docker", "run", "-d", "--init", "--name", container_name(settings, rank), "--user", NODE_USER,
             "--network", "host", "--ipc", "host", "--shm-size", "16g",
-            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", *device_flags(host)]
+            "--ulimit", "stack=67108864", *device_flags(host)]
     for name, value in env.items():
         argv += ["-e", f"{name}={value}"]
     for mount in mounts:
         argv += ["-v", f"{mount.source}:{mount.target}{':ro' if mount.read_only else ''}"]
-    return (*argv, settings.image, *serve)
+    return (*argv, *extra_docker_args(settings), settings.image, *serve)
+
+
+def extra_docker_args(settings: Settings) -> list[str]:
+    return shlex.split(settings.docker_args)   # checked when the settings were read (type args)

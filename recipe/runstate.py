@@ -1,8 +1,9 @@
-"""What is running: the state file a launch writes (LOG_DIR/run/state.json) and checks on the processes it names.
+"""What is running: the state file a launch writes (LOG_DIR/run/state.json) and checks on the ranks it names.
 
-A PID alone can be reused by an unrelated program after ours exits, so each rank is recorded with its node, its PID
-*and* its start time from /proc; a rank counts as ours only while both match. A worker's ranks are looked up over
-ssh, one command per node; a node that does not answer leaves its ranks unknown (None), never "exited".
+A process rank is recorded with its node, its PID *and* its start time from /proc (a PID alone can be reused by an
+unrelated program after ours exits); it counts as ours only while both match. A container rank is recorded by its
+container id, which is never reused, and is alive while `docker inspect` says it runs. A worker's ranks are looked up
+over ssh, one command per node; a node that does not answer leaves its ranks unknown (None), never "exited".
 """
 
 from __future__ import annotations
@@ -24,10 +25,16 @@ class RankProcess:
     start_ticks: int   # field 22 of /proc/PID/stat: when the process started, in clock ticks since boot
     log: str           # on its node
     node: str = "local"   # "local" or the worker's ssh target
+    container: str = ""   # the container id when the rank runs in Docker (pid and start_ticks are then 0)
 
     @property
     def where(self) -> str:
         return "here" if self.node == "local" else f"on {self.node}"
+
+    @property
+    def ident(self) -> str:
+        """How a person finds this rank on its node."""
+        return f"container {self.container[:12]}" if self.container else f"pid {self.pid}"
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ def ranks_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
     """Liveness of ranks that share one node: /proc here, one ssh command for a worker."""
     if not ranks:
         return {}
+    if ranks[0].container:
+        return containers_alive(ranks)
     if ranks[0].node == "local":
         return {r.rank: is_alive(r.pid, r.start_ticks) for r in ranks}
     script = TICKS_SH + '; for p in "$@"; do echo "$p $(ticks $p || echo -)"; done'
@@ -104,6 +113,27 @@ def ranks_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
         return {r.rank: None for r in ranks}
     seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     return {r.rank: seen.get(str(r.pid)) == str(r.start_ticks) for r in ranks}
+
+
+# Arguments: container ids. Prints "ID running|exited|gone" per container; exit 3 when docker does not answer.
+_INSPECT_SH = r'''
+docker info >/dev/null 2>&1 || { echo "docker does not answer" >&2; exit 3; }
+for c in "$@"; do
+  s=$(docker inspect -f '{{.State.Running}}' "$c" 2>/dev/null) || s=gone
+  case $s in true) s=running;; false) s=exited;; esac
+  echo "$c $s"
+done
+'''
+
+
+def containers_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
+    """Liveness of container ranks on one node: one `docker inspect` per container, one command per node."""
+    result = node_for(ranks[0].node).run(["sh", "-c", _INSPECT_SH, "inspect", *(r.container for r in ranks)],
+                                         timeout_s=PROBE_TIMEOUT_S)
+    if not result.ok:
+        return {r.rank: None for r in ranks}
+    seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    return {r.rank: seen.get(r.container) == "running" if r.container in seen else None for r in ranks}
 
 
 def save_state(run_dir: Path, state: RunState) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +41,7 @@ _HINTS = {
     "name": "letters, digits and . _ : / - (no spaces)",
     "secret": "one word without spaces or quotes",
     "text": "any text",
+    "args": "arguments split like a shell line, quotes balanced (e.g. -v /data:/data:ro)",
 }
 
 
@@ -217,6 +219,11 @@ def _parse_text(spec: SettingSpec, raw: str) -> str:
     return raw
 
 
+def _parse_args(spec: SettingSpec, raw: str) -> str:
+    shlex.split(raw)   # ValueError on unbalanced quotes; kept as text, split where it is used
+    return raw
+
+
 _PARSERS = {
     "int": _parse_int,
     "float": _parse_float,
@@ -233,4 +240,5 @@ _PARSERS = {
     "name": _matching(_NAME),
     "secret": _parse_secret,
     "text": _parse_text,
+    "args": _parse_args,
 }

@@ -57,6 +57,7 @@ class Settings:
     base_image: str
     image_offline: bool
     container_name: str
+    docker_args: str
     runtime: str
     checkpoint: str
     cache_dir: str

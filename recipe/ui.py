@@ -67,7 +67,9 @@ def headline(settings: Settings, plan: Plan) -> None:
                  + ("the engine's demo checkpoint (random weights, not GLM-5.3-Flash)" if plan.prepare
                     else f"checkpoint {plan.checkpoint}"))
     else:
-        where = f"{plan.tp} DGX Spark(s) in Docker, {settings.model_id}"
+        where = (f"{plan.tp} container(s) on the {plan.device}"
+                 + (f": rank 0 here, the rest on {', '.join(workers)}" if workers else "")
+                 + f"; {settings.checkpoint or settings.model_id}")
     console.print(f"[bold]GLM-5.3-Flash on Sparks[/] [dim]· {escape(where)}[/]")
     s = plan.summary
     console.print(f"[dim]{s['parallel']} at once · {s['context']}-token window · {s['kv']} KV · "
@@ -120,7 +122,7 @@ def show_stop(result: StopResult) -> None:
     for rank in result.ranks:
         saved = f"; its log: {rank.saved_log}" if rank.saved_log else ""
         where = "here" if rank.node == "local" else f"on {rank.node}"
-        say(f"rank {rank.rank} {where} (pid {rank.pid}): {rank.outcome}{saved}")
+        say(f"rank {rank.rank} {where} ({rank.ident}): {rank.outcome}{saved}")
     left = [r for r in result.ranks if r.outcome.startswith("unknown")]
     if left:
         warn(f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached; they are still recorded: "
@@ -134,15 +136,16 @@ def show_status(status: Status) -> None:
         say("Not running (no recorded ranks). Start it with ./start.sh")
         return
     table = Table(show_edge=False)
-    for column in ("rank", "node", "pid", "state", "log"):
+    for column in ("rank", "node", "pid / container", "state", "log"):
         table.add_column(column)
     shown = {True: "[green]running[/]", False: "[red]exited[/]", None: "[yellow]unknown (node not reached)[/]"}
     for proc in sorted(status.state.ranks, key=lambda r: r.rank):
-        table.add_row(str(proc.rank), escape("here" if proc.node == "local" else proc.node), str(proc.pid),
+        table.add_row(str(proc.rank), escape("here" if proc.node == "local" else proc.node),
+                      str(proc.container[:12] or proc.pid),
                       shown[status.alive.get(proc.rank)], escape(proc.log))
     console.print(table)
     for proc in status.exited:
-        say(f"rank {proc.rank} {proc.where} (pid {proc.pid}) has exited")
+        say(f"rank {proc.rank} {proc.where} ({proc.ident}) has exited")
     if status.health is not None:
         h = status.health
         say(f"Health: answering · {h.get('requests_running', '?')} request(s) running · "

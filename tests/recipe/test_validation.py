@@ -20,7 +20,7 @@ INVALID = {
     "IMAGE": "Bad Image", "BASE_IMAGE": "Not An Image", "IMAGE_OFFLINE": "2",
     "CONTAINER_NAME": "-bad", "RUNTIME": "kubernetes", "CHECKPOINT": "rel/dir",
     "CACHE_DIR": "rel", "DRY_RUN": "maybe", "WAIT_TIMEOUT": "0", "LOG_DIR": "logs", "LOG_KEEP": "-2",
-    "STOP_TIMEOUT": "1h", "FOREGROUND": "yes", "API_KEY": "has space",
+    "STOP_TIMEOUT": "1h", "FOREGROUND": "yes", "API_KEY": "has space", "DOCKER_ARGS": "-v '/a b:/c",
 }
 
 RULES = [
@@ -107,9 +107,14 @@ def test_unexpected_errors_print_one_line_without_traceback(sandbox: Path, monke
     assert isinstance(CliRunner().invoke(app, ["plan"]).exception, ZeroDivisionError)
 
 
-def test_docker_start_is_refused_before_anything_is_touched(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    result = run(monkeypatch, {"WORKER": "me@spark2"})
-    assert_rejected_untouched(result, sandbox, "Docker", "DRY_RUN=1")
+def test_docker_start_checks_the_worker_over_ssh_first(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # RUNTIME=docker (the default with WORKER): start checks the worker over ssh before anything is stopped or
+    # written. A loopback address no sshd answers on: no traffic leaves this machine.
+    monkeypatch.setenv("SPARKS_SSH_CONTROL_DIR", str(sandbox / "ctl"))
+    result = run(monkeypatch, {"WORKER": "me@127.0.0.9", "PORT": "8899"})
+    assert result.exit_code != 0, result.output
+    assert "error: ssh (me@127.0.0.9)" in result.output
+    assert not (sandbox / "logs").exists() and not (sandbox / "cache").exists()
 
 
 def test_process_ranks_on_a_worker_are_checked_over_ssh_first(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:

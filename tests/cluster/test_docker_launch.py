@@ -1,0 +1,250 @@
+"""RUNTIME=docker across namespaced nodes, each with its own sshd and dockerd: `./start.sh` runs one container per
+rank (rank 1 on w1 over ssh, rank 0 on the head), the real `openai` client chats through both, `./stop.sh` saves
+every rank's log on the head and leaves no container or engine process on any node. Then: a killed worker container
+ends rank 0 (peer watch) and `sparks status` names it; a rank that exits while loading takes every rank down with
+its last log lines; an unreachable worker is refused before anything is stopped; `./start-tp3.sh` on three nodes
+(with a window too large for its memory: rank 0 names what fits and the start goes again with it, once).
+
+No GPU or /dev/infiniband exist here, so the plan has no --gpus/--device flags (host facts decide; the same plan
+gets them on a Spark). The image is a Python base made by `dev_image` below (debootstrap bookworm minbase with the
+libraries this checkout's interpreter needs), with the checkout and its interpreter mounted read-only at the same
+paths through DOCKER_ARGS: the containers run this checkout's engine without a 3 GB image per node.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+SPARKS = str(REPO / ".venv" / "bin" / "sparks")
+START_TIMEOUT_S = 480
+IMAGE = "sparks-pydev:test"
+ROOTFS_CACHE = Path(os.environ.get("SPARKS_TESTBED_CACHE", str(REPO / ".cache" / "testbed"))) / "pydev-rootfs.tar"
+LIBS = "libssl3,libffi8,libsqlite3-0,libbz2-1.0,liblzma5,zlib1g,libexpat1,libuuid1,libncursesw6,libreadline8,libstdc++6"
+CHAT = """
+from openai import OpenAI
+client = OpenAI(base_url="http://127.0.0.1:8888/v1", api_key="unused", timeout=120, max_retries=0)
+reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=24, temperature=0,
+    messages=[{"role": "user", "content": "Reply with OK."}],
+    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+print("REPLY", repr(reply.choices[0].message.content), reply.usage.completion_tokens)
+"""
+
+
+def _interpreter_root() -> str:
+    """The folder holding this checkout's interpreter (the venv links to it): mounted into the containers."""
+    home = next(line.split("=", 1)[1].strip() for line in (REPO / ".venv" / "pyvenv.cfg").read_text().splitlines()
+                if line.startswith("home"))
+    return str(Path(home).parent)
+
+
+def dev_image(bed, env: dict) -> str:
+    """The Python base image on every node's dockerd (the rootfs is made once and cached across sessions), labelled
+    with the identity `ensure_image` expects for this checkout, so the start uses it as it is."""
+    from recipe.image import LABEL, image_spec
+    from recipe.settings import load_settings
+
+    identity = image_spec(load_settings(Path(env["SPARKS_CONFIG_ROOT"]), env)).identity
+    if not ROOTFS_CACHE.is_file():
+        rootfs = ROOTFS_CACHE.with_suffix(".d")
+        ROOTFS_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["rm", "-rf", str(rootfs)], check=True)
+        made = subprocess.run(["debootstrap", "--variant=minbase", f"--include={LIBS}", "bookworm", str(rootfs),
+                               "http://deb.debian.org/debian"], capture_output=True, text=True, timeout=900)
+        if made.returncode != 0:
+            pytest.skip(f"debootstrap could not make the test image's rootfs: {made.stderr.strip()[-300:]}")
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(ROOTFS_CACHE) + ".part", "."], check=True, timeout=300)
+        os.replace(str(ROOTFS_CACHE) + ".part", ROOTFS_CACHE)
+        subprocess.run(["rm", "-rf", str(rootfs)], check=True)
+    started = time.monotonic()
+    for name in bed.nodes:
+        loaded = on_node(bed, name, f"docker rmi -f {IMAGE} >/dev/null 2>&1; "
+                                    f"docker import --change 'LABEL {LABEL}={identity}' - {IMAGE} < {ROOTFS_CACHE}")
+        assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    print(f"[docker] {IMAGE} on {len(bed.nodes)} nodes in {time.monotonic() - started:.1f}s")
+    return IMAGE
+
+
+def on_node(bed, name: str, script: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """A shell line on a node: the head's own, or a worker's over ssh from the head (never from here)."""
+    if name == "head":
+        return bed.on_head(["sh", "-c", script], os.environ.copy(), timeout_s=timeout_s)
+    return bed.on_head([str(bed.root / "bin" / "ssh"), f"root@{bed.nodes[name].address}", script],
+                       os.environ.copy(), timeout_s=timeout_s)
+
+
+def containers(bed, name: str) -> list[str]:
+    done = on_node(bed, name, "docker ps -a --format '{{.Names}} {{.State}}'")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[:-1]
+
+
+def run_on_head(bed, argv: list[str], env: dict, timeout_s: float = 180) -> subprocess.CompletedProcess:
+    done = bed.on_head(argv, env, timeout_s=timeout_s)
+    print(f"$ {' '.join(Path(a).name if a.startswith('/') else a for a in argv[:2])} → {done.returncode}\n"
+          f"{done.stdout}{done.stderr}")
+    return done
+
+
+def state(bed) -> dict[int, dict]:
+    path = bed.path_on("head", "logs/run/state.json")
+    return {r["rank"]: r for r in json.loads(path.read_text())["ranks"]} if path.is_file() else {}
+
+
+def engines(bed) -> list[int]:
+    """Engine processes serving the test bed's checkpoint, on any node (containers share the one PID space's view
+    from here: every container process is visible in /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes()
+        except OSError:
+            continue
+        if b"/checkpoint" in text and b"engine" in text and b"serve" in text:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def assert_nothing_left(bed) -> None:
+    for name in bed.nodes:
+        assert containers(bed, name) == [], f"a container was left on {name}"
+    assert engines(bed) == [], "an engine process outlived ./stop.sh"
+
+
+@pytest.fixture(scope="module")
+def docker_env(bed):
+    demo = bed.path_on("head", "data/demo")
+    if not (demo / "config.json").is_file():
+        subprocess.run([PYTHON, "-m", "engine", "make-demo", str(demo), "--size", "trained"], check=True,
+                       capture_output=True, timeout=180)
+    mounts = f"-v {REPO}:{REPO}:ro -v {_interpreter_root()}:{_interpreter_root()}:ro"
+    env = bed.environ(COLUMNS="200", RUNTIME="docker", TP="2", IMAGE=IMAGE,
+                      CHECKPOINT=str(bed.root / "node" / "data" / "demo"),
+                      DOCKER_ARGS=f"{mounts} -e PATH={REPO}/.venv/bin:/usr/bin:/bin",
+                      CONTEXT="8192", MAX_TOKENS="1024", KV_POOL_GIB="1", PARALLEL="4",
+                      WAIT_TIMEOUT="300", STOP_TIMEOUT="15")
+    dev_image(bed, env)
+    yield env
+    bed.on_head([str(REPO / "stop.sh")], env, timeout_s=180)   # whatever happened, leave no container anywhere
+
+
+def test_docker_start_chat_stop_across_two_nodes(bed, docker_env) -> None:
+    w1 = f"root@{bed.nodes['w1'].address}"
+    started = time.monotonic()
+    done = run_on_head(bed, [str(REPO / "start.sh")], docker_env, timeout_s=START_TIMEOUT_S)
+    print(f"[cold TP=2 docker start on the test bed: {time.monotonic() - started:.1f}s wall]")
+    assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+    summary = [line for line in done.stdout.splitlines() if "Started in" in line]
+    assert summary, done.stdout
+    print(f"[docker TP=2 start, by step] {summary[0].strip()}")
+    ranks = state(bed)
+    assert ranks[1]["node"] == w1 and ranks[0]["node"] == "local"
+    assert all(len(r["container"]) == 64 for r in ranks.values())
+    assert containers(bed, "head") == ["glm-sparks-rank0 running"]
+    assert containers(bed, "w1") == ["glm-sparks-rank1 running"]
+    kernels = list(bed.path_on("w1", "cache/kernels").iterdir())
+    assert len(kernels) == 1 and len(kernels[0].name) == 12      # one kernel cache, named by the image
+
+    chat = run_on_head(bed, [PYTHON, "-c", CHAT], docker_env)
+    assert chat.returncode == 0 and "REPLY" in chat.stdout, chat.stdout + chat.stderr
+
+    status = run_on_head(bed, [SPARKS, "status"], docker_env)
+    assert status.returncode == 0 and w1 in status.stdout and status.stdout.count("running") >= 2
+
+    stopped = run_on_head(bed, [str(REPO / "stop.sh")], docker_env)
+    assert stopped.returncode == 0 and "Stopped every rank." in stopped.stdout
+    assert f"rank 1 on {w1} (container {ranks[1]['container'][:12]}): stopped" in stopped.stdout
+    assert_nothing_left(bed)
+    rank1_log = sorted(bed.path_on("head", "logs").glob("*-rank1.log.gz"))[-1]
+    assert b"following rank 0" in gzip.decompress(rank1_log.read_bytes())   # the worker's log, brought home
+
+
+def test_killed_worker_container_ends_rank_0_and_status_names_it(bed, docker_env) -> None:
+    w1 = f"root@{bed.nodes['w1'].address}"
+    done = run_on_head(bed, [SPARKS, "start"], docker_env, timeout_s=START_TIMEOUT_S)
+    assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+    assert on_node(bed, "w1", "docker kill glm-sparks-rank1").returncode == 0
+    killed = time.monotonic()
+    deadline = killed + 60
+    while time.monotonic() < deadline and "glm-sparks-rank0 running" in containers(bed, "head"):
+        time.sleep(1)
+    assert "glm-sparks-rank0 exited" in containers(bed, "head"), "rank 0 kept running after its peer died"
+    print(f"[peer watch] rank 0's container exited {time.monotonic() - killed:.1f}s after rank 1's was killed")
+    status = run_on_head(bed, [SPARKS, "status"], docker_env)
+    rank1 = state(bed)[1]["container"][:12]
+    assert status.returncode == 3 and f"rank 1 on {w1} (container {rank1}) has exited" in status.stdout
+
+    stopped = run_on_head(bed, [str(REPO / "stop.sh")], docker_env)
+    assert stopped.returncode == 0
+    assert_nothing_left(bed)
+    rank0_log = sorted(bed.path_on("head", "logs").glob("*-rank0.log.gz"))[-1]
+    assert b"a rank stopped serving" in gzip.decompress(rank0_log.read_bytes())
+
+
+def test_rank_exiting_while_loading_stops_every_container(bed, docker_env) -> None:
+    # Same-size edit of the worker's config.json: start does not copy, rank 1 refuses to join, rank 0 is stopped.
+    config = bed.path_on("w1", "data/demo/config.json")
+    if not config.is_file():
+        pytest.skip("needs the worker's copy from the first test")
+    original = config.read_bytes()
+    config.write_bytes(original.replace(b"{", b"[", 1))
+    try:
+        done = run_on_head(bed, [SPARKS, "start"], docker_env, timeout_s=START_TIMEOUT_S)
+    finally:
+        config.write_bytes(original)
+    assert done.returncode != 0
+    assert "exited before the server was ready" in done.stderr
+    assert "rank 0 here" in done.stderr and f"rank 1 on root@{bed.nodes['w1'].address}" in done.stderr
+    assert "every rank was stopped" in done.stderr
+    assert state(bed) == {}
+    assert_nothing_left(bed)
+
+
+def test_unreachable_worker_is_refused_before_anything_stops(bed, docker_env) -> None:
+    done = run_on_head(bed, [SPARKS, "start"], docker_env, timeout_s=START_TIMEOUT_S)
+    assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+    before = state(bed)
+    # w1's sshd now refuses connections; the recipe's shared connection is closed so the next command must connect.
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    bed._close_ssh_masters()
+    bed.in_node("w1", "iptables", "-A", *rule)
+    try:
+        restart = run_on_head(bed, [SPARKS, "restart"], docker_env, timeout_s=120)
+        assert restart.returncode != 0 and "ssh" in restart.stderr
+        assert containers(bed, "head") == ["glm-sparks-rank0 running"]      # nothing was stopped
+        assert state(bed) == before
+    finally:
+        bed.in_node("w1", "iptables", "-D", *rule)
+    assert containers(bed, "w1") == ["glm-sparks-rank1 running"]
+    stopped = run_on_head(bed, [str(REPO / "stop.sh")], docker_env)
+    assert stopped.returncode == 0
+    assert_nothing_left(bed)
+
+
+def test_three_nodes_with_start_tp3_and_a_refit_window(bed, docker_env) -> None:
+    w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
+    # 210 KiB of cache per rank (~128 bytes a token) cannot hold an 8192-token window: rank 0 names the largest that fits.
+    env = {**docker_env, "WORKER2": w2, "KV_POOL_GIB": "0.0002"}
+    env.pop("TP")                                   # ./start-tp3.sh sets it
+    done = run_on_head(bed, [str(REPO / "start-tp3.sh")], env, timeout_s=START_TIMEOUT_S)
+    assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+    assert "starting again with --context" in done.stdout + done.stderr
+    ranks = state(bed)
+    assert [ranks[i]["node"] for i in (0, 1, 2)] == ["local", w1, w2]
+    assert containers(bed, "w2") == ["glm-sparks-rank2 running"]
+
+    chat = run_on_head(bed, [PYTHON, "-c", CHAT], env)
+    assert chat.returncode == 0 and "REPLY" in chat.stdout, chat.stdout + chat.stderr
+
+    stopped = run_on_head(bed, [str(REPO / "stop.sh")], env)
+    assert stopped.returncode == 0
+    assert f"rank 2 on {w2} (container {ranks[2]['container'][:12]}): stopped" in stopped.stdout
+    assert_nothing_left(bed)
