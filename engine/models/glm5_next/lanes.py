@@ -128,6 +128,20 @@ class LaneDecoder:
                 log.warning("CUDA graph capture failed (batch %d, span %d: %s: %s); decoding without graphs",
                             batch, span, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
                 self.graphs = None
+                _restore_generator(self.device)
                 self.state.reset(self.state.scratch_lane)
                 return None
         return self.graphs[key]
+
+
+def _restore_generator(device: torch.device) -> None:
+    """A capture that raised skips the CUDA generator's capture epilogue (torch 2.11), leaving it marked as capturing:
+    every later random draw on the device then fails ("Offset increment outside graph capture encountered
+    unexpectedly"; seen on the H200). One trivial capture that succeeds runs the prologue and epilogue again."""
+    try:
+        probe = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            probe.add_(1)
+    except Exception as exc:
+        log.warning("the CUDA random generator may stay unusable after the failed capture (%s)", exc)
