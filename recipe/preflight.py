@@ -48,6 +48,7 @@ class Context:
     links: list[Link] = field(default_factory=list)   # filled by the link check
     # Bytes of the pinned revision the head's cache lacks, as the Hub lists them (None: do not ask the Hub).
     hub_need: Callable[[Settings], int] | None = None
+    hub_answer: tuple[int | None, str] | None = None    # hub_need's answer (bytes, or None and why), asked once
 
 
 class PreflightError(RecipeError):
@@ -79,6 +80,7 @@ def run_checks(ctx: Context) -> Iterator[Check]:
         if docker:
             yield check_docker(node)
     if download.wanted(ctx.settings):
+        yield check_head_checkpoint(ctx)
         yield check_cache_writable(ctx, ctx.head)
     for worker in reachable:
         yield check_cache_writable(ctx, worker)
@@ -187,11 +189,40 @@ def _checkpoint_need(ctx: Context, node: Node, folder: str) -> tuple[int, str]:
         if head:
             return 0, "CHECKPOINT is served as it is"
         return CHECKPOINT_ESTIMATE_GIB * GIB, "estimate: none of it is here"
-    try:
-        return ctx.hub_need(ctx.settings), "the files the Hub lists that the cache lacks"
-    except RecipeError as error:
-        have = sum(size for _, size in head)
-        return max(0, CHECKPOINT_ESTIMATE_GIB * GIB - have), f"estimate: {error.message}"
+    need, why = ask_hub(ctx)
+    if need is not None:
+        return need, "the files the Hub lists that the cache lacks"
+    have = sum(size for _, size in head)
+    return max(0, CHECKPOINT_ESTIMATE_GIB * GIB - have), f"estimate: {why}"
+
+
+def ask_hub(ctx: Context) -> tuple[int | None, str]:
+    """Bytes of the pinned revision the head's cache lacks (None and why, when the Hub cannot say); asked once."""
+    if ctx.hub_answer is None:
+        if ctx.hub_need is None:
+            ctx.hub_answer = (None, "the Hub was not asked")
+        else:
+            try:
+                ctx.hub_answer = (ctx.hub_need(ctx.settings), "")
+            except RecipeError as error:
+                ctx.hub_answer = (None, error.message)
+    return ctx.hub_answer
+
+
+def check_head_checkpoint(ctx: Context) -> Check:
+    """The pinned snapshot on the head: complete, or fetchable (the Hub answers); an incomplete snapshot the Hub
+    cannot complete stops `start` here, before anything is stopped."""
+    folder = head_checkpoint_dir(ctx.settings) or ""
+    missing = download.incomplete_files(folder) if os.path.isdir(folder) else ["all of it"]
+    if not missing:
+        return Check("checkpoint", "head", OK, f"{folder} is complete here")
+    need, why = ask_hub(ctx)
+    if need is not None:
+        return Check("checkpoint", "head", OK, f"{need / GIB:.1f} GiB still to download (start fetches it; or "
+                     "sparks download)")
+    return Check("checkpoint", "head", FAIL, f"{ctx.settings.model_id} @ {ctx.settings.model_revision or 'main'} "
+                 f"is not complete here (missing {', '.join(missing[:3])}) and {why}",
+                 "connect this machine to the network (or unset HF_HUB_OFFLINE), or copy the snapshot into HF_CACHE")
 
 
 def check_rsync(node: Node) -> Check:

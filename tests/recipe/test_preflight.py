@@ -159,7 +159,7 @@ def test_head_disk_counts_what_the_hub_lists_as_missing_or_estimates_without_it(
     def unreachable(settings):
         raise HubUnreachable("the Hub (huggingface.co:443) did not answer (Network is unreachable)")
 
-    ctx.hub_need = unreachable
+    ctx.hub_need, ctx.hub_answer = unreachable, None
     disk = by_name(run_checks(ctx))[("disk", "head")]
     assert "170.0 GiB of checkpoint still to come (estimate: the Hub (huggingface.co:443) did not answer" \
         in disk.message
@@ -204,3 +204,27 @@ def test_cache_left_owned_by_root_is_refused_with_the_chown_fix(tmp_path: Path, 
             assert check_cache_writable(ctx, node).status == OK
     finally:
         shutil.rmtree(base)
+
+
+def test_head_snapshot_that_the_hub_cannot_complete_stops_start_before_anything(tmp_path: Path) -> None:
+    from recipe.download import HubUnreachable
+
+    asked = []
+
+    def offline(settings):
+        asked.append(settings.model_id)
+        raise HubUnreachable("HF_HUB_OFFLINE is set: the Hub is not asked")
+
+    worker = healthy("me@spark2", False)
+    ctx = context(tmp_path, healthy("local", True), [worker])
+    ctx.hub_need = offline
+    with pytest.raises(PreflightError) as stopped:
+        first_failure(ctx)
+    assert stopped.value.message.startswith("checkpoint (head): ") and "is not complete here" in stopped.value.message
+    assert "HF_HUB_OFFLINE is set" in stopped.value.message and "HF_CACHE" in stopped.value.fix
+    assert asked == ["Mia-AiLab/GLM-5.3-Flash-EXL3-4bpw-TensorFold"]      # the disk check's answer was reused
+
+    ctx = context(tmp_path, healthy("local", True), [worker])
+    ctx.hub_need = lambda settings: 2 * 1024 ** 3
+    check = by_name(run_checks(ctx))[("checkpoint", "head")]
+    assert check.status == OK and "2.0 GiB still to download" in check.message
