@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -37,6 +38,7 @@ SKIPPED_SUFFIXES = (".pyc", ".pyo")
 README_STANDIN = b"The GLM-5.3-Flash engine (see the glm-sparks repository).\n"   # pyproject names a readme
 BUILD_TIMEOUT_S = 3600
 BUILD_LOG_TAIL = 30
+ANSI = re.compile(r"\x1b\[[0-9;]*m")   # the classic builder colours the build's stderr
 
 
 class ImageError(RecipeError):
@@ -77,6 +79,15 @@ class NodeImage:
     action: str                  # "had it", "built", "shipped"
     seconds: float = 0.0
     bytes_sent: int = 0
+
+
+@dataclass(frozen=True)
+class ImageReport:
+    """What ensure_image did: the image and identity every node now holds, and each node's outcome."""
+
+    tag: str
+    identity: str
+    nodes: tuple[NodeImage, ...]
 
 
 def context_files(repo: Path = REPO_ROOT) -> tuple[ContextFile, ...]:
@@ -122,7 +133,9 @@ def identity_of(files: tuple[ContextFile, ...], base_image: str) -> str:
 
 
 def image_spec(settings: Settings, repo: Path = REPO_ROOT) -> ImageSpec:
-    files = context_files(repo)
+    # Read once: the identity and the context written for the build come from the same bytes, even while someone
+    # edits engine/.
+    files = tuple(ContextFile(f.path, data=f.read()) for f in context_files(repo))
     return ImageSpec(settings.image, settings.base_image, settings.image_offline,
                      identity_of(files, settings.base_image), files)
 
@@ -174,7 +187,7 @@ def _run_build(argv: list[str], tag: str, note: Callable[[str], None]) -> None:
     timer = _kill_after(proc, BUILD_TIMEOUT_S)
     try:
         for line in proc.stdout:
-            line = line.rstrip()
+            line = ANSI.sub("", line).rstrip()
             tail.append(line)
             if _is_progress(line):
                 note(line)
@@ -213,7 +226,8 @@ def worker_nodes(settings: Settings) -> list[SshNode]:
     return [SshNode(w) for w in settings.workers]
 
 
-def ensure_image(settings: Settings, reporter: "Reporter", head: Node | None = None, repo: Path = REPO_ROOT) -> list[NodeImage]:
+def ensure_image(settings: Settings, reporter: "Reporter", head: Node | None = None,
+                 repo: Path = REPO_ROOT) -> ImageReport:
     """Make every node hold the image with this checkout's identity: build it on the head when the head's lacks
     it, ship it to each worker that lacks it (all at once). Returns each node's outcome; raises naming every node
     that failed."""
@@ -234,7 +248,7 @@ def ensure_image(settings: Settings, reporter: "Reporter", head: Node | None = N
     if failed:
         raise ImageError(f"the image did not reach every worker ({'; '.join(failed)})",
                          "fix what is named, then start again: workers that already hold it are not sent it twice")
-    return outcomes
+    return ImageReport(spec.tag, spec.identity, tuple(outcomes))
 
 
 def _ensure_on_head(spec: ImageSpec, head: Node, reporter: "Reporter") -> NodeImage:

@@ -102,7 +102,8 @@ def main(argv: list[str]) -> int:
         print(f"patch series: {error.message} ({error.fix})", file=sys.stderr)
         return 1
     for outcome in outcomes:
-        print(f"patch {outcome.name}: {outcome.status}" + (f" ({outcome.detail})" if outcome.detail else ""))
+        print(f"patch {outcome.name}: {outcome.status}" + (f" ({outcome.detail})" if outcome.detail else ""),
+              flush=True)
     failures = [o for o in outcomes if o.status == "fails"]
     if failures:
         print(f"patch {failures[0].name} does not apply: {failures[0].detail}", file=sys.stderr)

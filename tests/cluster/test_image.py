@@ -17,7 +17,9 @@ import pytest
 from images import BaseImageUnavailable, image_settings
 
 REPO = Path(__file__).resolve().parents[2]
+SPARKS = str(REPO / ".venv" / "bin" / "sparks")
 LABEL = "glm-sparks.identity"
+TAG = "sparks-image-test:1"   # its own tag: other cluster tests on this bed may hold the default IMAGE already
 
 # Runs on the head: ensure_image for the settings in the environment, from the repository given (a scratch copy
 # for the patch tests); prints each node's outcome as JSON, or the error's message and fix.
@@ -25,19 +27,19 @@ DRIVER = """
 import json, sys
 from pathlib import Path
 from recipe.errors import RecipeError
-from recipe.image import ensure_image, image_spec
+from recipe.image import ensure_image
 from recipe.launch import Quiet
 from recipe.settings import load_settings
 
 settings = load_settings()
 reporter = Quiet()
 try:
-    outcomes = ensure_image(settings, reporter, repo=Path(sys.argv[1]))
+    report = ensure_image(settings, reporter, repo=Path(sys.argv[1]))
 except RecipeError as error:
     print(json.dumps({"error": error.message, "fix": error.fix, "notes": reporter.notes}))
     sys.exit(3)
-print(json.dumps({"identity": image_spec(settings, Path(sys.argv[1])).identity, "notes": reporter.notes,
-                  "outcomes": [o.__dict__ for o in outcomes]}))
+print(json.dumps({"identity": report.identity, "notes": reporter.notes,
+                  "outcomes": [o.__dict__ for o in report.nodes]}))
 """
 
 
@@ -47,7 +49,7 @@ def env(bed):
         extra = image_settings(bed)
     except BaseImageUnavailable as reason:
         pytest.skip(f"test bed base image: {reason}")
-    return bed.environ(**extra)
+    return bed.environ(IMAGE=TAG, COLUMNS="200", **extra)
 
 
 def ensure(bed, env: dict[str, str], repo: Path = REPO, **settings: str) -> tuple[int, dict, float]:
@@ -66,6 +68,21 @@ def identity_on(bed, node: str, tag: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
+def dry_run_image_lines(bed, env: dict[str, str]) -> list[str]:
+    done = bed.on_head([SPARKS, "start"], {**env, "DRY_RUN": "1"}, timeout_s=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"Image {TAG}, identity "))
+    return [line.strip() for line in lines[start + 1:start + 3]]
+
+
+def test_dry_run_says_what_would_be_built_and_sent(bed, env):
+    worker = env["WORKER"]
+    assert dry_run_image_lines(bed, env) == ["local: no such image; would build it here",
+                                             f"{worker}: no such image; would send it there"]
+    assert identity_on(bed, "head", TAG) == "", "DRY_RUN builds nothing"
+
+
 def test_build_on_head_then_ship_to_worker_once(bed, env):
     code, first, build_ship_s = ensure(bed, env)
     assert code == 0, first
@@ -74,9 +91,9 @@ def test_build_on_head_then_ship_to_worker_once(bed, env):
     assert actions == {"local": "built", worker: "shipped"}, first["notes"]
     sent = next(o for o in first["outcomes"] if o["node"] == worker)["bytes_sent"]
     assert sent > 100 * 2**20, "the whole image travels to a worker that has none of it"
-    assert identity_on(bed, "head", env.get("IMAGE", "glm-sparks-engine:0.1")) == first["identity"]
-    assert identity_on(bed, "w1", env.get("IMAGE", "glm-sparks-engine:0.1")) == first["identity"]
-    assert identity_on(bed, "w2", env.get("IMAGE", "glm-sparks-engine:0.1")) == "", "w2 is not configured"
+    assert identity_on(bed, "head", TAG) == first["identity"]
+    assert identity_on(bed, "w1", TAG) == first["identity"]
+    assert identity_on(bed, "w2", TAG) == "", "w2 is not configured"
     assert any("MiB sent" in n for n in first["notes"]), "the copy reports its progress in bytes"
 
     code, second, again_s = ensure(bed, env)
@@ -87,9 +104,11 @@ def test_build_on_head_then_ship_to_worker_once(bed, env):
           f"{'; '.join(n for n in first['notes'] if n.startswith(('local:', worker + ':')) and ' in ' in n)}; "
           f"second ensure: {again_s:.1f}s")
 
+    assert dry_run_image_lines(bed, env) == ["local: has it; nothing to do", f"{worker}: has it; nothing to do"]
+
     # the shipped image runs the engine on the worker (its dockerd, no network inside)
     ran = subprocess.run(["docker", "-H", f"unix://{bed.path_on('w1', 'run/docker.sock')}", "run", "--rm",
-                          "--network", "none", env.get("IMAGE", "glm-sparks-engine:0.1"), "python3", "-c",
+                          "--network", "none", TAG, "python3", "-c",
                           "import engine.serve, torch; print('ok', torch.__version__)"],
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0 and ran.stdout.startswith("ok 2."), ran.stderr[-1500:]
@@ -131,7 +150,7 @@ def test_a_patch_that_does_not_apply_stops_the_build_named(bed, env, tmp_path):
     assert code == 3, result
     assert "patch 0002-stale.patch does not apply" in result["error"], result
     assert "patches/series" in result["error"] and "sparks patches check" in result["fix"]
-    assert any("patch 0001-good.patch: ok" in n for n in result["notes"]), result["notes"]
+    assert any("patch 0001-good.patch: ok" in n for n in result["notes"]), "\n".join(result["notes"])
     assert identity_on(bed, "head", "sparks-patch-test:1") == ""
 
 

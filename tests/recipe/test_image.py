@@ -58,6 +58,7 @@ def make_repo(root: Path, engine: dict[str, str], patches: dict[str, str] | None
     return root
 
 
+needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="the `patch` program is not installed here")
 ENGINE = {"alpha.py": "first = 1\nsecond = 2\n", "__init__.py": "", "sub/beta.py": "x = 1\n"}
 
 
@@ -123,6 +124,7 @@ def test_the_spec_takes_tag_base_and_offline_from_the_settings(tmp_path):
                                         "--build-arg", f"IDENTITY={spec.identity}", "--build-arg", "OFFLINE=1", "/ctx"]
 
 
+@needs_patch
 def test_patches_check_reports_each_patch_and_stops_trying_after_a_failure(tmp_path):
     repo = make_repo(tmp_path, ENGINE, {"0001-good.patch": GOOD, "0002-stale.patch": STALE,
                                         "0003-later.patch": LATER})
@@ -135,6 +137,7 @@ def test_patches_check_reports_each_patch_and_stops_trying_after_a_failure(tmp_p
     assert (repo / "engine" / "alpha.py").read_text() == ENGINE["alpha.py"], "the check never touches engine/"
 
 
+@needs_patch
 def test_patches_check_passes_a_good_series(tmp_path):
     repo = make_repo(tmp_path, ENGINE, {"0001-good.patch": GOOD, "0002-later.patch": LATER})
     outcomes, unlisted = check_patches(repo)
@@ -152,6 +155,7 @@ def test_a_bad_series_line_is_named(tmp_path, line, words):
     assert f"patches/series {words}" in raised.value.message
 
 
+@needs_patch
 def test_the_build_time_applier_exits_naming_the_patch_that_does_not_apply(tmp_path, capsys):
     repo = make_repo(tmp_path, ENGINE, {"0001-good.patch": GOOD, "0002-stale.patch": STALE})
     assert apply_main([str(repo / "patches"), str(repo)]) == 1
