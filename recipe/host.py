@@ -59,7 +59,7 @@ class LinkFacts:
         if links:
             p = links[0].primary
             ends[0] = LinkEnd(p.head_ip, p.head_ifname, ",".join(head_hcas), str(p.gid_index))
-        return cls(ends=ends, notes=tuple(n for link in links for n in link.notes),
+        return cls(ends=ends, notes=tuple(n for link in links for n in link.all_notes()),
                    summaries=tuple(link.summary() for link in links))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 from recipe.errors import RecipeError
@@ -125,7 +125,17 @@ class Rail:
 class Link:
     worker: str                 # the worker's ssh target
     rails: tuple[Rail, ...]     # the first carries the rendezvous (master address) and NCCL's socket
-    notes: tuple[str, ...] = ()  # what detection chose on its own (another address, an unpaired rail)
+    notes: tuple[str, ...] = ()  # what detection chose on its own (another address, a rail left out)
+    unpaired: tuple[tuple[str, str], ...] = ()   # head RoCE ports (netdev, address) with no partner on this worker
+
+    def all_notes(self) -> tuple[str, ...]:
+        return (*self.notes, *(f"RoCE port {ifname} ({ip}) has no partner on {self.worker} on its subnet: not used"
+                               for ifname, ip in self.unpaired))
+
+    def sharing(self, other_ports: set[str]) -> "Link":
+        """This link, not counting as unpaired the head ports that carry another worker's link (three Sparks:
+        each pair has its own cable, so the head's port to one worker never has a partner on the other)."""
+        return replace(self, unpaired=tuple(u for u in self.unpaired if u[0] not in other_ports))
 
     @property
     def primary(self) -> Rail:
@@ -227,7 +237,7 @@ def detect_link(head: Runs, worker: Runs, peer: str, peer_is_explicit: bool, sys
         raise LinkError(f"{worker.name} reaches the head's link address {primary.head_ip} over {back.ifname}"
                         f"{' via ' + back.via if back.via else ''}, not over its RoCE port {primary.worker_ifname}",
                         "give both ends of the cable addresses on one subnet (ip -4 addr on both Sparks)")
-    rails, more = _more_rails(head_net, worker_net, primary)
+    rails, more, unpaired = _more_rails(head_net, worker_net, primary)
     probed = []
     for rail in rails:
         why = probe_rail(head, worker, rail)
@@ -237,7 +247,7 @@ def detect_link(head: Runs, worker: Runs, peer: str, peer_is_explicit: bool, sys
             more.append(f"second rail {rail.head_ifname} ({rail.head_ip}) <-> {worker.name}'s {rail.worker_ifname} "
                         f"({rail.worker_ip}) {why}: not used, running on fewer rails (give both ports an address "
                         "on one subnet per rail and the same MTU on both Sparks)")
-    return Link(worker=worker.name, rails=(primary, *probed), notes=(*notes, *more))
+    return Link(worker=worker.name, rails=(primary, *probed), notes=(*notes, *more), unpaired=tuple(unpaired))
 
 
 def probe_rail(head: Runs, worker: Runs, rail: Rail) -> str | None:
@@ -288,9 +298,10 @@ def _worker_roce_address(head: NodeNet, worker: NodeNet) -> str | None:
     return None
 
 
-def _more_rails(head: NodeNet, worker: NodeNet, primary: Rail) -> tuple[list[Rail], list[str]]:
-    """Further port pairs: a head RoCE port and a worker RoCE port on one subnet, with the primary's GID index."""
-    rails, notes = [], []
+def _more_rails(head: NodeNet, worker: NodeNet, primary: Rail) -> tuple[list[Rail], list[str], list[tuple[str, str]]]:
+    """Further port pairs: a head RoCE port and a worker RoCE port on one subnet, with the primary's GID index;
+    the head ports without a partner come back apart."""
+    rails, notes, unpaired = [], [], []
     used_head, used_worker = {primary.head_ifname}, {primary.worker_ifname}
     for head_addr, head_gid in head.roce_addresses():
         if head_addr.ifname in used_head:
@@ -298,8 +309,7 @@ def _more_rails(head: NodeNet, worker: NodeNet, primary: Rail) -> tuple[list[Rai
         partner = next(((a, g) for a, g in worker.roce_addresses() if a.ifname not in used_worker
                         and a.interface.ip in head_addr.interface.network), None)
         if partner is None:
-            notes.append(f"RoCE port {head_addr.ifname} ({head_addr.ip}) has no partner on {worker.name} "
-                         "on its subnet: not used")
+            unpaired.append((head_addr.ifname, head_addr.ip))
             continue
         worker_addr, worker_gid = partner
         if head_gid.index != primary.gid_index or worker_gid.index != primary.gid_index:
@@ -310,7 +320,7 @@ def _more_rails(head: NodeNet, worker: NodeNet, primary: Rail) -> tuple[list[Rai
         used_worker.add(worker_addr.ifname)
         rails.append(Rail(head_addr.ifname, head_addr.ip, head_gid.hca, worker_addr.ifname, worker_addr.ip,
                           worker_gid.hca, head_gid.index))
-    return rails, notes
+    return rails, notes, unpaired
 
 
 def _no_roce(head: NodeNet, worker: NodeNet, peer: str, route: Route) -> LinkError:

@@ -87,8 +87,7 @@ def run_checks(ctx: Context) -> Iterator[Check]:
         yield check_copy(ctx, worker)
     yield check_port(ctx)
     if ctx.workers and len(reachable) == len(ctx.workers):   # every runtime across nodes meets on the link
-        for rank, worker in enumerate(ctx.workers, start=1):
-            yield check_link(ctx, rank, worker)
+        yield from check_links(ctx)
 
 
 def first_failure(ctx: Context, on_check: Callable[[Check], None] = lambda c: None) -> None:
@@ -307,18 +306,36 @@ def check_port(ctx: Context) -> Check:
                  "stop the program holding it (ss -ltnp), or write PORT=<a free port>")
 
 
-def check_link(ctx: Context, rank: int, worker: Node) -> Check:
-    settings = ctx.settings
-    explicit = settings.fabric_peer if rank == 1 else settings.fabric_peer2
-    host = explicit or settings.workers[rank - 1].rpartition("@")[2]
-    try:
-        peer = resolve_ipv4(host)
-        link = detect_link(ctx.head, worker, peer, bool(explicit), ctx.sysfs_root)
-    except (LinkError, NodeError) as error:
-        return Check("link", worker.name, FAIL, error.message, error.fix)
-    ctx.links.append(link)
-    status = WARN if any("not used" in note for note in link.notes) else OK
-    return Check("link", worker.name, status, "; ".join([link.summary(), *link.notes]))
+def check_links(ctx: Context) -> Iterator[Check]:
+    """Each worker's link, detected first for all of them: with three Sparks the head's port to one worker is
+    expected to have no partner on the other, which is then not worth a warning."""
+    found: dict[int, Link | Check] = {}
+    for rank, worker in enumerate(ctx.workers, start=1):
+        try:
+            found[rank] = detect_link(ctx.head, worker, _peer(ctx.settings, rank), bool(_explicit(ctx.settings, rank)),
+                                      ctx.sysfs_root)
+        except (LinkError, NodeError) as error:
+            found[rank] = Check("link", worker.name, FAIL, error.message, error.fix)
+    links = {rank: link for rank, link in found.items() if isinstance(link, Link)}
+    for rank, worker in enumerate(ctx.workers, start=1):
+        link = found[rank]
+        if isinstance(link, Check):
+            yield link
+            continue
+        other_ports = {r.head_ifname for other, l in links.items() if other != rank for r in l.rails}
+        link = link.sharing(other_ports)
+        ctx.links.append(link)
+        notes = link.all_notes()
+        status = WARN if any("not used" in note for note in notes) else OK
+        yield Check("link", worker.name, status, "; ".join([link.summary(), *notes]))
+
+
+def _explicit(settings: Settings, rank: int) -> str:
+    return settings.fabric_peer if rank == 1 else settings.fabric_peer2
+
+
+def _peer(settings: Settings, rank: int) -> str:
+    return resolve_ipv4(_explicit(settings, rank) or settings.workers[rank - 1].rpartition("@")[2])
 
 
 def resolve_ipv4(host: str) -> str:

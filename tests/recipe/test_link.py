@@ -12,6 +12,7 @@ import pytest
 
 from recipe.link import LinkError, detect_link, parse_route
 from recipe.nodes import NodeError
+from recipe.settings import load_settings
 from recipe.plan_docker import docker_env
 
 PING_ARGS = ["ping", "-n", "-q", "-c", "2", "-i", "0.2", "-W", "2", "-w", "4"]
@@ -129,7 +130,7 @@ def test_a_second_rail_without_a_partner_is_left_out_and_named() -> None:
     worker.addrs = addr_lines(("enp1s0f1np1", "192.168.100.2/24"), ("enP2p1s0f1np1", "192.168.102.2/24"))
     link = detect_link(head, worker, "192.168.100.2", peer_is_explicit=True, sysfs_root="/unused")
     assert len(link.rails) == 1
-    assert any("enP2p1s0f1np1 (192.168.101.1) has no partner" in n for n in link.notes)
+    assert any("enP2p1s0f1np1 (192.168.101.1) has no partner" in n for n in link.all_notes())
 
 
 def test_a_second_rail_that_does_not_answer_is_left_out_and_named() -> None:
@@ -149,5 +150,24 @@ def test_route_parsing() -> None:
 
 
 def _settings():
-    from recipe.settings import load_settings
     return load_settings(Path("/nonexistent"), {"TP": "2", "WORKER": "me@spark2"})
+
+
+def test_three_sparks_each_pair_on_its_own_cable_pair_without_warnings() -> None:
+    """Head ports to w1 (192.168.100.0/24) and to w2 (192.168.101.0/24): each link has one rail, and the head's
+    port to the other worker is not reported as an unpaired rail."""
+    from recipe.preflight import Context, check_links
+
+    head = FakeNode("local", "spark-head", SPARK_ADDRS[1], {
+        "192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1"),
+        "192.168.101.2": route("192.168.101.2", "enP2p1s0f1np1", "192.168.101.1")})
+    w1 = FakeNode("me@192.168.100.2", "spark-worker", addr_lines(("enp1s0f1np1", "192.168.100.2/24")),
+                  {"192.168.100.1": route("192.168.100.1", "enp1s0f1np1", "192.168.100.2")})
+    w2 = FakeNode("me@192.168.101.2", "spark-worker", addr_lines(("enP2p1s0f1np1", "192.168.101.2/24")),
+                  {"192.168.101.1": route("192.168.101.1", "enP2p1s0f1np1", "192.168.101.2")})
+    settings = load_settings(Path("/nonexistent"), {"TP": "3", "WORKER": w1.name, "WORKER2": w2.name})
+    ctx = Context(settings=settings, head=head, workers=[w1, w2], sysfs_root="/unused")
+    checks = list(check_links(ctx))
+    assert [(c.node, c.status) for c in checks] == [(w1.name, "ok"), (w2.name, "ok")], checks
+    assert [link.primary.head_ifname for link in ctx.links] == ["enp1s0f1np1", "enP2p1s0f1np1"]
+    assert all("1 rail(s)" in c.message and "no partner" not in c.message for c in checks)
