@@ -144,9 +144,10 @@ def test_patches_check_passes_a_good_series(tmp_path):
     assert [o.status for o in outcomes] == ["ok", "ok"] and unlisted == []
 
 
-@pytest.mark.parametrize("line, words", [("0009-missing.patch", "line 2: 0009-missing.patch is listed but there is no"),
-                                         ("sub/0001.patch", "line 2: 'sub/0001.patch' is not a plain file name"),
-                                         ("0001-good.patch\n0001-good.patch", "line 3: 0001-good.patch is listed twice")])
+@pytest.mark.parametrize("line, words", [
+    ("0009-missing.patch", "line 2: 0009-missing.patch is listed but there is no"),
+    ("sub/0001.patch", "line 2: 'sub/0001.patch' is not a plain file name"),
+    ("0001-good.patch\n0001-good.patch", "line 3: 0001-good.patch is listed twice")])
 def test_a_bad_series_line_is_named(tmp_path, line, words):
     repo = make_repo(tmp_path, ENGINE, {"0001-good.patch": GOOD}, series=[])
     (repo / "patches" / "series").write_text(f"# header\n{line}\n")
