@@ -270,7 +270,7 @@ def _with_links(settings: Settings, the_plan: Plan, extra: tuple[str, ...], curr
             ui.show_check(check)
     if len(ctx.links) != len(settings.workers):
         return the_plan
-    host = dataclasses.replace(detect_host(), link=LinkFacts.from_links(ctx.links))
+    host = dataclasses.replace(detect_host(), link=LinkFacts.from_links(ctx.links, ctx.worker_links))
     return build_plan(settings, host, extra)
 
 

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 if TYPE_CHECKING:
@@ -47,8 +47,10 @@ class LinkFacts:
         return cls.from_links([link])
 
     @classmethod
-    def from_links(cls, links: "Sequence[Link]") -> "LinkFacts":
-        """Rank i+1 sits at the far end of links[i]; rank 0 uses every link's head-side ports."""
+    def from_links(cls, links: "Sequence[Link]",
+                   worker_links: "Sequence[tuple[int, int, Link]]" = ()) -> "LinkFacts":
+        """Rank i+1 sits at the far end of links[i]; rank 0 uses every link's head-side ports. With three Sparks,
+        `worker_links` (rank a, rank b, their link) add each worker's ports to the other worker."""
         ends: dict[int, LinkEnd] = {}
         head_hcas: list[str] = []
         for rank, link in enumerate(links, start=1):
@@ -59,8 +61,18 @@ class LinkFacts:
         if links:
             p = links[0].primary
             ends[0] = LinkEnd(p.head_ip, p.head_ifname, ",".join(head_hcas), str(p.gid_index))
-        return cls(ends=ends, notes=tuple(n for link in links for n in link.all_notes()),
-                   summaries=tuple(link.summary() for link in links))
+        notes = [n for link in links for n in link.all_notes()]
+        for a, b, link in worker_links:
+            for rank, hcas in ((a, [r.head_hca for r in link.rails]), (b, [r.worker_hca for r in link.rails])):
+                end = ends.get(rank)
+                if end is None:
+                    continue
+                have = end.hcas.split(",")
+                ends[rank] = replace(end, hcas=",".join(have + [h for h in hcas if h not in have]))
+            notes += link.all_notes()
+        return cls(ends=ends, notes=tuple(notes),
+                   summaries=tuple(link.summary() for link in links) +
+                   tuple(f"rank {a} <-> rank {b}: {link.summary()}" for a, b, link in worker_links))
 
 
 @dataclass(frozen=True)

@@ -214,9 +214,16 @@ def route_to(node: Runs, dest: str) -> Route:
 
 
 def detect_link(head: Runs, worker: Runs, peer: str, peer_is_explicit: bool, sysfs_root: str = "/sys") -> Link:
-    """The link from the head to `worker`, whose address on it is `peer` (FABRIC_PEER, or WORKER's host)."""
+    """The link from the head to `worker`, whose address on it is `peer` (FABRIC_PEER, or WORKER's host). With
+    `peer` empty (two workers of three Sparks), the worker's RoCE address on a subnet of `head`'s RoCE ports."""
     head_net, worker_net = read_node(head, sysfs_root), read_node(worker, sysfs_root)
     notes: list[str] = []
+    if not peer:
+        peer = _worker_roce_address(head_net, worker_net) or ""
+        if not peer:
+            raise LinkError(f"{worker.name} has no RoCE address on a subnet of {_label(head.name)}'s RoCE ports",
+                            f"cable {_label(head.name)} and {worker.name} together and give both ports an address "
+                            "on one subnet")
     route = route_to(head, peer)
     if not head_net.v2_gid(route.ifname, route.src) or route.via:
         if peer_is_explicit:
@@ -234,7 +241,8 @@ def detect_link(head: Runs, worker: Runs, peer: str, peer_is_explicit: bool, sys
     primary = _rail(head_net, worker_net, route, peer)
     back = route_to(worker, primary.head_ip)
     if back.ifname != primary.worker_ifname or back.via:
-        raise LinkError(f"{worker.name} reaches the head's link address {primary.head_ip} over {back.ifname}"
+        raise LinkError(f"{worker.name} reaches {_label(head.name, 'the head')}'s link address {primary.head_ip} "
+                        f"over {back.ifname}"
                         f"{' via ' + back.via if back.via else ''}, not over its RoCE port {primary.worker_ifname}",
                         "give both ends of the cable addresses on one subnet (ip -4 addr on both Sparks)")
     rails, more, unpaired = _more_rails(head_net, worker_net, primary)
@@ -283,7 +291,7 @@ def _rail(head: NodeNet, worker: NodeNet, route: Route, peer: str) -> Rail:
         raise LinkError(f"the link to {peer} is not RoCE at both ends: {where}",
                         "set FABRIC_PEER to the worker's ConnectX-7 address")
     if head_gid.index != worker_gid.index:
-        raise LinkError(f"the RoCE v2 GID index differs: {head_gid.index} here ({route.ifname}), "
+        raise LinkError(f"the RoCE v2 GID index differs: {head_gid.index} on {_label(head.name)} ({route.ifname}), "
                         f"{worker_gid.index} on {worker.name} ({worker_addr.ifname})",
                         "NCCL takes one GID index for both ends: give both ports their IPv4 address the same way")
     return Rail(route.ifname, route.src, head_gid.hca, worker_addr.ifname, peer, worker_gid.hca, head_gid.index)
@@ -323,10 +331,14 @@ def _more_rails(head: NodeNet, worker: NodeNet, primary: Rail) -> tuple[list[Rai
     return rails, notes, unpaired
 
 
+def _label(name: str, local: str = "this machine") -> str:
+    return local if name == "local" else name
+
+
 def _no_roce(head: NodeNet, worker: NodeNet, peer: str, route: Route) -> LinkError:
     if not head.roce_addresses():
-        return LinkError(f"this machine has no RoCE port with an IPv4 address (the route to {peer} leaves over "
-                         f"{route.ifname})", "connect the ConnectX-7 cable and give its port an address "
+        return LinkError(f"{_label(head.name)} has no RoCE port with an IPv4 address (the route to {peer} leaves "
+                         f"over {route.ifname})", "connect the ConnectX-7 cable and give its port an address "
                          "(ip -4 addr; the README's real-Sparks section)")
     if not worker.roce_addresses():
         return LinkError(f"{worker.name} has no RoCE port with an IPv4 address",

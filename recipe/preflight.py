@@ -8,6 +8,7 @@ nodes and a sysfs root of their own. Nothing here prints.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ class Context:
     workers: Sequence[Node]
     sysfs_root: str = "/sys"
     api_port_ours: bool = False        # our own running server holds PORT (restart): not a conflict
-    links: list[Link] = field(default_factory=list)   # filled by the link check
+    links: list[Link] = field(default_factory=list)   # filled by the link check: rank i+1's link to the head
+    worker_links: list[tuple[int, int, Link]] = field(default_factory=list)   # (rank a, rank b, their link)
     # Bytes of the pinned revision the head's cache lacks, as the Hub lists them (None: do not ask the Hub).
     hub_need: Callable[[Settings], int] | None = None
     hub_answer: tuple[int | None, str] | None = None    # hub_need's answer (bytes, or None and why), asked once
@@ -325,9 +327,36 @@ def check_links(ctx: Context) -> Iterator[Check]:
         other_ports = {r.head_ifname for other, l in links.items() if other != rank for r in l.rails}
         link = link.sharing(other_ports)
         ctx.links.append(link)
-        notes = link.all_notes()
-        status = WARN if any("not used" in note for note in notes) else OK
-        yield Check("link", worker.name, status, "; ".join([link.summary(), *notes]))
+        yield _link_check(worker.name, link)
+    if len(links) == len(ctx.workers) >= 2:
+        yield from _worker_pair_links(ctx, links)
+
+
+def _worker_pair_links(ctx: Context, links: dict[int, Link]) -> Iterator[Check]:
+    """Three Sparks: ranks 1 and 2 talk to each other too, over their own cable (found from rank 1's side)."""
+    for a, b in itertools.combinations(range(1, len(ctx.workers) + 1), 2):
+        near, far = ctx.workers[a - 1], ctx.workers[b - 1]
+        where = f"{near.name} <-> {far.name}"
+        try:
+            link = detect_link(near, far, "", False, ctx.sysfs_root)
+        except (LinkError, NodeError) as error:
+            yield Check("link", where, FAIL, error.message, error.fix)
+            continue
+        link = link.sharing({r.worker_ifname for r in links[a].rails})   # rank a's ports to the head
+        towards_head = {links[a].primary.gid_index, links[b].primary.gid_index}
+        if towards_head != {link.primary.gid_index}:
+            yield Check("link", where, FAIL, f"{link.summary()}, but GID {'/'.join(map(str, sorted(towards_head)))} "
+                        "towards the head", "NCCL takes one RoCE v2 GID index per rank: give every ConnectX-7 port "
+                        "its IPv4 address the same way on all three Sparks")
+            continue
+        ctx.worker_links.append((a, b, link))
+        yield _link_check(where, link)
+
+
+def _link_check(where: str, link: Link) -> Check:
+    notes = link.all_notes()
+    status = WARN if any("not used" in note for note in notes) else OK
+    return Check("link", where, status, "; ".join([link.summary(), *notes]))
 
 
 def _explicit(settings: Settings, rank: int) -> str:

@@ -345,6 +345,7 @@ def test_three_nodes_doctor_and_copy_reach_both_workers(bed) -> None:
     table = rows(done.stdout)
     assert done.returncode == 0 and table[("link", w1)] == "ok" and table[("link", w2)] == "ok", done.stdout
     assert "10.77.0.1 (eth0) <-> 10.77.0.3 (eth0)" in found(done.stdout, "link", w2)
+    assert "10.77.0.2 (eth0) <-> 10.77.0.3 (eth0)" in found(done.stdout, "link", f"{w1} <-> {w2}")
     done = sparks(bed, "copy", TP="3", WORKER2=w2)
     assert done.returncode == 0
     for worker, node in ((w1, "w1"), (w2, "w2")):

@@ -5,6 +5,7 @@ itself runs for real (sh) against the tree."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -153,21 +154,62 @@ def _settings():
     return load_settings(Path("/nonexistent"), {"TP": "2", "WORKER": "me@spark2"})
 
 
-def test_three_sparks_each_pair_on_its_own_cable_pair_without_warnings() -> None:
-    """Head ports to w1 (192.168.100.0/24) and to w2 (192.168.101.0/24): each link has one rail, and the head's
-    port to the other worker is not reported as an unpaired rail."""
+def mesh(tmp: Path, moved: tuple[str, ...] = ()) -> tuple[FakeNode, FakeNode, FakeNode]:
+    """Three Sparks, each pair on its own cable and subnet: head-w1 10.0.1.0/24, head-w2 10.0.2.0/24,
+    w1-w2 10.0.3.0/24 (port p0 / p1 on each); every node also has a LAN port with a default route."""
+    sys.path.insert(0, str(FIXTURES.parent))
+    from sysfs_tree import Port, write_tree
+
+    plan = {"head": [("p0", "10.0.1.1"), ("p1", "10.0.2.1")], "w1": [("p0", "10.0.1.2"), ("p1", "10.0.3.2")],
+            "w2": [("p0", "10.0.2.3"), ("p1", "10.0.3.3")]}
+    nodes = {}
+    for name, ports in plan.items():
+        tree = write_tree(tmp / name, [Port(ifname, ip, f"roce{ifname}") for ifname, ip in ports])
+        addrs = addr_lines(*[(ifname, ip + "/24") for ifname, ip in ports], ("lan0", f"192.168.1.{len(nodes) + 1}/24"))
+        nodes[name] = FakeNode(name if name == "head" else f"me@{ports[0][1]}", str(tree), addrs, {})
+    nodes["head"].name = "local"
+    direct = {"10.0.1.1": ("w1", "p0"), "10.0.1.2": ("head", "p0"), "10.0.2.1": ("w2", "p0"),
+              "10.0.2.3": ("head", "p1"), "10.0.3.2": ("w2", "p1"), "10.0.3.3": ("w1", "p1")}
+    for dest, (name, ifname) in direct.items():
+        src = dict(plan[name])[ifname]
+        nodes[name].routes[dest] = route(dest, ifname, src)
+    for name, node in nodes.items():      # anything else leaves over the LAN
+        for dest in direct:
+            node.routes.setdefault(dest, route(dest, "lan0", "192.168.1.9", via="192.168.1.254"))
+    for name in moved:                    # its port to the other worker got its address later: GID index 5, not 3
+        gids = tmp / name / "class/infiniband/rocep1/ports/1"
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (gids / sub / "3").rename(gids / sub / "5")
+    return nodes["head"], nodes["w1"], nodes["w2"]
+
+
+def test_three_sparks_each_pair_on_its_own_cable_pair_without_warnings(tmp_path: Path) -> None:
+    """Each link has one rail; a node's port to the third Spark is not reported as an unpaired rail; the workers'
+    own link is found (w1 -> w2's address on their cable) and each worker's NCCL devices cover both its cables."""
+    from recipe.host import LinkFacts
     from recipe.preflight import Context, check_links
 
-    head = FakeNode("local", "spark-head", SPARK_ADDRS[1], {
-        "192.168.100.2": route("192.168.100.2", "enp1s0f1np1", "192.168.100.1"),
-        "192.168.101.2": route("192.168.101.2", "enP2p1s0f1np1", "192.168.101.1")})
-    w1 = FakeNode("me@192.168.100.2", "spark-worker", addr_lines(("enp1s0f1np1", "192.168.100.2/24")),
-                  {"192.168.100.1": route("192.168.100.1", "enp1s0f1np1", "192.168.100.2")})
-    w2 = FakeNode("me@192.168.101.2", "spark-worker", addr_lines(("enP2p1s0f1np1", "192.168.101.2/24")),
-                  {"192.168.101.1": route("192.168.101.1", "enP2p1s0f1np1", "192.168.101.2")})
+    head, w1, w2 = mesh(tmp_path)
     settings = load_settings(Path("/nonexistent"), {"TP": "3", "WORKER": w1.name, "WORKER2": w2.name})
     ctx = Context(settings=settings, head=head, workers=[w1, w2], sysfs_root="/unused")
     checks = list(check_links(ctx))
-    assert [(c.node, c.status) for c in checks] == [(w1.name, "ok"), (w2.name, "ok")], checks
-    assert [link.primary.head_ifname for link in ctx.links] == ["enp1s0f1np1", "enP2p1s0f1np1"]
+    assert [(c.node, c.status) for c in checks] == [(w1.name, "ok"), (w2.name, "ok"),
+                                                   (f"{w1.name} <-> {w2.name}", "ok")], checks
+    assert "10.0.3.2 (p1) <-> 10.0.3.3 (p1)" in checks[2].message
     assert all("1 rail(s)" in c.message and "no partner" not in c.message for c in checks)
+    facts = LinkFacts.from_links(ctx.links, ctx.worker_links)
+    assert [facts.for_rank(r).hcas for r in (0, 1, 2)] == ["rocep0,rocep1", "rocep0,rocep1", "rocep0,rocep1"]
+    assert facts.for_rank(2).master_addr == "10.0.2.1" and facts.for_rank(2).ifname == "p0"
+
+
+@pytest.mark.parametrize("moved, found", [
+    (("w2",), "GID index differs: 3 on me@10.0.1.2 (p1), 5 on me@10.0.2.3 (p1)"),
+    (("w1", "w2"), "GID 5, 1 rail(s), but GID 3 towards the head"),
+], ids=["one-end", "both-ends"])
+def test_three_sparks_with_another_gid_index_between_workers_is_refused(tmp_path: Path, moved, found) -> None:
+    from recipe.preflight import Context, check_links
+
+    head, w1, w2 = mesh(tmp_path, moved)
+    settings = load_settings(Path("/nonexistent"), {"TP": "3", "WORKER": w1.name, "WORKER2": w2.name})
+    checks = list(check_links(Context(settings=settings, head=head, workers=[w1, w2], sysfs_root="/unused")))
+    assert [c.status for c in checks] == ["ok", "ok", "fail"] and found in checks[-1].message, checks[-1]
