@@ -37,6 +37,7 @@ def ship(tag: str, head: Node, worker: SshNode, note: Callable[[str], None]) -> 
     """Stream `tag` from the head's docker into the worker's; returns the bytes sent."""
     total = image_bytes(head, tag)
     note(f"sending {tag} (~{total / 2**20:.0f} MiB) by docker save | ssh | docker load")
+    # Each end as its node would run it (`_wrap`: as is here, through ssh there), piped through this process.
     with tempfile.TemporaryFile() as save_err, tempfile.TemporaryFile() as load_out:
         save = subprocess.Popen(head._wrap(["docker", "save", tag]), stdout=subprocess.PIPE, stderr=save_err,
                                 stdin=subprocess.DEVNULL)
