@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import typer
 
-from recipe import checkpoint, control, download, launch, preflight, ui
+from recipe import checkpoint, control, download, launch, launch_docker, preflight, ui
 from recipe.docs import settings_markdown, update_readme
 from recipe.errors import LaunchError, RecipeError
 from recipe.host import LinkFacts, detect_host
@@ -206,7 +206,7 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     state, handles = _launch(settings, the_plan, reporter)
     clock.lap("launch")
     if settings.foreground:
-        return _follow(settings, the_plan, handles)
+        return _follow(settings, the_plan, state, handles)
     return _wait_and_check(settings, the_plan, state, reporter, clock)
 
 
@@ -380,10 +380,15 @@ def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui
     return 0
 
 
-def _follow(settings: Settings, the_plan: Plan, handles: dict) -> int:
+def _follow(settings: Settings, the_plan: Plan, state: Any, handles: dict) -> int:
     """FOREGROUND=1: print rank 0's log as it grows until rank 0 exits; Ctrl-C or any rank exiting stops all.
     (A worker's rank is watched through rank 0: the engine's peer watch ends rank 0 when a peer dies.)"""
-    follower = LogFollower(Path(the_plan.rank0.log))
+    rank0 = next(r for r in state.ranks if r.rank == 0)
+    if rank0.container:   # a container here: its log through docker, its end through docker inspect
+        follower = launch_docker.ContainerLogFollower(rank0.container)
+        handles = {0: launch_docker.ContainerWatch(rank0.container)}
+    else:
+        follower = LogFollower(Path(the_plan.rank0.log))
     reporter = ui.ConsoleReporter()
     stop_all = functools.partial(control.stop, Path(the_plan.run_dir), Path(settings.log_dir), settings.log_keep,
                                  settings.stop_timeout, reporter)
@@ -392,15 +397,19 @@ def _follow(settings: Settings, the_plan: Plan, handles: dict) -> int:
         while True:
             for text in follower.new_lines():
                 print(text, flush=True)
-            exited = {rank: h.poll() for rank, h in handles.items() if h.poll() is not None}
+            polled = {rank: h.poll() for rank, h in handles.items()}
+            exited = {rank: code for rank, code in polled.items() if code is not None}
             if exited:
                 break
-            time.sleep(0.2)
+            time.sleep(0.5 if rank0.container else 0.2)
     except KeyboardInterrupt:
+        getattr(follower, "close", lambda: None)()
         stop_all()
         return 130
+    time.sleep(0.5)   # the last lines (docker logs -f delivers them a moment after the exit)
     for text in follower.new_lines():
         print(text, flush=True)
+    getattr(follower, "close", lambda: None)()
     for rank, code in exited.items():
         ui.warn(f"rank {rank} exited with code {code}: stopping the others")
     stop_all()

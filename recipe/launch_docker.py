@@ -234,3 +234,18 @@ class ContainerLogFollower:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+class ContainerWatch:
+    """A container here, asked like a process handle: `poll()` is None while it runs, else its exit code."""
+
+    def __init__(self, container: str) -> None:
+        self.container = container
+
+    def poll(self) -> int | None:
+        result = node_for("local").run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}",
+                                        self.container], timeout_s=RUN_TIMEOUT_S)
+        if not result.ok:
+            return 1 if "no such" in result.stderr.lower() else None   # removed: gone; docker not answering: wait
+        running, code = (result.stdout.split() + ["", ""])[:2]
+        return None if running == "true" else int(code) if code.lstrip("-").isdigit() else 1

@@ -6,9 +6,9 @@ its last log lines; an unreachable worker is refused before anything is stopped;
 (with a window too large for its memory: rank 0 names what fits and the start goes again with it, once).
 
 No GPU or /dev/infiniband exist here, so the plan has no --gpus/--device flags (host facts decide; the same plan
-gets them on a Spark). The image is a Python base made by `dev_image` below (debootstrap bookworm minbase with the
-libraries this checkout's interpreter needs), with the checkout and its interpreter mounted read-only at the same
-paths through DOCKER_ARGS: the containers run this checkout's engine without a 3 GB image per node.
+gets them on a Spark). The image is the recipe's own: the test bed's Python base (tests/cluster/images.py) is loaded
+into the head's dockerd only, and the first start builds the engine image on the head and ships it to the workers
+(`docker save | ssh | docker load`), as on Sparks.
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 SPARKS = str(REPO / ".venv" / "bin" / "sparks")
 START_TIMEOUT_S = 480
-IMAGE = "sparks-pydev:test"
-ROOTFS_CACHE = Path(os.environ.get("SPARKS_TESTBED_CACHE", str(REPO / ".cache" / "testbed"))) / "pydev-rootfs.tar"
-LIBS = "libssl3,libffi8,libsqlite3-0,libbz2-1.0,liblzma5,zlib1g,libexpat1,libuuid1,libncursesw6,libreadline8,libstdc++6"
 CHAT = """
 from openai import OpenAI
 client = OpenAI(base_url="http://127.0.0.1:8888/v1", api_key="unused", timeout=120, max_retries=0)
@@ -37,40 +34,6 @@ reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=24
     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
 print("REPLY", repr(reply.choices[0].message.content), reply.usage.completion_tokens)
 """
-
-
-def _interpreter_root() -> str:
-    """The folder holding this checkout's interpreter (the venv links to it): mounted into the containers."""
-    home = next(line.split("=", 1)[1].strip() for line in (REPO / ".venv" / "pyvenv.cfg").read_text().splitlines()
-                if line.startswith("home"))
-    return str(Path(home).parent)
-
-
-def dev_image(bed, env: dict) -> str:
-    """The Python base image on every node's dockerd (the rootfs is made once and cached across sessions), labelled
-    with the identity `ensure_image` expects for this checkout, so the start uses it as it is."""
-    from recipe.image import LABEL, image_spec
-    from recipe.settings import load_settings
-
-    identity = image_spec(load_settings(Path(env["SPARKS_CONFIG_ROOT"]), env)).identity
-    if not ROOTFS_CACHE.is_file():
-        rootfs = ROOTFS_CACHE.with_suffix(".d")
-        ROOTFS_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["rm", "-rf", str(rootfs)], check=True)
-        made = subprocess.run(["debootstrap", "--variant=minbase", f"--include={LIBS}", "bookworm", str(rootfs),
-                               "http://deb.debian.org/debian"], capture_output=True, text=True, timeout=900)
-        if made.returncode != 0:
-            pytest.skip(f"debootstrap could not make the test image's rootfs: {made.stderr.strip()[-300:]}")
-        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(ROOTFS_CACHE) + ".part", "."], check=True, timeout=300)
-        os.replace(str(ROOTFS_CACHE) + ".part", ROOTFS_CACHE)
-        subprocess.run(["rm", "-rf", str(rootfs)], check=True)
-    started = time.monotonic()
-    for name in bed.nodes:
-        loaded = on_node(bed, name, f"docker rmi -f {IMAGE} >/dev/null 2>&1; "
-                                    f"docker import --change 'LABEL {LABEL}={identity}' - {IMAGE} < {ROOTFS_CACHE}")
-        assert loaded.returncode == 0, loaded.stdout + loaded.stderr
-    print(f"[docker] {IMAGE} on {len(bed.nodes)} nodes in {time.monotonic() - started:.1f}s")
-    return IMAGE
 
 
 def on_node(bed, name: str, script: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -121,17 +84,21 @@ def assert_nothing_left(bed) -> None:
 
 @pytest.fixture(scope="module")
 def docker_env(bed):
+    from images import BaseImageUnavailable, image_settings
+
+    try:
+        started = time.monotonic()
+        base = image_settings(bed)
+        print(f"[docker] base image {base['BASE_IMAGE']} on the head in {time.monotonic() - started:.1f}s")
+    except BaseImageUnavailable as why:
+        pytest.skip(f"test bed base image: {why}")
     demo = bed.path_on("head", "data/demo")
     if not (demo / "config.json").is_file():
         subprocess.run([PYTHON, "-m", "engine", "make-demo", str(demo), "--size", "trained"], check=True,
                        capture_output=True, timeout=180)
-    mounts = f"-v {REPO}:{REPO}:ro -v {_interpreter_root()}:{_interpreter_root()}:ro"
-    env = bed.environ(COLUMNS="200", RUNTIME="docker", TP="2", IMAGE=IMAGE,
-                      CHECKPOINT=str(bed.root / "node" / "data" / "demo"),
-                      DOCKER_ARGS=f"{mounts} -e PATH={REPO}/.venv/bin:/usr/bin:/bin",
+    env = bed.environ(COLUMNS="200", RUNTIME="docker", TP="2", CHECKPOINT=str(bed.root / "node" / "data" / "demo"),
                       CONTEXT="8192", MAX_TOKENS="1024", KV_POOL_GIB="1", PARALLEL="4",
-                      WAIT_TIMEOUT="300", STOP_TIMEOUT="15")
-    dev_image(bed, env)
+                      WAIT_TIMEOUT="300", STOP_TIMEOUT="15", **base)
     yield env
     bed.on_head([str(REPO / "stop.sh")], env, timeout_s=180)   # whatever happened, leave no container anywhere
 
@@ -169,8 +136,14 @@ def test_docker_start_chat_stop_across_two_nodes(bed, docker_env) -> None:
 
 def test_killed_worker_container_ends_rank_0_and_status_names_it(bed, docker_env) -> None:
     w1 = f"root@{bed.nodes['w1'].address}"
+    # A container an interrupted run left under rank 1's name: start saves its log, then removes it.
+    left = on_node(bed, "w1", "docker run --name glm-sparks-rank1 glm-sparks-engine:0.1 echo crash evidence")
+    assert left.returncode == 0, left.stderr
     done = run_on_head(bed, [SPARKS, "start"], docker_env, timeout_s=START_TIMEOUT_S)
     assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+    assert f"Removed the previous container glm-sparks-rank1 on {w1}" in done.stdout
+    evidence = sorted(bed.path_on("head", "logs").glob("*-rank1.log.gz"))[-1]
+    assert gzip.decompress(evidence.read_bytes()) == b"crash evidence\n"
     assert on_node(bed, "w1", "docker kill glm-sparks-rank1").returncode == 0
     killed = time.monotonic()
     deadline = killed + 60
@@ -203,6 +176,7 @@ def test_rank_exiting_while_loading_stops_every_container(bed, docker_env) -> No
     assert done.returncode != 0
     assert "exited before the server was ready" in done.stderr
     assert "rank 0 here" in done.stderr and f"rank 1 on root@{bed.nodes['w1'].address}" in done.stderr
+    assert "refused" in done.stderr                 # the ranks' own last lines, read with docker logs
     assert "every rank was stopped" in done.stderr
     assert state(bed) == {}
     assert_nothing_left(bed)

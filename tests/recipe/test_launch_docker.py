@@ -1,0 +1,80 @@
+"""The launcher's pieces that need no docker daemon: the plan's placeholders filled per node, docker's own reason
+picked out of its output, and the refit: rank 0's real refusal (the engine's `size_pool`) read back by the recipe,
+then a whole start on this machine that refits once and serves the window that fits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from recipe.host import HostFacts
+from recipe.launch import fitting_window
+from recipe.launch_docker import NodeReady, docker_error, for_node
+from recipe.nodes import Result
+from recipe.plan import build_plan
+from recipe.settings import REPO_ROOT, load_settings
+from recipe_helpers import clean_environ, free_port
+
+SPARK = HostFacts(python="python3", gpu=True, cpu_count=20, rdma=True)
+
+
+def test_placeholders_are_filled_per_node(root: Path) -> None:
+    env = {"TP": "2", "RUNTIME": "docker", "WORKER": "me@spark2", "CACHE_DIR": "/srv/c", "LOG_DIR": "/srv/l"}
+    rank1 = build_plan(load_settings(root, env), SPARK).ranks[0]
+    argv = for_node(rank1, NodeReady(image_id="0123456789ab", user="1000:1000", leftovers=()))
+    assert argv[argv.index("--user") + 1] == "1000:1000"
+    assert "/srv/c/kernels/0123456789ab:/cache" in argv
+    assert not any("<image id>" in word or "<uid:gid>" in word for word in argv)
+    assert rank1.argv[rank1.argv.index("--user") + 1] == "<uid:gid>"       # the plan itself is left as it was
+
+
+def test_docker_error_is_dockers_reason_not_its_help_hint() -> None:
+    stderr = ("docker: Error response from daemon: Conflict. The container name \"/glm-sparks-rank1\" is already in "
+              "use.\nSee 'docker run --help'.\n")
+    assert docker_error(Result("w", (), 125, "", stderr)).startswith("Error response from daemon: Conflict.")
+    assert docker_error(Result("w", (), 255, "", "ssh: connect to host w port 22: Connection refused\n")) == \
+        "ssh: connect to host w port 22: Connection refused"
+
+
+def test_the_engines_refusal_names_the_window_the_recipe_restarts_with(capsys: pytest.CaptureFixture) -> None:
+    from engine.parallel import ParallelGroup
+    from engine.serve import size_pool
+
+    args = argparse.Namespace(memory_reserve_gib=0.0, kv_pool_gib=1 / 1024, context=65536, parallel=2)
+    with pytest.raises(SystemExit):
+        size_pool(args, 128, "cpu", ParallelGroup.single())   # 1 MiB at 128 bytes a token: 8192 tokens
+    refusal = capsys.readouterr().err.strip().splitlines()
+    assert fitting_window({"rank 0 here (glm-sparks-rank0)": ["loading: done", *refusal]}) == 8192
+    assert fitting_window({"rank 1 on w (x)": refusal}) is None          # rank 0's word counts, not a peer's
+    assert fitting_window({"rank 0 here (x)": ["loading: done"]}) is None
+
+
+@pytest.mark.slow
+def test_start_refits_once_to_the_window_that_fits(tmp_path: Path) -> None:
+    (tmp_path / "config" / "scripts").mkdir(parents=True)
+    env = clean_environ(SPARKS_CONFIG_ROOT=str(tmp_path / "config"), LOG_DIR=str(tmp_path / "logs"),
+                        CACHE_DIR=str(tmp_path / "cache"), HOST="127.0.0.1", PORT=str(free_port()),
+                        MASTER_PORT=str(free_port()), TP="1", CONTEXT="8192", MAX_TOKENS="256",
+                        KV_POOL_GIB="0.0002", WAIT_TIMEOUT="600", STOP_TIMEOUT="20")   # ~210 KiB: ~1600 tokens
+
+    def wrapper(script: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(REPO_ROOT / script)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=900, stdin=subprocess.DEVNULL)
+
+    try:
+        done = wrapper("start.sh")
+        assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+        refit = [line for line in done.stderr.splitlines() if "starting again with --context" in line]
+        assert len(refit) == 1, done.stderr
+        fits = int(refit[0].rsplit("--context", 1)[1].split()[0])
+        assert 0 < fits < 8192 and f"{fits} tokens" in done.stdout   # the banner shows the window it serves
+        ranks = json.loads((tmp_path / "logs" / "run" / "state.json").read_text())["ranks"]
+        assert len(ranks) == 1
+    finally:
+        stopped = wrapper("stop.sh")
+    assert stopped.returncode == 0
+    assert len(list((tmp_path / "logs").glob("*-rank0.log.gz"))) == 2   # the refused run's log is kept too
