@@ -114,6 +114,23 @@ def test_build_on_head_then_ship_to_worker_once(bed, env):
     assert ran.returncode == 0 and ran.stdout.startswith("ok 2."), ran.stderr[-1500:]
 
 
+def test_a_second_worker_gets_it_while_the_first_is_left_alone(bed, env):
+    w1, w2 = env["WORKER"], f"root@{bed.nodes['w2'].address}"
+    code, result, seconds = ensure(bed, env, TP="3", WORKER2=w2)
+    assert code == 0, result
+    assert {o["node"]: o["action"] for o in result["outcomes"]} == {"local": "had it", w1: "had it", w2: "shipped"}
+    assert identity_on(bed, "w2", TAG) == result["identity"]
+    print(f"\n[image] ensure with w2 lacking it: {seconds:.1f}s")
+
+
+def test_an_unreachable_worker_is_named_and_the_others_still_reported(bed, env):
+    gone = "root@10.77.0.99"   # in the test bed's subnet, inside its namespaces: no such node answers
+    code, result, _ = ensure(bed, env, TP="3", WORKER2=gone)
+    assert code == 3, result
+    assert result["error"].startswith("the image did not reach every worker") and gone in result["error"]
+    assert f"{env['WORKER']}: already has it" in result["notes"]
+
+
 def scratch_repo(tmp_path: Path, patches: dict[str, str]) -> Path:
     """A copy of what the image is built from, with these patches listed in order."""
     repo = tmp_path / "repo"
