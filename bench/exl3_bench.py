@@ -7,6 +7,12 @@ checkpoint's experts). For rows M = 1..8:
   experts: each expert's trellis is read once for the M rows);
 - `batch`: 8·M distinct experts, one row each (M decode streams, no expert shared).
 
+- `moe`: the routed experts as the engine runs them (engine/ops/triton_exl3.routed_experts: rotations, gate/up and
+  down decode-GEMVs, SwiGLU, weighted sum) for T = 1, 2, 4, 8 tokens, each choosing top-k distinct experts of the
+  layer's bank (288 experts; shapes and top-k read from engine/checkpoint/glm53_flash_config.json), against the bf16
+  experts' sync-free pair-GEMV MoE (engine/ops/triton_moe.routed_experts); EXL3 with the default launch options
+  (what the engine runs) and with the sweep's best. Bytes = the chosen experts' weights (each read once).
+
 Timed per projection launch set: gate+up in one launch (16·… matrices), down in one launch. Figures:
 `kernel` = the decode-GEMV launch(es) alone; `op` = the whole exl3_matmul (input rotation, GEMV, output rotation);
 bf16 `torch` = one F.linear per expert (gate‖up fused [4096, 4096], then down); bf16 `pair_gemv` = our Triton kernel
@@ -25,6 +31,7 @@ import platform
 import subprocess
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 import triton
@@ -32,8 +39,12 @@ from triton.testing import do_bench
 
 from engine.ops import triton_exl3 as tx
 from engine.ops.triton_moe import pair_gemv
+from engine.ops.triton_moe import routed_experts as bf16_routed
+from engine.quant import exl3
 
-HIDDEN, INTER, TOP_K = 4096, 2048, 8
+FLASH = json.loads((Path(__file__).resolve().parents[1] / "engine/checkpoint/glm53_flash_config.json").read_text())
+HIDDEN, INTER, TOP_K, EXPERTS = (FLASH["text_config"][k] for k in ("hidden_size", "moe_intermediate_size",
+                                                                   "num_experts_per_tok", "n_routed_experts"))
 HBM = 4.8e12
 BANK = 64                       # experts in the banks (EXL3: 0.8 GB, bf16: 3.2 GB), well beyond the 60 MB L2
 SMOKE = False                   # --smoke: tiny shapes on the CPU in Triton's interpreter (checks the script only)
@@ -63,8 +74,8 @@ def main() -> int:
     t_start = time.time()
     dev = "cuda"
     if args.smoke:
-        global HIDDEN, INTER, BANK, SMOKE
-        HIDDEN, INTER, BANK, SMOKE, dev = 256, 128, 16, True, "cpu"
+        global HIDDEN, INTER, BANK, SMOKE, EXPERTS
+        HIDDEN, INTER, BANK, SMOKE, EXPERTS, dev = 256, 128, 16, True, 64, "cpu"
     gen = torch.Generator(device=dev).manual_seed(0)
     torch.manual_seed(0)
     words = 64                                                       # 16 * 4 bits
@@ -89,11 +100,11 @@ def main() -> int:
     copy_tbs = 2 * big.numel() / copy_ms / 1e9
     del big
 
-    result = {"schema": "exl3-bench/1", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    result = {"schema": "exl3-bench/2", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "commit": _commit(), "hbm_peak_tbs": HBM / 1e12,
               "copy_tbs_measured": copy_tbs, "shape": {"hidden": HIDDEN, "intermediate": INTER, "bits": 4,
-                                                        "codebook": "mcg"},
+                                                        "codebook": "mcg", "experts": EXPERTS, "top_k": TOP_K},
               "exl3_expert_bytes": exl3_expert_bytes, "bf16_expert_bytes": bf16_expert_bytes,
               "configs": [], "rows": [], "skipped": []}
 
@@ -119,10 +130,12 @@ def main() -> int:
 
     # a few launch configurations at the decode shape (8 experts, 1 row); the best serves every row count
     experts8 = torch.randperm(BANK, device=dev)[:TOP_K]
-    configs = [{}, {"block_n_tiles": 8}, {"unroll": 4}, {"split": 4}, {"block_n_tiles": 2, "num_warps": 2}]
+    configs = [{}, {"block_n_tiles": 4}, {"block_n_tiles": 16}, {"num_warps": 2},
+               {"block_n_tiles": 16, "num_warps": 8}, {"unroll": 4}]
+    configs = configs[:2] if SMOKE else configs
     best, best_ms = {}, float("inf")
     for kw in configs:
-        if time.time() - t_start > args.budget * 0.4:
+        if time.time() - t_start > args.budget * 0.35:
             result["skipped"].append(f"config {kw}")
             continue
         try:
@@ -138,6 +151,13 @@ def main() -> int:
         if ms < best_ms:
             best, best_ms = kw, ms
     result["best_config"] = best
+    result["default_config"] = dict(tx.LAUNCH_DEFAULTS)
+    if time.time() - t_start < args.budget * 0.75:
+        moe_rows(result, best, dev, gen)
+    else:
+        result["skipped"].append("moe")
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
 
     for scenario in ("window", "batch"):
         for m in (range(1, 9) if scenario == "window" else (1, 2, 4, 8)):
@@ -186,6 +206,42 @@ def main() -> int:
     print(json.dumps({k: result[k] for k in ("gpu", "torch", "triton", "copy_tbs_measured", "best_config",
                                              "skipped", "seconds")}))
     return 0
+
+
+def moe_rows(result: dict, best: dict, dev: str, gen: torch.Generator) -> None:
+    """The `moe` scenario: the whole routed-experts op on a bank of the layer's real size, EXL3 vs bf16."""
+    def bank(matrices: int, k: int, n: int) -> exl3.Exl3Bank:
+        return exl3.Exl3Bank(torch.randint(-32768, 32768, (matrices, k // 16, n // 16, 64), device=dev, generator=gen,
+                                           dtype=torch.int32).to(torch.int16),
+                             (torch.rand(matrices, k, device=dev, generator=gen) / k ** 0.5).half(),
+                             (torch.rand(matrices, n, device=dev, generator=gen) + 0.5).half(), "mcg")
+    gate_up, down = bank(2 * EXPERTS, HIDDEN, INTER), bank(EXPERTS, INTER, HIDDEN)
+    w_gu = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    w_d = (torch.randn(EXPERTS, HIDDEN, INTER, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    exl3_bytes = (gate_up.trellis[:2].numel() + down.trellis[:1].numel()) * 2
+    bf16_bytes = (w_gu[0].numel() + w_d[0].numel()) * 2
+    default = dict(tx.LAUNCH_DEFAULTS)
+    for tokens in (1, 2) if SMOKE else (1, 2, 4, 8):
+        chosen = torch.randperm(EXPERTS, device=dev)[:TOP_K * tokens].view(tokens, TOP_K)   # distinct experts
+        weights = torch.rand(tokens, TOP_K, device=dev)
+        x = torch.randn(tokens, HIDDEN, device=dev)
+        pairs = tokens * TOP_K
+        row = {"scenario": "moe", "tokens": tokens, "pairs": pairs, "exl3_bytes": pairs * exl3_bytes,
+               "bf16_bytes": pairs * bf16_bytes}
+        timings = {}
+        for name, kw in (("exl3_moe_default", default), ("exl3_moe_best", best)):
+            tx.LAUNCH_DEFAULTS.clear()
+            tx.LAUNCH_DEFAULTS.update(kw)
+            timings[name] = _ms(lambda: tx.routed_experts(x, chosen, weights, gate_up, down, 10.0))
+        tx.LAUNCH_DEFAULTS.clear()
+        tx.LAUNCH_DEFAULTS.update(default)
+        timings["bf16_moe_pair_gemv"] = _ms(lambda: bf16_routed(x, chosen, weights, w_gu, w_d, 10.0))
+        for name, ms in timings.items():
+            nbytes = row["exl3_bytes"] if name.startswith("exl3") else row["bf16_bytes"]
+            row[name] = {"us": ms * 1e3, "gbs": nbytes / ms / 1e6, "hbm_fraction": nbytes / ms / 1e-3 / HBM}
+        result["rows"].append(row)
+        print(f"moe T={tokens}: " + "  ".join(f"{k} {row[k]['us']:.1f} us ({row[k]['hbm_fraction']:.1%})"
+                                              for k in timings), flush=True)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,14 @@ Decoding in the kernel's layout. A tile's 256 values come in the order of the MM
 values p = 8l + j, j = 0..7; value (l, j) belongs to input row r = 2(l%4) + (j&1) + 8((j>>1)&1) and output column
 c = l//4 + 8(j>>2) of the tile (exl3.tile_cells). So the kernel keeps a [.., 8 (l//4), 4 (l%4)] grid of lanes and, for
 each j, one decoded value per lane: the input it multiplies depends only on (l%4, j&3), the output column only on
-(l//4, j>>2). The wrapper permutes each 16-input tile of the rotated rows into (l%4, j&3) order, so the kernel loads
-4 inputs per row per j; products accumulate per lane in two halves (j < 4: columns 0..7, j >= 4: columns 8..15), and
-the four lanes of a column (l%4) are added at the end in a fixed order. Every sum is an elementwise add in an order
+(l//4, j>>2). The wrapper permutes each 16-input tile of the rotated rows into (j&3, l%4) order, so the kernel
+loads 4 contiguous inputs per row per j; products accumulate per lane in two halves (j < 4: columns 0..7, j >= 4:
+columns 8..15), and the four lanes of a column (l%4) are added at the end in a fixed order. All of it in one
+register layout (see `_exl3_gemv`): no shared-memory traffic in the loop. Every sum is an elementwise add in an order
 fixed by the code, whatever the number of rows: a row's result is the same bits alone or in a batch of 8.
 
 - 4-bit tiles (the served checkpoint's routed experts) hold one 32-bit word per lane: lane l's eight 16-bit states
-  end at its own word's nibbles, the first three reaching into word l-1, so two coalesced loads per tile give them all
+  end at its own word's nibbles, the first three reaching into word l-1, so two loads per tile give them all
   (`DENSE4`). Any other width reads, for each value, the two words its 16-bit window spans (cached loads).
 - The codebooks are computed inline (exl3.codebook's definition): 3inst / mcg hash the state with a 32-bit
   multiply(-add), mask and flip, then add the word's two fp16 halves (exact in fp32, one rounding to fp16); mul1 sums
@@ -31,11 +32,16 @@ fixed by the code, whatever the number of rows: a row's result is the same bits 
 
 Prompt chunks (many rows): `exl3_unpack` decodes a whole matrix to its exact fp16 W_q with the same decoder and the
 matmul runs in torch (fp32 activations × W_q), one expert at a time; W_q is transient (2 bytes a weight, one expert).
+
+The MoE (`routed_experts`, used by moe.MoE when a CUDA checkpoint's routed experts are EXL3): each (row, expert) pair
+is one row through gate and up (one launch set: matrices 2e, 2e+1 of the gate/up bank) and through down, expert ids
+read on the device; more than PAIRS_MAX pairs (a prompt chunk) decode each selected expert once for the chunk.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -44,8 +50,10 @@ import triton.language as tl
 from engine.quant import exl3
 
 CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = 8                                     # rows per matrix in one launch (decode and verify windows)
 LAST_LAUNCH: dict = {}                           # the last compiled GEMV (registers, spills: bench/exl3_bench.py)
+LAUNCH_DEFAULTS: dict = {}               # block_n_tiles / split / unroll / num_warps / asm when a call gives none
 
 
 def _fp16_value(bits: int) -> float:
@@ -55,28 +63,43 @@ def _fp16_value(bits: int) -> float:
 _MUL1_SCALE = _fp16_value(exl3._MUL1_SCALE)
 _MUL1_BIAS = _fp16_value(exl3._MUL1_BIAS - 65536)
 
-# (l%4, j&3) -> input row in the tile: the order the kernel reads a tile's 16 inputs in
-_INPUT_ORDER = [2 * (q // 4) + (q % 4 & 1) + 8 * ((q % 4) >> 1) for q in range(16)]
+# position 4 (j&3) + l%4 -> input row in the tile: the order the kernel reads a tile's 16 inputs in
+_INPUT_ORDER = [2 * (q % 4) + (q // 4 & 1) + 8 * ((q // 4) >> 1) for q in range(16)]
 
 
 @triton.jit
-def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
-    """fp16 value of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1."""
+def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr):
+    """The fp16 value of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1, returned as fp32 (exact).
+    ASM (compiled kernels; the interpreter cannot run PTX): 3inst / mcg's mask-and-flip as one lop3, the two halves
+    added by one f16 add straight from the 32-bit register, then converted: the same operations as the Triton form
+    below, in the fewest instructions (the decode is the GEMV's cost: see `_exl3_gemv`)."""
     if CODEBOOK == 2:
         x = state * 0x83DCD12D
         byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
         # 2^23 + (1024 + byte_sum) as fp32 bits, less 2^23: the integer as fp32 without a conversion
         count = (0x4B000400 + byte_sum).to(tl.float32, bitcast=True) - 8388608.0
-        value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16)                      # exact in fp32, one rounding
+        value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16).to(tl.float32)      # exact in fp32, one rounding
     else:
         if CODEBOOK == 1:
             x = state * 0xCBAC1FED
         else:
             x = state * 89226354 + 64248484
-        x = (x & 0x8FFF8FFF) ^ 0x3B603B60
-        low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-        high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-        value = low + high            # an fp16 add rounds the exact sum once, as the format's fp32 sum then fp16
+        if ASM:
+            # lut 0x6A = (a & b) ^ c; {lo, hi} are the word's fp16 halves; add.rn.f16 rounds the exact sum once
+            value = tl.inline_asm_elementwise(
+                """{
+                .reg .b32 t;
+                .reg .b16 lo, hi, s;
+                lop3.b32 t, $1, 0x8FFF8FFF, 0x3B603B60, 0x6A;
+                mov.b32 {lo, hi}, t;
+                add.rn.f16 s, lo, hi;
+                cvt.f32.f16 $0, s;
+                }""", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            x = (x & 0x8FFF8FFF) ^ 0x3B603B60
+            low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+            high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+            value = (low + high).to(tl.float32)   # an fp16 add rounds the exact sum once, as the format's fp32 sum
     return value
 
 
@@ -95,8 +118,9 @@ def _tile_words(base, lane_words, FAST4: tl.constexpr):
 @triton.jit
 def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
                  DENSE4: tl.constexpr, cur, prev, CODEBOOK: tl.constexpr,
-                 MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
-    """Value j of every lane of the tiles at `base` (int32 word pointers [BNT, 1, 1]), fp16 [BNT, 8, 4]."""
+                 MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr):
+    """Value j of every lane of the tiles at `base` (int32 word pointers, broadcast against quad = l // 4 and
+    lane4 = l % 4), as fp32 (exact fp16 values)."""
     if DENSE4:
         # lane l's state j spans stream bits 32l + 4j - 12 .. 32l + 4j + 4: the low bits of word l-1 when j < 3
         state = cur >> (28 - 4 * j)
@@ -109,16 +133,17 @@ def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2:
         start = end - 16 + WORDS * 32
         first = (start // 32) % WORDS
         offset = (start % 32).to(tl.uint32)
-        lead = tl.load(base + first[None, :, :]).to(tl.uint32, bitcast=True)
-        follow = tl.load(base + ((first + 1) % WORDS)[None, :, :]).to(tl.uint32, bitcast=True)
+        lead = tl.load(base + first).to(tl.uint32, bitcast=True)
+        follow = tl.load(base + (first + 1) % WORDS).to(tl.uint32, bitcast=True)
         state = ((lead << offset) | ((follow >> 1) >> (31 - offset))) >> 16
-    return _decode(state, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
+    return _decode(state, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
 
 
 @triton.jit
 def _lane_sum(acc, ROWS: tl.constexpr, BNT: tl.constexpr):
-    """[ROWS, BNT, 8, 4] -> [ROWS, BNT, 8]: ((l0 + l1) + l2) + l3 over the last axis (l % 4 = 2a + b)."""
-    even, odd = tl.split(tl.reshape(acc, [ROWS, BNT, 8, 2, 2]))     # b = 0 / b = 1
+    """[ROWS, 4 (l % 4), 8, BNT] -> [ROWS, 8, BNT]: ((l0 + l1) + l2) + l3 (l % 4 = 2a + b)."""
+    t = tl.permute(acc, (0, 2, 3, 1))                                # [ROWS, 8, BNT, 4]
+    even, odd = tl.split(tl.reshape(t, [ROWS, 8, BNT, 2, 2]))       # b = 0 / b = 1
     l0, l2 = tl.split(even)
     l1, l3 = tl.split(odd)
     return ((l0 + l1) + l2) + l3
@@ -128,44 +153,58 @@ def _lane_sum(acc, ROWS: tl.constexpr, BNT: tl.constexpr):
 def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
                K_TILES: tl.constexpr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
                CODEBOOK: tl.constexpr, ROWS: tl.constexpr, BNT: tl.constexpr, SPLIT: tl.constexpr, KU: tl.constexpr,
-               MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
+               MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr):
     """part[s, g, m, :] = xp[g, m, K_s] @ W_q[mats[g]][K_s, :] for m < ROWS, K_s the s-th of SPLIT runs of K tiles;
-    xp in the kernel's input order (module docstring). KU tiles a step, unrolled (their loads issue together)."""
+    xp in the kernel's input order (module docstring). KU tiles a step, unrolled (their loads issue together).
+
+    Every tensor is 4-D [ROWS or 1, 4 (l % 4), 8 (l // 4), BNT] and the loaded words, decoded values and products
+    share one register layout: the word offsets of `cur` and `prev` are both taken modulo 32, which gives them the
+    same layout (a mixed one costs a shared-memory round trip with barriers per value, what made the first version
+    of this kernel slow), and it puts a tile's 32 lanes on a warp's 32 threads (one 128-byte load a tile) and a
+    thread's BNT/warps tiles in its registers, so one input value serves them all."""
     group = tl.program_id(0)
     block = tl.program_id(1)
     split = tl.program_id(2)
     groups = tl.num_programs(0)
     mat = tl.load(mat_ptr + group).to(tl.int64)
 
-    rows = tl.arange(0, ROWS)
-    quad = tl.arange(0, 8)[:, None]                                  # l // 4
-    lane4 = tl.arange(0, 4)[None, :]                                 # l % 4
-    tiles = block * BNT + tl.arange(0, BNT)
-    lane_words = (4 * quad + lane4)[None, :, :]                      # [1, 8, 4]
+    rows = tl.arange(0, ROWS)[:, None, None, None]
+    lane4 = tl.arange(0, 4)[None, :, None, None]                     # l % 4
+    quad = tl.arange(0, 8)[None, None, :, None]                      # l // 4
+    tiles = (block * BNT + tl.arange(0, BNT))[None, None, None, :]
+    prev_words = (4 * quad + lane4 + 31) % 32                        # word l-1, circular
+    lane_words = (prev_words + 1) % 32                               # word l (the same layout as prev_words)
     first_tile = split * (K_TILES // SPLIT)
-    tile_words = (mat * (K_TILES * N_TILES) + first_tile * N_TILES + tiles).to(tl.int64)[:, None, None] * WORDS
-    x_rows = x_ptr + (group * ROWS + rows).to(tl.int64)[:, None, None, None] * (K_TILES * 16) + first_tile * 16 \
-        + (lane4 * 4)[None, None, :, :]                              # [ROWS, 1, 1, 4]
+    t_base = t_ptr + (mat * (K_TILES * N_TILES) + first_tile * N_TILES) * WORDS
+    tile_words = tiles * WORDS                                       # [1, 1, 1, BNT]
+    x_base = x_ptr + group.to(tl.int64) * (ROWS * K_TILES * 16) + first_tile * 16
+    x_offs = rows * (K_TILES * 16) + lane4                           # [ROWS, 4, 1, 1]
 
-    acc_lo = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
-    acc_hi = tl.zeros([ROWS, BNT, 8, 4], dtype=tl.float32)
+    acc_lo = tl.zeros([ROWS, 4, 8, BNT], dtype=tl.float32)
+    acc_hi = tl.zeros([ROWS, 4, 8, BNT], dtype=tl.float32)
     for kt0 in range(0, K_TILES // SPLIT, KU):
         for u in tl.static_range(KU):
             kt = kt0 + u
-            base = t_ptr + tile_words + kt * (N_TILES * WORDS)      # [BNT, 1, 1]
-            cur, prev = _tile_words(base, lane_words, BITS2 == 8)
+            base = t_base + kt * (N_TILES * WORDS) + tile_words      # [1, 1, 1, BNT]
+            if BITS2 == 8:
+                cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
+                prev = tl.load(base + prev_words).to(tl.uint32, bitcast=True)
+            else:
+                cur = 0
+                prev = 0
             for j in tl.static_range(8):
                 w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK,
-                                 MUL1_SCALE, MUL1_BIAS).to(tl.float32)
-                x = tl.load(x_rows + kt * 16 + (j & 3))              # [ROWS, 1, 1, 4]
+                                 MUL1_SCALE, MUL1_BIAS, ASM)
+                x = tl.load(x_base + kt * 16 + (j & 3) * 4 + x_offs)  # [ROWS, 4, 1, 1]
                 if j < 4:
-                    acc_lo += w[None, :, :, :] * x
+                    acc_lo += w * x
                 else:
-                    acc_hi += w[None, :, :, :] * x
+                    acc_hi += w * x
 
     # add the four lanes of each column (l % 4 = 0, 1, 2, 3, in that order), then store columns 0..7 and 8..15
-    cols = (tiles * 16)[None, :, None] + tl.arange(0, 8)[None, None, :]
-    out_rows = out_ptr + ((split * groups + group) * ROWS + rows).to(tl.int64)[:, None, None] * (N_TILES * 16)
+    cols = tl.arange(0, 8)[None, :, None] + ((block * BNT + tl.arange(0, BNT)) * 16)[None, None, :]
+    out_rows = out_ptr + ((split * groups + group) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None, None] \
+        * (N_TILES * 16)
     tl.store(out_rows + cols, _lane_sum(acc_lo, ROWS, BNT))
     tl.store(out_rows + cols + 8, _lane_sum(acc_hi, ROWS, BNT))
 
@@ -201,8 +240,8 @@ def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, sha
         y = y + tl.load(add_ptr + mat * WIDTH + offs).to(tl.float32)
     y = tl.where(live, y, 0.0)
     if TO_KERNEL_ORDER:
-        k = tl.arange(0, 128) % 16                                   # input row in the tile -> (l%4, j&3)
-        dest = block * 128 + (tl.arange(0, 128) // 16) * 16 + 4 * ((k % 8) // 2) + (k & 1) + 2 * (k >> 3)
+        k = tl.arange(0, 128) % 16                                   # input row in the tile -> (j&3, l%4)
+        dest = block * 128 + (tl.arange(0, 128) // 16) * 16 + 4 * ((k & 1) + 2 * (k >> 3)) + (k % 8) // 2
     else:
         dest = offs
     tl.store(out_ptr + row.to(tl.int64) * WIDTH + dest, y)
@@ -210,7 +249,8 @@ def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, sha
 
 @triton.jit
 def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
-                 CODEBOOK: tl.constexpr, BNT: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr):
+                 CODEBOOK: tl.constexpr, BNT: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr,
+                 ASM: tl.constexpr):
     """W_q fp16 [K, N] from trellis words: one program per (k tile, BNT n tiles)."""
     kt = tl.program_id(0)
     block = tl.program_id(1)
@@ -221,7 +261,8 @@ def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BIT
     base = t_ptr + (kt * N_TILES + tiles).to(tl.int64)[:, None, None] * WORDS
     cur, prev = _tile_words(base, lane_words, BITS2 == 8)
     for j in tl.static_range(8):
-        w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS)
+        w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS,
+                         ASM).to(tl.float16)
         row = 2 * lane4 + (j & 1) + 8 * ((j >> 1) & 1)                 # [1, 4]
         col = quad + 8 * (j >> 2)                                       # [8, 1]
         ptr = out_ptr + (kt * 16 + row).to(tl.int64)[None, :, :] * (N_TILES * 16) + (tiles * 16)[:, None, None] + col[None, :, :]
@@ -245,30 +286,38 @@ def _format(trellis: torch.Tensor, codebook: str) -> tuple[int, int]:
     return int(2 * bits), CODEBOOK_ID[codebook]
 
 
-def exl3_unpack(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
+def _asm(asm: bool | None) -> bool:
+    """The inline-PTX decode (`_decode`): on unless asked off or LAUNCH_DEFAULTS["asm"] is False; never in the
+    interpreter."""
+    return not _INTERPRETED and (LAUNCH_DEFAULTS.get("asm", True) if asm is None else asm)
+
+
+def exl3_unpack(trellis: torch.Tensor, codebook: str, asm: bool | None = None) -> torch.Tensor:
     """W_q fp16 [K, N] from trellis int16 [K/16, N/16, 16*bits]: exl3.unpack's values, bit for bit."""
     bits2, cb = _format(trellis, codebook)
     k_tiles, n_tiles, _ = trellis.shape
     out = torch.empty(k_tiles * 16, n_tiles * 16, dtype=torch.float16, device=trellis.device)
     bnt = math.gcd(8, n_tiles)
     _exl3_unpack[(k_tiles, n_tiles // bnt)](_words(trellis), out, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
-                                            CODEBOOK=cb, BNT=bnt, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS)
+                                            CODEBOOK=cb, BNT=bnt, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS,
+                                            ASM=_asm(asm))
     return out
 
 
 def kernel_order(x: torch.Tensor) -> torch.Tensor:
-    """[..., K] -> [..., K] with each 16-input tile in the kernel's (l%4, j&3) order."""
+    """[..., K] -> [..., K] with each 16-input tile in the kernel's (j&3, l%4) order."""
     order = torch.tensor(_INPUT_ORDER, device=x.device)
     return x.reshape(*x.shape[:-1], -1, 16)[..., order].reshape(x.shape)
 
 
 def _config(k_tiles: int, n_tiles: int, groups: int, block_n_tiles: int | None, split: int | None,
             unroll: int) -> tuple[int, int, int]:
-    """(BNT, SPLIT, KU): BNT output tiles a program; K split until the launch has ~1024 programs (~8 an SM)."""
-    bnt = math.gcd(block_n_tiles or 4, n_tiles)
+    """(BNT, SPLIT, KU): BNT output tiles a program; K split until the launch has ~1024 programs (~8 an SM).
+    In Triton's interpreter (CPU tests) K is not split unless asked: each program costs milliseconds there."""
+    bnt = math.gcd(block_n_tiles or 8, n_tiles)
     if split is None:
         split = 1
-        while groups * (n_tiles // bnt) * split < 1024 and k_tiles % (2 * split * unroll) == 0 and split < 16:
+        while not _INTERPRETED and groups * (n_tiles // bnt) * split < 1024 and k_tiles % (2 * split * unroll) == 0 and split < 16:
             split *= 2
     if k_tiles % split or (k_tiles // split) % unroll:
         raise ValueError(f"K/16 = {k_tiles} tiles do not split {split} ways in steps of {unroll}")
@@ -293,10 +342,16 @@ def rotate_rows(x: torch.Tensor, rows: int, mats: torch.Tensor, *, pre: torch.Te
 
 
 def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor, codebook: str,
-                    block_n_tiles: int | None = None, split: int | None = None, unroll: int = 2,
-                    num_warps: int = 4) -> torch.Tensor:
+                    block_n_tiles: int | None = None, split: int | None = None, unroll: int | None = None,
+                    num_warps: int | None = None, asm: bool | None = None) -> torch.Tensor:
     """The kernel alone: xp fp32 [G, ROWS, K] (rotated, in kernel order, ROWS in 1, 2, 4, 8), trellis int16
-    [E, K/16, N/16, 16*bits], mats int32 [G] -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q)."""
+    [E, K/16, N/16, 16*bits], mats int32 [G] -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q).
+    Launch options not given come from LAUNCH_DEFAULTS (bench/exl3_bench.py times alternatives)."""
+    block_n_tiles = block_n_tiles or LAUNCH_DEFAULTS.get("block_n_tiles")
+    split = split or LAUNCH_DEFAULTS.get("split")
+    unroll = unroll or LAUNCH_DEFAULTS.get("unroll", 2)
+    num_warps = num_warps or LAUNCH_DEFAULTS.get("num_warps", 4)
+    asm = _asm(asm)
     bits2, cb = _format(trellis, codebook)
     _, k_tiles, n_tiles, _ = trellis.shape
     groups, rows, k = xp.shape
@@ -307,7 +362,7 @@ def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor,
     LAST_LAUNCH["gemv"] = _exl3_gemv[(groups, n_tiles // bnt, split)](
         xp, _words(trellis), mats, out, K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
         CODEBOOK=cb, ROWS=rows, BNT=bnt, SPLIT=split, KU=unroll, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS,
-        num_warps=num_warps)
+        ASM=asm, num_warps=num_warps)
     return out
 
 

@@ -1,0 +1,87 @@
+"""An EXL3 checkpoint served on CUDA with its routed experts kept in EXL3 form (moe.MoE → Exl3Experts → the Triton
+decode-GEMV / per-chunk decode) gives the greedy tokens of the same checkpoint decoded to dense weights on CUDA and of
+the CPU reference. Runs on the lent H200 machine (`python -m pytest -q tests/gpu`, PYTHONPATH=.:tests/engine);
+skipped without CUDA. The same path in Triton's interpreter on the CPU: tests/engine/test_exl3_moe.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.checkpoint.demo import write_demo
+from engine.checkpoint.exl3 import Exl3Experts
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.models.glm5_next.moe import MoE
+from engine.parallel import ParallelGroup
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_demo(tmp_path_factory.mktemp("exl3gpu") / "demo", seed=3, size="exl3", fmt="exl3")
+
+
+def _greedy(model, ids: list[int], chunk: int) -> tuple[list[int], torch.Tensor]:
+    """Prefill in chunks of `chunk` tokens (top-k 2: 2·chunk (row, expert) pairs, so a chunk of 40 takes the
+    prompt path and one of 8 the decode-GEMV), then one token at a time."""
+    seq = model.new_sequence(model.make_pool(len(ids) + STEPS + 8))
+    for start in range(0, len(ids), chunk):
+        step = model.prefill(seq, ids[start:start + chunk])
+    tokens, logits = [], []
+    for _ in range(STEPS):
+        logits.append(step.float().cpu())
+        tokens.append(int(step.argmax()))
+        step = model.decode([seq], [tokens[-1]])[0]
+    return tokens, torch.stack(logits)
+
+
+def _moes(model) -> list[MoE]:
+    return [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
+
+
+@pytest.mark.parametrize("chunk", [40, 8])
+def test_exl3_experts_on_cuda_give_the_dense_and_cpu_tokens(checkpoint, monkeypatch, chunk):
+    ids = torch.randint(1, 97, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    cpu_tokens, cpu_logits = _greedy(Glm5NextForCausalLM.load(checkpoint), ids, chunk)
+
+    gpu = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
+    assert _moes(gpu) and all(m.exl3 is not None and not m.experts for m in _moes(gpu)), "experts were decoded"
+    assert all(m.exl3.gate_up.trellis.is_cuda and m.exl3.gate_up.trellis.dtype == torch.int16 for m in _moes(gpu))
+    exl3_tokens, exl3_logits = _greedy(gpu, ids, chunk)
+    del gpu
+
+    with monkeypatch.context() as patch:                       # the same checkpoint decoded to dense on load
+        patch.setattr(Exl3Experts, "load", classmethod(lambda cls, *args: None))
+        dense = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
+        assert all(m.exl3 is None and m.experts for m in _moes(dense))
+        dense_tokens, dense_logits = _greedy(dense, ids, chunk)
+
+    assert exl3_tokens == dense_tokens == cpu_tokens
+    assert float((exl3_logits - dense_logits).abs().max()) < 1e-3
+    assert float((exl3_logits - cpu_logits).abs().max()) < 1e-3
+
+
+def test_routed_rows_do_not_depend_on_the_batch(checkpoint):
+    gpu = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
+    moe = _moes(gpu)[0]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(8, moe.router.shape[1], generator=gen, device="cuda")
+    chosen, weights = moe.route(x)
+    together = moe.exl3(x, chosen, weights, moe.limit)
+    for t in (0, 3, 7):
+        alone = moe.exl3(x[t:t + 1], chosen[t:t + 1], weights[t:t + 1], moe.limit)
+        assert torch.equal(alone[0], together[t]), t
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for NCCL")
+def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
+    from test_tensor_parallel import run_ranks
+
+    ranks = run_ranks(checkpoint, 2, tmp_path, device="cuda")
+    cpu = run_ranks(checkpoint, 1, tmp_path)[0]
+    for r in ranks:
+        assert r["tokens"] == cpu["tokens"]
+    assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])
