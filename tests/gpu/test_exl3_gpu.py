@@ -123,3 +123,17 @@ def test_prompt_chunk_path():
     linear = exl3.Exl3Linear(*_random(4, "mcg", 1024, 512, seed=9)[:3], "mcg")
     x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(8))
     assert _rel_error(exl3_linear(_on_gpu(linear), x.to(CUDA)), linear, x) < 5e-6
+
+
+@pytest.mark.parametrize("codebook", ["mcg", "3inst"])
+def test_inline_ptx_decode_gives_the_triton_decodes_bits(codebook):
+    """The compiled kernels decode through inline PTX (`_decode`, ASM); the Triton form (what the interpreter tests
+    check against the reference) must give the same W_q and the same GEMV partials, bit for bit."""
+    from engine.ops.triton_exl3 import exl3_gemv_parts, exl3_unpack
+    trellis = _random(4, codebook, 1024, 512, experts=2, seed=11)[0].to(CUDA)
+    assert torch.equal(exl3_unpack(trellis[1], codebook, asm=True).view(torch.int16),
+                       exl3_unpack(trellis[1], codebook, asm=False).view(torch.int16))
+    xp = torch.randn(2, 4, 1024, generator=torch.Generator().manual_seed(12)).to(CUDA)
+    mats = torch.tensor([1, 0], dtype=torch.int32, device=CUDA)
+    assert torch.equal(exl3_gemv_parts(xp, trellis, mats, codebook, asm=True),
+                       exl3_gemv_parts(xp, trellis, mats, codebook, asm=False))
