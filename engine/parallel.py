@@ -58,27 +58,44 @@ class ParallelGroup:
 
     # -- collectives ------------------------------------------------------------------------------------------
     def sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """Row-parallel reduction: every rank's partial sum, added in rank order -> identical bits everywhere."""
+        """Row-parallel reduction: every rank's partial sum, added in rank order -> identical bits everywhere.
+        Fixed shapes and no host read, so it can sit inside a captured CUDA graph (NCCL)."""
         if not self.is_distributed:
             return partial
-        parts = [torch.empty_like(partial) for _ in range(self.world)]
-        dist.all_gather(parts, partial.contiguous())
+        parts = self._gather_flat(partial)
         total = parts[0]
-        for part in parts[1:]:
-            total = total + part
+        for rank in range(1, self.world):
+            total = total + parts[rank]
         return total
 
-    def gather_last_dim(self, shard: torch.Tensor) -> torch.Tensor:
-        """Concatenate uneven last-dim shards (vocab-parallel logits) in rank order."""
+    def gather_last_dim(self, shard: torch.Tensor, widths: tuple[int, ...]) -> torch.Tensor:
+        """Concatenate uneven last-dim shards (vocab-parallel logits) in rank order. `widths` is every rank's shard
+        width, known at load (`shard_range`), so nothing is read back from the device (graph-safe)."""
         if not self.is_distributed:
             return shard
-        sizes = [torch.zeros(1, dtype=torch.int64, device=shard.device) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([shard.shape[-1]], dtype=torch.int64, device=shard.device))
-        width = max(int(s) for s in sizes)
-        padded = torch.nn.functional.pad(shard, (0, width - shard.shape[-1])).contiguous()
-        parts = [torch.empty_like(padded) for _ in range(self.world)]
-        dist.all_gather(parts, padded)
-        return torch.cat([p[..., : int(s)] for p, s in zip(parts, sizes)], dim=-1)
+        if len(widths) != self.world or shard.shape[-1] != widths[self.rank]:
+            raise ValueError(f"rank {self.rank}: shard width {shard.shape[-1]} does not match the widths {widths} "
+                             f"of a {self.world}-rank group")
+        width = max(widths)
+        parts = self._gather_flat(torch.nn.functional.pad(shard, (0, width - shard.shape[-1])))
+        return torch.cat([parts[rank][..., :w] for rank, w in enumerate(widths)], dim=-1)
+
+    def _gather_flat(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's `tensor` (same shape everywhere) as [world, *shape], gathered into one buffer (gloo and
+        NCCL both take a flat output)."""
+        flat = tensor.contiguous().reshape(-1)
+        out = flat.new_empty(self.world * flat.numel())
+        dist.all_gather_into_tensor(out, flat)
+        return out.view(self.world, *tensor.shape)
+
+    def all_agree(self, ok: bool) -> bool:
+        """True on every rank when `ok` is true on every rank (one small collective; never inside a capture).
+        Used so that ranks take the same branch, e.g. all fall back from CUDA graphs when one rank's capture fails."""
+        if not self.is_distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     def broadcast_object(self, obj: Any = None) -> Any:
         """Rank 0's object on every rank (step plans, small control messages)."""

@@ -66,7 +66,8 @@ def fingerprint(args: argparse.Namespace) -> dict[str, Any]:
     config = Path(args.checkpoint, "config.json")
     digest = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.exists() else "missing"
     keys = ("tp", "parallel", "context", "max_tokens", "kv", "kv_pool_gib", "prefill_chunk", "name", "thinking")
-    return {"checkpoint_config": digest, **{k: getattr(args, k) for k in keys}}
+    graphs = (_env("GLM_CUDA_GRAPHS", "1") or "1") != "0"  # graphs hold collectives: all ranks or none
+    return {"checkpoint_config": digest, "cuda_graphs": graphs, **{k: getattr(args, k) for k in keys}}
 
 
 def available_bytes(device: str) -> int:

@@ -1,4 +1,5 @@
-"""TP=2 and TP=3 as real gloo processes: same greedy tokens as TP=1, and every rank holds identical logits."""
+"""TP=2 and TP=3 as real gloo processes: same greedy tokens as TP=1, and every rank holds identical logits, on the
+plain path and on the serving path's static decode step (eager on the CPU; the step CUDA graphs capture on GPUs)."""
 
 from __future__ import annotations
 
@@ -46,11 +47,33 @@ def single(checkpoint, tmp_path_factory) -> dict:
     return run_ranks(checkpoint, 1, tmp_path_factory.mktemp("tp1"))[0]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_tp_matches_single_rank(checkpoint, single, world, tmp_path):
-    ranks = run_ranks(checkpoint, world, tmp_path)
+@pytest.fixture(scope="module", params=[2, 3], ids=["tp2", "tp3"])
+def ranks(request, checkpoint, tmp_path_factory) -> list[dict]:
+    """One real run per group size, shared by the tests below (each rank: plain path, static step, agreements)."""
+    return run_ranks(checkpoint, request.param, tmp_path_factory.mktemp(f"tp{request.param}"))
+
+
+def test_tp_matches_single_rank(single, ranks):
     for r in ranks:
         assert r["tokens"] == single["tokens"]
         assert (r["logits"] - single["logits"]).abs().max() < 1e-4
     for r in ranks[1:]:
         assert torch.equal(r["logits"], ranks[0]["logits"]), "ranks must hold bit-identical logits"
+
+
+def test_tp_static_step_matches_single_rank_decode(single, ranks):
+    """The lanes' static step at TP=world (padded spans, lanes 2 and 0) gives TP=1 `model.decode`'s greedy tokens
+    and logits; ranks bit-identical; no host read in the step, collectives included; graphs off on the CPU."""
+    for r in ranks:
+        assert not r["uses_graphs"]
+        assert r["lane_tokens"] == single["tokens"]
+        assert (r["lane_logits"] - single["logits"]).abs().max() < 1e-4
+        assert r["host_reads"] == [], "the TP static step reads a device value on the host (breaks a capture)"
+    for r in ranks[1:]:
+        assert torch.equal(r["lane_logits"], ranks[0]["lane_logits"]), "ranks must hold bit-identical logits"
+    assert single["lane_tokens"] == single["tokens"] and single["host_reads"] == []
+
+
+def test_all_agree_is_false_everywhere_when_one_rank_says_no(ranks):
+    """The agreement behind the lock-step fallback from CUDA graphs: one rank's failure is every rank's."""
+    assert [r["agree"] for r in ranks] == [[True, False]] * len(ranks)

@@ -9,8 +9,15 @@ step depends on the data through a shape or a host read (`Glm5NextForCausalLM.de
 On CUDA, `LaneDecoder` captures that step once per (batch, span) in a `torch.cuda.CUDAGraph` (warm-up on a side
 stream, on the scratch lane and the pool's scratch row, so no stream's state is touched) and replays it: streams
 joining or leaving change only the lane ids fed in, never the graph. A capture that fails falls back to the eager
-step with one warning. GLM_CUDA_GRAPHS=0 turns graphs off; they are also off with several ranks (the vocab gather
-still reads shard widths on the host).
+step with one warning. GLM_CUDA_GRAPHS=0 turns graphs off.
+
+With several ranks (NCCL) the captured step holds the collectives too: each has fixed shapes and reads nothing back
+(`ParallelGroup.sum_partials`, `gather_last_dim` with the vocab widths fixed at load). Capturing an NCCL operation is
+a collective property of it, so every rank must capture the same graphs in the same order and replay them together:
+they do, as every rank executes the same step plans. Whether graphs are used at all, and whether each capture
+succeeded, is agreed by a small collective outside any graph (`ParallelGroup.all_agree`): when one rank's capture
+fails, every rank drops that graph and all decode eagerly from then on, together (a lone fallback would deadlock).
+The warm-up before each capture runs the step's collectives eagerly, so the communicator exists before capture.
 """
 
 from __future__ import annotations
@@ -44,8 +51,8 @@ class LaneStep:
     mask: torch.Tensor | None = None  # [B, span] the last full indexer's selection (shared-indexer layers reuse it)
 
 
-def graphs_wanted(device: torch.device, world: int) -> bool:
-    return device.type == "cuda" and world == 1 and os.environ.get("GLM_CUDA_GRAPHS", "1") != "0"
+def graphs_wanted(device: torch.device) -> bool:
+    return device.type == "cuda" and os.environ.get("GLM_CUDA_GRAPHS", "1") != "0"
 
 
 class CapturedStep:
@@ -81,8 +88,11 @@ class LaneDecoder:
         self.state = LaneState(pool, num_lanes, model.kda_state_shapes())
         self.device = pool.rows.device
         if graphs is None:
-            graphs = graphs_wanted(self.device, model.group.world)
+            graphs = graphs_wanted(self.device)
         graphs = graphs and self.device.type == "cuda"
+        self.group = model.group
+        if self.group.is_distributed:  # every rank constructs its decoder at the same point of the same plan
+            graphs = self.group.all_agree(graphs)
         self.graphs: dict[tuple[int, int], CapturedStep] | None = {} if graphs else None
         self._mempool = torch.cuda.graph_pool_handle() if graphs else None
         self.min_span = min_span
@@ -122,15 +132,22 @@ class LaneDecoder:
     def _graph(self, batch: int, span: int) -> CapturedStep | None:
         key = (batch, span)
         if key not in self.graphs:
+            captured, reason = None, ""
             try:
-                self.graphs[key] = CapturedStep(self.model, self.state, batch, span, self._mempool)
+                captured = CapturedStep(self.model, self.state, batch, span, self._mempool)
             except Exception as exc:  # any capture failure: serve on, eagerly
-                log.warning("CUDA graph capture failed (batch %d, span %d: %s: %s); decoding without graphs",
-                            batch, span, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-                self.graphs = None
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 _restore_generator(self.device)
                 self.state.reset(self.state.scratch_lane)
+            everyone = self.group.all_agree(captured is not None)  # outside any capture; a no-op on one rank
+            if not everyone:
+                if not reason:
+                    reason = "another rank's capture failed"
+                log.warning("CUDA graph capture failed (batch %d, span %d: %s); decoding without graphs",
+                            batch, span, reason)
+                self.graphs = None
                 return None
+            self.graphs[key] = captured
         return self.graphs[key]
 
 

@@ -62,6 +62,9 @@ class Glm5NextForCausalLM:
         self.cfg, self.group = cfg, group
         prefix = _checkpoint_prefix(reader)
         self.vocab_start, self.vocab_stop = shard_range(cfg.vocab_size, group.rank, group.world)
+        # every rank's vocab shard width, fixed at load: the logits gather reads nothing back from the device
+        self.vocab_widths = tuple(stop - start for start, stop in
+                                  (shard_range(cfg.vocab_size, r, group.world) for r in range(group.world)))
         self.embed = reader.get(prefix + "embed_tokens.weight", dim=0)
         self.norm = reader.get(prefix + "norm.weight").float()
         head = "lm_head.weight" if reader.has("lm_head.weight") else prefix + "embed_tokens.weight"
@@ -116,8 +119,8 @@ class Glm5NextForCausalLM:
         return {layer.attn.layer: layer.attn.state_shapes for layer in self.layers if not layer.is_dsa}
 
     def lane_decoder(self, pool: KVPool, num_lanes: int, graphs: bool | None = None):
-        """The serving decode path over `num_lanes` lanes (graphs: None = on when a single rank runs on a GPU and
-        GLM_CUDA_GRAPHS is not 0)."""
+        """The serving decode path over `num_lanes` lanes (graphs: None = on when the group runs on GPUs and
+        GLM_CUDA_GRAPHS is not 0; with several ranks, on only when every rank says so)."""
         from engine.models.glm5_next.lanes import LaneDecoder
 
         return LaneDecoder(self, pool, num_lanes, graphs)
@@ -131,7 +134,7 @@ class Glm5NextForCausalLM:
 
     def _logits(self, streams: torch.Tensor) -> torch.Tensor:
         hidden = ops.rms_norm(streams.mean(dim=1), self.norm, self.cfg.rms_norm_eps)
-        return self.group.gather_last_dim(ops.linear(hidden, self.lm_head))
+        return self.group.gather_last_dim(ops.linear(hidden, self.lm_head), self.vocab_widths)
 
     def _run(self, ids: list[int] | torch.Tensor, attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]
              ) -> torch.Tensor:
