@@ -18,6 +18,10 @@ import torch
 import torch.distributed as dist
 
 
+# one gather into one flat buffer: `all_gather_single` from torch 2.13 (`all_gather_into_tensor` there is deprecated)
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def shard_range(units: int, rank: int, world: int) -> tuple[int, int]:
     """[start, stop) of `rank`'s share of `units` (heads, channels, rows); the first `units % world` ranks get one
     more, so 64 heads over 3 ranks split 22 / 21 / 21."""
@@ -85,7 +89,7 @@ class ParallelGroup:
         NCCL both take a flat output)."""
         flat = tensor.contiguous().reshape(-1)
         out = flat.new_empty(self.world * flat.numel())
-        dist.all_gather_into_tensor(out, flat)
+        _ALL_GATHER_SINGLE(out, flat)
         return out.view(self.world, *tensor.shape)
 
     def all_agree(self, ok: bool) -> bool:

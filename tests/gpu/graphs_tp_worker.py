@@ -1,0 +1,58 @@
+"""One rank of the TP graph-decode test (tests/gpu/test_graphs_tp.py starts one process per GPU, NCCL).
+
+Runs test_graphs.SCHEDULE (batch 1..4, mixed prompt lengths, a stream leaving and another joining) through the
+lanes' decode step twice — replayed from CUDA graphs, then eagerly — and saves per stream the greedy tokens and
+logits, whether graphs stayed on, the (batch, span) keys captured and the decoder warnings. With FAIL_RANK equal to
+this rank, that rank's captures fail (a host read while capturing): every rank must then fall back together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import torch
+
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.parallel import ParallelGroup
+from test_graphs import run_schedule
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def main(checkpoint: str, world: int, rank: int, port: int, out: str, fail_rank: int = -1) -> None:
+    device = f"cuda:{rank}"
+    torch.cuda.set_device(device)
+    group = ParallelGroup.init(world, rank, "127.0.0.1", port, device=device, timeout_s=90)
+    model = Glm5NextForCausalLM.load(checkpoint, group, dtype=torch.float32)  # fp32: tight comparisons
+    warnings = Warnings()
+    logging.getLogger("engine.lanes").addHandler(warnings)
+    if rank == fail_rank:
+        plain_step = type(model).decode_step
+
+        def syncing_step(self, lanes, inputs, span):
+            if torch.cuda.is_current_stream_capturing():
+                inputs.sum().item()   # a host read: not allowed while capturing
+            return plain_step(self, lanes, inputs, span)
+
+        type(model).decode_step = syncing_step
+    with torch.no_grad():
+        graphed, decoder = run_schedule(model, graphs=True)
+        eager, _ = run_schedule(model, graphs=False)
+    torch.save({"graphs": graphed, "eager": eager, "uses_graphs": decoder.uses_graphs,
+                "captured": sorted(decoder.graphs or {}), "warnings": warnings.lines,
+                "random_ok": bool(torch.randn(4, device=device).isfinite().all())}, out)
+    torch.cuda.synchronize()
+    group.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], *map(int, sys.argv[6:]))
