@@ -122,11 +122,16 @@ def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2:
     """Value j of every lane of the tiles at `base` (int32 word pointers, broadcast against quad = l // 4 and
     lane4 = l % 4), as fp32 (exact fp16 values)."""
     if DENSE4:
-        # lane l's state j spans stream bits 32l + 4j - 12 .. 32l + 4j + 4: the low bits of word l-1 when j < 3
-        state = cur >> (28 - 4 * j)
-        if j < 3:
-            state = state | (prev << (4 + 4 * j))
-        state = state & 0xFFFF
+        # lane l's state j spans stream bits 32l + 4j - 12 .. 32l + 4j + 4: the low bits of word l-1 when j < 3.
+        # Odd j end on a byte boundary of `cur`, even j >= 2 on one of `mid` (the stream 4 bits later: one funnel
+        # shift a tile), so each is one shift, byte permute or mask
+        if j < 2:
+            state = ((cur >> (28 - 4 * j)) | (prev << (4 + 4 * j))) & 0xFFFF
+        elif j % 2 == 0:
+            mid = (cur >> 4) | (prev << 28)
+            state = (mid >> (24 - 4 * j)) & 0xFFFF
+        else:
+            state = (cur >> (28 - 4 * j)) & 0xFFFF
     else:
         step = (4 * quad + lane4) * 8 + j + 1                        # p + 1, [8, 4]
         end = (step * BITS2 - (step % 2) * (BITS2 % 2)) // 2         # exl3.window_ends
