@@ -313,7 +313,8 @@ def copy_command() -> int:
         ui.say("No worker is configured (WORKER): every rank reads this machine's checkpoint; nothing to copy.")
         return 0
     head = LocalNode()
-    ui.say(f"Copying {folder} to {', '.join(settings.workers)} (rsync over ssh, resumable; a Hugging Face snapshot goes blobs first, then its links)")
+    ui.say(f"Copying {folder} to {', '.join(settings.workers)} (rsync over ssh, resumable; a Hugging Face "
+           "snapshot goes blobs first, then its links)")
     outcomes = on_each([SshNode(w) for w in settings.workers],
                        lambda worker: checkpoint.copy_to_worker(head, worker, folder))
     ui.show_copies(outcomes)
