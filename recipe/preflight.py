@@ -50,7 +50,7 @@ class Context:
     worker_links: list[tuple[int, int, Link]] = field(default_factory=list)   # (rank a, rank b, their link)
     # Bytes of the pinned revision the head's cache lacks, as the Hub lists them (None: do not ask the Hub).
     hub_need: Callable[[Settings], int] | None = None
-    hub_answer: tuple[int | None, str] | None = None    # hub_need's answer (bytes, or None and why), asked once
+    hub_answer: tuple[int | None, RecipeError | None] | None = None   # hub_need's answer (bytes, or why not)
 
 
 class PreflightError(RecipeError):
@@ -194,19 +194,19 @@ def _checkpoint_need(ctx: Context, node: Node, folder: str) -> tuple[int, str]:
     if need is not None:
         return need, "the files the Hub lists that the cache lacks"
     have = sum(size for _, size in head)
-    return max(0, CHECKPOINT_ESTIMATE_GIB * GIB - have), f"estimate: {why}"
+    return max(0, CHECKPOINT_ESTIMATE_GIB * GIB - have), f"estimate: {why.message if why else 'unknown'}"
 
 
-def ask_hub(ctx: Context) -> tuple[int | None, str]:
+def ask_hub(ctx: Context) -> tuple[int | None, RecipeError | None]:
     """Bytes of the pinned revision the head's cache lacks (None and why, when the Hub cannot say); asked once."""
     if ctx.hub_answer is None:
         if ctx.hub_need is None:
-            ctx.hub_answer = (None, "the Hub was not asked")
+            ctx.hub_answer = (None, RecipeError("the Hub was not asked"))
         else:
             try:
-                ctx.hub_answer = (ctx.hub_need(ctx.settings), "")
+                ctx.hub_answer = (ctx.hub_need(ctx.settings), None)
             except RecipeError as error:
-                ctx.hub_answer = (None, error.message)
+                ctx.hub_answer = (None, error)
     return ctx.hub_answer
 
 
@@ -222,7 +222,8 @@ def check_head_checkpoint(ctx: Context) -> Check:
         return Check("checkpoint", "head", OK, f"{need / GIB:.1f} GiB still to download (start fetches it; or "
                      "sparks download)")
     return Check("checkpoint", "head", FAIL, f"{ctx.settings.model_id} @ {ctx.settings.model_revision or 'main'} "
-                 f"is not complete here (missing {', '.join(missing[:3])}) and {why}",
+                 f"is not complete here (missing {', '.join(missing[:3])}) and {why.message if why else '?'}",
+                 why.fix if why and why.fix and not isinstance(why, download.HubUnreachable) else
                  "connect this machine to the network (or unset HF_HUB_OFFLINE), or copy the snapshot into HF_CACHE")
 
 

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import pytest
 
+from recipe.checkpoint import CheckpointError
 from recipe.nodes import Node, Result
 from recipe.preflight import FAIL, OK, WARN, Context, PreflightError, first_failure, run_checks
 from recipe.settings import load_settings
@@ -223,6 +224,14 @@ def test_head_snapshot_that_the_hub_cannot_complete_stops_start_before_anything(
     assert stopped.value.message.startswith("checkpoint (head): ") and "is not complete here" in stopped.value.message
     assert "HF_HUB_OFFLINE is set" in stopped.value.message and "HF_CACHE" in stopped.value.fix
     assert asked == ["Mia-AiLab/GLM-5.3-Flash-EXL3-4bpw-TensorFold"]      # the disk check's answer was reused
+
+    def no_such_revision(settings):
+        raise CheckpointError("the Hub has no revision 'x' of org/model", "check MODEL_REVISION (a commit)")
+
+    ctx = context(tmp_path, healthy("local", True), [worker])
+    ctx.hub_need = no_such_revision
+    check = by_name(run_checks(ctx))[("checkpoint", "head")]
+    assert check.status == FAIL and "the Hub has no revision" in check.message and "MODEL_REVISION" in check.fix
 
     ctx = context(tmp_path, healthy("local", True), [worker])
     ctx.hub_need = lambda settings: 2 * 1024 ** 3
