@@ -130,7 +130,7 @@ def main() -> int:
 
     # a few launch configurations at the decode shape (8 experts, 1 row); the best serves every row count
     experts8 = torch.randperm(BANK, device=dev)[:TOP_K]
-    configs = [{}, {"block_n_tiles": 4}, {"block_n_tiles": 16}, {"num_warps": 2},
+    configs = [{}, {"block_n_tiles": 8}, {"block_n_tiles": 4}, {"num_warps": 2},
                {"block_n_tiles": 16, "num_warps": 8}, {"unroll": 4}]
     configs = configs[:2] if SMOKE else configs
     best, best_ms = {}, float("inf")
