@@ -53,6 +53,7 @@ CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = 8                                     # rows per matrix in one launch (decode and verify windows)
 LAST_LAUNCH: dict = {}                           # the last compiled GEMV (registers, spills: bench/exl3_bench.py)
+SPLIT_TILES = 16                         # K tiles a program when the split is not given (K=4096: 16 runs)
 LAUNCH_DEFAULTS: dict = {}               # block_n_tiles / split / unroll / num_warps / asm when a call gives none
 
 
@@ -315,16 +316,17 @@ def kernel_order(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], -1, 16)[..., order].reshape(x.shape)
 
 
-def _config(k_tiles: int, n_tiles: int, groups: int, block_n_tiles: int | None, split: int | None,
+def _config(k_tiles: int, n_tiles: int, block_n_tiles: int | None, split: int | None,
             unroll: int, rows: int = 1) -> tuple[int, int, int]:
     """(BNT, SPLIT, KU): BNT output tiles a program (16 for 1-2 rows: fewer input loads and loop instructions a
-    weight, bench/exl3_sass.py; 8 for more, where 16 would need ~128 registers); K split until the launch has ~1024
-    programs (~8 an SM). In Triton's interpreter (CPU tests) K is not split unless asked: each program costs
-    milliseconds there."""
+    weight, bench/exl3_sass.py; 8 for more, where 16 would need ~128 registers); K split into runs of SPLIT_TILES
+    tiles. The split depends on the matrix alone, never on the number of groups: it sets the order of the sums, and
+    a row's bits must not depend on the batch. In Triton's interpreter (CPU tests) K is not split unless asked: each
+    program costs milliseconds there."""
     bnt = math.gcd(block_n_tiles or (16 if rows <= 2 else 8), n_tiles)
     if split is None:
         split = 1
-        while not _INTERPRETED and groups * (n_tiles // bnt) * split < 1024 and k_tiles % (2 * split * unroll) == 0 and split < 16:
+        while not _INTERPRETED and k_tiles // (2 * split) >= SPLIT_TILES and k_tiles % (2 * split * unroll) == 0:
             split *= 2
     if k_tiles % split or (k_tiles // split) % unroll:
         raise ValueError(f"K/16 = {k_tiles} tiles do not split {split} ways in steps of {unroll}")
@@ -364,7 +366,7 @@ def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor,
     groups, rows, k = xp.shape
     if k != 16 * k_tiles or rows not in (1, 2, 4, 8):
         raise ValueError(f"rows [G, ROWS, K] with ROWS in 1, 2, 4, 8 and K = {16 * k_tiles}, got {list(xp.shape)}")
-    bnt, split, unroll = _config(k_tiles, n_tiles, groups, block_n_tiles, split, unroll, rows)
+    bnt, split, unroll = _config(k_tiles, n_tiles, block_n_tiles, split, unroll, rows)
     out = torch.empty(split, groups, rows, 16 * n_tiles, dtype=torch.float32, device=xp.device)
     LAST_LAUNCH["gemv"] = _exl3_gemv[(groups, n_tiles // bnt, split)](
         xp, _words(trellis), mats, out, K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,

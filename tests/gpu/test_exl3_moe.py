@@ -85,3 +85,31 @@ def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
     for r in ranks:
         assert r["tokens"] == cpu["tokens"]
     assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])
+
+
+def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
+    """GLM-5.3-Flash's expert shapes (hidden 4096, width 2048, top-8): a row alone (8 pairs) and among 8 rows
+    (64 pairs, the most the decode-GEMV path takes) gives the same bits; the launch (split-K, tiles a program)
+    must depend on the matrix, never on the number of pairs."""
+    from engine.ops.triton_exl3 import PAIRS_MAX, routed_experts
+    from engine.quant import exl3
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    experts, hidden, width, k, rows = 16, 4096, 2048, 8, 8
+
+    def bank(matrices, kk, n):
+        trellis = torch.randint(-32768, 32768, (matrices, kk // 16, n // 16, 64), generator=gen, device="cuda",
+                                dtype=torch.int32).to(torch.int16)
+        suh = (torch.rand(matrices, kk, generator=gen, device="cuda") / kk ** 0.5).half()
+        return exl3.Exl3Bank(trellis, suh, (torch.rand(matrices, n, generator=gen, device="cuda") + 0.5).half(),
+                             "mcg")
+
+    gate_up, down = bank(2 * experts, hidden, width), bank(experts, width, hidden)
+    x = torch.randn(rows, hidden, generator=gen, device="cuda")
+    chosen = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:k] for _ in range(rows)])
+    weights = torch.rand(rows, k, generator=gen, device="cuda")
+    assert chosen.numel() <= PAIRS_MAX
+    together = routed_experts(x, chosen, weights, gate_up, down, 10.0)
+    for t in (0, 5):
+        alone = routed_experts(x[t:t + 1], chosen[t:t + 1], weights[t:t + 1], gate_up, down, 10.0)
+        assert torch.equal(alone[0], together[t]), t
