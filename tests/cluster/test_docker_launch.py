@@ -16,7 +16,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -63,15 +65,17 @@ def state(bed) -> dict[int, dict]:
 
 
 def engines(bed) -> list[int]:
-    """Engine processes serving the test bed's checkpoint, on any node (containers share the one PID space's view
-    from here: every container process is visible in /proc)."""
+    """Engine processes in this test bed's nodes (every container process is visible in /proc from here; other
+    sessions' containers are told apart by their network namespace)."""
+    ours = {os.stat(f"/run/netns/{node.netns}").st_ino for node in bed.nodes.values()}
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes()
+            netns = os.stat(cmdline.parent / "ns" / "net").st_ino
         except OSError:
             continue
-        if b"/checkpoint" in text and b"engine" in text and b"serve" in text:
+        if netns in ours and b"engine" in text and b"serve" in text:
             found.append(int(cmdline.parent.name))
     return found
 
@@ -117,6 +121,7 @@ def test_docker_start_chat_stop_across_two_nodes(bed, docker_env) -> None:
     assert all(len(r["container"]) == 64 for r in ranks.values())
     assert containers(bed, "head") == ["glm-sparks-rank0 running"]
     assert containers(bed, "w1") == ["glm-sparks-rank1 running"]
+    assert len(engines(bed)) >= 2                                # what assert_nothing_left looks for, seen running
     kernels = list(bed.path_on("w1", "cache/kernels").iterdir())
     assert len(kernels) == 1 and len(kernels[0].name) == 12      # one kernel cache, named by the image
 
@@ -160,6 +165,30 @@ def test_killed_worker_container_ends_rank_0_and_status_names_it(bed, docker_env
     assert_nothing_left(bed)
     rank0_log = sorted(bed.path_on("head", "logs").glob("*-rank0.log.gz"))[-1]
     assert b"a rank stopped serving" in gzip.decompress(rank0_log.read_bytes())
+
+
+def test_foreground_follows_rank_0_and_stops_every_rank_when_a_worker_dies(bed, docker_env) -> None:
+    lines: list[str] = []
+    cli = bed.on_head([SPARKS, "start"], {**docker_env, "FOREGROUND": "1"}, wait=False)
+    reader = threading.Thread(target=lambda: lines.extend(cli.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and not any("ready: serving" in line for line in lines):
+            assert cli.poll() is None, "".join(lines)
+            time.sleep(0.5)
+        assert any("ready: serving" in line for line in lines), "".join(lines)   # rank 0's own log, followed
+        assert on_node(bed, "w1", "docker kill glm-sparks-rank1").returncode == 0
+        code = cli.wait(timeout=120)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGTERM)     # the session this test started
+            cli.wait(timeout=60)
+    reader.join(timeout=10)
+    output = "".join(lines)
+    print(output)
+    assert code == 1 and "rank 0 exited with code 1: stopping the others" in output
+    assert_nothing_left(bed)
 
 
 def test_rank_exiting_while_loading_stops_every_container(bed, docker_env) -> None:
