@@ -24,7 +24,7 @@ from recipe.settings import Settings
 
 GIB = 1024 ** 3
 DISK_SPARE_GIB = 5               # kept free beyond what the download needs
-PROGRESS_EVERY_S = 5.0           # at most one progress line this often (and at each tenth of the total)
+PROGRESS_EVERY_S = 30.0          # at most one progress line this often (and at each tenth of the total)
 CONNECT_TIMEOUT_S = 10
 OFFLINE_VALUES = ("1", "true", "yes", "on")
 
