@@ -24,7 +24,7 @@ from recipe.settings import Settings
 
 GIB = 1024 ** 3
 DISK_SPARE_GIB = 5               # kept free beyond what the download needs
-PROGRESS_EVERY_S = 30.0          # at most one progress line this often (and at each tenth of the total)
+PROGRESS_EVERY_S = 30.0          # a progress line at each tenth of the total, and at least this often
 CONNECT_TIMEOUT_S = 10
 OFFLINE_VALUES = ("1", "true", "yes", "on")
 
@@ -205,7 +205,7 @@ def _hub_error(settings: Settings, error: Exception) -> CheckpointError:
 
 
 def _throttled(on_progress: Progress, total: int) -> Progress:
-    """Pass on progress at most every PROGRESS_EVERY_S seconds or each tenth of `total`, and at the end."""
+    """Pass on progress at each tenth of `total`, after PROGRESS_EVERY_S seconds without a line, and at the end."""
     last = {"t": 0.0, "tenth": -1}
 
     def report(done: int, _bar_total: int) -> None:
