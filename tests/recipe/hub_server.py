@@ -51,7 +51,8 @@ class FakeHub:
         self.thread.join(timeout=5)
 
     def _tree(self) -> list[dict]:
-        return [{"type": "file", "path": path, "size": self.advertised_size.get(path, len(data)), "oid": hashlib.sha1(data).hexdigest(),
+        return [{"type": "file", "path": path, "size": self.advertised_size.get(path, len(data)),
+                 "oid": hashlib.sha1(data).hexdigest(),
                  "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
                 for path, data in sorted(self.files.items())]
 
