@@ -2,7 +2,7 @@
 (tests/gpu/graphs_tp_worker.py), the collectives captured inside the graphs. Graph decode at TP=2 must equal the
 eager step at TP=2 and the graph decode at TP=1 (greedy tokens, fp32 logits within 1e-3), both ranks holding
 bit-identical logits; a capture failing on one rank only must make both ranks fall back to eager together (no
-deadlock, same tokens). Runs on the lent 2-GPU machine:
+deadlock, same tokens). TP=1 runs in this process on GPU 0. Runs on the lent 2-GPU machine:
     PYTHONPATH=.:tests/engine:tests/gpu python -m pytest -q -rs tests/gpu/test_graphs_tp.py
 Skipped, with the reason, where fewer than two GPUs are present (never part of CI)."""
 
@@ -28,7 +28,7 @@ WAIT_S = 150
 TOL = 1e-3
 
 
-def run_ranks(checkpoint: Path, world: int, out_dir: Path, fail_rank: int = -1) -> list[dict]:
+def run_ranks(checkpoint: Path, world: int, out_dir: Path) -> list[dict]:
     """The worker on `world` GPUs as real processes; each wait bounded, stragglers killed by PID."""
     port = free_port()
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
@@ -36,7 +36,7 @@ def run_ranks(checkpoint: Path, world: int, out_dir: Path, fail_rank: int = -1) 
                                                             ROOT / "tests/gpu")))
     logs = [open(out_dir / f"tp{world}-rank{r}.log", "w") for r in range(world)]
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(checkpoint), str(world), str(r), str(port),
-                               str(out_dir / f"tp{world}-rank{r}.pt"), str(fail_rank)], env=env,
+                               str(out_dir / f"tp{world}-rank{r}.pt")], env=env,
                               stdout=logs[r], stderr=subprocess.STDOUT) for r in range(world)]
     codes = []
     try:
@@ -75,8 +75,16 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tp1(checkpoint, tmp_path_factory) -> dict:
-    return run_ranks(checkpoint, 1, tmp_path_factory.mktemp("tp1"))[0]
+def tp1(checkpoint) -> dict:
+    from engine.models.glm5_next.model import Glm5NextForCausalLM
+    from engine.parallel import ParallelGroup
+    from test_graphs import run_schedule
+
+    model = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda:0"), dtype=torch.float32)
+    with torch.no_grad():
+        graphed, decoder = run_schedule(model, graphs=True)
+        eager, _ = run_schedule(model, graphs=False)
+    return {"graphs": graphed, "eager": eager, "uses_graphs": decoder.uses_graphs}
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +116,12 @@ def test_tp2_graph_decode_equals_tp1(tp1, tp2):
     assert_same_run(tp2[0]["eager"], tp1["eager"], "TP=2 eager vs TP=1 eager")
 
 
-def test_a_capture_failing_on_one_rank_makes_both_fall_back(checkpoint, tp2, tmp_path):
-    ranks = run_ranks(checkpoint, 2, tmp_path, fail_rank=1)
-    for rank, r in enumerate(ranks):
+def test_a_capture_failing_on_one_rank_makes_both_fall_back(tp2):
+    """Rank 1's captures fail (a host read while capturing), rank 0's succeed: both must drop graphs together,
+    decode on without deadlock and give the eager tokens."""
+    for rank, r in enumerate(x["one_rank_fails"] for x in tp2):
         assert not r["uses_graphs"], f"rank {rank} kept graphs while rank 1's capture failed"
         assert len(r["warnings"]) == 1 and "CUDA graph capture failed" in r["warnings"][0], r["warnings"]
         assert r["random_ok"]
         assert_same_run(r["graphs"], tp2[0]["eager"], f"rank {rank} after the fallback vs TP=2 eager")
-    assert "another rank's capture failed" in ranks[0]["warnings"][0]
+    assert "another rank's capture failed" in tp2[0]["one_rank_fails"]["warnings"][0]

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The lead's single final call on the lent 2-GPU machine (kind nvidia-h200-x2, `.wheels` carried), ≤ 300 s in all:
+#     bash bench/gpu_final_run.sh
+# Steps, most important first, each bounded by `timeout` and by what is left of the whole run's budget (a step that
+# would get under 15 s is skipped and says so):
+#   1. GPU, driver and versions                                   -> run.log
+#   2. tests/gpu in full, one pytest call (graphs, TP=2 graphs over NCCL, CUDA parity, EXL3)  -> tests_gpu.txt
+#   3. bench/gpu_engine.py: decode graphs/eager/plain b1-4, per-layer times projected to 45 layers at TP=1 and
+#      (measured on both GPUs) TP=2, prefill 2k/8k/32k              -> gpu_engine.json, its log in run.log
+#   4. bench/gpu_exl3_run.sh (the EXL3 helper's: its tests and bench) -> exl3_tests.txt, exl3_bench.json
+#   5. bench/gpu_serve_smoke.sh: TP=2 serving over NCCL through the API (needs .wheels) -> serve.log
+# Files under $OUT (6, one folder): run.log, tests_gpu.txt, gpu_engine.json, exl3_tests.txt, exl3_bench.json,
+# serve.log. Everything else goes to /tmp.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/final-out}
+mkdir -p "$OUT"
+export PYTHONPATH=.:tests/engine:tests/gpu PYTHONUNBUFFERED=1
+# NVLink multicast stays off (the lent machine's rule), also for every process started from here
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+BUDGET=${BUDGET:-290}
+START=$(date +%s)
+LOG="$OUT/run.log"
+
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+say() { echo "$*" | tee -a "$LOG"; }
+# cap NAME SECONDS: the seconds this step may take (its own cap or what is left), 0 when it must be skipped
+cap() {
+    local want=$2 rest; rest=$(left)
+    if (( rest < 15 )); then echo "## $1: skipped, ${rest} s left of ${BUDGET}" | tee -a "$LOG" >&2; echo 0; return; fi
+    (( want < rest )) && echo "$want" || echo "$rest"
+}
+
+say "## 1. machine ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+timeout 20 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
+timeout 60 python - <<'PY' 2>&1 | tee -a "$LOG"
+import torch, triton, transformers
+nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", nccl, "triton", triton.__version__,
+      "transformers", transformers.__version__, "gpus", torch.cuda.device_count())
+PY
+
+t=$(cap "2. tests/gpu" 110)
+if (( t > 0 )); then
+    say "## 2. tests/gpu (timeout $t s)"
+    timeout "$t" python -m pytest -q -rs -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.txt" 2>&1
+    say "exit $? after $(( $(date +%s) - START )) s"
+    tail -25 "$OUT/tests_gpu.txt" >> "$LOG"
+fi
+
+t=$(cap "3. bench/gpu_engine.py" 110)
+if (( t > 0 )); then
+    say "## 3. bench/gpu_engine.py (timeout $t s)"
+    timeout "$t" python bench/gpu_engine.py --out "$OUT/gpu_engine.json" --tp2 auto --tp2-timeout 45 \
+        > /tmp/gpu_engine.log 2>&1
+    say "exit $? after $(( $(date +%s) - START )) s"
+    grep -v '^ ' /tmp/gpu_engine.log | grep -v '^[{}]' | tail -40 >> "$LOG"
+fi
+
+t=$(cap "4. bench/gpu_exl3_run.sh" 100)
+if (( t > 0 )); then
+    say "## 4. bench/gpu_exl3_run.sh (timeout $t s)"
+    mkdir -p /tmp/exl3-out
+    OUT=/tmp/exl3-out timeout "$t" bash bench/gpu_exl3_run.sh > /tmp/exl3-run.log 2>&1
+    say "exit $? after $(( $(date +%s) - START )) s"
+    tail -30 /tmp/exl3-run.log >> "$LOG"
+    for f in exl3_tests.txt exl3_bench.json; do [ -f /tmp/exl3-out/$f ] && cp /tmp/exl3-out/$f "$OUT/"; done
+fi
+
+t=$(cap "5. bench/gpu_serve_smoke.sh" 45)
+if (( t > 0 )); then
+    say "## 5. bench/gpu_serve_smoke.sh (timeout $t s)"
+    mkdir -p /tmp/serve-out
+    OUT=/tmp/serve-out timeout "$t" bash bench/gpu_serve_smoke.sh > "$OUT/serve.log" 2>&1
+    say "exit $? after $(( $(date +%s) - START )) s"
+    for r in 0 1; do   # the smoke's own ranks, by the PIDs it wrote, if the timeout cut it before its kill
+        pid=$(cat /tmp/pid$r 2>/dev/null) && kill -0 "$pid" 2>/dev/null && kill "$pid"
+        [ -f /tmp/serve-out/rank$r.log ] && { echo "--- rank $r log (tail)"; tail -40 /tmp/serve-out/rank$r.log; } \
+            >> "$OUT/serve.log"
+    done
+    grep -E "tok/s|health|OK|error|Error" "$OUT/serve.log" | head -12 >> "$LOG"
+fi
+say "## done after $(( $(date +%s) - START )) s"
