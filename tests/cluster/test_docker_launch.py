@@ -167,6 +167,32 @@ def test_killed_worker_container_ends_rank_0_and_status_names_it(bed, docker_env
     assert b"a rank stopped serving" in gzip.decompress(rank0_log.read_bytes())
 
 
+def test_partial_set_is_stopped_then_started(bed, docker_env) -> None:
+    # Rank 0 frozen (SIGSTOP: its container still runs, it cannot notice anything), then rank 1 killed: a partial
+    # set that peer watch cannot end. Start must stop what runs (rank 0, killed after STOP_TIMEOUT), then start all.
+    env = {**docker_env, "STOP_TIMEOUT": "3"}
+    done = run_on_head(bed, [SPARKS, "start"], env, timeout_s=START_TIMEOUT_S)
+    assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
+    head_netns = os.stat(f"/run/netns/{bed.nodes['head'].netns}").st_ino
+    rank0 = [p for p in engines(bed) if os.stat(f"/proc/{p}/ns/net").st_ino == head_netns
+             and b"docker-init" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(rank0) == 1
+    os.kill(rank0[0], signal.SIGSTOP)              # an engine process this test bed's dockerd started
+    assert on_node(bed, "w1", "docker kill glm-sparks-rank1").returncode == 0
+    status = run_on_head(bed, [SPARKS, "status"], env)
+    assert status.returncode == 3 and "has exited" in status.stdout and "running" in status.stdout
+
+    again = run_on_head(bed, [SPARKS, "start"], env, timeout_s=START_TIMEOUT_S)
+    assert again.returncode == 0 and "is LIVE" in again.stdout, again.stdout + again.stderr
+    assert "only some ranks of the last run are running: stopping them first" in again.stdout
+    assert "rank 0: killed" in again.stdout          # frozen, it outlived STOP_TIMEOUT
+    assert sorted(containers(bed, "head") + containers(bed, "w1")) == [
+        "glm-sparks-rank0 running", "glm-sparks-rank1 running"]
+    stopped = run_on_head(bed, [str(REPO / "stop.sh")], env)
+    assert stopped.returncode == 0
+    assert_nothing_left(bed)
+
+
 def test_foreground_follows_rank_0_and_stops_every_rank_when_a_worker_dies(bed, docker_env) -> None:
     lines: list[str] = []
     cli = bed.on_head([SPARKS, "start"], {**docker_env, "FOREGROUND": "1"}, wait=False)
