@@ -1,13 +1,18 @@
-"""Engine benchmark on one GPU: the full-width GLM-5.3-Flash config at reduced depth, random bf16 weights.
+"""Engine benchmark on the GPU: the full-width GLM-5.3-Flash config at reduced depth, random bf16 weights.
 
-    python bench/gpu_engine.py [--layers KKKD] [--out results.json] [--small DEMO_DIR]
+    python bench/gpu_engine.py [--layers KKKD] [--out results.json] [--small DEMO_DIR] [--tp2 auto|on|off]
 
 Measures the decode step at batch 1..4 (after a 128-token prompt) three ways — the serving path replayed from CUDA
 graphs (`graphs`), the same static step run op by op (`eager`), and the plain `model.decode` (`plain`) — with the
 bytes a step must read and the fraction of HBM bandwidth that achieves (H200: 4.8 TB/s), and prefill throughput at
-2k / 8k. With --small, also decode tok/s of our engine (graphs and eager) vs transformers' `generate` on the same
-demo checkpoint. Weights are generated on the GPU (no checkpoint on disk); see docs/BENCHMARKS.md. The JSON is
-rewritten after every figure, so a run cut short keeps what it measured.
+2k / 8k / 32k. Per-layer times: the graph step timed with the model cut to its first 0, 1, 3 and 4 layers (KKKD:
+head alone, + a KDA layer with the dense MLP, + two KDA layers with the MoE, + a DSA layer with the MoE), so each
+layer kind's time is a difference; projected to the full depth from the released config's pattern
+(engine/checkpoint/glm53_flash_config.json: 45 layers, 3 KDA dense, 31 KDA MoE, 11 DSA MoE). With two GPUs
+(`--tp2 auto`), the same per-layer times at TP=2 over NCCL (one process per GPU, graphs with the collectives
+inside) and their projection to full depth. With --small, also decode tok/s of our engine (graphs and eager) vs
+transformers' `generate` on the same demo checkpoint. Weights are generated on the GPU (no checkpoint on disk);
+see docs/BENCHMARKS.md. The JSON is rewritten after every figure, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,19 +30,23 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.checkpoint.layout import text_tensors  # noqa: E402
+from engine.checkpoint.info import rank_share  # noqa: E402
+from engine.checkpoint.layout import text_config, text_tensors  # noqa: E402
 from engine.models.glm5_next.config import TextConfig  # noqa: E402
 from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
-from engine.parallel import ParallelGroup  # noqa: E402
+from engine.parallel import ParallelGroup, shard_range  # noqa: E402
 
 HBM_BYTES_S = 4.8e12
+BATCHES = (1, 2, 3, 4)
+CUTS = (0, 1, 3, 4)  # layers kept for the per-layer times (KKKD: head, +K dense, +2 K MoE, +D MoE)
 PROFILE = "--profile" in sys.argv
 
 
 class RandomReader:
     """Stands in for CheckpointReader: every tensor the layout names, drawn on the GPU at a sensible scale."""
 
-    def __init__(self, raw: dict, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, raw: dict, dtype: torch.dtype, device: str, group: ParallelGroup | None = None) -> None:
+        self.group = group or ParallelGroup.single(device)
         self.specs = {s.name: s for s in text_tensors(raw)}
         self.specs["lm_head.weight"] = self.specs.get("lm_head.weight") or self.specs[
             "model.language_model.embed_tokens.weight"]
@@ -52,6 +63,17 @@ class RandomReader:
         pass
 
     def get(self, name: str, dim: int | None = None, units: int | None = None) -> torch.Tensor:
+        """The tensor drawn whole (the same on every rank: same seed, same order), then this rank's share of it
+        (as CheckpointReader.get: `units` equal blocks of `dim`)."""
+        full = self._draw(name)
+        if dim is None or self.group.world == 1:
+            return full
+        units = units or full.shape[dim]
+        width = full.shape[dim] // units
+        start, stop = shard_range(units, self.group.rank, self.group.world)
+        return full.narrow(dim, start * width, (stop - start) * width).contiguous()
+
+    def _draw(self, name: str) -> torch.Tensor:
         shape = self.specs[name].shape
         if name.endswith(("norm.weight", "_scale", "o_norm.weight")) or name.endswith("layernorm.weight"):
             return torch.ones(shape, dtype=self.dtype, device=self.device)
@@ -94,7 +116,9 @@ def timed(fn, repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-def engine_full_width(layers: str, device: str, config: Path) -> dict:
+def build(layers: str, device: str, config: Path, group: ParallelGroup | None = None):
+    """The full-width model with `layers` (K: KDA, D: DSA; the first layer's MLP dense, the rest MoE), random weights
+    (this rank's share of them under `group`); (model, cfg)."""
     raw = json.loads(config.read_text())
     text = dict(raw.get("text_config") or raw)
     kinds = {"K": "linear_attention", "D": "full_attention"}
@@ -103,18 +127,27 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
                 num_nextn_predict_layers=0)
     raw = {"text_config": text}
     cfg = TextConfig.from_dict(raw)
-    model = Glm5NextForCausalLM(cfg, RandomReader(raw, torch.bfloat16, device), ParallelGroup.single(device))
+    group = group or ParallelGroup.single(device)
+    return Glm5NextForCausalLM(cfg, RandomReader(raw, torch.bfloat16, device, group), group), cfg
+
+
+def prompt_ids(cfg: TextConfig, n: int) -> list[int]:
+    return [(i * 7919) % (cfg.vocab_size - 20) + 10 for i in range(n)]
+
+
+def engine_full_width(layers: str, device: str, config: Path) -> dict:
+    model, cfg = build(layers, device, config)
     held = torch.cuda.memory_allocated() if device == "cuda" else 0
     fixed, expert = weight_bytes(model, held)
     out = RESULT.setdefault("full_width", {})
     out.update(layers=layers, weights_gib=round(held / 2**30, 1))
     save()
-    pool = model.make_pool(40_000, "bf16")
-    ids = [(i * 7919) % (cfg.vocab_size - 20) + 10 for i in range(8192)]
+    pool = model.make_pool(40_000 if device == "cuda" else 2048, "bf16")
+    ids = prompt_ids(cfg, 32768 if device == "cuda" else 512)
     decoders = {"graphs": model.lane_decoder(pool, 4, graphs=device == "cuda"),
                 "eager": model.lane_decoder(pool, 4, graphs=False)}
     moe_layers = sum(t == "sparse" for t in cfg.mlp_layer_types)
-    for batch in (1, 2, 3, 4):
+    for batch in BATCHES:
         unique = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok)
         read = fixed + moe_layers * unique * expert
         figures = out[f"decode_b{batch}"] = {"bytes_read_gb": round(read / 1e9, 2)}
@@ -135,6 +168,7 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
             save()
         if device == "cuda" and not decoders["graphs"].uses_graphs:
             figures["graphs"]["fell_back_to_eager"] = True
+    del decoders
     if PROFILE:
         seq = model.new_sequence(pool)
         model.prefill(seq, ids[:128])
@@ -146,17 +180,162 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25), flush=True)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
         seq.release()
-    for length in (2048, 8192) if device == "cuda" else (256,):
+    if layers == "KKKD":
+        cuts = layer_cut_times(model, pool, ids, graphs=device == "cuda")
+        out["per_layer_ms"] = per_layer(cuts)
+        out["full_depth"] = full_depth(out["per_layer_ms"], config, world=1)
+        print(f"per layer (ms): {out['per_layer_ms']}\nfull depth: {out['full_depth']}", flush=True)
+        save()
+    for length in (2048, 8192, 32768) if device == "cuda" else (256,):
         seq = model.new_sequence(pool)
-        sync()
-        start = time.perf_counter()
-        for chunk in range(0, length, 2048):
-            model.prefill(seq, ids[chunk: chunk + 2048])
-        sync()
-        out[f"prefill_{length}_tok_s"] = round(length / (time.perf_counter() - start), 1)
+        try:
+            sync()
+            start = time.perf_counter()
+            for chunk in range(0, length, 2048):
+                model.prefill(seq, ids[chunk: chunk + 2048])
+            sync()
+            out[f"prefill_{length}_tok_s"] = round(length / (time.perf_counter() - start), 1)
+        except torch.OutOfMemoryError as exc:
+            out[f"prefill_{length}_tok_s"] = f"out of memory: {str(exc).splitlines()[0]}"
         seq.release()
+        print(f"prefill {length}: {out[f'prefill_{length}_tok_s']}", flush=True)
         save()
     return out
+
+
+def layer_cut_times(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool, repeat: int = 10) -> dict:
+    """Decode step (ms) per batch with the model cut to its first k layers, k in CUTS (graphs on a GPU)."""
+    layers, times = model.layers, {}
+    try:
+        for k in CUTS:
+            model.layers = layers[:k]
+            decoder = model.lane_decoder(pool, max(BATCHES), graphs=graphs)
+            times[k] = {}
+            for batch in BATCHES:
+                seqs = [decoder.new_sequence(lane) for lane in range(batch)]
+                for s in seqs:
+                    model.prefill(s, ids[:128])
+                tokens = [11] * batch
+                decoder.decode(seqs, tokens)  # capture
+                # the best of 3 rounds: the per-layer figures are differences of these, so noise counts double
+                times[k][batch] = min(timed(lambda: decoder.decode(seqs, tokens), repeat) for _ in range(3)) * 1e3
+                for s in seqs:
+                    s.release()
+            if graphs and not decoder.uses_graphs:
+                times["fell_back_to_eager"] = True
+            del decoder
+    finally:
+        model.layers = layers
+    return times
+
+
+def per_layer(cuts: dict) -> dict:
+    """Per layer kind and batch (ms): the head (embedding, final norm, LM head, vocab gather) and the marginal
+    time of each layer kind, from the cut times of KKKD."""
+    kinds = {"head": lambda b: cuts[0][b], "kda_dense": lambda b: cuts[1][b] - cuts[0][b],
+             "kda_moe": lambda b: (cuts[3][b] - cuts[1][b]) / 2, "dsa_moe": lambda b: cuts[4][b] - cuts[3][b]}
+    out = {kind: {f"b{b}": round(f(b), 3) for b in BATCHES} for kind, f in kinds.items()}
+    if cuts.get("fell_back_to_eager"):
+        out["fell_back_to_eager"] = True
+    return out
+
+
+def layer_counts(config: Path) -> dict[str, int]:
+    """How many layers of each measured kind the released model has."""
+    cfg = text_config(json.loads(config.read_text()))
+    counts = {"kda_dense": 0, "kda_moe": 0, "dsa_moe": 0, "dsa_dense": 0}
+    for i in range(cfg["num_hidden_layers"]):
+        attention = "kda" if cfg["layer_types"][i] == "linear_attention" else "dsa"
+        mlp = "dense" if (cfg.get("mlp_layer_types") or [])[i:i + 1] == ["dense"] else "moe"
+        counts[f"{attention}_{mlp}"] += 1
+    return counts
+
+
+def full_depth_bytes(config: Path, world: int, batch: int) -> int:
+    """Weight bytes one rank reads in a decode step of the released model (bf16; the embedding table is left out: a
+    lookup reads one row; routed experts: the distinct ones of `batch` tokens, at most top-k each)."""
+    raw = json.loads(config.read_text())
+    text = dict(raw.get("text_config") or raw)
+    text["num_nextn_predict_layers"] = 0
+    raw = {"text_config": text}
+    cfg = text_config(raw)
+    unique = min(cfg["n_routed_experts"], batch * cfg["num_experts_per_tok"])
+    total = 0
+    for spec in text_tensors(raw):
+        if spec.name.endswith("embed_tokens.weight"):
+            continue
+        share = rank_share(spec, raw, 0, world)
+        if ".mlp.experts." in spec.name:   # every routed expert alike: count `unique` of them per layer
+            if spec.name.split(".mlp.experts.")[1].startswith("0."):
+                total += share * unique
+            continue
+        total += share
+    return total
+
+
+def full_depth(per: dict, config: Path, world: int) -> dict:
+    """The decode step of the released depth: head + Σ count × per-layer time (the measured kinds), per batch;
+    with the bytes one rank must read and the HBM fraction that time achieves."""
+    counts = layer_counts(config)
+    if counts.pop("dsa_dense"):
+        return {"skipped": "the config has DSA layers with a dense MLP, a kind not measured"}
+    out = {"layers": counts}
+    for b in BATCHES:
+        ms = per["head"][f"b{b}"] + sum(n * per[kind][f"b{b}"] for kind, n in counts.items())
+        read = full_depth_bytes(config, world, b)
+        out[f"b{b}"] = {"step_ms": round(ms, 2), "tok_s": round(b / ms * 1e3, 1),
+                        "bytes_read_gb_per_rank": round(read / 1e9, 2),
+                        "hbm_fraction": round(read / (ms / 1e3) / HBM_BYTES_S, 3)}
+    return out
+
+
+def tp2_rank(args: argparse.Namespace) -> None:
+    """One rank of the TP=2 per-layer run (started by `tp2_per_layer`): rank 0 writes the cut times."""
+    device = f"cuda:{args.tp_rank}" if torch.cuda.is_available() else "cpu"
+    if device != "cpu":
+        torch.cuda.set_device(device)
+    group = ParallelGroup.init(2, args.tp_rank, "127.0.0.1", args.tp_port, device=device, timeout_s=120)
+    model, cfg = build(args.layers, device, Path(args.config), group)
+    held = torch.cuda.memory_allocated() if device != "cpu" else 0
+    pool = model.make_pool(4096, "bf16")
+    cuts = layer_cut_times(model, pool, prompt_ids(cfg, 128), graphs=device != "cpu")
+    if args.tp_rank == 0:
+        Path(args.tp_out).write_text(json.dumps({"cuts": cuts, "weights_gib_per_rank": round(held / 2**30, 1)}))
+    sync()
+    group.close()
+
+
+def tp2_per_layer(layers: str, config: Path, timeout_s: float) -> dict:
+    """Per-layer times at TP=2 over NCCL (two GPUs; gloo on the CPU for a smoke run): two processes, bounded."""
+    from socket import socket
+
+    with socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    part = Path(OUT or "gpu_engine.json").with_suffix(".tp2-part.json")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    procs = [subprocess.Popen([sys.executable, __file__, "--layers", layers, "--config", str(config),
+                               "--tp-rank", str(r), "--tp-port", str(port), "--tp-out", str(part)], env=env)
+             for r in (0, 1)]
+    deadline, codes = time.monotonic() + timeout_s, []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append("timed out")
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    if codes != [0, 0] or not part.exists():
+        return {"failed": f"TP=2 ranks exited {codes}"}
+    got = json.loads(part.read_text())
+    part.unlink()
+    cuts = {int(k) if k.isdigit() else k: ({int(b): v for b, v in t.items()} if isinstance(t, dict) else t)
+            for k, t in got["cuts"].items()}
+    per = per_layer(cuts)
+    return {"weights_gib_per_rank": got["weights_gib_per_rank"], "per_layer_ms": per,
+            "full_depth": full_depth(per, config, world=2)}
 
 
 def small_vs_transformers(path: str) -> dict:
@@ -194,14 +373,32 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of 3 decode steps")
     ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
                     help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
+    ap.add_argument("--tp2", choices=("auto", "on", "off"), default="auto",
+                    help="per-layer times at TP=2 too (auto: when two GPUs are visible; on: also gloo on the CPU)")
+    ap.add_argument("--tp2-timeout", type=float, default=100.0, help="seconds the TP=2 run may take")
+    ap.add_argument("--tp-rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tp-port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--tp-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.tp_rank is not None:
+        tp2_rank(args)
+        return
     global OUT
     OUT = Path(args.out) if args.out else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
-                  date=time.strftime("%Y-%m-%d"))
+                  date=time.strftime("%Y-%m-%d"), gpus=torch.cuda.device_count())
     RESULT["full_width"] = engine_full_width(args.layers, device, Path(args.config))
     save()
+    want_tp2 = args.tp2 == "on" or (args.tp2 == "auto" and torch.cuda.device_count() >= 2)
+    if want_tp2 and args.layers == "KKKD":
+        if device == "cuda":
+            torch.cuda.empty_cache()  # GPU 0 is shared with TP=2's rank 0: give back what the 32k prefill cached
+        RESULT["tp2"] = tp2_per_layer(args.layers, Path(args.config), args.tp2_timeout)
+        print(f"TP=2: {RESULT['tp2']}", flush=True)
+        save()
+    elif args.tp2 == "auto":
+        RESULT["tp2"] = {"skipped": f"{torch.cuda.device_count()} GPU(s) visible; TP=2 needs 2"}
     if args.small:
         RESULT["small_demo"] = small_vs_transformers(args.small)
         save()
