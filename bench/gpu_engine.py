@@ -23,6 +23,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -312,21 +313,23 @@ def tp2_per_layer(layers: str, config: Path, timeout_s: float) -> dict:
     with socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    part = Path(OUT or "gpu_engine.json").with_suffix(".tp2-part.json")
+    part = Path(tempfile.gettempdir()) / f"gpu_engine-tp2-{os.getpid()}.json"  # rank 0's figures (not in --out's folder)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     procs = [subprocess.Popen([sys.executable, __file__, "--layers", layers, "--config", str(config),
                                "--tp-rank", str(r), "--tp-port", str(port), "--tp-out", str(part)], env=env)
              for r in (0, 1)]
     deadline, codes = time.monotonic() + timeout_s, []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            codes.append("timed out")
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
+    try:
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append("timed out")
+    finally:  # also on Ctrl-C / the final run's SIGINT: never leave a rank holding a GPU
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
     if codes != [0, 0] or not part.exists():
         return {"failed": f"TP=2 ranks exited {codes}"}
     got = json.loads(part.read_text())
