@@ -235,22 +235,93 @@ def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, sha
         y += tl.load(in_ptr + (part * in_rows + in_row).to(tl.int64) * WIDTH + offs)
     if PRE:
         y = y * tl.load(pre_ptr + mat * WIDTH + offs).to(tl.float32)
-    for stage in tl.static_range(7):
-        pairs = tl.permute(tl.reshape(y, [64 >> stage, 2, 1 << stage]), (0, 2, 1))
-        a, b = tl.split(pairs)
-        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
-    y = y * 0.08838834764831845                                      # 1 / sqrt(128), as exl3.rotate
+    y = _hadamard(y)
     if POST:
         y = y * tl.load(post_ptr + mat * WIDTH + offs).to(tl.float32)
     if ADD:
         y = y + tl.load(add_ptr + mat * WIDTH + offs).to(tl.float32)
     y = tl.where(live, y, 0.0)
     if TO_KERNEL_ORDER:
-        k = tl.arange(0, 128) % 16                                   # input row in the tile -> (j&3, l%4)
-        dest = block * 128 + (tl.arange(0, 128) // 16) * 16 + 4 * ((k & 1) + 2 * (k >> 3)) + (k % 8) // 2
+        dest = _kernel_order(block)
     else:
         dest = offs
     tl.store(out_ptr + row.to(tl.int64) * WIDTH + dest, y)
+
+
+@triton.jit
+def _hadamard(y):
+    """H of one 128-block, by the butterflies of exl3.rotate in its order (the same fp32 bits)."""
+    for stage in tl.static_range(7):
+        pairs = tl.permute(tl.reshape(y, [64 >> stage, 2, 1 << stage]), (0, 2, 1))
+        a, b = tl.split(pairs)
+        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
+    return y * 0.08838834764831845                                   # 1 / sqrt(128), as exl3.rotate
+
+
+@triton.jit
+def _kernel_order(block):
+    """Where each input of 128-block `block` goes in the GEMV's input order (each 16-tile as (j&3, l%4))."""
+    k = tl.arange(0, 128) % 16                                       # input row in the tile
+    return block * 128 + (tl.arange(0, 128) // 16) * 16 + 4 * ((k & 1) + 2 * (k >> 3)) + (k % 8) // 2
+
+
+@triton.jit
+def _parts_sum(in_ptr, row, rows, offs, WIDTH: tl.constexpr, PARTS: tl.constexpr):
+    """Σ over PARTS split-K partials [PARTS, rows, WIDTH] of row `row` at `offs`, in part order."""
+    y = tl.zeros([128], dtype=tl.float32)
+    for part in tl.static_range(PARTS):
+        y += tl.load(in_ptr + (part * rows + row).to(tl.int64) * WIDTH + offs)
+    return y
+
+
+@triton.jit
+def _swiglu_between(parts_ptr, out_ptr, mat_ptr, expert_ptr, svh_ptr, suh_ptr, limit,
+                    WIDTH: tl.constexpr, PARTS: tl.constexpr):
+    """Between the MoE's two GEMVs, one 128-block of pair p: gate / up = H(Σ partials of rows 2p / 2p+1) · svh,
+    h = silu(min(gate, limit)) · clamp(up, ±limit), out = H(h · suh_down[expert]) in the GEMV's input order."""
+    pair = tl.program_id(0)
+    block = tl.program_id(1)
+    rows = 2 * tl.num_programs(0)
+    offs = block * 128 + tl.arange(0, 128)
+    gate_mat = tl.load(mat_ptr + 2 * pair).to(tl.int64)
+    up_mat = tl.load(mat_ptr + 2 * pair + 1).to(tl.int64)
+    expert = tl.load(expert_ptr + pair).to(tl.int64)
+    gate = _hadamard(_parts_sum(parts_ptr, 2 * pair, rows, offs, WIDTH, PARTS))
+    gate = gate * tl.load(svh_ptr + gate_mat * WIDTH + offs).to(tl.float32)
+    up = _hadamard(_parts_sum(parts_ptr, 2 * pair + 1, rows, offs, WIDTH, PARTS))
+    up = up * tl.load(svh_ptr + up_mat * WIDTH + offs).to(tl.float32)
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    h = _hadamard(h * tl.load(suh_ptr + expert * WIDTH + offs).to(tl.float32))
+    tl.store(out_ptr + pair.to(tl.int64) * WIDTH + _kernel_order(block), h)
+
+
+@triton.jit
+def _weighted_sum(parts_ptr, out_ptr, expert_ptr, svh_ptr, weight_ptr, WIDTH: tl.constexpr, PARTS: tl.constexpr,
+                  K: tl.constexpr, KP: tl.constexpr):
+    """After the down GEMV, one 128-block of row r: Σ_j weight[r, j] · H(Σ partials of pair rK + j) · svh[expert]
+    over its K pairs (KP = K rounded up to a power of two), all K at once, then summed in the fixed order of one
+    reduction: nothing from other rows enters, so a row's bits do not depend on the batch."""
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    pairs = tl.num_programs(0) * K
+    offs = block * 128 + tl.arange(0, 128)
+    j = tl.arange(0, KP)[:, None]
+    live = j < K
+    pair = row * K + j                                               # [KP, 1]
+    expert = tl.load(expert_ptr + pair, mask=live, other=0).to(tl.int64)
+    y = tl.zeros([KP, 128], dtype=tl.float32)
+    for part in tl.static_range(PARTS):
+        y += tl.load(parts_ptr + (part * pairs + pair).to(tl.int64) * WIDTH + offs[None, :], mask=live, other=0.0)
+    for stage in tl.static_range(7):                                 # H of every row, as _hadamard
+        halves = tl.permute(tl.reshape(y, [KP, 64 >> stage, 2, 1 << stage]), (0, 1, 3, 2))
+        a, b = tl.split(halves)
+        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), [KP, 128])
+    y = y * 0.08838834764831845
+    y = y * tl.load(svh_ptr + expert * WIDTH + offs[None, :], mask=live, other=0.0).to(tl.float32)
+    y = y * tl.load(weight_ptr + pair, mask=live, other=0.0)
+    tl.store(out_ptr + row.to(tl.int64) * WIDTH + offs, tl.sum(y, axis=0))
 
 
 @triton.jit
@@ -419,13 +490,6 @@ def exl3_linear(linear: exl3.Exl3Linear, x: torch.Tensor, **kw) -> torch.Tensor:
 PAIRS_MAX = 64                  # (row, expert) pairs up to which the routed experts run as sync-free GEMVs
 
 
-def _bank_apply(x: torch.Tensor, bank: exl3.Exl3Bank, mats: torch.Tensor, share: int = 1) -> torch.Tensor:
-    """y[p] = x[p // share] @ W[mats[p]] in fp32, one row a matrix: [P, N]. Sync-free, fixed shapes."""
-    xp = rotate_rows(x[None], 1, mats, pre=bank.suh, to_kernel_order=True, share=share)
-    parts = exl3_gemv_parts(xp[:, None], bank.trellis, mats, bank.codebook)
-    return rotate_rows(parts[:, :, 0], 1, mats, post=bank.svh)
-
-
 def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:
     """x [R, K] @ W[i] for many rows: W_q decoded (exact fp16, transient) and a matmul between the rotations."""
     wq = exl3_unpack(bank.trellis[i], bank.codebook).float()
@@ -446,11 +510,23 @@ def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
     rows, k = chosen.shape
     x = x.float().contiguous()
     if rows * k <= PAIRS_MAX:
+        # five launches: rotate x for gate and up, their GEMV, (sum, rotate, SwiGLU, rotate for down), the down
+        # GEMV, (sum, rotate, weight, add the row's k pairs in order)
+        pairs, width, hidden = rows * k, gate_up.svh.shape[-1], down.svh.shape[-1]
         experts = chosen.reshape(-1).to(torch.int32)
         mats = torch.stack([2 * experts, 2 * experts + 1], 1).reshape(-1)      # gate, up of each pair
-        gate, up = _bank_apply(x, gate_up, mats, share=2 * k).view(rows * k, 2, -1).unbind(1)
-        out = _bank_apply(swiglu_clamped(gate, up, limit).contiguous(), down, experts).view(rows, k, -1)
-        return (out * weights.float().unsqueeze(-1)).sum(1)
+        xp = rotate_rows(x[None], 1, mats, pre=gate_up.suh, to_kernel_order=True, share=2 * k)
+        parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, mats, gate_up.codebook)
+        hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
+        _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](parts, hp, mats, experts, gate_up.svh, down.suh,
+                                                               float(limit), WIDTH=width, PARTS=parts.shape[0])
+        parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook)
+        out = torch.empty(rows, hidden, dtype=torch.float32, device=x.device)
+        _weighted_sum[(rows, hidden // exl3.HADAMARD_BLOCK)](parts, out, experts, down.svh,
+                                                             weights.float().contiguous(), WIDTH=hidden,
+                                                             PARTS=parts.shape[0], K=k,
+                                                             KP=1 << (k - 1).bit_length())
+        return out
     out = torch.zeros(rows, down.svh.shape[-1], dtype=torch.float32, device=x.device)
     for expert in chosen.unique().tolist():
         token, slot = (chosen == expert).nonzero(as_tuple=True)
