@@ -321,7 +321,10 @@ def probe_health(url: str, timeout_s: float = 3.0) -> dict | None:
 
 
 def save_leftover_logs(plan: Plan, log_dir: Path, keep: int) -> list[Path]:
-    """Logs a crashed run left in the run folder are evidence: save them before a new start overwrites them."""
+    """Logs a crashed run left in the run folder are evidence: save them before a new start overwrites them.
+    (A container's log lives with the container: `launch_docker` saves a leftover's before removing it.)"""
+    if plan.runtime != "process":
+        return []
     saved = []
     for rank in plan.ranks:
         path = save_log(Path(rank.log), log_dir, rank.rank, keep) if rank.node == "local" else None
