@@ -34,8 +34,12 @@ Prompt chunks (many rows): `exl3_unpack` decodes a whole matrix to its exact fp1
 matmul runs in torch (fp32 activations × W_q), one expert at a time; W_q is transient (2 bytes a weight, one expert).
 
 The MoE (`routed_experts`, used by moe.MoE when a CUDA checkpoint's routed experts are EXL3): each (row, expert) pair
-is one row through gate and up (one launch set: matrices 2e, 2e+1 of the gate/up bank) and through down, expert ids
-read on the device; more than PAIRS_MAX pairs (a prompt chunk) decode each selected expert once for the chunk.
+is one row through gate and up (matrices 2e, 2e+1 of the gate/up bank, one GEMV launch for all) and through down,
+expert ids read on the device, in five launches: `_rotate` (x for gate and up), the GEMV, `_swiglu_between`
+(split-K sums, output rotations, SwiGLU, down's input rotation), the GEMV, `_weighted_sum` (output rotation, routing
+weights, the row's k pairs added). Launch shapes depend on the pair count only and the split-K on the matrix only,
+so a row's bits never depend on the batch. More than PAIRS_MAX pairs (a prompt chunk) decode each selected expert
+once for the chunk and use a matmul.
 """
 
 from __future__ import annotations
