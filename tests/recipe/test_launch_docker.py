@@ -78,3 +78,11 @@ def test_start_refits_once_to_the_window_that_fits(tmp_path: Path) -> None:
         stopped = wrapper("stop.sh")
     assert stopped.returncode == 0
     assert len(list((tmp_path / "logs").glob("*-rank0.log.gz"))) == 2   # the refused run's log is kept too
+
+
+def test_docker_args_go_before_the_image(root: Path) -> None:
+    env = {"TP": "2", "RUNTIME": "docker", "WORKER": "me@spark2", "IMAGE": "engine:1",
+           "DOCKER_ARGS": "-v '/data sets:/data:ro' -e NCCL_DEBUG=INFO"}
+    for rank in build_plan(load_settings(root, env), SPARK).ranks:
+        at = rank.argv.index("engine:1")
+        assert rank.argv[at - 4:at] == ("-v", "/data sets:/data:ro", "-e", "NCCL_DEBUG=INFO")
