@@ -495,9 +495,11 @@ PAIRS_MAX = 64                  # (row, expert) pairs up to which the routed exp
 
 
 def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:
-    """x [R, K] @ W[i] for many rows: W_q decoded (exact fp16, transient) and a matmul between the rotations."""
-    wq = exl3_unpack(bank.trellis[i], bank.codebook).float()
-    return exl3.rotate(exl3.rotate(x * bank.suh[i].float(), -1) @ wq, -1) * bank.svh[i].float()
+    """x [R, K] @ W[i] for many rows: W_q decoded (exact fp16, transient) and a matmul between the rotations (the
+    rotation kernel: one launch each, exl3.rotate's bits)."""
+    mats = torch.full((x.shape[0],), i, dtype=torch.int32, device=x.device)
+    y = rotate_rows(x[None], 1, mats, pre=bank.suh) @ exl3_unpack(bank.trellis[i], bank.codebook).float()
+    return rotate_rows(y[None], 1, mats, post=bank.svh)
 
 
 def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, gate_up: exl3.Exl3Bank,
