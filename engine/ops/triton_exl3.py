@@ -163,8 +163,8 @@ def _lane_sum(acc, ROWS: tl.constexpr, BNT: tl.constexpr):
 def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
                K_TILES: tl.constexpr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
                CODEBOOK: tl.constexpr, ROWS: tl.constexpr, BNT: tl.constexpr, SPLIT: tl.constexpr, KU: tl.constexpr,
-               MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr):
-    """part[s, g, m, :] = xp[g, m, K_s] @ W_q[mats[g]][K_s, :] for m < ROWS, K_s the s-th of SPLIT runs of K tiles;
+               MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr, PAIRED: tl.constexpr):
+    """part[s, g, m, :] = xp[g, m, K_s] @ W_q[mats[g]][K_s, :] (PAIRED: mats[g] = 2 ids[g // 2] + g % 2) for m < ROWS, K_s the s-th of SPLIT runs of K tiles;
     xp in the kernel's input order (module docstring). KU tiles a step, unrolled (their loads issue together).
 
     Every tensor is 4-D [ROWS or 1, 4 (l % 4), 8 (l // 4), BNT] and the loaded words, decoded values and products
@@ -176,7 +176,10 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
     block = tl.program_id(1)
     split = tl.program_id(2)
     groups = tl.num_programs(0)
-    mat = tl.load(mat_ptr + group).to(tl.int64)
+    if PAIRED:
+        mat = 2 * tl.load(mat_ptr + group // 2).to(tl.int64) + group % 2
+    else:
+        mat = tl.load(mat_ptr + group).to(tl.int64)
 
     rows = tl.arange(0, ROWS)[:, None, None, None]
     lane4 = tl.arange(0, 4)[None, :, None, None]                     # l % 4
@@ -222,7 +225,7 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
 @triton.jit
 def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, share,
             WIDTH: tl.constexpr, ROWS: tl.constexpr, PARTS: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
-            ADD: tl.constexpr, TO_KERNEL_ORDER: tl.constexpr):
+            ADD: tl.constexpr, TO_KERNEL_ORDER: tl.constexpr, PAIRED: tl.constexpr):
     """One 128-block of one row r = g*ROWS + m: out = H(sum of PARTS partials · pre[mats[g]]) · post[mats[g]]
     (+ add[mats[g]]), H by the butterflies of exl3.rotate in its order (same fp32 bits); rows m >= live_rows are
     written as zeros; TO_KERNEL_ORDER stores each 16-tile in the GEMV's input order. Output row r reads input row
@@ -231,7 +234,10 @@ def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, sha
     block = tl.program_id(1)
     in_rows = tl.num_programs(0) // share
     in_row = row // share
-    mat = tl.load(mat_ptr + row // ROWS).to(tl.int64)
+    if PAIRED:                                                       # matrix 2 ids[g // 2] + g % 2
+        mat = 2 * tl.load(mat_ptr + row // ROWS // 2).to(tl.int64) + (row // ROWS) % 2
+    else:
+        mat = tl.load(mat_ptr + row // ROWS).to(tl.int64)
     live = (row % ROWS) < live_rows
     offs = block * 128 + tl.arange(0, 128)
     y = tl.zeros([128], dtype=tl.float32)
@@ -279,7 +285,7 @@ def _parts_sum(in_ptr, row, rows, offs, WIDTH: tl.constexpr, PARTS: tl.constexpr
 
 
 @triton.jit
-def _swiglu_between(parts_ptr, out_ptr, mat_ptr, expert_ptr, svh_ptr, suh_ptr, limit,
+def _swiglu_between(parts_ptr, out_ptr, expert_ptr, svh_ptr, suh_ptr, limit,
                     WIDTH: tl.constexpr, PARTS: tl.constexpr):
     """Between the MoE's two GEMVs, one 128-block of pair p: gate / up = H(Σ partials of rows 2p / 2p+1) · svh,
     h = silu(min(gate, limit)) · clamp(up, ±limit), out = H(h · suh_down[expert]) in the GEMV's input order."""
@@ -287,9 +293,9 @@ def _swiglu_between(parts_ptr, out_ptr, mat_ptr, expert_ptr, svh_ptr, suh_ptr, l
     block = tl.program_id(1)
     rows = 2 * tl.num_programs(0)
     offs = block * 128 + tl.arange(0, 128)
-    gate_mat = tl.load(mat_ptr + 2 * pair).to(tl.int64)
-    up_mat = tl.load(mat_ptr + 2 * pair + 1).to(tl.int64)
     expert = tl.load(expert_ptr + pair).to(tl.int64)
+    gate_mat = 2 * expert                                            # the gate/up bank's matrices 2e, 2e+1
+    up_mat = gate_mat + 1
     gate = _hadamard(_parts_sum(parts_ptr, 2 * pair, rows, offs, WIDTH, PARTS))
     gate = gate * tl.load(svh_ptr + gate_mat * WIDTH + offs).to(tl.float32)
     up = _hadamard(_parts_sum(parts_ptr, 2 * pair + 1, rows, offs, WIDTH, PARTS))
@@ -410,9 +416,10 @@ def _config(k_tiles: int, n_tiles: int, block_n_tiles: int | None, split: int | 
 
 def rotate_rows(x: torch.Tensor, rows: int, mats: torch.Tensor, *, pre: torch.Tensor | None = None,
                 post: torch.Tensor | None = None, add: torch.Tensor | None = None, live_rows: int | None = None,
-                to_kernel_order: bool = False, share: int = 1) -> torch.Tensor:
+                to_kernel_order: bool = False, share: int = 1, paired: bool = False) -> torch.Tensor:
     """x [PARTS, G*rows / share, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
-    [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]."""
+    [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]. `paired`: mats holds
+    G/2 ids and group g uses matrix 2 ids[g // 2] + g % 2 (an expert's gate and up)."""
     parts, total, width = x.shape
     total *= share
     out = torch.empty(total, width, dtype=torch.float32, device=x.device)
@@ -421,15 +428,16 @@ def rotate_rows(x: torch.Tensor, rows: int, mats: torch.Tensor, *, pre: torch.Te
         x.contiguous(), out, mats, dummy if pre is None else pre, dummy if post is None else post,
         dummy if add is None else add, rows if live_rows is None else live_rows, share, WIDTH=width, ROWS=rows,
         PARTS=parts, PRE=pre is not None, POST=post is not None, ADD=add is not None,
-        TO_KERNEL_ORDER=to_kernel_order)
+        TO_KERNEL_ORDER=to_kernel_order, PAIRED=paired)
     return out
 
 
 def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor, codebook: str,
                     block_n_tiles: int | None = None, split: int | None = None, unroll: int | None = None,
-                    num_warps: int | None = None, asm: bool | None = None) -> torch.Tensor:
+                    num_warps: int | None = None, asm: bool | None = None, paired: bool = False) -> torch.Tensor:
     """The kernel alone: xp fp32 [G, ROWS, K] (rotated, in kernel order, ROWS in 1, 2, 4, 8), trellis int16
-    [E, K/16, N/16, 16*bits], mats int32 [G] -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q).
+    [E, K/16, N/16, 16*bits], mats int32 / int64 [G] (`paired`: [G/2], group g uses matrix 2 mats[g // 2] + g % 2)
+    -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q).
     Launch options not given come from LAUNCH_DEFAULTS (bench/exl3_bench.py times alternatives)."""
     block_n_tiles = block_n_tiles or LAUNCH_DEFAULTS.get("block_n_tiles")
     split = split or LAUNCH_DEFAULTS.get("split")
@@ -446,7 +454,7 @@ def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor,
     LAST_LAUNCH["gemv"] = _exl3_gemv[(groups, n_tiles // bnt, split)](
         xp, _words(trellis), mats, out, K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
         CODEBOOK=cb, ROWS=rows, BNT=bnt, SPLIT=split, KU=unroll, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS,
-        ASM=asm, num_warps=num_warps)
+        ASM=asm, PAIRED=paired, num_warps=num_warps)
     return out
 
 
@@ -519,12 +527,11 @@ def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
         # five launches: rotate x for gate and up, their GEMV, (sum, rotate, SwiGLU, rotate for down), the down
         # GEMV, (sum, rotate, weight, add the row's k pairs in order)
         pairs, width, hidden = rows * k, gate_up.svh.shape[-1], down.svh.shape[-1]
-        experts = chosen.reshape(-1).to(torch.int32)
-        mats = torch.stack([2 * experts, 2 * experts + 1], 1).reshape(-1)      # gate, up of each pair
-        xp = rotate_rows(x[None], 1, mats, pre=gate_up.suh, to_kernel_order=True, share=2 * k)
-        parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, mats, gate_up.codebook)
+        experts = chosen.reshape(-1)                                 # on the device; gate / up: matrices 2e, 2e+1
+        xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, to_kernel_order=True, share=2 * k, paired=True)
+        parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, experts, gate_up.codebook, paired=True)
         hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
-        _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](parts, hp, mats, experts, gate_up.svh, down.suh,
+        _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](parts, hp, experts, gate_up.svh, down.suh,
                                                                float(limit), WIDTH=width, PARTS=parts.shape[0])
         parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook)
         out = torch.empty(rows, hidden, dtype=torch.float32, device=x.device)
