@@ -76,6 +76,36 @@ def test_routed_rows_do_not_depend_on_the_batch(checkpoint):
         assert torch.equal(alone[0], together[t]), t
 
 
+def test_routed_path_replays_in_a_cuda_graph(checkpoint):
+    """The decode path is sync-free with fixed shapes: captured once in a CUDA graph, a replay on new rows and new
+    expert choices in the same buffers gives the eager result."""
+    gpu = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
+    moe = _moes(gpu)[0]
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(4, moe.router.shape[1], generator=gen, device="cuda")
+    chosen, weights = moe.route(x)
+    eager = moe.exl3(x, chosen, weights, moe.limit)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                                      # warm-up: kernels compiled before capture
+        for _ in range(2):
+            moe.exl3(x, chosen, weights, moe.limit)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.exl3(x, chosen, weights, moe.limit)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    x.copy_(torch.randn(x.shape, generator=gen, device="cuda"))
+    new_chosen, new_weights = moe.route(x)
+    chosen.copy_(new_chosen)
+    weights.copy_(new_weights)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, moe.exl3(x, chosen, weights, moe.limit))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for NCCL")
 def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
     from test_tensor_parallel import run_ranks
