@@ -189,11 +189,11 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     clock.lap("checks")
     ui.headline(settings, the_plan)
     reporter = ui.ConsoleReporter()
-    ui.step(1, STEPS, "Settings checked; clearing the way")
-    stopped = _clear_previous(settings, current, reporter)
-    # Ports the stopped ranks held can stay taken for a moment after their processes are gone (a closing socket).
-    launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S if stopped else 0.0)
-    clock.lap("clear")
+    ui.step(1, STEPS, "Settings checked")
+    if current.state is None:   # nothing of ours to stop: a port taken now is another program's, refused up front
+        launch.check_ports_free(the_plan)
+    # Checkpoint and image are made ready while the last run (if any) still serves: a failure here stops nothing,
+    # and a restart is down only from the stop to the new ranks' readiness.
     ui.step(2, STEPS, "Checkpoint")
     _download(settings, reporter)
     launch.prepare(the_plan, reporter)
@@ -201,7 +201,11 @@ def _start(restart: bool, extra: tuple[str, ...]) -> int:
     clock.lap("checkpoint")
     _image_step(settings, the_plan, reporter)
     clock.lap("image")
-    ui.step(4, STEPS, f"Launching {the_plan.tp} rank(s), workers first, rank 0 last")
+    ui.step(4, STEPS, f"Clearing the way, then launching {the_plan.tp} rank(s), workers first, rank 0 last")
+    stopped = _clear_previous(settings, current, reporter)
+    # Ports the stopped ranks held can stay taken for a moment after their processes are gone (a closing socket).
+    launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S if stopped else 0.0)
+    clock.lap("clear")
     launch.save_leftover_logs(the_plan, Path(settings.log_dir), settings.log_keep)
     state, handles = _launch(settings, the_plan, reporter)
     clock.lap("launch")
