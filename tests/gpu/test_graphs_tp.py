@@ -25,7 +25,9 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2,
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("graphs_tp_worker.py")
 WAIT_S = 150
-TOL = 1e-3
+TOL = 1e-3          # graphs vs eager at the same split: the same kernels, the same sums
+TP_TOL = 5e-3       # TP=2 vs TP=1: each rank sums its own half of every row-parallel product, so the order of the
+                    # fp32 sums differs (measured on an H200: 1.2e-3 on logits of magnitude ~3, same tokens)
 
 
 def run_ranks(checkpoint: Path, world: int, out_dir: Path) -> list[dict]:
@@ -59,12 +61,12 @@ def run_ranks(checkpoint: Path, world: int, out_dir: Path) -> list[dict]:
     return [torch.load(out_dir / f"tp{world}-rank{r}.pt") for r in range(world)]
 
 
-def assert_same_run(got: dict, ref: dict, what: str) -> None:
+def assert_same_run(got: dict, ref: dict, what: str, tol: float = TOL) -> None:
     """Same greedy tokens and logits within TOL, stream by stream."""
     for i in ref:
         assert got[i][0] == ref[i][0], f"{what}: stream {i} tokens"
         worst = max(float((a - b).abs().max()) for a, b in zip(got[i][1], ref[i][1]))
-        assert worst < TOL, f"{what}: stream {i} logits differ by {worst}"
+        assert worst < tol, f"{what}: stream {i} logits differ by {worst}"
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +114,8 @@ def test_tp2_graph_decode_equals_tp2_eager(tp2):
 
 def test_tp2_graph_decode_equals_tp1(tp1, tp2):
     assert tp1["uses_graphs"]
-    assert_same_run(tp2[0]["graphs"], tp1["graphs"], "TP=2 graphs vs TP=1 graphs")
-    assert_same_run(tp2[0]["eager"], tp1["eager"], "TP=2 eager vs TP=1 eager")
+    assert_same_run(tp2[0]["graphs"], tp1["graphs"], "TP=2 graphs vs TP=1 graphs", TP_TOL)
+    assert_same_run(tp2[0]["eager"], tp1["eager"], "TP=2 eager vs TP=1 eager", TP_TOL)
 
 
 def test_a_capture_failing_on_one_rank_makes_both_fall_back(tp2):
