@@ -14,44 +14,22 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from headcli import CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python")
-SPARKS = str(REPO / ".venv" / "bin" / "sparks")
 START_TIMEOUT_S = 420
-CHAT = """
-from openai import OpenAI
-client = OpenAI(base_url="http://127.0.0.1:8888/v1", api_key="unused", timeout=120, max_retries=0)
-reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=24, temperature=0,
-    messages=[{"role": "user", "content": "Reply with OK."}],
-    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-print("REPLY", repr(reply.choices[0].message.content), reply.usage.completion_tokens)
-"""
 
 
 @pytest.fixture(scope="module")
 def serving(bed):
     """The settings of a TP=2 process run across head and w1, with the trained demo checkpoint on the head only."""
-    demo = bed.path_on("head", "data/demo")
-    if not (demo / "config.json").is_file():
-        subprocess.run([PYTHON, "-m", "engine", "make-demo", str(demo), "--size", "trained"], check=True,
-                       capture_output=True, timeout=120)
-    env = bed.environ(COLUMNS="200", RUNTIME="process", TP="2", CHECKPOINT=str(bed.root / "node" / "data" / "demo"),
+    env = bed.environ(COLUMNS="200", RUNTIME="process", TP="2", CHECKPOINT=demo_on_head(bed),
                       WAIT_TIMEOUT="300", STOP_TIMEOUT="15")
     yield env
     bed.on_head([str(REPO / "stop.sh")], env, timeout_s=120)   # whatever happened, leave no rank anywhere
-
-
-def run_on_head(bed, argv: list[str], env: dict, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    done = bed.on_head(argv, env, timeout_s=timeout_s)
-    print(f"$ {' '.join(Path(a).name if a.startswith('/') else a for a in argv[:2])} → {done.returncode}\n"
-          f"{done.stdout}{done.stderr}")
-    return done
 
 
 def state(bed) -> list[dict]:
@@ -65,20 +43,6 @@ def ticks(pid: int) -> int | None:
     except OSError:
         return None
     return None if fields[0] == "Z" else int(fields[19])
-
-
-def engines(bed) -> list[int]:
-    """Engine processes serving the test bed's checkpoint, on any node (the namespaces share one PID space)."""
-    needle = str(bed.root / "node" / "data" / "demo").encode()
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes()
-        except OSError:
-            continue
-        if needle in text and b"engine" in text:
-            found.append(int(cmdline.parent.name))
-    return found
 
 
 def netns_of(pid: int) -> str:

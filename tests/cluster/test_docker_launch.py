@@ -23,19 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
+from headcli import CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python")
-SPARKS = str(REPO / ".venv" / "bin" / "sparks")
 START_TIMEOUT_S = 480
-CHAT = """
-from openai import OpenAI
-client = OpenAI(base_url="http://127.0.0.1:8888/v1", api_key="unused", timeout=120, max_retries=0)
-reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=24, temperature=0,
-    messages=[{"role": "user", "content": "Reply with OK."}],
-    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-print("REPLY", repr(reply.choices[0].message.content), reply.usage.completion_tokens)
-"""
 
 
 def on_node(bed, name: str, script: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -52,32 +42,9 @@ def containers(bed, name: str) -> list[str]:
     return done.stdout.split("\n")[:-1]
 
 
-def run_on_head(bed, argv: list[str], env: dict, timeout_s: float = 180) -> subprocess.CompletedProcess:
-    done = bed.on_head(argv, env, timeout_s=timeout_s)
-    print(f"$ {' '.join(Path(a).name if a.startswith('/') else a for a in argv[:2])} → {done.returncode}\n"
-          f"{done.stdout}{done.stderr}")
-    return done
-
-
 def state(bed) -> dict[int, dict]:
     path = bed.path_on("head", "logs/run/state.json")
     return {r["rank"]: r for r in json.loads(path.read_text())["ranks"]} if path.is_file() else {}
-
-
-def engines(bed) -> list[int]:
-    """Engine processes in this test bed's nodes (every container process is visible in /proc from here; other
-    sessions' containers are told apart by their network namespace)."""
-    ours = {os.stat(f"/run/netns/{node.netns}").st_ino for node in bed.nodes.values()}
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes()
-            netns = os.stat(cmdline.parent / "ns" / "net").st_ino
-        except OSError:
-            continue
-        if netns in ours and b"engine" in text and b"serve" in text:
-            found.append(int(cmdline.parent.name))
-    return found
 
 
 def assert_nothing_left(bed) -> None:
@@ -96,11 +63,7 @@ def docker_env(bed):
         print(f"[docker] base image {base['BASE_IMAGE']} on the head in {time.monotonic() - started:.1f}s")
     except BaseImageUnavailable as why:
         pytest.skip(f"test bed base image: {why}")
-    demo = bed.path_on("head", "data/demo")
-    if not (demo / "config.json").is_file():
-        subprocess.run([PYTHON, "-m", "engine", "make-demo", str(demo), "--size", "trained"], check=True,
-                       capture_output=True, timeout=180)
-    env = bed.environ(COLUMNS="200", RUNTIME="docker", TP="2", CHECKPOINT=str(bed.root / "node" / "data" / "demo"),
+    env = bed.environ(COLUMNS="200", RUNTIME="docker", TP="2", CHECKPOINT=demo_on_head(bed),
                       CONTEXT="8192", MAX_TOKENS="1024", KV_POOL_GIB="1", PARALLEL="4",
                       WAIT_TIMEOUT="300", STOP_TIMEOUT="15", **base)
     yield env

@@ -3,7 +3,7 @@ the CUDA path of moe.MoE) in Triton's interpreter on the CPU, against the same e
 
 As in test_exl3_triton.py, the kernels run in a child process started with TRITON_INTERPRET=1 (this file run as a
 script prints the figures as JSON) and the tests assert on them; skipped where Triton is not installed. The same
-model served on a GPU: tests/gpu/test_exl3_moe.py.
+model served on a GPU: tests/gpu/test_exl3_moe_gpu.py.
 """
 
 from __future__ import annotations
