@@ -4,6 +4,7 @@
 # engine extra does not pull a multi-GB CUDA build.
 
 CPU_TORCH="2.13.0"
+CPU_TRITON="3.6.0"   # on a CPU machine only for the tests: they run our Triton kernels in its interpreter
 VENV="${SPARKS_VENV:-$here/.venv}"
 
 setup_say() { printf '[setup] %s\n' "$*" >&2; }
@@ -30,6 +31,10 @@ bootstrap() {
     if ! has_nvidia_gpu; then
         setup_say "No NVIDIA GPU here: installing the CPU build torch==$CPU_TORCH"
         "$VENV/bin/python" -m pip install -q "torch==$CPU_TORCH"
+        if [[ ",$extras," == *",dev,"* ]]; then
+            setup_say "and triton==$CPU_TRITON, whose interpreter runs the engine's GPU kernels in the tests"
+            "$VENV/bin/python" -m pip install -q "triton==$CPU_TRITON"
+        fi
     fi
     "$VENV/bin/python" -m pip install -q -e "$here[$extras]"
     echo "$want" > "$stamp"
