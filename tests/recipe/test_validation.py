@@ -100,7 +100,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(sandbox: Path, monkeypatch: 
 
 
 def test_unexpected_errors_print_one_line_without_traceback(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipe.cli.build_plan", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("recipe.cli_start.build_plan", lambda *a, **k: 1 / 0)
     result = run(monkeypatch, {}, "plan")
     assert result.exit_code == 1
     assert "ZeroDivisionError" in result.output and "Traceback" not in result.output
