@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -191,6 +191,18 @@ def _parse_ssh(spec: SettingSpec, raw: str) -> str:
     if ("@" in raw and not _USER.match(user)) or not _is_host(host):
         raise ValueError("")
     return raw
+
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def expand_path(raw: str, environ: Mapping[str, str]) -> str:
+    """`$VAR`, `${VAR}` and a leading `~` of a path setting, from the environment the settings are read with
+    (what is not in it is left for the process's own environment)."""
+    text = _VARIABLE.sub(lambda m: environ.get(m.group(1) or m.group(2), m.group(0)), raw)
+    if (text == "~" or text.startswith("~/")) and environ.get("HOME"):
+        text = environ["HOME"] + text[1:]
+    return text
 
 
 def _parse_path(spec: SettingSpec, raw: str) -> str:

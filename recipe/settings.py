@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from recipe.errors import SettingError
-from recipe.schema import SettingSpec, load_specs, parse_value
+from recipe.schema import SettingSpec, expand_path, load_specs, parse_value
 from recipe.sources import Assignment, parse_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def load_settings(root: Path | None = None, environ: Mapping[str, str] | None = 
     root = config_root(environ) if root is None else root
     specs = load_specs()
     raw, origins, warnings = _collect(root, environ, specs)
-    values = {name: _typed(specs[name], text, origins[name]) for name, text in raw.items()}
+    values = {name: _typed(specs[name], text, origins[name], environ) for name, text in raw.items()}
     _derive(values, origins, specs)
     settings = Settings(**{k.lower(): v for k, v in values.items()}, origins=MappingProxyType(origins),
                         warnings=tuple(warnings))
@@ -174,10 +174,10 @@ def _unknown_key(key: str, origin: str, specs: Mapping[str, SettingSpec]) -> lis
     return []  # other variables in .env (HF_HOME, ...) are none of ours
 
 
-def _typed(spec: SettingSpec, text: str, origin: str) -> Any:
+def _typed(spec: SettingSpec, text: str, origin: str, environ: Mapping[str, str]) -> Any:
     if text == "":
         return None if spec.type in ("int", "float") else ""
-    return parse_value(spec, text, origin)
+    return parse_value(spec, expand_path(text, environ) if spec.type == "path" else text, origin)
 
 
 def _as_text(value: Any) -> str:

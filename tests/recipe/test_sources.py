@@ -103,3 +103,11 @@ def test_variable_references_are_refused_except_in_paths_and_single_quotes(root:
     settings = load_settings(root, {"HOME": "/home/me"})
     assert settings.api_key == "pa$$word"
     assert settings.log_dir.endswith("/sparks-logs") and "$" not in settings.log_dir
+
+
+def test_path_settings_expand_from_the_environment_they_are_read_with(root: Path) -> None:
+    """$HOME, ${VAR} and ~ in a path come from the environment given to load_settings, not this process's."""
+    write(root / ".env", "LOG_DIR=$HOME/sparks-logs\nCACHE_DIR=${SPARKS_DATA}/cache\nHF_CACHE=~/hf\n")
+    settings = load_settings(root, {"HOME": "/home/someone-else", "SPARKS_DATA": "/data"})
+    assert (settings.log_dir, settings.cache_dir, settings.hf_cache) == \
+        ("/home/someone-else/sparks-logs", "/data/cache", "/home/someone-else/hf")
