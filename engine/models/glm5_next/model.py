@@ -10,6 +10,7 @@ tensors and fixed shapes (`decode_step`), replayed from CUDA graphs on a GPU.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +18,7 @@ import torch
 
 from engine import ops
 from engine.cache import KVPool, LaneState, Sequence
+from engine.checkpoint.layout import split_of
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import DSA, TextConfig
 from engine.models.glm5_next.dsa import SparseMLA
@@ -96,9 +98,17 @@ class Glm5NextForCausalLM:
             reader.close()
 
     def _load_mtp(self, reader: CheckpointReader, prefix: str) -> dict[str, torch.Tensor]:
-        """The next-token-prediction layer's weights (kept for drafting; not used by the forward pass yet)."""
+        """The next-token-prediction layer's weights (kept for drafting; not used by the forward pass yet), each
+        rank reading only its share as `layout.split_of` plans it (the MTP layer is a whole MoE layer: read whole
+        on every rank it would cost each rank the full layer)."""
         mtp_prefix = f"{prefix}layers.{self.cfg.num_hidden_layers}."
-        return {n[len(mtp_prefix):]: reader.get(n) for n in reader.names() if n.startswith(mtp_prefix)}
+        raw = json.loads((reader.path / "config.json").read_text())
+        weights = {}
+        for name in (n for n in reader.names() if n.startswith(mtp_prefix)):
+            plan = split_of(name, raw)
+            units = None if plan.dim is None else reader.shape(name)[plan.dim] // plan.unit
+            weights[name[len(mtp_prefix):]] = reader.get(name, plan.dim, units)
+        return weights
 
     # -- state ---------------------------------------------------------------------------------------------------
     @property
