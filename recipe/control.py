@@ -20,21 +20,7 @@ from recipe import launch_docker, launch_remote
 from recipe.launch import Reporter, probe_health
 from recipe.logs import save_log
 from recipe.nodes import node_for, on_each
-from recipe.runstate import RankProcess, RunState, clear_state, is_alive, load_state, save_state
-
-
-@dataclass(frozen=True)
-class RankStop:
-    rank: int
-    pid: int
-    outcome: str             # "stopped" | "killed" | "was not running" | "unknown: <why>" (worker not reached)
-    saved_log: Path | None
-    node: str = "local"
-    container: str = ""
-
-    @property
-    def ident(self) -> str:
-        return f"container {self.container[:12]}" if self.container else f"pid {self.pid}"
+from recipe.runstate import RankProcess, RankStop, RunState, clear_state, is_alive, load_state, save_state
 
 
 @dataclass(frozen=True)
@@ -89,12 +75,10 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
     def on_node(node: str) -> list[RankStop]:
         ranks = sorted((r for r in state.ranks if r.node == node), key=lambda r: r.rank)
         if ranks and ranks[0].container:
-            return [RankStop(s.rank, 0, s.outcome, s.saved_log, node, s.container)
-                    for s in launch_docker.stop_containers(node_for(node), ranks, timeout_s, log_dir, keep)]
+            return launch_docker.stop_containers(node_for(node), ranks, timeout_s, log_dir, keep)
         if node == "local":
             return _stop_local(ranks, log_dir, keep, timeout_s)
-        return [RankStop(s.rank, s.pid, s.outcome, s.saved_log, node)
-                for s in launch_remote.stop_ranks(node_for(node), ranks, timeout_s, log_dir, keep)]
+        return launch_remote.stop_ranks(node_for(node), ranks, timeout_s, log_dir, keep)
 
     # Every node at once; on the head rank 0 goes first with its group, so clients stop getting answers early.
     by_node = on_each([node_for(n) for n in state.nodes], lambda node: on_node(node.name))

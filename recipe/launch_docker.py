@@ -27,7 +27,7 @@ from recipe.logs import save_log
 from recipe.nodes import Node, node_for, on_each
 from recipe.plan import Plan, RankPlan
 from recipe.plan_docker import IMAGE_ID, NODE_USER
-from recipe.runstate import RankProcess
+from recipe.runstate import RankProcess, RankStop
 
 if TYPE_CHECKING:
     from recipe.launch import Reporter
@@ -71,14 +71,6 @@ class NodeReady:
     image_id: str          # first 12 hex digits of the image's id on that node
     user: str              # uid:gid the containers run as
     leftovers: tuple[tuple[str, str], ...]   # (name, id) of containers a previous run left under our names
-
-
-@dataclass(frozen=True)
-class ContainerStop:
-    rank: int
-    container: str
-    outcome: str           # "stopped" | "killed" | "was not running" | "unknown: <why>"
-    saved_log: Path | None
 
 
 def container_names(plan: Plan) -> dict[int, str]:
@@ -180,13 +172,13 @@ def save_container_log(node: Node, container: str, rank: int, log_dir: Path, kee
 
 
 def stop_containers(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: Path,
-                    keep: int) -> list[ContainerStop]:
+                    keep: int) -> list[RankStop]:
     """Stop one node's containers together (SIGTERM, STOP_TIMEOUT, SIGKILL), save each log here, remove them."""
     result = node.run(["sh", "-c", _STOP_SH, "stop", str(int(timeout_s)), *(r.container for r in ranks)],
                       timeout_s=timeout_s + 60)
     if not result.ok:
         why = f"unknown: {result.last_error_line()}"
-        return [ContainerStop(r.rank, r.container, why, None) for r in ranks]
+        return [RankStop(r.rank, 0, why, None, r.node, r.container) for r in ranks]
     said = {}
     for line in result.stdout.splitlines():
         cid, when, value = (line.split() + ["", "", ""])[:3]
@@ -197,7 +189,7 @@ def stop_containers(node: Node, ranks: list[RankProcess], timeout_s: float, log_
         outcome = ("was not running" if before != "running" else
                    "killed" if after == "137" else "stopped")
         saved = save_container_log(node, proc.container, proc.rank, log_dir, keep) if before != "gone" else None
-        outcomes.append(ContainerStop(proc.rank, proc.container, outcome, saved))
+        outcomes.append(RankStop(proc.rank, 0, outcome, saved, proc.node, proc.container))
     present = [p.container for p in ranks if said.get((p.container, "before"), "gone") != "gone"]
     if present:
         removed = node.run(["docker", "rm", "-f", *present], timeout_s=RUN_TIMEOUT_S)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import shlex
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from recipe.errors import RecipeError
 from recipe.logs import save_log
 from recipe.nodes import Node
 from recipe.plan import RankPlan
-from recipe.runstate import TICKS_SH, RankProcess
+from recipe.runstate import TICKS_SH, RankProcess, RankStop
 
 SPAWN_TIMEOUT_S = 30
 TAIL_BYTES = 256 << 10
@@ -60,14 +59,6 @@ class RemoteError(RecipeError):
     """A worker could not be reached, or a rank could not be started or stopped there."""
 
 
-@dataclass(frozen=True)
-class RemoteStop:
-    rank: int
-    pid: int
-    outcome: str            # "stopped" | "killed" | "was not running" | "unknown: <why>"
-    saved_log: Path | None
-
-
 def spawn(node: Node, rank: RankPlan) -> RankProcess:
     """Start one rank on `node` in its own session; returns its PID and start time there."""
     env = [f"{name}={value}" for name, value in rank.env.items()]
@@ -80,21 +71,21 @@ def spawn(node: Node, rank: RankPlan) -> RankProcess:
     return RankProcess(rank.rank, int(words[0]), int(words[1]), rank.log, node.name)
 
 
-def stop_ranks(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: Path, keep: int) -> list[RemoteStop]:
+def stop_ranks(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: Path, keep: int) -> list[RankStop]:
     """SIGTERM each rank's process group on `node`, wait up to `timeout_s`, SIGKILL what is left; then bring each
     rank's log here (LOG_DIR, gzipped, rotated) and remove it there."""
     pairs = [f"{r.pid}:{r.start_ticks}" for r in ranks]
     result = node.run(["sh", "-c", _STOP_SH, "stop", str(int(timeout_s)), *pairs], timeout_s=timeout_s + 30)
     if not result.ok:
         why = f"unknown: {result.last_error_line()}"
-        return [RemoteStop(r.rank, r.pid, why, None) for r in ranks]
+        return [RankStop(r.rank, r.pid, why, None, r.node) for r in ranks]
     said: dict[str, str] = {}
     for line in result.stdout.splitlines():
         pair, _, word = line.partition(" ")
         said[pair] = "killed" if word == "killed" or said.get(pair) == "killed" else word
     outcome = {"signalled": "stopped", "killed": "killed", "gone": "was not running"}
-    return [RemoteStop(r.rank, r.pid, outcome.get(said.get(f"{r.pid}:{r.start_ticks}", ""), "unknown"),
-                       fetch_log(node, r, log_dir, keep)) for r in ranks]
+    return [RankStop(r.rank, r.pid, outcome.get(said.get(f"{r.pid}:{r.start_ticks}", ""), "unknown"),
+                     fetch_log(node, r, log_dir, keep), r.node) for r in ranks]
 
 
 def fetch_log(node: Node, rank: RankProcess, log_dir: Path, keep: int) -> Path | None:

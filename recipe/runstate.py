@@ -38,6 +38,21 @@ class RankProcess:
 
 
 @dataclass(frozen=True)
+class RankStop:
+    """How stopping one rank went (any runtime, any node)."""
+    rank: int
+    pid: int
+    outcome: str             # "stopped" | "killed" | "was not running" | "unknown: <why>" (worker not reached)
+    saved_log: Path | None
+    node: str = "local"
+    container: str = ""
+
+    @property
+    def ident(self) -> str:
+        return f"container {self.container[:12]}" if self.container else f"pid {self.pid}"
+
+
+@dataclass(frozen=True)
 class RunState:
     runtime: str
     served_name: str
