@@ -35,15 +35,17 @@ from safetensors.torch import save_file
 from engine.checkpoint.layout import TensorSpec, exl3_experts, text_tensors, vision_tensors
 from engine.checkpoint.tokenizer_build import EOS_TOKENS, PAD_TOKEN, token_ids, write_tokenizer
 
+# ~1 s to build; 6 heads everywhere so TP=2 and TP=3 split evenly; index_topk 16 so a ~40-token prompt
+# already runs the indexer's sparse selection. 16 index heads (as many as the real model's 32 allow cheaply): with
+# few heads every head's ReLU is often zero for several pools at once, and such exact ties are resolved
+# differently by transformers' whole-prompt and cached paths (see engine/models/glm5_next/dsa.py).
+_TINY = dict(hidden_size=64, kinds="KDKKDK", dense_layers=1, intermediate_size=128, num_attention_heads=6,
+             qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=48, kv_lora_rank=32, linear_num_heads=6,
+             linear_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+             index_n_heads=16, index_head_dim=16, index_topk=16, index_kpool=4, shards=2)
+
 SIZES: dict[str, dict[str, Any]] = {
-    # ~1 s to build; 6 heads everywhere so TP=2 and TP=3 split evenly; index_topk 16 so a ~40-token prompt
-    # already runs the indexer's sparse selection. 16 index heads (as many as the real model's 32 allow cheaply): with
-    # few heads every head's ReLU is often zero for several pools at once, and such exact ties are resolved
-    # differently by transformers' whole-prompt and cached paths (see engine/models/glm5_next/dsa.py).
-    "tiny": dict(hidden_size=64, kinds="KDKKDK", dense_layers=1, intermediate_size=128, num_attention_heads=6,
-                 qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=48, kv_lora_rank=32, linear_num_heads=6,
-                 linear_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                 index_n_heads=16, index_head_dim=16, index_topk=16, index_kpool=4, shards=2),
+    "tiny": _TINY,
     # The local default's served model: the released 3 x KDA + 1 x DSA pattern, first layer dense.
     "small": dict(hidden_size=384, kinds="KKKDKKKD", dense_layers=1, intermediate_size=1024, num_attention_heads=6,
                   qk_nope_head_dim=64, v_head_dim=64, q_lora_rank=192, kv_lora_rank=128, linear_num_heads=6,
@@ -58,11 +60,9 @@ SIZES: dict[str, dict[str, Any]] = {
                  index_n_heads=16, index_head_dim=16, index_topk=1024, index_kpool=4, shards=2),
     # `--format exl3`'s default: tiny with the 128-multiple widths EXL3 needs (hidden 128; expert width 256 = two
     # Hadamard blocks, so TP=2 splits every expert whole-block).
-    "exl3": dict(hidden_size=128, kinds="KDKKDK", dense_layers=1, intermediate_size=256, num_attention_heads=6,
-                 qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=48, kv_lora_rank=32, linear_num_heads=6,
-                 linear_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-                 index_n_heads=16, index_head_dim=16, index_topk=16, index_kpool=4, shards=2),
+    "exl3": {**_TINY, "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 256},
 }
+
 # config.json's quantization_config for `--format exl3`, laid out as ExLlamaV3's converter writes it (the served
 # checkpoint: routed experts 4-bit mcg, everything else bf16). `version` names the converter we read; no calibration.
 EXL3_QUANTIZATION = dict(quant_method="exl3", version="1.6.5", bits=4.0, head_bits=16, codebook="mcg")
