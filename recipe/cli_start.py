@@ -60,9 +60,9 @@ def start_or_restart(restart: bool, extra: tuple[str, ...]) -> int:
     _image_step(settings, the_plan, reporter)
     clock.lap("image")
     ui.step(4, STEPS, f"Clearing the way, then launching {the_plan.tp} rank(s), workers first, rank 0 last")
-    stopped = _clear_previous(settings, current, reporter)
+    _clear_previous(settings, current, reporter)
     # Ports the stopped ranks held can stay taken for a moment after their processes are gone (a closing socket).
-    launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S if stopped else 0.0)
+    launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S if current.state is not None else 0.0)
     clock.lap("clear")
     launch.save_leftover_logs(the_plan, Path(settings.log_dir), settings.log_keep)
     state, handles = _launch(settings, the_plan, reporter)
@@ -157,11 +157,11 @@ def _dry_run(settings: Settings, the_plan: Plan, current: control.Status, restar
     return 0
 
 
-def _clear_previous(settings: Settings, current: control.Status, reporter: ui.ConsoleReporter) -> bool:
-    """Stop what the last run left; True when something was stopped."""
+def _clear_previous(settings: Settings, current: control.Status, reporter: ui.ConsoleReporter) -> None:
+    """Stop what the last run left (recorded in current.state)."""
     if current.state is None:
         reporter.note("Nothing running before: starting fresh")
-        return False
+        return
     why = "restart: stopping the running server" if current.running else (
         "only some ranks of the last run are running: stopping them first" if current.partly_running
         else "the last run's ranks have exited: saving their logs")
@@ -170,7 +170,6 @@ def _clear_previous(settings: Settings, current: control.Status, reporter: ui.Co
                           settings.stop_timeout, reporter)
     for rank in result.ranks:
         reporter.note(f"rank {rank.rank}: {rank.outcome}" + (f", log saved to {rank.saved_log}" if rank.saved_log else ""))
-    return True
 
 
 def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter,
