@@ -32,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
-    code = int(module.run(args) or 0)
+    try:
+        code = int(module.run(args) or 0)
+    except SystemExit as stop:   # raised by a signal handler (serve's SIGTERM): leave the same way as a return
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     _leave_if_in_a_group(code)
     return code
 
