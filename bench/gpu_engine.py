@@ -41,6 +41,8 @@ HBM_BYTES_S = 4.8e12
 BATCHES = (1, 2, 3, 4)
 CUTS = (0, 1, 3, 4)  # layers kept for the per-layer times (KKKD: head, +K dense, +2 K MoE, +D MoE)
 PROFILE = "--profile" in sys.argv
+MODES = ("graphs", "eager", "plain")
+PREFILL = True
 
 
 class RandomReader:
@@ -152,7 +154,7 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         unique = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok)
         read = fixed + moe_layers * unique * expert
         figures = out[f"decode_b{batch}"] = {"bytes_read_gb": round(read / 1e9, 2)}
-        for mode in ("graphs", "eager", "plain"):
+        for mode in MODES:
             decoder = decoders.get(mode)
             seqs = [decoder.new_sequence(lane) if decoder else model.new_sequence(pool) for lane in range(batch)]
             for s in seqs:
@@ -167,27 +169,19 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
                 s.release()
             print(f"decode batch {batch} {mode}: {figures[mode]}", flush=True)
             save()
-        if device == "cuda" and not decoders["graphs"].uses_graphs:
+        if device == "cuda" and "graphs" in MODES and not decoders["graphs"].uses_graphs:
             figures["graphs"]["fell_back_to_eager"] = True
     del decoders
     if PROFILE:
-        seq = model.new_sequence(pool)
-        model.prefill(seq, ids[:128])
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                model.decode([seq], [11])
-            sync()
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25), flush=True)
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
-        seq.release()
+        out["profile_b1"] = profile_step(model, pool, ids, graphs=device == "cuda")
+        save()
     if layers == "KKKD":
         cuts = layer_cut_times(model, pool, ids, graphs=device == "cuda")
         out["per_layer_ms"] = per_layer(cuts)
         out["full_depth"] = full_depth(out["per_layer_ms"], config, world=1)
         print(f"per layer (ms): {out['per_layer_ms']}\nfull depth: {out['full_depth']}", flush=True)
         save()
-    for length in (2048, 8192, 32768) if device == "cuda" else (256,):
+    for length in ((2048, 8192, 32768) if device == "cuda" else (256,)) if PREFILL else ():
         seq = model.new_sequence(pool)
         try:
             sync()
@@ -202,6 +196,30 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         print(f"prefill {length}: {out[f'prefill_{length}_tok_s']}", flush=True)
         save()
     return out
+
+
+def profile_step(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool, steps: int = 5) -> dict:
+    """The batch-1 serving step (graph replays on a GPU) under torch.profiler: GPU time per kernel name (with its
+    launches a step), the kernels a step, their GPU time a step, and the wall time of a step meanwhile."""
+    if not torch.cuda.is_available():
+        return {"skipped": "no GPU"}
+    decoder = model.lane_decoder(pool, 1, graphs=graphs)
+    seq = decoder.new_sequence(0)
+    model.prefill(seq, ids[:128])
+    decoder.decode([seq], [11])
+    sync()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        wall = timed(lambda: decoder.decode([seq], [11]), steps)
+    seq.release()
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+    kernels.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in kernels) / steps
+    table = [{"kernel": e.key[:90], "per_step": round(e.count / steps, 1), "us_per_step": round(e.device_time_total
+             / steps, 1)} for e in kernels[:40]]
+    for row in table:
+        print(f"{row['us_per_step']:9.1f} us  x{row['per_step']:<6} {row['kernel']}", flush=True)
+    return {"wall_ms": round(wall * 1e3, 3), "kernel_us": round(total, 1),
+            "kernels_per_step": round(sum(e.count for e in kernels) / steps, 1), "top": table}
 
 
 def layer_cut_times(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool, repeat: int = 10) -> dict:
@@ -373,7 +391,9 @@ def main() -> None:
     ap.add_argument("--layers", default="KKKD")
     ap.add_argument("--small", default=None)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of 3 decode steps")
+    ap.add_argument("--profile", action="store_true", help="GPU time per kernel of the batch-1 serving step")
+    ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
+    ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
                     help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
     ap.add_argument("--tp2", choices=("auto", "on", "off"), default="auto",
@@ -386,8 +406,9 @@ def main() -> None:
     if args.tp_rank is not None:
         tp2_rank(args)
         return
-    global OUT
+    global OUT, MODES, PREFILL
     OUT = Path(args.out) if args.out else None
+    MODES, PREFILL = tuple(args.modes.split(",")), not args.no_prefill
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
                   date=time.strftime("%Y-%m-%d"), gpus=torch.cuda.device_count())

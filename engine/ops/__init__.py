@@ -7,6 +7,7 @@ from engine.ops.reference import (  # noqa: F401
     kda_step,
     l2norm,
     linear,
+    linear_pairs,
     layer_norm,
     rms_norm,
     swiglu_clamped,

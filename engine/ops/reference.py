@@ -11,7 +11,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     The product runs in the weight's dtype (bf16 on GPUs, accumulating in fp32); on the CPU everything is fp32."""
     if weight.dtype == x.dtype:
         return x @ weight.t()
-    return (x.to(weight.dtype) @ weight.t()).float()
+    return _fp32_product(x.to(weight.dtype), weight.t())
+
+
+def linear_pairs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """P independent products in one batched matmul: x [P, N, in] times weight [P, out, in] -> [P, N, out] fp32."""
+    if weight.dtype == x.dtype:
+        return x @ weight.transpose(1, 2)
+    return _fp32_product(x.to(weight.dtype), weight.transpose(1, 2))
+
+
+_FP32_OUT = [True]   # cleared when this torch cannot write a bf16 product straight to fp32 on the GPU
+
+
+def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of low-precision (2-D or batched 3-D) operands, as fp32. On CUDA the matmul writes fp32 itself
+    (`out_dtype`, torch >= 2.8): one launch instead of two, and the accumulator is not rounded to bf16 on the way."""
+    if a.is_cuda and _FP32_OUT[0] and a.dim() in (2, 3):
+        try:
+            return (torch.mm if a.dim() == 2 else torch.bmm)(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError):
+            _FP32_OUT[0] = False
+    return (a @ b).float()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -1,7 +1,20 @@
-"""Sinkhorn normalisation of the hyper-connections' comb matrices in one GPU kernel.
+"""The hyper-connections (engine/models/glm5_next/mhc.py) of a few tokens at a time in three GPU kernels.
 
-Done with torch ops, the 20 alternating column/row normalisations cost ~120 tiny kernel launches per sublayer and
-dominated the decode step's launch count; here one program per token keeps its n×n matrix in registers.
+Done with torch ops, one sublayer's hyper-connection is ~30 small launches (the RMS norm, the 2n + n² logits, three
+gate functions, a softmax, 20 Sinkhorn iterations, the pre-mix, the sublayer's own RMS norm, the post/comb mix); in a
+decode step of a few tokens each is a launch of a few microseconds doing next to nothing. Here:
+
+- `_hc_dots` (token × hidden chunk): each program's share of the logits' dot products (streams · fn) and of the
+  streams' sum of squares, over one chunk of the hidden width of all n streams — fn (2n + n² rows of n·hidden, fp32)
+  is read once per token, spread over many SMs;
+- `_hc_mix` (one program a token): the partial sums added, the norm applied (rms_norm(s) · fn = rsqrt(mean s²) ·
+  (s · fn)), pre / post / comb gates, softmax and Sinkhorn in registers, then the pre-mix of the streams and the
+  sublayer's RMS norm with its weight: the sublayer's input;
+- `_hc_post` (token × hidden chunk): streams' = post ⊗ out + combᵀ · streams.
+
+Everything is fp32, as the reference. Sums run in another order than the torch ops (the norm is applied after the
+dot products, the hidden width is cut in chunks), so results agree to fp32 rounding, not bit for bit; every token's
+result depends on that token alone. Also `sinkhorn`, the Sinkhorn iterations alone (prompt chunks: many tokens).
 """
 
 from __future__ import annotations
@@ -10,6 +23,18 @@ import torch
 import triton
 import triton.language as tl
 
+CHUNK = 128   # hidden columns a `_hc_dots` / `_hc_post` program covers
+
+
+@triton.jit
+def _sinkhorn_rows_cols(m, eps, ITERS: tl.constexpr):
+    """Column normalisation, then ITERS - 1 rounds of rows then columns (the reference's order)."""
+    m = m / (tl.sum(m, axis=0)[None, :] + eps)
+    for _ in range(ITERS - 1):
+        m = m / (tl.sum(m, axis=1)[:, None] + eps)
+        m = m / (tl.sum(m, axis=0)[None, :] + eps)
+    return m
+
 
 @triton.jit
 def _sinkhorn(comb_ptr, out_ptr, eps, N: tl.constexpr, ITERS: tl.constexpr):
@@ -17,12 +42,7 @@ def _sinkhorn(comb_ptr, out_ptr, eps, N: tl.constexpr, ITERS: tl.constexpr):
     rows = tl.arange(0, N)[:, None]
     cols = tl.arange(0, N)[None, :]
     offsets = token * N * N + rows * N + cols
-    m = tl.load(comb_ptr + offsets)
-    m = m / (tl.sum(m, axis=0)[None, :] + eps)
-    for _ in range(ITERS - 1):
-        m = m / (tl.sum(m, axis=1)[:, None] + eps)
-        m = m / (tl.sum(m, axis=0)[None, :] + eps)
-    tl.store(out_ptr + offsets, m)
+    tl.store(out_ptr + offsets, _sinkhorn_rows_cols(tl.load(comb_ptr + offsets), eps, ITERS))
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -31,3 +51,121 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     out = torch.empty_like(comb)
     _sinkhorn[(comb.shape[0],)](comb, out, eps, N=comb.shape[-1], ITERS=iters)
     return out
+
+
+@triton.jit
+def _hc_dots(streams_ptr, fn_ptr, dots_ptr, sumsq_ptr, HIDDEN: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
+             R_PAD: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+    token = tl.program_id(0)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    live = cols < HIDDEN
+    rows = tl.arange(0, R_PAD)
+    dots = tl.zeros([R_PAD], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK], dtype=tl.float32)
+    for n in tl.static_range(N):
+        x = tl.load(streams_ptr + (token * N + n) * HIDDEN + cols, mask=live, other=0.0)
+        sumsq += x * x
+        w = tl.load(fn_ptr + rows[:, None] * (N * HIDDEN) + n * HIDDEN + cols[None, :],
+                    mask=(rows[:, None] < R) & live[None, :], other=0.0)
+        dots += tl.sum(w * x[None, :], axis=1)
+    part = token * CHUNKS + chunk
+    tl.store(dots_ptr + part * R_PAD + rows, dots)
+    tl.store(sumsq_ptr + part, tl.sum(sumsq, axis=0))
+
+
+@triton.jit
+def _hc_mix(streams_ptr, dots_ptr, sumsq_ptr, base_ptr, scale_ptr, norm_w_ptr, x_ptr, post_ptr, comb_ptr,
+            hc_eps, norm_eps, sub_eps, HIDDEN: tl.constexpr, N: tl.constexpr, R_PAD: tl.constexpr,
+            CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, ITERS: tl.constexpr, BLOCK: tl.constexpr):
+    token = tl.program_id(0)
+    parts = tl.arange(0, CHUNKS_PAD)
+    part_live = parts < CHUNKS
+    first = token * CHUNKS
+    total = tl.sum(tl.load(sumsq_ptr + first + parts, mask=part_live, other=0.0), axis=0)
+    inv = 1.0 / tl.sqrt(total / (N * HIDDEN) + norm_eps)
+    n_idx = tl.arange(0, N)
+    part_rows = (first + parts)[:, None] * R_PAD
+    # the three groups of logits, each summed over the chunks, then normalised
+    pre_l = tl.sum(tl.load(dots_ptr + part_rows + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
+    post_l = tl.sum(tl.load(dots_ptr + part_rows + N + n_idx[None, :], mask=part_live[:, None], other=0.0),
+                    axis=0) * inv
+    square = n_idx[:, None] * N + n_idx[None, :]
+    comb_l = tl.sum(tl.load(dots_ptr + part_rows[:, :, None] + 2 * N + square[None, :, :],
+                            mask=part_live[:, None, None], other=0.0), axis=0) * inv
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    pre = tl.sigmoid(pre_l * s0 + tl.load(base_ptr + n_idx)) + hc_eps
+    post = 2.0 * tl.sigmoid(post_l * s1 + tl.load(base_ptr + N + n_idx))
+    z = comb_l * s2 + tl.load(base_ptr + 2 * N + square)
+    z = tl.exp(z - tl.max(z, axis=1)[:, None])
+    comb = _sinkhorn_rows_cols(z / tl.sum(z, axis=1)[:, None] + hc_eps, hc_eps, ITERS)
+    tl.store(post_ptr + token * N + n_idx, post)
+    tl.store(comb_ptr + token * N * N + square, comb)
+    # the pre-mix, twice over the streams: first its sum of squares (the sublayer's RMS norm), then the output
+    base = streams_ptr + token * N * HIDDEN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, HIDDEN, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        live = cols < HIDDEN
+        s = tl.load(base + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :], other=0.0)
+        h = tl.sum(pre[:, None] * s, axis=0)
+        acc += h * h
+    inv_h = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / HIDDEN + sub_eps)
+    for start in range(0, HIDDEN, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        live = cols < HIDDEN
+        s = tl.load(base + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :], other=0.0)
+        h = tl.sum(pre[:, None] * s, axis=0)
+        w = tl.load(norm_w_ptr + cols, mask=live, other=0.0)
+        tl.store(x_ptr + token * HIDDEN + cols, h * inv_h * w, mask=live)
+
+
+@triton.jit
+def _hc_post(streams_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, HIDDEN: tl.constexpr, N: tl.constexpr,
+             BLOCK: tl.constexpr):
+    token = tl.program_id(0)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    live = cols < HIDDEN
+    n_idx = tl.arange(0, N)
+    s = tl.load(streams_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :],
+                other=0.0)                                                                     # [N (m), BLOCK]
+    comb = tl.load(comb_ptr + token * N * N + n_idx[:, None] * N + n_idx[None, :])              # [m, n]
+    mixed = tl.sum(comb[:, :, None] * s[:, None, :], axis=0)                                   # [n, BLOCK]
+    post = tl.load(post_ptr + token * N + n_idx)
+    out = tl.load(out_ptr + token * HIDDEN + cols, mask=live, other=0.0)
+    tl.store(new_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :],
+             post[:, None] * out[None, :] + mixed, mask=live[None, :])
+
+
+def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor,
+           hc_eps: float, norm_eps: float, sub_eps: float, iters: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """streams [T, n, hidden] fp32 -> (the sublayer's input rms_norm(Σ pre·streams) · norm_weight [T, hidden],
+    post [T, n], comb [T, n, n]); fn [2n + n², n·hidden], base [2n + n²], scale [3], norm_weight [hidden], fp32."""
+    streams = streams.contiguous()
+    tokens, n, hidden = streams.shape
+    rows = fn.shape[0]
+    r_pad, chunks = triton.next_power_of_2(rows), triton.cdiv(hidden, CHUNK)
+    dots = torch.empty(tokens, chunks, r_pad, dtype=torch.float32, device=streams.device)
+    sumsq = torch.empty(tokens, chunks, dtype=torch.float32, device=streams.device)
+    _hc_dots[(tokens, chunks)](streams, fn, dots, sumsq, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks,
+                               BLOCK=CHUNK)
+    x = torch.empty(tokens, hidden, dtype=torch.float32, device=streams.device)
+    post = torch.empty(tokens, n, dtype=torch.float32, device=streams.device)
+    comb = torch.empty(tokens, n, n, dtype=torch.float32, device=streams.device)
+    _hc_mix[(tokens,)](streams, dots, sumsq, base, scale, norm_weight, x, post, comb, hc_eps, norm_eps, sub_eps,
+                       HIDDEN=hidden, N=n, R_PAD=r_pad, CHUNKS=chunks, CHUNKS_PAD=triton.next_power_of_2(chunks),
+                       ITERS=iters, BLOCK=min(1024, triton.next_power_of_2(hidden)), num_warps=8)
+    return x, post, comb
+
+
+def hc_post(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """streams [T, n, hidden], the sublayer's output [T, hidden] -> post ⊗ out + combᵀ · streams [T, n, hidden]."""
+    streams, out = streams.contiguous(), out.contiguous()
+    tokens, n, hidden = streams.shape
+    new = torch.empty_like(streams)
+    _hc_post[(tokens, triton.cdiv(hidden, CHUNK))](streams, out, post, comb, new, HIDDEN=hidden, N=n, BLOCK=CHUNK)
+    return new

@@ -32,15 +32,19 @@ class KimiDeltaAttention:
         def column(name: str) -> torch.Tensor:
             return reader.get(p + name, dim=0, units=heads)
 
-        self.qkv_proj = torch.cat([column(f"{n}_proj.weight") for n in "qkv"])          # [3*Hl*d, hidden]
+        # every projection of x in one matrix (a decode token reads them in one launch): q|k|v, f_a, g_a, b; the
+        # named weights are views into it (nothing is held twice)
+        parts = [column(f"{n}_proj.weight") for n in "qkv"] + [
+            reader.get(p + "f_a_proj.weight"), reader.get(p + "g_a_proj.weight"), column("b_proj.weight")]
+        self.in_proj = torch.cat(parts)                                    # [3*Hl*d + 2*d + Hl, hidden]
+        self.qkv_proj, self.f_a, self.g_a, self.b_proj = self.in_proj.split(
+            [sum(t.shape[0] for t in parts[:3]), parts[3].shape[0], parts[4].shape[0], parts[5].shape[0]])
+        del parts
+        self.low_b = torch.stack([column("f_b_proj.weight"), column("g_b_proj.weight")])   # [2, Hl*d, d]
+        self.f_b, self.g_b = self.low_b[0], self.low_b[1]
         self.conv = torch.cat([column(f"{n}_conv1d.weight") for n in "qkv"]).squeeze(1).float()  # [3*Hl*d, K]
-        self.f_a = reader.get(p + "f_a_proj.weight")
-        self.f_b = column("f_b_proj.weight")
         self.dt_bias = column("dt_bias").float()
         self.a_decay = column("A_log").float().exp()                                             # [Hl]
-        self.b_proj = column("b_proj.weight")
-        self.g_a = reader.get(p + "g_a_proj.weight")
-        self.g_b = column("g_b_proj.weight")
         self.o_norm = reader.get(p + "o_norm.weight").float()
         self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
         self.local_heads = self.b_proj.shape[0]
@@ -113,7 +117,24 @@ class KimiDeltaAttention:
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
         """The static decode step (`lanes.LaneStep`): state gathered from and scattered back to the lane tensors."""
         kda, conv = step.lanes.kda[self.layer], step.lanes.conv[self.layer]
+        if x.is_cuda:
+            return self._fused_step(x, step.lane_ids, conv, kda)
         out, windows, state = self._step(x, conv[step.lane_ids], kda[step.lane_ids])
         kda[step.lane_ids] = state
         conv[step.lane_ids] = windows
         return out
+
+    def _fused_step(self, x: torch.Tensor, lane_ids: torch.Tensor, windows: torch.Tensor, states: torch.Tensor
+                    ) -> torch.Tensor:
+        """`decode_lanes` on a GPU: one matmul for every projection of x, one batched matmul for f_b and g_b, then
+        the conv, gates, delta rule and gated norm in one kernel (engine/ops/triton_kda.py) that updates the lanes'
+        windows and states in place."""
+        from engine.ops.triton_kda import kda_decode
+
+        mixed = ops.linear(x, self.in_proj)
+        qkv, d = 3 * self.width, self.f_a.shape[0]
+        low = mixed[:, qkv: qkv + 2 * d].view(-1, 2, d).transpose(0, 1)                 # [2, B, d]: f_a | g_a
+        f, gate = ops.linear_pairs(low, self.low_b)                                     # [2, B, Hl*d]
+        core = kda_decode(mixed, f, mixed[:, qkv + 2 * d:], gate, self.conv, self.dt_bias, self.a_decay, self.o_norm,
+                          lane_ids, windows, states, self.lower_bound, self.eps)
+        return self.group.sum_partials(ops.linear(core, self.o_proj))

@@ -15,6 +15,8 @@ from engine import ops
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 
+FUSED_MAX_TOKENS = 64   # up to this many tokens (decode, verify windows) the fused kernels; beyond, torch ops
+
 
 class HyperConnection:
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str) -> None:
@@ -43,8 +45,15 @@ class HyperConnection:
             comb = comb / (comb.sum(-2, keepdim=True) + self.eps)
         return pre, post, comb
 
-    def around(self, streams: torch.Tensor, sublayer) -> torch.Tensor:
-        """Run `sublayer` on the mixed-down streams and fold its output back in."""
+    def around(self, streams: torch.Tensor, sublayer, norm: torch.Tensor, norm_eps: float) -> torch.Tensor:
+        """Run `sublayer` on the mixed-down streams, RMS-normalised with weight `norm`, and fold its output back in.
+        A few tokens on a GPU (decode): three fused kernels around the sublayer (engine/ops/triton_mhc.py)."""
+        if streams.is_cuda and streams.shape[0] <= FUSED_MAX_TOKENS and self.n & (self.n - 1) == 0:
+            from engine.ops.triton_mhc import hc_post, hc_pre
+
+            x, post, comb = hc_pre(streams, self.fn, self.base, self.scale, norm, self.eps, self.norm_eps, norm_eps,
+                                   self.iters)
+            return hc_post(streams, sublayer(x), post, comb)
         pre, post, comb = self.weights(streams)
-        out = sublayer((pre.unsqueeze(-1) * streams).sum(1))
+        out = sublayer(ops.rms_norm((pre.unsqueeze(-1) * streams).sum(1), norm, norm_eps))
         return post.unsqueeze(-1) * out.unsqueeze(1) + comb.transpose(-1, -2) @ streams

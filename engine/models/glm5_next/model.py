@@ -41,8 +41,8 @@ class DecoderLayer:
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
                  index: int, pool_layer: int | None) -> None:
         self.eps = cfg.rms_norm_eps
-        self.input_norm = reader.get(prefix + "input_layernorm.weight")
-        self.post_norm = reader.get(prefix + "post_attention_layernorm.weight")
+        self.input_norm = reader.get(prefix + "input_layernorm.weight").float()
+        self.post_norm = reader.get(prefix + "post_attention_layernorm.weight").float()
         self.attn_hc = HyperConnection(cfg, reader, prefix + "hc_attn")
         self.ffn_hc = HyperConnection(cfg, reader, prefix + "hc_ffn")
         self.is_dsa = cfg.layer_types[index] == DSA
@@ -54,8 +54,8 @@ class DecoderLayer:
         self.mlp = (MoE if sparse else DenseMLP)(cfg, reader, prefix, group)
 
     def forward(self, streams: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        streams = self.attn_hc.around(streams, lambda h: attend(ops.rms_norm(h, self.input_norm, self.eps)))
-        return self.ffn_hc.around(streams, lambda h: self.mlp(ops.rms_norm(h, self.post_norm, self.eps)))
+        streams = self.attn_hc.around(streams, attend, self.input_norm, self.eps)
+        return self.ffn_hc.around(streams, self.mlp, self.post_norm, self.eps)
 
 
 class Glm5NextForCausalLM:
@@ -102,9 +102,12 @@ class Glm5NextForCausalLM:
         rank reading only its share as `layout.split_of` plans it (the MTP layer is a whole MoE layer: read whole
         on every rank it would cost each rank the full layer)."""
         mtp_prefix = f"{prefix}layers.{self.cfg.num_hidden_layers}."
+        names = [n for n in reader.names() if n.startswith(mtp_prefix)]
+        if not names:
+            return {}
         raw = json.loads((reader.path / "config.json").read_text())
         weights = {}
-        for name in (n for n in reader.names() if n.startswith(mtp_prefix)):
+        for name in names:
             plan = split_of(name, raw)
             units = None if plan.dim is None else reader.shape(name)[plan.dim] // plan.unit
             weights[name[len(mtp_prefix):]] = reader.get(name, plan.dim, units)

@@ -1,0 +1,126 @@
+"""The fused decode kernels — hyper-connections (engine/ops/triton_mhc.py) and one KDA token
+(engine/ops/triton_kda.py) — in Triton's interpreter on the CPU, against the model's own torch path on a tiny random
+checkpoint (tests/engine/reference.py).
+
+As in test_exl3_triton.py, Triton reads TRITON_INTERPRET when first imported, so the kernels run in a child process
+(this file run as a script prints every figure as JSON) and the tests assert on what it printed. The same kernels run
+on a GPU in every CUDA decode step (tests/gpu: greedy tokens on CUDA against the CPU reference).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 2e-5   # of the largest magnitude: fp32 sums in another order
+
+
+def _relative(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def _cases() -> dict:
+    """Run in the child (TRITON_INTERPRET=1)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "engine"))
+    from reference import make_reference
+
+    from engine.models.glm5_next.model import Glm5NextForCausalLM
+    from engine.ops import triton_mhc
+
+    gen = torch.Generator().manual_seed(3)
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        make_reference(tmp, "kda3_dsa1", seed=4)
+        model = Glm5NextForCausalLM.load(tmp)
+    layer = model.layers[1]
+    hidden, n = model.cfg.hidden_size, model.cfg.hc_mult
+
+    # hyper-connection: the sublayer's input, post and comb, and the new streams, for 3 tokens
+    hc = layer.attn_hc
+    hc.base = torch.randn(hc.base.shape, generator=gen) * 0.5   # the checkpoint's are zeros: make every gate count
+    streams = torch.randn(3, n, hidden, generator=gen)
+    seen = {}
+
+    def sublayer(x):
+        seen.setdefault("x", []).append(x)
+        return torch.tanh(x @ torch.ones(hidden, hidden) / hidden ** 0.5)
+
+    reference = hc.around(streams, sublayer, layer.input_norm, layer.eps)
+    x, post, comb = triton_mhc.hc_pre(streams, hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps,
+                                      layer.eps, hc.iters)
+    _, ref_post, ref_comb = hc.weights(streams)
+    fused = triton_mhc.hc_post(streams, sublayer(x), post, comb)
+    out["hc"] = {"input": _relative(x, seen["x"][0]), "post": _relative(post, ref_post),
+                 "comb": _relative(comb, ref_comb), "streams": _relative(fused, reference),
+                 "comb_row_sums": float((comb.sum(-1) - 1).abs().max())}
+    # a token's result does not depend on the others
+    alone, _, _ = triton_mhc.hc_pre(streams[1:2], hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps,
+                                    layer.eps, hc.iters)
+    out["hc"]["batch_independent"] = bool(torch.equal(alone[0], x[1]))
+
+    # KDA: three decode tokens on lanes [2, 0] of 4, fused against the torch step, bounded and softplus gates
+    attn = layer.attn
+    (state_shape, conv_shape) = attn.state_shapes
+    for bound in ("bounded", "softplus"):
+        if bound == "softplus":
+            attn.lower_bound = None
+        lanes = torch.tensor([2, 0])
+        states = torch.randn(4, *state_shape, generator=gen) * 0.3
+        windows = torch.randn(4, *conv_shape, generator=gen)
+        ref_states, ref_windows = states.clone(), windows.clone()
+        worst = {"out": 0.0, "state": 0.0, "window": 0.0}
+        for _ in range(3):
+            x = torch.randn(2, hidden, generator=gen)
+            ref_out, new_windows, new_state = attn._step(x, ref_windows[lanes], ref_states[lanes])
+            ref_windows[lanes], ref_states[lanes] = new_windows, new_state
+            got = attn._fused_step(x, lanes, windows, states)
+            worst["out"] = max(worst["out"], _relative(got, ref_out))
+            worst["state"] = max(worst["state"], _relative(states, ref_states))
+            worst["window"] = max(worst["window"], _relative(windows, ref_windows))
+        worst["untouched_lanes_equal"] = bool(torch.equal(states[[1, 3]], ref_states[[1, 3]])
+                                              and torch.equal(windows[[1, 3]], ref_windows[[1, 3]]))
+        out[f"kda_{bound}"] = worst
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (scripts/bootstrap.sh adds it to the dev set-up on a CPU machine)")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_hyper_connection_kernels_match_the_torch_path(results: dict) -> None:
+    hc = results["hc"]
+    for figure in ("input", "post", "comb", "streams"):
+        assert hc[figure] <= TOLERANCE, (figure, hc)
+    assert hc["comb_row_sums"] < 1e-3   # Sinkhorn ran: comb is (nearly) doubly stochastic
+    assert hc["batch_independent"]
+
+
+@pytest.mark.parametrize("gate", ["bounded", "softplus"])
+def test_kda_decode_kernel_matches_the_torch_step(results: dict, gate: str) -> None:
+    case = results[f"kda_{gate}"]
+    for figure in ("out", "state", "window"):
+        assert case[figure] <= TOLERANCE, (figure, case)
+    assert case["untouched_lanes_equal"]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(ROOT))
+    print(json.dumps(_cases()))
