@@ -90,8 +90,8 @@ def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int]:
     """(bytes a decode step reads whatever the routing, bytes of one routed expert), from the `held` weight bytes:
     everything but the routed experts (an embedding lookup reads one row, so the table is left out too)."""
     moes = [layer.mlp for layer in model.layers if getattr(layer.mlp, "stacked", None) is not None]
-    routed = sum(t.numel() * t.element_size() for moe in moes for t in moe.stacked)
     expert = sum(t[0].numel() * t.element_size() for t in moes[0].stacked) if moes else 0
+    routed = sum(moe.num_routed for moe in moes) * expert   # the bank may also hold the shared expert: read always
     return held - routed - model.embed.numel() * model.embed.element_size(), expert
 
 

@@ -18,5 +18,5 @@ echo "engine exit $?" >> "$OUT/machine.txt"
 timeout -s INT -k 10 110 python -m pytest -q -rs -p no:cacheprovider tests/gpu/test_cuda_parity.py \
     tests/gpu/test_graphs.py > "$OUT/tests_gpu.txt" 2>&1
 echo "tests exit $?" >> "$OUT/machine.txt"
-timeout -s INT -k 10 110 python bench/kda_bench.py --out "$OUT/kda_bench.json" --budget 90 > "$OUT/kda.log" 2>&1
+timeout -s INT -k 10 200 python bench/kda_bench.py --out "$OUT/kda_bench.json" --budget 60 > "$OUT/kda.log" 2>&1
 echo "kda exit $?" >> "$OUT/machine.txt"

@@ -61,7 +61,7 @@ def conv_and_split(i: dict):
     seqs = torch.cat([i["windows"][lanes], i["proj"].unsqueeze(-1)], dim=-1)
     mixed = torch.nn.functional.silu((seqs * i["conv_w"]).sum(-1))
     i["windows"][lanes] = seqs[:, :, 1:]
-    q, k, v = (t.reshape(-1, H, D) for t in mixed.split(H * D, dim=-1))
+    q, k, v = (t.reshape(-1, H, D).contiguous() for t in mixed.split(H * D, dim=-1))   # fla reads them dense
     return q, k, v
 
 
@@ -156,7 +156,8 @@ def main() -> None:
         ref_out, ref_state = ops.kda_chunked(s0, q, k, v, gate, beta)
         row["ours_chunked_ms"] = round(triton.testing.do_bench(lambda: ops.kda_chunked(s0, q, k, v, gate, beta),
                                                                rep=200), 2)
-        if chunk_kda is not None:
+        save()
+        if chunk_kda is not None:   # its first call autotunes (compiles many configurations): allow minutes
             try:
                 def fla_chunk():
                     return chunk_kda(q[None], k[None], v[None], gate[None], beta[None], scale=1.0,

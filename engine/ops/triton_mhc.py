@@ -5,11 +5,12 @@ gate functions, a softmax, 20 Sinkhorn iterations, the pre-mix, the sublayer's o
 decode step of a few tokens each is a launch of a few microseconds doing next to nothing. Here:
 
 - `_hc_dots` (token × hidden chunk): each program's share of the logits' dot products (streams · fn) and of the
-  streams' sum of squares, over one chunk of the hidden width of all n streams — fn (2n + n² rows of n·hidden, fp32)
-  is read once per token, spread over many SMs;
-- `_hc_mix` (one program a token): the partial sums added, the norm applied (rms_norm(s) · fn = rsqrt(mean s²) ·
-  (s · fn)), pre / post / comb gates, softmax and Sinkhorn in registers, then the pre-mix of the streams and the
-  sublayer's RMS norm with its weight: the sublayer's input;
+  streams' n × n Gram matrix, over one chunk of the hidden width of all n streams — fn (2n + n² rows of n·hidden,
+  fp32) is read once per token, spread over many SMs;
+- `_hc_mix` (token × hidden chunk): the partial sums added, the norm applied (rms_norm(s) · fn = rsqrt(mean s²) ·
+  (s · fn), Σ s² the Gram matrix's trace), pre / post / comb gates, softmax and Sinkhorn in registers, then this
+  chunk of the pre-mix h = Σ pre_n s_n with the sublayer's RMS norm and weight (|h|² = preᵀ · Gram · pre, so no
+  program needs another's chunk): the sublayer's input;
 - `_hc_post` (token × hidden chunk): streams' = post ⊗ out + combᵀ · streams.
 
 Everything is fp32, as the reference. Sums run in another order than the torch ops (the norm is applied after the
@@ -54,72 +55,72 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _hc_dots(streams_ptr, fn_ptr, dots_ptr, sumsq_ptr, HIDDEN: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
+def _hc_dots(streams_ptr, fn_ptr, dots_ptr, gram_ptr, HIDDEN: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
              R_PAD: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     token = tl.program_id(0)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     live = cols < HIDDEN
+    n_idx = tl.arange(0, N)
     rows = tl.arange(0, R_PAD)
+    s = tl.load(streams_ptr + (token * N + n_idx[:, None]) * HIDDEN + cols[None, :], mask=live[None, :], other=0.0)
+    gram = tl.sum(s[:, None, :] * s[None, :, :], axis=2)                       # [N, N]: the streams' dot products
     dots = tl.zeros([R_PAD], dtype=tl.float32)
-    sumsq = tl.zeros([BLOCK], dtype=tl.float32)
     for n in tl.static_range(N):
         x = tl.load(streams_ptr + (token * N + n) * HIDDEN + cols, mask=live, other=0.0)
-        sumsq += x * x
         w = tl.load(fn_ptr + rows[:, None] * (N * HIDDEN) + n * HIDDEN + cols[None, :],
                     mask=(rows[:, None] < R) & live[None, :], other=0.0)
         dots += tl.sum(w * x[None, :], axis=1)
     part = token * CHUNKS + chunk
     tl.store(dots_ptr + part * R_PAD + rows, dots)
-    tl.store(sumsq_ptr + part, tl.sum(sumsq, axis=0))
+    tl.store(gram_ptr + part * N * N + n_idx[:, None] * N + n_idx[None, :], gram)
 
 
 @triton.jit
-def _hc_mix(streams_ptr, dots_ptr, sumsq_ptr, base_ptr, scale_ptr, norm_w_ptr, x_ptr, post_ptr, comb_ptr,
+def _hc_mix(streams_ptr, dots_ptr, gram_ptr, base_ptr, scale_ptr, norm_w_ptr, x_ptr, post_ptr, comb_ptr,
             hc_eps, norm_eps, sub_eps, HIDDEN: tl.constexpr, N: tl.constexpr, R_PAD: tl.constexpr,
             CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, ITERS: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per (token, hidden chunk); each works the gates out from the partial sums (a few hundred
+    flops), the first also stores post and comb."""
     token = tl.program_id(0)
+    chunk = tl.program_id(1)
     parts = tl.arange(0, CHUNKS_PAD)
     part_live = parts < CHUNKS
     first = token * CHUNKS
-    total = tl.sum(tl.load(sumsq_ptr + first + parts, mask=part_live, other=0.0), axis=0)
-    inv = 1.0 / tl.sqrt(total / (N * HIDDEN) + norm_eps)
     n_idx = tl.arange(0, N)
+    square = n_idx[:, None] * N + n_idx[None, :]
+    gram = tl.sum(tl.load(gram_ptr + (first + parts)[:, None, None] * N * N + square[None, :, :],
+                          mask=part_live[:, None, None], other=0.0), axis=0)               # [N, N]
+    total = tl.sum(tl.sum(tl.where(n_idx[:, None] == n_idx[None, :], gram, 0.0), axis=1), axis=0)   # Σ s²
+    inv = 1.0 / tl.sqrt(total / (N * HIDDEN) + norm_eps)
     part_rows = (first + parts)[:, None] * R_PAD
     # the three groups of logits, each summed over the chunks, then normalised
     pre_l = tl.sum(tl.load(dots_ptr + part_rows + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
     post_l = tl.sum(tl.load(dots_ptr + part_rows + N + n_idx[None, :], mask=part_live[:, None], other=0.0),
                     axis=0) * inv
-    square = n_idx[:, None] * N + n_idx[None, :]
     comb_l = tl.sum(tl.load(dots_ptr + part_rows[:, :, None] + 2 * N + square[None, :, :],
                             mask=part_live[:, None, None], other=0.0), axis=0) * inv
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
     s2 = tl.load(scale_ptr + 2)
     pre = tl.sigmoid(pre_l * s0 + tl.load(base_ptr + n_idx)) + hc_eps
-    post = 2.0 * tl.sigmoid(post_l * s1 + tl.load(base_ptr + N + n_idx))
-    z = comb_l * s2 + tl.load(base_ptr + 2 * N + square)
-    z = tl.exp(z - tl.max(z, axis=1)[:, None])
-    comb = _sinkhorn_rows_cols(z / tl.sum(z, axis=1)[:, None] + hc_eps, hc_eps, ITERS)
-    tl.store(post_ptr + token * N + n_idx, post)
-    tl.store(comb_ptr + token * N * N + square, comb)
-    # the pre-mix, twice over the streams: first its sum of squares (the sublayer's RMS norm), then the output
-    base = streams_ptr + token * N * HIDDEN
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, HIDDEN, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        live = cols < HIDDEN
-        s = tl.load(base + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :], other=0.0)
-        h = tl.sum(pre[:, None] * s, axis=0)
-        acc += h * h
-    inv_h = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / HIDDEN + sub_eps)
-    for start in range(0, HIDDEN, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        live = cols < HIDDEN
-        s = tl.load(base + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :], other=0.0)
-        h = tl.sum(pre[:, None] * s, axis=0)
-        w = tl.load(norm_w_ptr + cols, mask=live, other=0.0)
-        tl.store(x_ptr + token * HIDDEN + cols, h * inv_h * w, mask=live)
+    if chunk == 0:
+        post = 2.0 * tl.sigmoid(post_l * s1 + tl.load(base_ptr + N + n_idx))
+        z = comb_l * s2 + tl.load(base_ptr + 2 * N + square)
+        z = tl.exp(z - tl.max(z, axis=1)[:, None])
+        comb = _sinkhorn_rows_cols(z / tl.sum(z, axis=1)[:, None] + hc_eps, hc_eps, ITERS)
+        tl.store(post_ptr + token * N + n_idx, post)
+        tl.store(comb_ptr + token * N * N + square, comb)
+    # the pre-mix h = Σ pre_n s_n of this chunk, RMS-normalised: |h|² = preᵀ · gram · pre, no second pass
+    h_sq = tl.sum(tl.sum(pre[:, None] * gram * pre[None, :], axis=1), axis=0)
+    inv_h = 1.0 / tl.sqrt(h_sq / HIDDEN + sub_eps)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    live = cols < HIDDEN
+    s = tl.load(streams_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :],
+                other=0.0)
+    h = tl.sum(pre[:, None] * s, axis=0)
+    w = tl.load(norm_w_ptr + cols, mask=live, other=0.0)
+    tl.store(x_ptr + token * HIDDEN + cols, h * inv_h * w, mask=live)
 
 
 @triton.jit
@@ -150,15 +151,15 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     rows = fn.shape[0]
     r_pad, chunks = triton.next_power_of_2(rows), triton.cdiv(hidden, CHUNK)
     dots = torch.empty(tokens, chunks, r_pad, dtype=torch.float32, device=streams.device)
-    sumsq = torch.empty(tokens, chunks, dtype=torch.float32, device=streams.device)
-    _hc_dots[(tokens, chunks)](streams, fn, dots, sumsq, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks,
+    gram = torch.empty(tokens, chunks, n, n, dtype=torch.float32, device=streams.device)
+    _hc_dots[(tokens, chunks)](streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks,
                                BLOCK=CHUNK)
     x = torch.empty(tokens, hidden, dtype=torch.float32, device=streams.device)
     post = torch.empty(tokens, n, dtype=torch.float32, device=streams.device)
     comb = torch.empty(tokens, n, n, dtype=torch.float32, device=streams.device)
-    _hc_mix[(tokens,)](streams, dots, sumsq, base, scale, norm_weight, x, post, comb, hc_eps, norm_eps, sub_eps,
-                       HIDDEN=hidden, N=n, R_PAD=r_pad, CHUNKS=chunks, CHUNKS_PAD=triton.next_power_of_2(chunks),
-                       ITERS=iters, BLOCK=min(1024, triton.next_power_of_2(hidden)), num_warps=8)
+    _hc_mix[(tokens, chunks)](streams, dots, gram, base, scale, norm_weight, x, post, comb, hc_eps, norm_eps,
+                              sub_eps, HIDDEN=hidden, N=n, R_PAD=r_pad, CHUNKS=chunks,
+                              CHUNKS_PAD=triton.next_power_of_2(chunks), ITERS=iters, BLOCK=CHUNK)
     return x, post, comb
 
 

@@ -90,6 +90,21 @@ def _cases() -> dict:
         worst["untouched_lanes_equal"] = bool(torch.equal(states[[1, 3]], ref_states[[1, 3]])
                                               and torch.equal(windows[[1, 3]], ref_windows[[1, 3]]))
         out[f"kda_{bound}"] = worst
+
+    # MoE: route + gate‖up + down with the SwiGLU and routing weights fused, the shared expert in the bank
+    moe = layer.mlp
+    x = torch.randn(3, hidden, generator=gen)
+    reference = moe(x)                      # CPU: the torch route and per-expert loop
+    moe.stacked = moe._stack()              # what a GPU load does
+    chosen, weights = moe.route(x)
+    from engine.ops import triton_moe
+    got_chosen, got_weights = triton_moe.route(x @ moe.router.t(), moe.bias, moe.top_k, moe.scale, moe.renorm,
+                                               moe.num_routed)
+    out["moe"] = {"shared_in_bank": moe.shared_in_bank, "output": _relative(moe(x), reference),
+                  "same_experts": got_chosen[:, :-1].long().sort(-1).values.tolist() == chosen.sort(-1).values.tolist(),
+                  "shared_column": got_chosen[:, -1].tolist(), "shared_weight": got_weights[:, -1].tolist(),
+                  "weights": _relative(got_weights[:, :-1].gather(-1, got_chosen[:, :-1].long().argsort(-1)),
+                                       weights.gather(-1, chosen.argsort(-1)))}
     return out
 
 
@@ -124,3 +139,11 @@ if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, str(ROOT))
     print(json.dumps(_cases()))
+
+
+def test_moe_kernels_match_the_torch_path(results: dict) -> None:
+    moe = results["moe"]
+    assert moe["shared_in_bank"]
+    assert moe["same_experts"]
+    assert moe["shared_column"] == [8, 8, 8] and moe["shared_weight"] == [1.0, 1.0, 1.0]
+    assert moe["weights"] <= TOLERANCE and moe["output"] <= TOLERANCE, moe

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine import ops
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from reference import make_reference
 from test_parity import ours_greedy, prompt
@@ -105,7 +106,7 @@ def test_static_selection_equals_the_plain_one(model):
     x = torch.randn(length, model.cfg.hidden_size, generator=gen)
     q_low = torch.randn(length, model.cfg.q_lora_rank, generator=gen)
     positions = torch.arange(length)
-    static = layer._select_lanes(x, q_low, rows.expand(length, -1, -1), positions)
+    static = layer._select_lanes(ops.linear(x, layer.head_weights), q_low, rows.expand(length, -1, -1), positions)
     for pos in range(length):
         plain = layer._select(x[pos: pos + 1], q_low[pos: pos + 1], rows[: pos + 1], positions[pos: pos + 1])
         assert torch.equal(static[pos, : pos + 1], plain[0]), f"position {pos}"

@@ -49,10 +49,9 @@ class SparseMLA:
         self.scaling = cfg.qk_head_dim ** -0.5
         heads = cfg.num_attention_heads
         p = prefix + "self_attn."
-        self.q_a = reader.get(p + "q_a_proj.weight")
+        x_proj = {"q_a": reader.get(p + "q_a_proj.weight"), "kv_a": reader.get(p + "kv_a_proj_with_mqa.weight")}
         self.q_a_norm = reader.get(p + "q_a_layernorm.weight").float()
         self.q_b = reader.get(p + "q_b_proj.weight", dim=0, units=heads)
-        self.kv_a = reader.get(p + "kv_a_proj_with_mqa.weight")
         self.kv_a_norm = reader.get(p + "kv_a_layernorm.weight").float()
         kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads).float()  # absorbed: used in einsums
         self.local_heads = kv_b.shape[0] // (self.nope + self.v_dim)
@@ -65,23 +64,33 @@ class SparseMLA:
         if runs_indexer:
             i = p + "indexer."
             self.wq_b = reader.get(i + "wq_b.weight")
-            self.wk = reader.get(i + "wk.weight")
+            x_proj.update(wk=reader.get(i + "wk.weight"), pool_gate=reader.get(i + "index_kpool_compress_gate"),
+                          head_weights=reader.get(i + "weights_proj.weight"))
             self.k_norm_w, self.k_norm_b = reader.get(i + "k_norm.weight").float(), reader.get(i + "k_norm.bias").float()
-            self.head_weights = reader.get(i + "weights_proj.weight")
             self.ape = reader.get(i + "index_kpool_compress_ape").float()
-            self.pool_gate = reader.get(i + "index_kpool_compress_gate")
+        # every projection of x in one matrix (a decode token reads them in one launch); the named weights (q_a,
+        # kv_a, and the indexer's wk, pool_gate, head_weights) are views into it
+        self.x_names, self.x_widths = list(x_proj), [t.shape[0] for t in x_proj.values()]
+        self.x_proj = torch.cat(list(x_proj.values()))
+        for name, view in zip(self.x_names, self.x_proj.split(self.x_widths)):
+            setattr(self, name, view)
+        del x_proj
 
     @property
     def row_width(self) -> int:
         return self.rank_dim + 2 * self.idx_dim
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Cache rows [N, row_width] for tokens x [N, hidden]: latent | index key | pool gate score."""
-        latent = ops.rms_norm(ops.linear(x, self.kv_a), self.kv_a_norm, self.eps)
+    def _rows(self, x: torch.Tensor, parts: dict | None = None) -> torch.Tensor:
+        """Cache rows [N, row_width] for tokens x [N, hidden]: latent | index key | pool gate score (`parts`: x's
+        projections already made, by name)."""
+        def project(name: str) -> torch.Tensor:
+            return parts[name] if parts else ops.linear(x, getattr(self, name))
+
+        latent = ops.rms_norm(project("kv_a"), self.kv_a_norm, self.eps)
         if not self.runs_indexer:
             return torch.cat([latent, x.new_zeros(x.shape[0], 2 * self.idx_dim)], dim=-1)
-        key = ops.layer_norm(ops.linear(x, self.wk), self.k_norm_w, self.k_norm_b, 1e-6)
-        return torch.cat([latent, key, ops.linear(x, self.pool_gate)], dim=-1)
+        key = ops.layer_norm(project("wk"), self.k_norm_w, self.k_norm_b, 1e-6)
+        return torch.cat([latent, key, project("pool_gate")], dim=-1)
 
     def _select(self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
                 ) -> torch.Tensor:
@@ -156,9 +165,10 @@ class SparseMLA:
         gates = span[..., self.rank_dim + self.idx_dim:].reshape(*lead, n_pools, self.kpool, self.idx_dim)
         return (torch.softmax(gates + self.ape, dim=-2) * keys).sum(-2)
 
-    def _select_lanes(self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
-                      ) -> torch.Tensor:
-        """Visibility mask [B, S] for one query per stream at `positions` [B] over its padded rows [B, S, width]."""
+    def _select_lanes(self, head_logits: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+        """Visibility mask [B, S] for one query per stream at `positions` [B] over its padded rows [B, S, width]
+        (head_logits: x's head_weights projection)."""
         batch, span = rows.shape[:2]
         dev = rows.device
         idx = torch.arange(span, device=dev)
@@ -168,7 +178,7 @@ class SparseMLA:
         visible = pool_end[None, :] <= positions[:, None]                              # [B, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
         scores = torch.relu(torch.einsum("bhd,bpd->bhp", q, self._pool_keys(rows, n_pools)) * self.idx_dim ** -0.5)
-        head_w = ops.linear(x, self.head_weights) * self.idx_heads ** -0.5
+        head_w = head_logits * self.idx_heads ** -0.5
         index = torch.einsum("bh,bhp->bp", head_w, scores).masked_fill(~visible, torch.finfo(torch.float32).min)
         # stable sort: the earlier pool wins a tie, and padding pools (invisible) sort after every visible one
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
@@ -194,11 +204,12 @@ class SparseMLA:
         """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots`, the
         streams read their slot-table rows `step.table` [B, span]."""
         pool = step.lanes.pool
-        pool.write(self.pool_layer, step.new_slots, self._rows(x))
-        q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
+        parts = dict(zip(self.x_names, ops.linear(x, self.x_proj).split(self.x_widths, dim=-1)))
+        pool.write(self.pool_layer, step.new_slots, self._rows(x, parts))
+        q_low = ops.rms_norm(parts["q_a"], self.q_a_norm, self.eps)
         rows = pool.read(self.pool_layer, step.table)                                  # [B, S, width]
         if self.runs_indexer:
-            step.mask = self._select_lanes(x, q_low, rows, step.positions)
+            step.mask = self._select_lanes(parts["head_weights"], q_low, rows, step.positions)
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
         out = self._attend_lanes(q, rows[..., : self.rank_dim], step.mask)
         return self.group.sum_partials(ops.linear(out, self.o_proj))

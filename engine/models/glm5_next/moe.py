@@ -55,14 +55,19 @@ class MoE:
             SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
         self.shared = SwiGLU(reader, p + "shared_experts.", cfg.swiglu_limit)
         self.limit = cfg.swiglu_limit
+        self.num_routed = cfg.n_routed_experts
+        # the shared expert joins the routed experts' bank (as expert E) when it has their shape: one more pair
+        self.shared_in_bank = (self.exl3 is None and self.experts[0].gate_up.shape == self.shared.gate_up.shape
+                               and self.experts[0].down.shape == self.shared.down.shape)
         self.stacked = self._stack() if self.router.is_cuda and self.exl3 is None else None
 
     def _stack(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All experts' weights as [E, 2I, H] and [E, H, I] for the GPU kernel; the per-expert tensors become
-        views into them, so nothing is held twice."""
-        gate_up = torch.stack([e.gate_up for e in self.experts])
-        down = torch.stack([e.down for e in self.experts])
-        for i, expert in enumerate(self.experts):
+        """All experts' weights (the shared one last, when `shared_in_bank`) as [E, 2I, H] and [E, H, I] for the GPU
+        kernels; the per-expert tensors become views into them, so nothing is held twice."""
+        members = self.experts + ([self.shared] if self.shared_in_bank else [])
+        gate_up = torch.stack([e.gate_up for e in members])
+        down = torch.stack([e.down for e in members])
+        for i, expert in enumerate(members):
             expert.gate_up, expert.down = gate_up[i], down[i]
         return gate_up, down
 
@@ -76,15 +81,23 @@ class MoE:
         return chosen, weights * self.scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stacked is not None and x.shape[0] * self.top_k <= 64:
+            return self.group.sum_partials(self._decode(x))
         chosen, weights = self.route(x)
         out = self.shared.partial(x)
         if self.exl3 is not None:
             return self.group.sum_partials(out + self.exl3(x, chosen, weights, self.limit))
-        if self.stacked is not None and chosen.numel() <= 64:  # decode on a GPU: no host sync, each expert read once
-            from engine.ops.triton_moe import routed_experts
-
-            return self.group.sum_partials(out + routed_experts(x, chosen, weights, *self.stacked, self.limit))
         for expert in chosen.unique().tolist():
             token, slot = (chosen == expert).nonzero(as_tuple=True)
             out.index_add_(0, token, self.experts[expert].partial(x[token]) * weights[token, slot, None])
         return self.group.sum_partials(out)
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing, gate‖up and down as
+        sync-free kernels, each chosen expert read once, the shared expert one more pair when it is in the bank."""
+        from engine.ops.triton_moe import route, routed_experts
+
+        chosen, weights = route(ops.linear(x, self.router), self.bias, self.top_k, self.scale, self.renorm,
+                                self.num_routed if self.shared_in_bank else None)
+        out = routed_experts(x, chosen, weights, *self.stacked, self.limit)
+        return out if self.shared_in_bank else out + self.shared.partial(x)
