@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The lead's single final call on the lent 2-GPU machine (kind nvidia-h200-x2, `.wheels` carried), ≤ 300 s in all:
+# The lead's single final call on the lent 2-GPU machine (kind nvidia-h200-x2, `.wheels` carried), ≤ BUDGET s:
 #     bash bench/gpu_final_run.sh
 # Steps, most important first, each bounded by `timeout` and by what is left of the whole run's budget (a step that
 # would get under 15 s is skipped and says so). Python steps get SIGINT at their limit, so pytest still prints what
 # passed and the benchmark's JSON keeps what it measured (it is rewritten after every figure):
 #   1. GPU, driver and versions                                   -> run.log
 #   2. tests/gpu in full, one pytest call (graphs, TP=2 graphs over NCCL, CUDA parity, EXL3)  -> tests_gpu.txt
-#   3. bench/gpu_engine.py: decode graphs/eager/plain b1-4, per-layer times projected to 45 layers at TP=1 and
-#      (measured on both GPUs) TP=2, prefill 2k/8k/32k              -> gpu_engine.json, its log in run.log
-#   4. bench/gpu_exl3_run.sh (the EXL3 helper's: its tests and bench) -> exl3_tests.txt, exl3_bench.json
+#   3. bench/gpu_engine.py: decode graphs/eager b1-4, a kernel profile of the b1 step, per-layer times projected to
+#      45 layers at TP=1 and (measured on both GPUs) TP=2, prefill 2k/8k/32k  -> gpu_engine.json, its log in run.log
+#   3b. bench/kda_bench.py: our KDA kernels against fla-core's (wheels in .wheels) -> kda_bench.json
+#   4. bench/exl3_bench.py (EXL3 kernel and MoE against bf16; the EXL3 tests are in step 2) -> exl3_bench.json
 #   5. bench/gpu_serve_smoke.sh: TP=2 serving over NCCL through the API (needs .wheels) -> serve.log
-# Files under $OUT (6, one folder): run.log, tests_gpu.txt, gpu_engine.json, exl3_tests.txt, exl3_bench.json,
+# Files under $OUT (6, one folder): run.log, tests_gpu.txt, gpu_engine.json, kda_bench.json, exl3_bench.json,
 # serve.log. Everything else goes to /tmp.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", nccl, "tri
       "transformers", transformers.__version__, "gpus", torch.cuda.device_count())
 PY
 
-t=$(cap "2. tests/gpu" 120)
+t=$(cap "2. tests/gpu" 140)
 if (( t > 0 )); then
     say "## 2. tests/gpu (timeout $t s)"
     # every file of tests/gpu in one call, the TP graph test and the graph tests first (cut last if time runs out)
@@ -53,23 +54,32 @@ if (( t > 0 )); then
     tail -25 "$OUT/tests_gpu.txt" >> "$LOG"
 fi
 
-t=$(cap "3. bench/gpu_engine.py" 100)
+t=$(cap "3. bench/gpu_engine.py" 150)
 if (( t > 0 )); then
     say "## 3. bench/gpu_engine.py (timeout $t s)"
     timeout -s INT -k 10 "$t" python bench/gpu_engine.py --out "$OUT/gpu_engine.json" --tp2 auto --tp2-timeout 60 \
-        > /tmp/gpu_engine.log 2>&1
+        --modes graphs,eager --profile > /tmp/gpu_engine.log 2>&1
     say "exit $? after $(( $(date +%s) - START )) s"
-    grep -v '^ ' /tmp/gpu_engine.log | grep -v '^[{}]' | tail -40 >> "$LOG"
+    grep -v '^ ' /tmp/gpu_engine.log | grep -v '^[{}]' | tail -70 >> "$LOG"
 fi
 
-t=$(cap "4. bench/gpu_exl3_run.sh" 100)
+t=$(cap "3b. bench/kda_bench.py" 120)
 if (( t > 0 )); then
-    say "## 4. bench/gpu_exl3_run.sh (timeout $t s)"
-    mkdir -p /tmp/exl3-out
-    OUT=/tmp/exl3-out timeout "$t" bash bench/gpu_exl3_run.sh > /tmp/exl3-run.log 2>&1
+    say "## 3b. bench/kda_bench.py (timeout $t s; fla-core from .wheels)"
+    mkdir -p /tmp/pylib
+    pip install -q --no-deps --no-index --target /tmp/pylib .wheels/einops-*.whl .wheels/fla_core-*.whl >/dev/null 2>&1
+    PYTHONPATH=$PYTHONPATH:/tmp/pylib timeout -s INT -k 10 "$t" python bench/kda_bench.py --out "$OUT/kda_bench.json" \
+        --budget 40 > /tmp/kda.log 2>&1
     say "exit $? after $(( $(date +%s) - START )) s"
-    tail -30 /tmp/exl3-run.log >> "$LOG"
-    for f in exl3_tests.txt exl3_bench.json; do [ -f /tmp/exl3-out/$f ] && cp /tmp/exl3-out/$f "$OUT/"; done
+fi
+
+t=$(cap "4. bench/exl3_bench.py" 90)
+if (( t > 0 )); then
+    say "## 4. bench/exl3_bench.py (timeout $t s; the EXL3 tests ran in step 2)"
+    timeout -s INT -k 10 "$t" python bench/exl3_bench.py --budget $(( t - 15 )) --out "$OUT/exl3_bench.json" \
+        > /tmp/exl3-run.log 2>&1
+    say "exit $? after $(( $(date +%s) - START )) s"
+    tail -12 /tmp/exl3-run.log >> "$LOG"
 fi
 
 t=$(cap "5. bench/gpu_serve_smoke.sh" 45)
