@@ -47,7 +47,8 @@ def _store_window(win_ptr, chan, live, taps, nxt, KERNEL: tl.constexpr):
 
 @triton.jit
 def _kda_decode(proj_ptr, f_ptr, b_ptr, gate_ptr, conv_w_ptr, dt_bias_ptr, a_decay_ptr, o_norm_ptr, lane_ptr,
-                win_all_ptr, state_all_ptr, out_ptr, lower_bound, eps, q_scale, proj_stride, f_stride, b_stride, gate_stride,
+                win_all_ptr, state_all_ptr, out_ptr, lower_bound, eps, q_scale, proj_stride, f_stride, b_stride,
+                gate_stride,
                 HEADS: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, KERNEL: tl.constexpr, KP: tl.constexpr,
                 BOUNDED: tl.constexpr):
     row = tl.program_id(0)
@@ -106,7 +107,8 @@ def kda_decode(proj: torch.Tensor, f: torch.Tensor, b: torch.Tensor, gate: torch
     dp = triton.next_power_of_2(d)
     _kda_decode[(rows, heads)](
         proj, f, b, gate, conv_w, dt_bias, a_decay, o_norm, lane_ids, windows, states, out,
-        0.0 if lower_bound is None else lower_bound, eps, d ** -0.5, proj.stride(0), f.stride(0), b.stride(0), gate.stride(0),
+        0.0 if lower_bound is None else lower_bound, eps, d ** -0.5, proj.stride(0), f.stride(0), b.stride(0),
+        gate.stride(0),
         HEADS=heads, D=d, DP=dp, KERNEL=kernel, KP=triton.next_power_of_2(kernel), BOUNDED=lower_bound is not None,
         num_warps=16 if dp >= 128 else 4)   # 16 warps: the 128×128 state tile without spilling much
     return out

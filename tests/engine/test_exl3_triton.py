@@ -8,14 +8,13 @@ not installed (CI installs only pyproject's dependencies). The same checks on a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interpreter import figures_of
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "exl3"
@@ -118,13 +117,7 @@ def _cases() -> dict:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed (scripts/bootstrap.sh adds it to the dev set-up on a CPU machine)")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return figures_of(__file__)
 
 
 def test_unpack_matches_exllamav3_bit_for_bit(results: dict) -> None:

@@ -9,15 +9,14 @@ on a GPU in every CUDA decode step (tests/gpu: greedy tokens on CUDA against the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from interpreter import figures_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 2e-5   # of the largest magnitude: fp32 sums in another order
@@ -110,13 +109,7 @@ def _cases() -> dict:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed (scripts/bootstrap.sh adds it to the dev set-up on a CPU machine)")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return figures_of(__file__)
 
 
 def test_hyper_connection_kernels_match_the_torch_path(results: dict) -> None:

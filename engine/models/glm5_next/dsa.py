@@ -66,7 +66,8 @@ class SparseMLA:
             self.wq_b = reader.get(i + "wq_b.weight")
             x_proj.update(wk=reader.get(i + "wk.weight"), pool_gate=reader.get(i + "index_kpool_compress_gate"),
                           head_weights=reader.get(i + "weights_proj.weight"))
-            self.k_norm_w, self.k_norm_b = reader.get(i + "k_norm.weight").float(), reader.get(i + "k_norm.bias").float()
+            self.k_norm_w = reader.get(i + "k_norm.weight").float()
+            self.k_norm_b = reader.get(i + "k_norm.bias").float()
             self.ape = reader.get(i + "index_kpool_compress_ape").float()
         # every projection of x in one matrix (a decode token reads them in one launch); the named weights (q_a,
         # kv_a, and the indexer's wk, pool_gate, head_weights) are views into it
