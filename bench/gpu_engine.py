@@ -408,7 +408,7 @@ def main() -> None:
         return
     global OUT, MODES, PREFILL
     OUT = Path(args.out) if args.out else None
-    MODES, PREFILL = tuple(args.modes.split(",")), not args.no_prefill
+    MODES, PREFILL = tuple(m for m in args.modes.split(",") if m and m != "none"), not args.no_prefill
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
                   date=time.strftime("%Y-%m-%d"), gpus=torch.cuda.device_count())
