@@ -22,13 +22,13 @@ def linear_pairs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 _FP32_OUT = [True]   # cleared when this torch cannot write a bf16 product straight to fp32 on the GPU
-FP32_OUT_MAX_ROWS = 64   # decode-sized products only: prompt chunks ran 20-30 % slower with it (H200, not isolated)
 
 
 def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b of low-precision (2-D or batched 3-D) operands, as fp32. On CUDA, for a few rows, the matmul writes fp32
-    itself (`out_dtype`, torch >= 2.8): one launch instead of two, and the accumulator is not rounded to bf16."""
-    if a.is_cuda and _FP32_OUT[0] and a.dim() in (2, 3) and a.shape[-2] <= FP32_OUT_MAX_ROWS:
+    """a @ b of low-precision (2-D or batched 3-D) operands, as fp32. On CUDA the matmul writes fp32 itself
+    (`out_dtype`, torch >= 2.8): one launch instead of two, the accumulator is not rounded to bf16, and on an H200 it
+    is faster at every shape timed (2048 × 4096 × 24896: 543 against 704 µs; 1 × 4096 × 24896: 65 against 70 µs)."""
+    if a.is_cuda and _FP32_OUT[0] and a.dim() in (2, 3):
         try:
             return (torch.mm if a.dim() == 2 else torch.bmm)(a, b, out_dtype=torch.float32)
         except (RuntimeError, TypeError):
