@@ -12,18 +12,16 @@ Nothing here prints: progress goes through a `Reporter`.
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import re
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recipe.errors import RecipeError
-from recipe.logs import save_log
+from recipe.logs import save_log_data
 from recipe.nodes import Node, node_for, on_each
 from recipe.plan import Plan, RankPlan
 from recipe.plan_docker import IMAGE_ID, NODE_USER
@@ -160,15 +158,7 @@ def tail(proc: RankProcess, count: int = 25) -> list[str]:
 def save_container_log(node: Node, container: str, rank: int, log_dir: Path, keep: int) -> Path | None:
     """A container's whole log into LOG_DIR here, gzipped and rotated like a process rank's."""
     data = node.fetch(["sh", "-c", 'docker logs "$1" 2>&1', "logs", container], timeout_s=LOG_TIMEOUT_S)
-    if data is None:
-        return None
-    fd, scratch = tempfile.mkstemp(prefix=f"rank{rank}-", suffix=".log")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        return save_log(Path(scratch), log_dir, rank, keep)
-    finally:
-        os.unlink(scratch)
+    return None if data is None else save_log_data(data, log_dir, rank, keep)
 
 
 def stop_containers(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: Path,

@@ -9,13 +9,11 @@ of the session's descriptors. Nothing here prints.
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 from pathlib import Path
 
 from recipe.errors import RecipeError
-from recipe.logs import save_log
+from recipe.logs import save_log_data
 from recipe.nodes import Node
 from recipe.plan import RankPlan
 from recipe.runstate import TICKS_SH, RankProcess, RankStop
@@ -93,13 +91,7 @@ def fetch_log(node: Node, rank: RankProcess, log_dir: Path, keep: int) -> Path |
     data = node.fetch(["cat", rank.log])
     if data is None:
         return None
-    fd, scratch = tempfile.mkstemp(prefix=f"rank{rank.rank}-", suffix=".log")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        saved = save_log(Path(scratch), log_dir, rank.rank, keep)
-    finally:
-        os.unlink(scratch)
+    saved = save_log_data(data, log_dir, rank.rank, keep)
     node.run(["rm", "-f", rank.log], timeout_s=SPAWN_TIMEOUT_S)
     return saved
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,6 +59,17 @@ def save_log(live: Path, log_dir: Path, rank: int, keep: int, now: float | None 
         shutil.copyfileobj(src, dst)
     prune(log_dir, rank, keep)
     return target
+
+
+def save_log_data(data: bytes, log_dir: Path, rank: int, keep: int) -> Path | None:
+    """`save_log` for a log read from elsewhere (a worker's file, `docker logs`): the same name, gzip and rotation."""
+    fd, scratch = tempfile.mkstemp(prefix=f"rank{rank}-", suffix=".log")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        return save_log(Path(scratch), log_dir, rank, keep)
+    finally:
+        os.unlink(scratch)
 
 
 def prune(log_dir: Path, rank: int, keep: int) -> None:

@@ -18,6 +18,11 @@ from recipe.nodes import node_for
 STATE_FILE = "state.json"
 
 
+def rank_ident(container: str, pid: int) -> str:
+    """How a person finds a rank on its node: its container (short id) or its process."""
+    return f"container {container[:12]}" if container else f"pid {pid}"
+
+
 @dataclass(frozen=True)
 class RankProcess:
     rank: int
@@ -34,7 +39,7 @@ class RankProcess:
     @property
     def ident(self) -> str:
         """How a person finds this rank on its node."""
-        return f"container {self.container[:12]}" if self.container else f"pid {self.pid}"
+        return rank_ident(self.container, self.pid)
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class RankStop:
 
     @property
     def ident(self) -> str:
-        return f"container {self.container[:12]}" if self.container else f"pid {self.pid}"
+        return rank_ident(self.container, self.pid)
 
 
 @dataclass(frozen=True)
