@@ -115,7 +115,8 @@ class KimiDeltaAttention:
         return out
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
-        """The static decode step (`lanes.LaneStep`): state gathered from and scattered back to the lane tensors."""
+        """The static decode step (`lanes.LaneStep`): on a GPU one fused kernel updates the lane tensors in place;
+        elsewhere the state is gathered from them and scattered back."""
         kda, conv = step.lanes.kda[self.layer], step.lanes.conv[self.layer]
         if x.is_cuda:
             return self._fused_step(x, step.lane_ids, conv, kda)
