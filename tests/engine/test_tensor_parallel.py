@@ -35,6 +35,16 @@ def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu") 
     return [torch.load(out_dir / f"tp{world}-rank{r}.pt") for r in range(world)]
 
 
+def assert_nccl_tp2_equals_cpu(checkpoint: Path, out_dir: Path) -> None:
+    """Two ranks over NCCL (one GPU each) give the single CPU rank's greedy tokens, and identical logits on both
+    ranks (tests/gpu: the bf16 and EXL3 checkpoints)."""
+    ranks = run_ranks(checkpoint, 2, out_dir, device="cuda")
+    cpu = run_ranks(checkpoint, 1, out_dir)[0]
+    for r in ranks:
+        assert r["tokens"] == cpu["tokens"]
+    assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tp")

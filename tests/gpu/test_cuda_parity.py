@@ -11,7 +11,7 @@ from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.parallel import ParallelGroup
 from reference import make_reference
 from test_parity import ours_greedy, prompt
-from test_tensor_parallel import run_ranks
+from test_tensor_parallel import assert_nccl_tp2_equals_cpu
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -35,11 +35,7 @@ def test_cuda_greedy_equals_cpu(checkpoint):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for NCCL")
 def test_nccl_tp2_equals_tp1(checkpoint, tmp_path):
-    ranks = run_ranks(checkpoint, 2, tmp_path, device="cuda")
-    cpu = run_ranks(checkpoint, 1, tmp_path)[0]
-    for r in ranks:
-        assert r["tokens"] == cpu["tokens"]
-    assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])
+    assert_nccl_tp2_equals_cpu(checkpoint, tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -64,12 +64,18 @@ def test_exl3_experts_on_cuda_give_the_dense_and_cpu_tokens(checkpoint, monkeypa
     assert float((exl3_logits - cpu_logits).abs().max()) < 1e-3
 
 
-def test_routed_rows_do_not_depend_on_the_batch(checkpoint):
+def _first_moe_and_rows(checkpoint, rows: int, seed: int):
+    """The first MoE layer of the checkpoint on CUDA (fp32), `rows` random inputs and their routing, and the
+    generator that drew them."""
     gpu = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
     moe = _moes(gpu)[0]
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(8, moe.router.shape[1], generator=gen, device="cuda")
-    chosen, weights = moe.route(x)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, moe.router.shape[1], generator=gen, device="cuda")
+    return moe, x, *moe.route(x), gen
+
+
+def test_routed_rows_do_not_depend_on_the_batch(checkpoint):
+    moe, x, chosen, weights, _ = _first_moe_and_rows(checkpoint, 8, seed=1)
     together = moe.exl3(x, chosen, weights, moe.limit)
     for t in (0, 3, 7):
         alone = moe.exl3(x[t:t + 1], chosen[t:t + 1], weights[t:t + 1], moe.limit)
@@ -79,11 +85,7 @@ def test_routed_rows_do_not_depend_on_the_batch(checkpoint):
 def test_routed_path_replays_in_a_cuda_graph(checkpoint):
     """The decode path is sync-free with fixed shapes: captured once in a CUDA graph, a replay on new rows and new
     expert choices in the same buffers gives the eager result."""
-    gpu = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
-    moe = _moes(gpu)[0]
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    x = torch.randn(4, moe.router.shape[1], generator=gen, device="cuda")
-    chosen, weights = moe.route(x)
+    moe, x, chosen, weights, gen = _first_moe_and_rows(checkpoint, 4, seed=2)
     eager = moe.exl3(x, chosen, weights, moe.limit)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -108,13 +110,9 @@ def test_routed_path_replays_in_a_cuda_graph(checkpoint):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for NCCL")
 def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
-    from test_tensor_parallel import run_ranks
+    from test_tensor_parallel import assert_nccl_tp2_equals_cpu
 
-    ranks = run_ranks(checkpoint, 2, tmp_path, device="cuda")
-    cpu = run_ranks(checkpoint, 1, tmp_path)[0]
-    for r in ranks:
-        assert r["tokens"] == cpu["tokens"]
-    assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])
+    assert_nccl_tp2_equals_cpu(checkpoint, tmp_path)
 
 
 def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
