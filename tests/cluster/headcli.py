@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 SPARKS = str(REPO / ".venv" / "bin" / "sparks")
 CHAT = """
+import pytest
 from openai import OpenAI
 client = OpenAI(base_url="http://127.0.0.1:8888/v1", api_key="unused", timeout=120, max_retries=0)
 reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=24, temperature=0,
@@ -52,3 +53,23 @@ def engines(bed) -> list[int]:
         if netns in ours and b"engine" in text and b"serve" in text:
             found.append(int(cmdline.parent.name))
     return found
+
+
+def start_with_a_refusing_worker(bed, env: dict, timeout_s: float) -> subprocess.CompletedProcess:
+    """`sparks start` with worker w1's config.json changed in place at the same size: the file lists agree, so start
+    does not copy it, and rank 1 refuses to join with different settings (restored afterwards). Checks that start
+    failed naming both ranks and stopped every one; skips without the worker's copy from an earlier test."""
+    config = bed.path_on("w1", "data/demo/config.json")
+    if not config.is_file():
+        pytest.skip("needs the worker's copy from the first test")
+    original = config.read_bytes()
+    config.write_bytes(original.replace(b"{", b"[", 1) if b"{" in original else original[::-1])
+    try:
+        done = run_on_head(bed, [SPARKS, "start"], env, timeout_s=timeout_s)
+    finally:
+        config.write_bytes(original)
+    assert done.returncode != 0
+    assert "exited before the server was ready" in done.stderr
+    assert "rank 0 here" in done.stderr and f"rank 1 on root@{bed.nodes['w1'].address}" in done.stderr
+    assert "every rank was stopped" in done.stderr
+    return done

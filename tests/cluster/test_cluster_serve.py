@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from headcli import CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head
+from headcli import (CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head,
+                     start_with_a_refusing_worker)
 
 START_TIMEOUT_S = 420
 
@@ -106,19 +107,7 @@ def test_killed_worker_rank_ends_rank_0_and_status_names_it(bed, serving) -> Non
 def test_rank_exiting_while_loading_stops_every_rank(bed, serving) -> None:
     # The worker's config.json is changed in place at the same size: the file lists agree, so start does not copy,
     # and rank 1 refuses to join with different settings. Start must print both ranks' last lines and stop rank 0.
-    config = bed.path_on("w1", "data/demo/config.json")
-    if not config.is_file():
-        pytest.skip("needs the worker's copy from the first test")
-    original = config.read_bytes()
-    config.write_bytes(original.replace(b"{", b"[", 1) if b"{" in original else original[::-1])
-    try:
-        done = run_on_head(bed, [SPARKS, "start"], serving, timeout_s=START_TIMEOUT_S)
-    finally:
-        config.write_bytes(original)
-    assert done.returncode != 0
-    assert "exited before the server was ready" in done.stderr
-    assert "rank 0 here" in done.stderr and f"rank 1 on root@{bed.nodes['w1'].address}" in done.stderr
-    assert "every rank was stopped" in done.stderr
+    start_with_a_refusing_worker(bed, serving, START_TIMEOUT_S)
     assert engines(bed) == [] and state(bed) == []
 
 

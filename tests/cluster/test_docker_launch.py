@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-from headcli import CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head
+from headcli import (CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head,
+                     start_with_a_refusing_worker)
 
 START_TIMEOUT_S = 480
 
@@ -182,20 +183,8 @@ def test_foreground_follows_rank_0_and_stops_every_rank_when_a_worker_dies(bed, 
 
 def test_rank_exiting_while_loading_stops_every_container(bed, docker_env) -> None:
     # Same-size edit of the worker's config.json: start does not copy, rank 1 refuses to join, rank 0 is stopped.
-    config = bed.path_on("w1", "data/demo/config.json")
-    if not config.is_file():
-        pytest.skip("needs the worker's copy from the first test")
-    original = config.read_bytes()
-    config.write_bytes(original.replace(b"{", b"[", 1))
-    try:
-        done = run_on_head(bed, [SPARKS, "start"], docker_env, timeout_s=START_TIMEOUT_S)
-    finally:
-        config.write_bytes(original)
-    assert done.returncode != 0
-    assert "exited before the server was ready" in done.stderr
-    assert "rank 0 here" in done.stderr and f"rank 1 on root@{bed.nodes['w1'].address}" in done.stderr
+    done = start_with_a_refusing_worker(bed, docker_env, START_TIMEOUT_S)
     assert "refused" in done.stderr                 # the ranks' own last lines, read with docker logs
-    assert "every rank was stopped" in done.stderr
     assert state(bed) == {}
     assert_nothing_left(bed)
 
