@@ -38,6 +38,7 @@ from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
 from engine.parallel import ParallelGroup, shard_range  # noqa: E402
 
 HBM_BYTES_S = 4.8e12
+BF16_PEAK_FLOPS = 989e12  # H200 SXM, dense bf16 tensor cores
 BATCHES = (1, 2, 3, 4)
 CUTS = (0, 1, 3, 4)  # layers kept for the per-layer times (KKKD: head, +K dense, +2 K MoE, +D MoE)
 PROFILE = "--profile" in sys.argv
@@ -175,13 +176,28 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     if PROFILE:
         out["profile_b1"] = profile_step(model, pool, ids, graphs=device == "cuda")
         save()
-    if layers == "KKKD":
+    if layers == "KKKD" and MODES:
         cuts = layer_cut_times(model, pool, ids, graphs=device == "cuda")
         out["per_layer_ms"] = per_layer(cuts)
         out["full_depth"] = full_depth(out["per_layer_ms"], config, world=1)
         print(f"per layer (ms): {out['per_layer_ms']}\nfull depth: {out['full_depth']}", flush=True)
         save()
-    for length in ((2048, 8192, 32768) if device == "cuda" else (256,)) if PREFILL else ():
+    if PREFILL:
+        # matmul FLOPs a prompt token costs: 2 per bf16 weight it multiplies (bytes / 2), the LM head left out
+        # (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta rule
+        # are not counted, so the fraction of peak is a floor
+        head = model.lm_head.numel() * model.lm_head.element_size()
+        flops = fixed - head + moe_layers * cfg.num_experts_per_tok * expert if held else 0   # CPU: not counted
+        out["prefill"] = prefill_rates(model, pool, ids, (2048, 8192, 32768) if device == "cuda" else (256,), flops)
+        save()
+    return out
+
+
+def prefill_rates(model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], flops_per_token: int,
+                  repeats: int = 3) -> dict:
+    """One stream's prompt in 2,048-token chunks: one untimed prompt first (compiles, autotunes, allocator), then each
+    length `repeats` times; tok/s of every run, the median, and the median's fraction of the H200's bf16 peak."""
+    def once(length: int) -> float:
         seq = model.new_sequence(pool)
         try:
             sync()
@@ -189,12 +205,23 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
             for chunk in range(0, length, 2048):
                 model.prefill(seq, ids[chunk: chunk + 2048])
             sync()
-            out[f"prefill_{length}_tok_s"] = round(length / (time.perf_counter() - start), 1)
+            return length / (time.perf_counter() - start)
+        finally:
+            seq.release()
+
+    out: dict = {"kda_prompt_form": model.kda_prompt_form, "matmul_gflop_per_token": round(flops_per_token / 1e9, 3)}
+    once(min(lengths))
+    for length in lengths:
+        try:
+            runs = sorted(once(length) for _ in range(repeats))
         except torch.OutOfMemoryError as exc:
-            out[f"prefill_{length}_tok_s"] = f"out of memory: {str(exc).splitlines()[0]}"
-        seq.release()
-        print(f"prefill {length}: {out[f'prefill_{length}_tok_s']}", flush=True)
-        save()
+            out[f"t{length}"] = f"out of memory: {str(exc).splitlines()[0]}"
+            continue
+        median = runs[len(runs) // 2]
+        out[f"t{length}"] = {"tok_s": round(median, 1), "runs": [round(r, 1) for r in runs],
+                             "bf16_peak_fraction": round(median * flops_per_token / BF16_PEAK_FLOPS, 4)
+                             if flops_per_token > 0 else None}
+        print(f"prefill {length}: {out[f't{length}']}", flush=True)
     return out
 
 

@@ -67,7 +67,9 @@ def fingerprint(args: argparse.Namespace) -> dict[str, Any]:
     digest = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.exists() else "missing"
     keys = ("tp", "parallel", "context", "max_tokens", "kv", "kv_pool_gib", "prefill_chunk", "name", "thinking")
     graphs = (_env("GLM_CUDA_GRAPHS", "1") or "1") != "0"  # graphs hold collectives: all ranks or none
-    return {"checkpoint_config": digest, "cuda_graphs": graphs, **{k: getattr(args, k) for k in keys}}
+    chunked = (_env("GLM_KDA_CHUNKED", "1") or "1") != "0"  # one prompt form on every rank
+    return {"checkpoint_config": digest, "cuda_graphs": graphs, "kda_chunked": chunked,
+            **{k: getattr(args, k) for k in keys}}
 
 
 def available_bytes(device: str) -> int:
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         return 3
     started = time.monotonic()
     model = Glm5NextForCausalLM.load(args.checkpoint, group, progress=lambda m: say(f"loading: {m}"))
-    say(f"loading: done in {time.monotonic() - started:.1f} s")
+    say(f"loading: done in {time.monotonic() - started:.1f} s (KDA prompts: {model.kda_prompt_form or 'none'})")
     context, pool_tokens = size_pool(args, model.cache_bytes_per_token(args.kv), device, group)
     executor = StepExecutor(model, model.make_pool(pool_tokens, args.kv), lanes=args.parallel)
     say(f"pool: {pool_tokens} tokens ({context} x {args.parallel} streams, kv {args.kv})")

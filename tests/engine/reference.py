@@ -55,11 +55,12 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) * (1.5 / math.sqrt(fan_in)))
 
 
-def make_reference(path: Path, name: str, seed: int = 0):
-    """Write a checkpoint for CONFIGS[name] to `path`; return the transformers model (fp32, eval)."""
+def make_reference(path: Path, name: str, seed: int = 0, **overrides):
+    """Write a checkpoint for CONFIGS[name] (text config `overrides` on top) to `path`; return the transformers model
+    (fp32, eval)."""
     from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
-    text = dict(TINY_BASE, **CONFIGS[name])
+    text = dict(TINY_BASE, **CONFIGS[name]) | overrides
     vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=text["hidden_size"],
                   projection_intermediate_size=16)
     config = Glm5NextConfig(text_config=text, vision_config=vision)

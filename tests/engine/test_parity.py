@@ -146,3 +146,19 @@ def test_demo_checkpoint_same_greedy_tokens_in_both_engines(tmp_path):
     our_tokens, _ = ours_greedy(model, ids, NEW_TOKENS)
     assert_greedy_agree(our_tokens, their_tokens, their_logits)
     assert our_tokens[:8] == their_tokens[:8]
+
+
+@torch.no_grad()
+def test_token_by_token_prompts_equal_chunked(tmp_path, monkeypatch):
+    """KDA_CHUNKED=0 (GLM_KDA_CHUNKED): prompts run the delta rule token by token; same greedy tokens as the chunked
+    form, logits to fp32 rounding, over a prompt of several 64-token chunks."""
+    make_reference(tmp_path, "moe16", seed=1)
+    chunked = Glm5NextForCausalLM.load(tmp_path)
+    monkeypatch.setenv("GLM_KDA_CHUNKED", "0")
+    steps = Glm5NextForCausalLM.load(tmp_path)
+    assert (chunked.kda_prompt_form, steps.kda_prompt_form) == ("chunked", "steps")
+    ids = prompt(seed=5, length=150)
+    want_tokens, want_logits = ours_greedy(chunked, ids, 16)
+    tokens, logits = ours_greedy(steps, ids, 16)
+    assert tokens == want_tokens
+    assert max(float((a - b).abs().max()) for a, b in zip(logits, want_logits)) < 1e-4

@@ -4,8 +4,10 @@ plain path and on the serving path's static decode step (eager on the CPU; the s
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,18 +22,35 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 
-def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu") -> list[dict]:
+def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu", timeout_s: float = 180) -> list[dict]:
+    """Run `world` tp_worker.py ranks to the end. A rank still running after `timeout_s` gets SIGABRT first, so its
+    Python stacks (faulthandler, every thread) land in the captured stderr and show where it waits."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'engine'}")
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(checkpoint), str(world), str(r), str(port),
-                               str(out_dir / f"tp{world}-rank{r}.pt"), device], env=env) for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, "-X", "faulthandler", str(WORKER), str(checkpoint), str(world), str(r),
+                               str(port), str(out_dir / f"tp{world}-rank{r}.pt"), device], env=env)
+             for r in range(world)]
+    deadline = time.monotonic() + timeout_s
     try:
-        codes = [p.wait(timeout=180) for p in procs]
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        stuck = [r for r, p in enumerate(procs) if p.poll() is None]
+        for r in stuck:
+            procs[r].send_signal(signal.SIGABRT)
+            try:
+                procs[r].wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert codes == [0] * world
+                p.wait()
+    assert not stuck, f"ranks {stuck} of {world} did not exit within {timeout_s:.0f} s (their stacks are in stderr)"
+    assert [p.returncode for p in procs] == [0] * world
     return [torch.load(out_dir / f"tp{world}-rank{r}.pt") for r in range(world)]
 
 

@@ -6,17 +6,45 @@ it does not clamp), a per-head write strength beta = sigmoid(b(x)); the delta ru
 state; the output is RMS-normalised per head, gated by sigmoid(g_b(g_a(x))), and projected back.
 
 Tensor parallel: heads are split across ranks (projections column-wise, o_proj row-wise); f_a and g_a are replicated.
+
+A prompt chunk's delta rule takes one of three forms (`prompt_form`, fixed at load): "fla" — fla-core's chunk_kda
+on a GPU (engine/ops/fla_kda.py); "chunked" — the torch chunked form (the CPU, or a GPU without fla-core);
+"steps" — token by token, the same arithmetic as a decode step on the CPU (GLM_KDA_CHUNKED=0; slow).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from engine import ops
+from engine.ops import fla_kda
 from engine.cache import Sequence
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
+
+
+def prompt_form(device: torch.device, head_dim: int) -> str:
+    """How prompt chunks run the delta rule on this device: "steps" when GLM_KDA_CHUNKED is 0, else "fla" where
+    fla-core can take it, else "chunked"."""
+    if os.environ.get("GLM_KDA_CHUNKED", "1") == "0":
+        return "steps"
+    return "fla" if fla_kda.usable(device, head_dim) else "chunked"
+
+
+def kda_steps(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+              beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ops.kda_chunked`'s contract, one `ops.kda_step` per token."""
+    state, outputs = state[None], []
+    for t in range(q.shape[0]):
+        out, state = ops.kda_step(state, q[t: t + 1], k[t: t + 1], v[t: t + 1], g[t: t + 1], beta[t: t + 1])
+        outputs.append(out)
+    return torch.cat(outputs), state[0]
+
+
+PROMPT_FORMS = {"steps": kda_steps, "chunked": ops.kda_chunked, "fla": fla_kda.kda_chunked}
 
 
 class KimiDeltaAttention:
@@ -49,6 +77,7 @@ class KimiDeltaAttention:
         self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
         self.local_heads = self.b_proj.shape[0]
         self.width = self.local_heads * self.head_dim
+        self.prompt_form = prompt_form(self.conv.device, self.head_dim)
 
     def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-decay [N, Hl, d], beta [N, Hl], output gate [N, Hl, d] for tokens x [N, hidden]."""
@@ -88,7 +117,7 @@ class KimiDeltaAttention:
         mixed, conv = ops.causal_conv(ops.linear(x, self.qkv_proj), seq.conv_state[self.layer], self.conv)
         q, k, v = self._split_qkv(mixed)
         g, beta, gate = self._gates(x)
-        core, state = ops.kda_chunked(seq.kda_state[self.layer], q, k, v, g, beta)
+        core, state = PROMPT_FORMS[self.prompt_form](seq.kda_state[self.layer], q, k, v, g, beta)
         seq.store_state(self.layer, state, conv)
         return self._output(core, gate)
 

@@ -25,6 +25,7 @@ from engine.models.glm5_next.dsa import SparseMLA
 from engine.models.glm5_next.kda import KimiDeltaAttention
 from engine.models.glm5_next.mhc import HyperConnection
 from engine.models.glm5_next.moe import DenseMLP, MoE
+from engine.ops import fla_kda
 from engine.parallel import ParallelGroup, shard_range
 
 PREFIX = "model.language_model."
@@ -81,6 +82,11 @@ class Glm5NextForCausalLM:
                 progress(f"loaded layer {i + 1}/{cfg.num_hidden_layers}")
         self.num_pool_layers = dsa_seen
         self.mtp = self._load_mtp(reader, prefix)
+        if self.kda_prompt_form == "fla":   # autotune fla-core's prompt kernels now, not on the first request
+            if progress:
+                progress("tuning the KDA prompt kernels (fla-core; cached after the first start)")
+            kda = next(layer.attn for layer in self.layers if not layer.is_dsa)
+            fla_kda.warm(kda.local_heads, kda.head_dim, group.device)
 
     @classmethod
     def load(cls, path: str | Path, group: ParallelGroup | None = None,
@@ -112,6 +118,12 @@ class Glm5NextForCausalLM:
             units = None if plan.dim is None else reader.shape(name)[plan.dim] // plan.unit
             weights[name[len(mtp_prefix):]] = reader.get(name, plan.dim, units)
         return weights
+
+    @property
+    def kda_prompt_form(self) -> str | None:
+        """How the KDA layers run a prompt's delta rule ("fla", "chunked" or "steps"; kda.prompt_form), or None
+        without KDA layers."""
+        return next((layer.attn.prompt_form for layer in self.layers if not layer.is_dsa), None)
 
     # -- state ---------------------------------------------------------------------------------------------------
     @property

@@ -1,0 +1,66 @@
+"""A KDA prompt chunk on a GPU through fla-core's `chunk_kda` (Triton), with `reference.kda_chunked`'s contract.
+
+At 2k tokens of one full-width layer on an H200, `chunk_kda` takes 0.81 ms where the torch chunked form takes
+50.4 ms (docs/BENCHMARKS.md); for a decode token our own kernel (`triton_kda.py`) is the faster one, so only
+prompts come here.
+
+Precision: Triton's `tl.dot` on fp32 inputs defaults to TF32 (10-bit mantissa), which leaves ~1e-3 relative error
+against the fp32 reference. Before fla-core's kernels are first compiled in this process, `TRITON_F32_DEFAULT` is
+set to `PRECISION` unless the operator set it: "tf32x3" splits each fp32 operand into three TF32 products on the
+tensor cores (near-fp32 results). Our own Triton kernels use no `tl.dot`, so the setting touches only fla-core's.
+The variable is part of Triton's compile-cache key, so a cache built under another precision is not reused.
+
+First use of a shape autotunes fla-core's kernels (tens of seconds on an H200); `warm` runs that at load, and with
+a persistent TRITON_CACHE_DIR later starts read the tuned choice from disk (fla-core's FLA_CACHE_RESULTS, on by
+default).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import torch
+
+PRECISION = "tf32x3"
+
+
+@functools.cache
+def _chunk_kda() -> Callable | None:
+    os.environ.setdefault("TRITON_F32_DEFAULT", PRECISION)
+    try:
+        from fla.ops.kda.chunk import chunk_kda
+    except ImportError:
+        return None
+    return chunk_kda
+
+
+def usable(device: torch.device, head_dim: int) -> bool:
+    """Whether prompts of heads this wide on `device` can go through fla-core (a CUDA device, fla-core importable,
+    a head width its tiles take: a multiple of 16 up to 256)."""
+    return device.type == "cuda" and head_dim % 16 == 0 and head_dim <= 256 and _chunk_kda() is not None
+
+
+def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule over T tokens of one stream. state: [H, dk, dv] fp32; q (pre-scaled), k: [T, H, dk];
+    v: [T, H, dv]; g: [T, H, dk] log-decay; beta: [T, H]. Returns the output [T, H, dv] and the new state."""
+    out, final = _chunk_kda()(q[None], k[None], v[None], g[None], beta[None], scale=1.0,
+                              initial_state=state[None], output_final_state=True)
+    return out[0], final[0]
+
+
+def warm(heads: int, head_dim: int, device: torch.device) -> None:
+    """Compile and autotune fla-core's kernels for this head shape now (every KDA layer shares it), so the first
+    prompt does not wait for it."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (128, heads, head_dim)
+    q = torch.nn.functional.normalize(torch.randn(shape, device=device, generator=gen), dim=-1) * head_dim ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(shape, device=device, generator=gen), dim=-1)
+    v = torch.randn(shape, device=device, generator=gen)
+    g = -torch.rand(shape, device=device, generator=gen)
+    beta = torch.rand(shape[:2], device=device, generator=gen)
+    with torch.no_grad():
+        kda_chunked(torch.zeros(heads, head_dim, head_dim, device=device), q, k, v, g, beta)
+    torch.cuda.synchronize(device)
