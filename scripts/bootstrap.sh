@@ -36,7 +36,11 @@ bootstrap() {
             "$VENV/bin/python" -m pip install -q "triton==$CPU_TRITON"
         fi
     fi
-    "$VENV/bin/python" -m pip install -q -e "$here[$extras]"
+    local install="$extras"
+    if has_nvidia_gpu; then
+        install="$extras,gpu"   # fla-core: never on a CPU machine, where transformers would pick its kernels up
+    fi
+    "$VENV/bin/python" -m pip install -q -e "$here[$install]"
     echo "$want" > "$stamp"
     if [ "$extras" = "engine,dev" ]; then echo "$want" > "$VENV/.sparks-setup-engine"; fi
     setup_say "Done: $VENV is ready"

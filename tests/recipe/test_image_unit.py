@@ -185,14 +185,13 @@ def test_another_build_failure_shows_its_last_lines():
     assert any("No matching distribution" in n for n in notes)
 
 
-def test_pins_are_exact_and_inside_the_engine_extra():
-    extra = {Requirement(r).name.lower().replace("_", "-"): Requirement(r)
-             for r in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-             ["engine"]}
+def test_pins_are_exact_and_inside_the_engine_extras():
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extra = {Requirement(r).name.lower().replace("_", "-"): Requirement(r) for r in extras["engine"] + extras["gpu"]}
     pins = [Requirement(line) for line in (REPO_ROOT / "docker" / "requirements.txt").read_text().splitlines()
             if line.strip() and not line.startswith("#")]
     pinned = {p.name.lower().replace("_", "-"): p for p in pins}
-    assert set(pinned) == set(extra) - {"torch", "numpy"}, "every engine package but the base image's torch/numpy"
+    assert set(pinned) == set(extra) - {"torch", "numpy"}, "every engine and gpu package but the base image's torch/numpy"
     for name, pin in pinned.items():
         (spec,) = pin.specifier
         assert spec.operator == "==", f"{name} is pinned exactly"
