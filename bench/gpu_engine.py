@@ -44,6 +44,7 @@ CUTS = (0, 1, 3, 4)  # layers kept for the per-layer times (KKKD: head, +K dense
 PROFILE = "--profile" in sys.argv
 MODES = ("graphs", "eager", "plain")
 PREFILL = True
+LONG_CONTEXTS: tuple[int, ...] = ()
 
 
 class RandomReader:
@@ -182,6 +183,9 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         out["full_depth"] = full_depth(out["per_layer_ms"], config, world=1)
         print(f"per layer (ms): {out['per_layer_ms']}\nfull depth: {out['full_depth']}", flush=True)
         save()
+    if LONG_CONTEXTS:
+        out["decode_long_context"] = long_context_decode(model, pool, ids, LONG_CONTEXTS, graphs=device == "cuda")
+        save()
     if PREFILL:
         # matmul FLOPs a prompt token costs: 2 per bf16 weight it multiplies (bytes / 2), the LM head left out
         # (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta rule
@@ -190,6 +194,28 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         flops = fixed - head + moe_layers * cfg.num_experts_per_tok * expert if held else 0   # CPU: not counted
         out["prefill"] = prefill_rates(model, pool, ids, (2048, 8192, 32768) if device == "cuda" else (256,), flops)
         save()
+    return out
+
+
+def long_context_decode(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...], graphs: bool,
+                        steps: int = 10) -> dict:
+    """The batch-1 serving step (graphs on a GPU) after a prompt of each length: step ms and the span it read (the
+    DSA layers' cost grows with it)."""
+    out: dict = {}
+    decoder = model.lane_decoder(pool, 1, graphs=graphs)
+    for context in contexts:
+        seq = decoder.new_sequence(0)
+        try:
+            for chunk in range(0, context, 2048):
+                model.prefill(seq, ids[chunk: min(context, chunk + 2048)])
+            decoder.decode([seq], [11])   # captures this span's graph
+            step = timed(lambda: decoder.decode([seq], [11]), steps)
+            out[f"t{context}"] = {"step_ms": round(step * 1e3, 2), "span": decoder.span_for(seq.length + 1)}
+        except torch.OutOfMemoryError as exc:
+            out[f"t{context}"] = f"out of memory: {str(exc).splitlines()[0]}"
+        finally:
+            seq.release()
+        print(f"decode after {context}: {out[f't{context}']}", flush=True)
     return out
 
 
@@ -421,6 +447,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel of the batch-1 serving step")
     ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
+    ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
     ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
                     help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
     ap.add_argument("--tp2", choices=("auto", "on", "off"), default="auto",
@@ -433,7 +460,8 @@ def main() -> None:
     if args.tp_rank is not None:
         tp2_rank(args)
         return
-    global OUT, MODES, PREFILL
+    global OUT, MODES, PREFILL, LONG_CONTEXTS
+    LONG_CONTEXTS = tuple(int(n) for n in args.long_contexts.split(",") if n)
     OUT = Path(args.out) if args.out else None
     MODES, PREFILL = tuple(m for m in args.modes.split(",") if m and m != "none"), not args.no_prefill
     device = "cuda" if torch.cuda.is_available() else "cpu"

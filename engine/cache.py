@@ -73,9 +73,9 @@ class KVPool:
             rows = rows / scale[:, None]
         self.rows[layer, slots] = rows.to(self.rows.dtype)
 
-    def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
-        """slots [...] -> rows [..., row_width] fp32."""
-        rows = self.rows[layer, slots].to(torch.float32)
+    def read(self, layer: int, slots: torch.Tensor, columns: slice = slice(None)) -> torch.Tensor:
+        """slots [...] -> rows [..., row_width] fp32 (`columns`: only those of each row are read)."""
+        rows = self.rows[layer][:, columns][slots].to(torch.float32)
         if self.scales is not None:
             rows = rows * self.scales[layer, slots][..., None]
         return rows

@@ -97,16 +97,24 @@ def test_sparse_selection_runs_past_the_selection_size(model):
 
 
 @torch.no_grad()
-def test_static_selection_equals_the_plain_one(model):
-    """Per position, the padded on-device selection marks exactly the tokens the plain path's selection does."""
+@pytest.mark.parametrize("keep_tail", [True, False])
+def test_static_selection_equals_the_plain_one(model, keep_tail, monkeypatch):
+    """Per position, the padded on-device selection picks exactly the tokens the plain path's selection marks (with
+    and without index_kpool_always_select_tail)."""
     layer = next(layer.attn for layer in model.layers if layer.is_dsa and layer.attn.runs_indexer)
+    monkeypatch.setattr(layer, "keep_tail", keep_tail)
     gen = torch.Generator().manual_seed(0)
     length, span = 37, 64
     rows = torch.randn(span, layer.row_width, generator=gen)
     x = torch.randn(length, model.cfg.hidden_size, generator=gen)
     q_low = torch.randn(length, model.cfg.q_lora_rank, generator=gen)
     positions = torch.arange(length)
-    static = layer._select_lanes(ops.linear(x, layer.head_weights), q_low, rows.expand(length, -1, -1), positions)
+    tokens, counts = layer._select_lanes(ops.linear(x, layer.head_weights), q_low,
+                                         rows[:, layer.rank_dim:].expand(length, -1, -1), positions)
+    # the selected positions as a mask over the span (wide enough for a tail past it); no token counted twice
+    hits = torch.zeros(length, span + layer.kpool, dtype=torch.long).scatter_add_(1, tokens, counts.long())
+    assert int(hits.max()) == 1
+    static = hits > 0
     for pos in range(length):
         plain = layer._select(x[pos: pos + 1], q_low[pos: pos + 1], rows[: pos + 1], positions[pos: pos + 1])
         assert torch.equal(static[pos, : pos + 1], plain[0]), f"position {pos}"

@@ -23,7 +23,10 @@ parity tests compare against the reference only where its selection is tie-free.
 
 Static decode (`decode_lanes`): every stream reads a fixed `span` of its slot-table row (padded past its length);
 the same selection is computed with per-stream lengths as tensors: pools past a stream's length score as invisible,
-the dense regime is a per-stream flag rather than a branch, so nothing waits for the host.
+the dense regime is a per-stream flag rather than a branch, so nothing waits for the host. The indexer reads only
+the index columns of the span; the selection comes out as a fixed number of token positions (the chosen pools' and
+the tail's, each with a flag whether it counts), and attention gathers just those latents: a step's DSA cost grows
+with the span only through the index columns.
 
 Tensor parallel: MLA heads split across ranks (q_b and kv_b column-wise, o_proj row-wise); q_a, kv_a and the
 whole indexer are replicated so every rank selects the same tokens bit for bit.
@@ -104,7 +107,7 @@ class SparseMLA:
         visible_pools = pool_end[None, :] <= positions[:, None]                        # [T, P]
         if n_pools <= self.pick or int(visible_pools.sum(-1).max()) <= self.pick:
             return causal                                                              # dense regime
-        pool_keys = self._pool_keys(rows, n_pools)                                     # [P, d]
+        pool_keys = self._pool_keys(rows[:, self.rank_dim:], n_pools)                  # [P, d]
         q = ops.linear(q_low, self.wq_b).view(-1, self.idx_heads, self.idx_dim)
         scores = torch.relu(torch.einsum("thd,pd->thp", q, pool_keys) * self.idx_dim ** -0.5)
         head_w = ops.linear(x, self.head_weights) * self.idx_heads ** -0.5
@@ -158,59 +161,67 @@ class SparseMLA:
         return self.group.sum_partials(ops.linear(torch.cat(outs), self.o_proj))
 
     # -- the static decode step (engine/models/glm5_next/lanes.py) ---------------------------------------------------
-    def _pool_keys(self, rows: torch.Tensor, n_pools: int) -> torch.Tensor:
-        """Pooled index keys [..., P, d] of the first n_pools complete pools of cached rows [..., L, row_width]."""
-        lead = rows.shape[:-2]
-        span = rows[..., : n_pools * self.kpool, :]
-        keys = span[..., self.rank_dim: self.rank_dim + self.idx_dim].reshape(*lead, n_pools, self.kpool, self.idx_dim)
-        gates = span[..., self.rank_dim + self.idx_dim:].reshape(*lead, n_pools, self.kpool, self.idx_dim)
+    def _pool_keys(self, index_rows: torch.Tensor, n_pools: int) -> torch.Tensor:
+        """Pooled index keys [..., P, d] of the first n_pools complete pools of the cached index columns
+        [..., L, 2d] (index key | pool gate score)."""
+        lead = index_rows.shape[:-2]
+        span = index_rows[..., : n_pools * self.kpool, :].reshape(*lead, n_pools, self.kpool, 2 * self.idx_dim)
+        keys, gates = span[..., : self.idx_dim], span[..., self.idx_dim:]
         return (torch.softmax(gates + self.ape, dim=-2) * keys).sum(-2)
 
-    def _select_lanes(self, head_logits: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor,
-                      positions: torch.Tensor) -> torch.Tensor:
-        """Visibility mask [B, S] for one query per stream at `positions` [B] over its padded rows [B, S, width]
-        (head_logits: x's head_weights projection)."""
-        batch, span = rows.shape[:2]
-        dev = rows.device
-        idx = torch.arange(span, device=dev)
-        causal = idx[None, :] <= positions[:, None]                                    # [B, S]
+    def _select_lanes(self, head_logits: torch.Tensor, q_low: torch.Tensor, index_rows: torch.Tensor,
+                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens one query per stream at `positions` [B] attends to, given the index columns of its padded
+        span [B, S, 2d] (head_logits: x's head_weights projection): positions into the span [B, N] and whether each
+        counts [B, N], N = min(pick, P) · kpool + kpool — the chosen pools' tokens, then the unfinished pool's (the
+        tail). The count is fixed by (B, S), so attention reads N latents, not S, and a graph can hold it.
+
+        The same tokens as the plain path's `_select`: pools sort by score, stably (the earlier pool wins a tie;
+        padding pools, invisible, sort after every visible one); in the dense regime (no more visible pools than may
+        be picked) every visible pool is among the first min(pick, P), and the tail counts with or without
+        keep_tail."""
+        batch, span = index_rows.shape[:2]
+        dev = index_rows.device
         n_pools = span // self.kpool
         pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
         visible = pool_end[None, :] <= positions[:, None]                              # [B, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
-        scores = torch.relu(torch.einsum("bhd,bpd->bhp", q, self._pool_keys(rows, n_pools)) * self.idx_dim ** -0.5)
+        keys = self._pool_keys(index_rows, n_pools)
+        scores = torch.relu(torch.einsum("bhd,bpd->bhp", q, keys) * self.idx_dim ** -0.5)
         head_w = head_logits * self.idx_heads ** -0.5
         index = torch.einsum("bh,bhp->bp", head_w, scores).masked_fill(~visible, torch.finfo(torch.float32).min)
-        # stable sort: the earlier pool wins a tie, and padding pools (invisible) sort after every visible one
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
-        pool_mask = torch.zeros_like(visible).scatter_(-1, chosen, visible.gather(-1, chosen))
-        mask = torch.zeros(batch, span, dtype=torch.bool, device=dev)
-        covered = n_pools * self.kpool
-        mask[:, :covered] = pool_mask[:, :, None].expand(-1, -1, self.kpool).reshape(batch, covered)
-        mask |= (visible.sum(-1) <= self.pick)[:, None]                                # dense regime: all visible
-        if self.keep_tail:
-            tail_start = (positions + 1) - (positions + 1) % self.kpool
-            mask |= idx[None, :] >= tail_start[:, None]
-        return mask & causal
+        within = torch.arange(self.kpool, device=dev)
+        tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)                 # [B, C * kpool]
+        counts = visible.gather(-1, chosen)[:, :, None].expand(-1, -1, self.kpool).flatten(1)
+        tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within      # [B, kpool]
+        tail_counts = tail <= positions[:, None]
+        if not self.keep_tail:
+            tail_counts &= (visible.sum(-1) <= self.pick)[:, None]                     # dense regime: all visible
+        return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
 
-    def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q [B, Hl, nope], latents [B, S, r], mask [B, S] -> [B, Hl * v]."""
+    def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]."""
         q_abs = torch.einsum("bhd,hdr->bhr", q, self.w_k)
         scores = torch.einsum("bhr,bsr->bhs", q_abs, latents) * self.scaling
-        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        scores = scores.masked_fill(~counts[:, None, :], float("-inf"))
         ctx = torch.einsum("bhs,bsr->bhr", torch.softmax(scores, dim=-1), latents)
         return torch.einsum("bhr,hvr->bhv", ctx, self.w_v).flatten(1)
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
-        """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots`, the
-        streams read their slot-table rows `step.table` [B, span]."""
+        """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots`; the
+        indexer reads the index columns of the streams' slot-table rows `step.table` [B, span], attention only the
+        latents of the selected tokens."""
         pool = step.lanes.pool
         parts = dict(zip(self.x_names, ops.linear(x, self.x_proj).split(self.x_widths, dim=-1)))
         pool.write(self.pool_layer, step.new_slots, self._rows(x, parts))
         q_low = ops.rms_norm(parts["q_a"], self.q_a_norm, self.eps)
-        rows = pool.read(self.pool_layer, step.table)                                  # [B, S, width]
         if self.runs_indexer:
-            step.mask = self._select_lanes(parts["head_weights"], q_low, rows, step.positions)
+            index_rows = pool.read(self.pool_layer, step.table, columns=slice(self.rank_dim, None))
+            step.selected = self._select_lanes(parts["head_weights"], q_low, index_rows, step.positions)
+        tokens, counts = step.selected
+        slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
+        latents = pool.read(self.pool_layer, slots, columns=slice(0, self.rank_dim))       # [B, N, r]
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
-        out = self._attend_lanes(q, rows[..., : self.rank_dim], step.mask)
+        out = self._attend_lanes(q, latents, counts)
         return self.group.sum_partials(ops.linear(out, self.o_proj))

@@ -48,7 +48,9 @@ class LaneStep:
     positions: torch.Tensor    # [B] the position of each stream's new token
     new_slots: torch.Tensor    # [B] the pool slot each new token's row goes to
     table: torch.Tensor        # [B, span] pool slots by position (past a stream's length: the scratch row)
-    mask: torch.Tensor | None = None  # [B, span] the last full indexer's selection (shared-indexer layers reuse it)
+    # the last full indexer's selection (shared-indexer layers reuse it): token positions into the span [B, N] and
+    # whether each counts [B, N] (dsa.SparseMLA._select_lanes)
+    selected: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def graphs_wanted(device: torch.device) -> bool:
