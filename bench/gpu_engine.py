@@ -374,7 +374,9 @@ def tp2_rank(args: argparse.Namespace) -> None:
     if args.tp_rank == 0:
         Path(args.tp_out).write_text(json.dumps({"cuts": cuts, "weights_gib_per_rank": round(held / 2**30, 1)}))
     sync()
-    group.close()
+    from engine.parallel import exit_process
+
+    exit_process(0)   # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
 
 
 def tp2_per_layer(layers: str, config: Path, timeout_s: float) -> dict:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 COMMANDS = {
@@ -41,14 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _leave_if_in_a_group(code: int) -> None:
-    """A process that joined a torch.distributed group exits without the interpreter's teardown: destroying the
-    group's backend after a peer has gone (or refused) aborts the process ("terminate called…", SIGABRT), which
-    would turn a clean exit code into a crash. Nothing is left to clean up at this point."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    """A process that joined a torch.distributed group exits through `parallel.exit_process` (no interpreter
+    teardown of the backend); one that never imported it (info, make-demo) returns normally."""
+    if "torch.distributed" in sys.modules:
+        from engine.parallel import exit_process
+
+        exit_process(code)
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from engine.models.glm5_next.model import Glm5NextForCausalLM
-    from engine.parallel import ParallelGroup
+    from engine.parallel import ParallelGroup, exit_process
     from engine.worker import StepExecutor, follow_plans
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
@@ -154,11 +154,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"rank {args.rank}: following rank 0's step plans")
         code = follow_plans(group, executor)
         say(f"rank {args.rank}: exiting ({'shutdown' if code == 0 else 'peer lost'})")
-        # Rank 0 may already be gone (always, once it has sent the shutdown plan): tearing the process group down
-        # then can abort the interpreter (SIGABRT from the backend's destructor). Nothing is left to clean up.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_process(code)   # rank 0 may already be gone (always, once it has sent the shutdown plan)
     return _serve(args, group, executor, context, api_key)
 
 

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from engine.models.glm5_next.model import Glm5NextForCausalLM
-from engine.parallel import ParallelGroup
+from engine.parallel import ParallelGroup, exit_process
 
 
 def greedy(model, prefill, decode, seqs, ids) -> tuple[list, torch.Tensor]:
@@ -48,6 +48,7 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str, device: st
     torch.save({"tokens": tokens, "logits": logits, "lane_tokens": lane_tokens, "lane_logits": lane_logits,
                 "uses_graphs": decoder.uses_graphs, "host_reads": reads, "agree": agree}, out)
     group.close()
+    exit_process(0)   # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
 
 
 def host_reads_of_the_static_step(model, decoder, seqs) -> list[str]:

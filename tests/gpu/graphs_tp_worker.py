@@ -15,7 +15,7 @@ import sys
 import torch
 
 from engine.models.glm5_next.model import Glm5NextForCausalLM
-from engine.parallel import ParallelGroup
+from engine.parallel import ParallelGroup, exit_process
 from test_graphs import run_schedule
 
 
@@ -56,7 +56,7 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str) -> None:
                                 "random_ok": bool(torch.randn(4, device=device).isfinite().all())}
     torch.save(result, out)
     torch.cuda.synchronize()
-    group.close()
+    exit_process(0)   # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,12 @@ def inputs(tokens: int, heads: int, dim: int, seed: int) -> tuple[torch.Tensor, 
     return draw(heads, dim, dim) * 0.1, q, k, draw(tokens, heads, dim), g, torch.sigmoid(draw(tokens, heads))
 
 
-@pytest.mark.parametrize("tokens,heads,dim", [(1, 4, 16), (77, 6, 16), (300, 8, 64), (1000, 4, 128)])
+@pytest.mark.parametrize("tokens", [1, 77, 300, 1000])
 @torch.no_grad()
-def test_chunk_kda_equals_token_steps(tokens, heads, dim):
+def test_chunk_kda_equals_token_steps(tokens):
+    # one head shape for every case, the model's below: fla-core autotunes each new one (about 1.5 minutes on an
+    # H200); bench/kda_prompt_bench.py measures the full-width shape
+    heads, dim = 6, 16
     state, *rest = inputs(tokens, heads, dim, seed=tokens)
     before = state.clone()
     out, final = fla_kda.kda_chunked(state, *rest)
