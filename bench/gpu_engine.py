@@ -45,6 +45,7 @@ PROFILE = "--profile" in sys.argv
 MODES = ("graphs", "eager", "plain")
 PREFILL = True
 LONG_CONTEXTS: tuple[int, ...] = ()
+BREAKDOWN: tuple[int, ...] = ()
 
 
 class RandomReader:
@@ -186,6 +187,9 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     if LONG_CONTEXTS:
         out["decode_long_context"] = long_context_decode(model, pool, ids, LONG_CONTEXTS, graphs=device == "cuda")
         save()
+    if BREAKDOWN:
+        out["prefill_breakdown"] = prefill_breakdown(model, pool, ids, BREAKDOWN)
+        save()
     if PREFILL:
         # matmul FLOPs a prompt token costs: 2 per bf16 weight it multiplies (bytes / 2), the LM head left out
         # (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta rule
@@ -216,6 +220,56 @@ def long_context_decode(model: Glm5NextForCausalLM, pool, ids: list[int], contex
         finally:
             seq.release()
         print(f"decode after {context}: {out[f't{context}']}", flush=True)
+    return out
+
+
+def prefill_breakdown(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...]) -> dict:
+    """Where one 2,048-token prompt chunk's time goes when it ends at each context: per layer its attention, its
+    MLP, and the rest of the layer (hyper-connections, norms), ms. Each part is synchronised on its own, so the parts
+    add up to a little more than the chunk takes plainly."""
+    out: dict = {}
+    for context in contexts:
+        seq = model.new_sequence(pool)
+        for chunk in range(0, context - 2048, 2048):
+            model.prefill(seq, ids[chunk: chunk + 2048])
+        parts: dict[str, float] = {}
+
+        def timing(name: str, fn):
+            def run(*args, **kwargs):
+                sync()
+                start = time.perf_counter()
+                result = fn(*args, **kwargs)
+                sync()
+                parts[name] = parts.get(name, 0.0) + (time.perf_counter() - start) * 1e3
+                return result
+            return run
+
+        mlps = [layer.mlp for layer in model.layers]
+        layer_calls = []
+        for i, layer in enumerate(model.layers):
+            kind = "dsa" if layer.is_dsa else "kda"
+            layer.attn.prefill = timing(f"{i} {kind} attention", layer.attn.prefill)   # shadows the method
+            layer.mlp = timing(f"{i} {type(layer.mlp).__name__}", layer.mlp)
+            layer_calls.append(layer.forward)
+            layer.forward = timing(f"{i} whole layer", layer.forward)
+        try:
+            sync()
+            start = time.perf_counter()
+            model.prefill(seq, ids[context - 2048: context])
+            sync()
+            total = (time.perf_counter() - start) * 1e3
+        finally:
+            for layer, mlp, forward in zip(model.layers, mlps, layer_calls):
+                del layer.attn.prefill
+                layer.mlp, layer.forward = mlp, forward
+            seq.release()
+        for i, layer in enumerate(model.layers):
+            kind = "dsa" if layer.is_dsa else "kda"
+            whole = parts.pop(f"{i} whole layer")
+            parts[f"{i} rest of the layer"] = whole - parts[f"{i} {kind} attention"] - parts[
+                f"{i} {type(layer.mlp).__name__}"]
+        out[f"t{context}"] = {"chunk_ms": round(total, 1), **{k: round(v, 1) for k, v in parts.items()}}
+        print(f"prefill chunk ending at {context}: {out[f't{context}']}", flush=True)
     return out
 
 
@@ -450,6 +504,7 @@ def main() -> None:
     ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
+    ap.add_argument("--prefill-breakdown", default="", help="time per layer part of the 2k chunk ending at these contexts")
     ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
                     help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
     ap.add_argument("--tp2", choices=("auto", "on", "off"), default="auto",
@@ -462,8 +517,9 @@ def main() -> None:
     if args.tp_rank is not None:
         tp2_rank(args)
         return
-    global OUT, MODES, PREFILL, LONG_CONTEXTS
+    global OUT, MODES, PREFILL, LONG_CONTEXTS, BREAKDOWN
     LONG_CONTEXTS = tuple(int(n) for n in args.long_contexts.split(",") if n)
+    BREAKDOWN = tuple(int(n) for n in args.prefill_breakdown.split(",") if n)
     OUT = Path(args.out) if args.out else None
     MODES, PREFILL = tuple(m for m in args.modes.split(",") if m and m != "none"), not args.no_prefill
     device = "cuda" if torch.cuda.is_available() else "cpu"
