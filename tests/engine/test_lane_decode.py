@@ -109,16 +109,26 @@ def test_static_selection_equals_the_plain_one(model, keep_tail, monkeypatch):
     x = torch.randn(length, model.cfg.hidden_size, generator=gen)
     q_low = torch.randn(length, model.cfg.q_lora_rank, generator=gen)
     positions = torch.arange(length)
-    tokens, counts = layer._select_lanes(ops.linear(x, layer.head_weights), q_low,
-                                         rows[:, layer.rank_dim:].expand(length, -1, -1), positions)
-    # the selected positions as a mask over the span (wide enough for a tail past it); no token counted twice
-    hits = torch.zeros(length, span + layer.kpool, dtype=torch.long).scatter_add_(1, tokens, counts.long())
-    assert int(hits.max()) == 1
-    static = hits > 0
+    width = span + layer.kpool   # wide enough for a tail past the span
+    static = selected_mask(layer._select_lanes(ops.linear(x, layer.head_weights), q_low,
+                                               rows[:, layer.rank_dim:].expand(length, -1, -1), positions), width)
+    whole = selected_mask(layer._select(x, q_low, rows[:length], positions), width)   # the prompt-chunk form
+    assert torch.equal(static, whole)
     for pos in range(length):
         plain = layer._select(x[pos: pos + 1], q_low[pos: pos + 1], rows[: pos + 1], positions[pos: pos + 1])
-        assert torch.equal(static[pos, : pos + 1], plain[0]), f"position {pos}"
+        assert torch.equal(static[pos], selected_mask(plain, width)[0]), f"position {pos}"
         assert not static[pos, pos + 1:].any()
+
+
+def selected_mask(selection, width: int) -> torch.Tensor:
+    """A DSA selection as a bool mask [T, width]: a causal mask as it is, (tokens, counts) scattered (and no token
+    counted twice)."""
+    if isinstance(selection, torch.Tensor):
+        return torch.nn.functional.pad(selection, (0, width - selection.shape[1]))
+    tokens, counts = selection
+    hits = torch.zeros(tokens.shape[0], width, dtype=torch.long).scatter_add_(1, tokens, counts.long())
+    assert int(hits.max()) <= 1
+    return hits > 0
 
 
 @torch.no_grad()

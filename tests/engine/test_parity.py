@@ -162,3 +162,17 @@ def test_token_by_token_prompts_equal_chunked(tmp_path, monkeypatch):
     tokens, logits = ours_greedy(steps, ids, 16)
     assert tokens == want_tokens
     assert max(float((a - b).abs().max()) for a, b in zip(logits, want_logits)) < 1e-4
+
+
+@torch.no_grad()
+def test_sparse_prompt_attention_in_query_blocks(pair, monkeypatch):
+    """Past the dense regime a prompt chunk's queries gather their selected latents a block at a time; one query a
+    block gives the same logits as the whole chunk in one block."""
+    from engine.models.glm5_next.dsa import SparseMLA
+
+    _, _, model = pair
+    ids = prompt(seed=9)
+    whole = model.prefill(model.new_sequence(model.make_pool(PROMPT_LEN)), ids)
+    monkeypatch.setattr(SparseMLA, "GATHER_ELEMENTS", 1)
+    blocks = model.prefill(model.new_sequence(model.make_pool(PROMPT_LEN)), ids)
+    assert (whole - blocks).abs().max() < 1e-5

@@ -44,6 +44,8 @@ from engine.parallel import ParallelGroup
 
 
 class SparseMLA:
+    GATHER_ELEMENTS = 1 << 26   # latents gathered at once for a block of prompt queries (256 MiB fp32)
+
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
                  pool_layer: int, runs_indexer: bool) -> None:
         self.group, self.pool_layer, self.runs_indexer = group, pool_layer, runs_indexer
@@ -97,32 +99,17 @@ class SparseMLA:
         return torch.cat([latent, key, project("pool_gate")], dim=-1)
 
     def _select(self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
-                ) -> torch.Tensor:
-        """Visibility mask [T, L] over the L cached tokens for the queries at `positions` (one stream)."""
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """What the queries at `positions` (one stream) attend to among its L cached rows: in the dense regime a
+        causal mask [T, L]; beyond it the selected tokens as `_select_tokens` gives them."""
         length = rows.shape[0]
         dev = rows.device
-        causal = torch.arange(length, device=dev)[None, :] <= positions[:, None]
         n_pools = length // self.kpool
         pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
-        visible_pools = pool_end[None, :] <= positions[:, None]                        # [T, P]
-        if n_pools <= self.pick or int(visible_pools.sum(-1).max()) <= self.pick:
-            return causal                                                              # dense regime
-        pool_keys = self._pool_keys(rows[:, self.rank_dim:], n_pools)                  # [P, d]
-        q = ops.linear(q_low, self.wq_b).view(-1, self.idx_heads, self.idx_dim)
-        scores = torch.relu(torch.einsum("thd,pd->thp", q, pool_keys) * self.idx_dim ** -0.5)
-        head_w = ops.linear(x, self.head_weights) * self.idx_heads ** -0.5
-        index = torch.einsum("th,thp->tp", head_w, scores)
-        index = index.masked_fill(~visible_pools, torch.finfo(index.dtype).min)
-        # stable sort: among equal scores (ReLU zeros tie often) the earlier pool wins, whatever the tensor's length
-        chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : self.pick]
-        chosen_ok = visible_pools.gather(-1, chosen)
-        pool_mask = torch.zeros_like(visible_pools).scatter_(-1, chosen, chosen_ok)     # [T, P]
-        mask = torch.zeros(positions.shape[0], length, dtype=torch.bool, device=dev)
-        mask[:, : n_pools * self.kpool] = pool_mask.repeat_interleave(self.kpool, dim=1)
-        if self.keep_tail:
-            tail_start = (positions + 1) - (positions + 1) % self.kpool
-            mask |= causal & (torch.arange(length, device=dev)[None, :] >= tail_start[:, None])
-        return mask & causal
+        if n_pools <= self.pick or int((pool_end[None, :] <= positions[:, None]).sum(-1).max()) <= self.pick:
+            return torch.arange(length, device=dev)[None, :] <= positions[:, None]          # dense regime
+        keys = self._pool_keys(rows[:, self.rank_dim:], n_pools)[None]                    # [1, P, d]
+        return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
     def _attend(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q [T, Hl, nope], latents [L, r], mask [T, L] -> [T, Hl * v]."""
@@ -132,12 +119,24 @@ class SparseMLA:
         ctx = torch.einsum("thl,lr->thr", torch.softmax(scores, dim=-1), latents)
         return torch.einsum("thr,hvr->thv", ctx, self.w_v).flatten(1)
 
+    def _attend_selected(self, q: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor
+                         ) -> torch.Tensor:
+        """q [T, Hl, nope] over the latents [L, r] of each query's own selected tokens [T, N] (`counts` [T, N]),
+        gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]."""
+        block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
+        picked = tokens.clamp(max=latents.shape[0] - 1)
+        return torch.cat([self._attend_lanes(q[i: i + block], latents[picked[i: i + block]], counts[i: i + block])
+                          for i in range(0, q.shape[0], block)])
+
     def _stream(self, x: torch.Tensor, q_low: torch.Tensor, seq: Sequence, positions: torch.Tensor,
-                shared_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                shared: torch.Tensor | tuple | None) -> tuple[torch.Tensor, torch.Tensor | tuple]:
         rows = seq.pool.read(self.pool_layer, seq.slots[: int(positions[-1]) + 1])
-        mask = self._select(x, q_low, rows, positions) if self.runs_indexer else shared_mask
+        chosen = self._select(x, q_low, rows, positions) if self.runs_indexer else shared
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
-        return self._attend(q, rows[:, : self.rank_dim], mask), mask
+        latents = rows[:, : self.rank_dim]
+        if isinstance(chosen, torch.Tensor):
+            return self._attend(q, latents, chosen), chosen
+        return self._attend_selected(q, latents, *chosen), chosen
 
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict) -> torch.Tensor:
         """x: [T, hidden] for positions seq.length .. seq.length+T-1 (their pool slots already allocated)."""
@@ -171,30 +170,35 @@ class SparseMLA:
 
     def _select_lanes(self, head_logits: torch.Tensor, q_low: torch.Tensor, index_rows: torch.Tensor,
                       positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tokens one query per stream at `positions` [B] attends to, given the index columns of its padded
-        span [B, S, 2d] (head_logits: x's head_weights projection): positions into the span [B, N] and whether each
-        counts [B, N], N = min(pick, P) · kpool + kpool — the chosen pools' tokens, then the unfinished pool's (the
-        tail). The count is fixed by (B, S), so attention reads N latents, not S, and a graph can hold it.
+        """`_select_tokens` for one query per stream at `positions` [B], given the index columns of each stream's
+        padded span [B, S, 2d] (pools past a stream's length are invisible to it)."""
+        return self._select_tokens(head_logits, q_low, self._pool_keys(index_rows, index_rows.shape[1] // self.kpool),
+                                   positions)
 
-        The same tokens as the plain path's `_select`: pools sort by score, stably (the earlier pool wins a tie;
-        padding pools, invisible, sort after every visible one); in the dense regime (no more visible pools than may
-        be picked) every visible pool is among the first min(pick, P), and the tail counts with or without
+    def _select_tokens(self, head_logits: torch.Tensor, q_low: torch.Tensor, pool_keys: torch.Tensor,
+                       positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens each query at `positions` [T] attends to, given the pooled index keys [T or 1, P, d] of the
+        pools before it (head_logits: x's head_weights projection): positions [T, N] and whether each counts
+        [T, N], N = min(pick, P) · kpool + kpool — the chosen pools' tokens, then the unfinished pool's (the tail).
+        The count is fixed by P, so attention reads N latents, not all of them, and a graph can hold it.
+
+        Pools sort by score, stably (the earlier pool wins a tie; pools not yet complete at a query's position,
+        padding included, sort after every visible one); in the dense regime (no more visible pools than may be
+        picked) every visible pool is among the first min(pick, P), and the tail counts with or without
         keep_tail."""
-        batch, span = index_rows.shape[:2]
-        dev = index_rows.device
-        n_pools = span // self.kpool
+        batch, n_pools = positions.shape[0], pool_keys.shape[-2]
+        dev = pool_keys.device
         pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
-        visible = pool_end[None, :] <= positions[:, None]                              # [B, P]
+        visible = pool_end[None, :] <= positions[:, None]                              # [T, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
-        keys = self._pool_keys(index_rows, n_pools)
-        scores = torch.relu(torch.einsum("bhd,bpd->bhp", q, keys) * self.idx_dim ** -0.5)
+        scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim ** -0.5)   # [T, h, P]
         head_w = head_logits * self.idx_heads ** -0.5
         index = torch.einsum("bh,bhp->bp", head_w, scores).masked_fill(~visible, torch.finfo(torch.float32).min)
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
         within = torch.arange(self.kpool, device=dev)
-        tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)                 # [B, C * kpool]
+        tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)                 # [T, C * kpool]
         counts = visible.gather(-1, chosen)[:, :, None].expand(-1, -1, self.kpool).flatten(1)
-        tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within      # [B, kpool]
+        tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within      # [T, kpool]
         tail_counts = tail <= positions[:, None]
         if not self.keep_tail:
             tail_counts &= (visible.sum(-1) <= self.pick)[:, None]                     # dense regime: all visible
