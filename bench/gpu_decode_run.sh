@@ -17,15 +17,7 @@ mkdir -p "$OUT" /tmp/pylib
 export PYTHONPATH=.:tests/engine:tests/gpu:tests:/tmp/pylib PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-560}
 BEFORE=${BEFORE:-}
-START=$(date +%s)
-LOG="$OUT/run.log"
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-say() { echo "$*" | tee -a "$LOG"; }
-cap() {
-    local want=$2 rest; rest=$(left)
-    if (( rest < 15 )); then echo "## $1: skipped, ${rest} s left of ${BUDGET}" | tee -a "$LOG" >&2; echo 0; return; fi
-    (( want < rest )) && echo "$want" || echo "$rest"
-}
+. bench/run_steps.sh
 
 say "## machine ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 timeout 20 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"

@@ -21,17 +21,7 @@ export PYTHONPATH=.:tests/engine:tests/gpu PYTHONUNBUFFERED=1
 # NVLink multicast stays off (the lent machine's rule), also for every process started from here
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 BUDGET=${BUDGET:-290}   # seconds for the whole run; BUDGET=560 leaves every step its own cap
-START=$(date +%s)
-LOG="$OUT/run.log"
-
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-say() { echo "$*" | tee -a "$LOG"; }
-# cap NAME SECONDS: the seconds this step may take (its own cap or what is left), 0 when it must be skipped
-cap() {
-    local want=$2 rest; rest=$(left)
-    if (( rest < 15 )); then echo "## $1: skipped, ${rest} s left of ${BUDGET}" | tee -a "$LOG" >&2; echo 0; return; fi
-    (( want < rest )) && echo "$want" || echo "$rest"
-}
+. bench/run_steps.sh
 
 say "## 1. machine ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 timeout 20 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"

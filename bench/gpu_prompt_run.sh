@@ -15,15 +15,7 @@ mkdir -p "$OUT" /tmp/pylib
 export PYTHONPATH=.:tests/engine:tests/gpu:tests:/tmp/pylib PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 BUDGET=${BUDGET:-540}
-START=$(date +%s)
-LOG="$OUT/run.log"
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-say() { echo "$*" | tee -a "$LOG"; }
-cap() {
-    local want=$2 rest; rest=$(left)
-    if (( rest < 15 )); then echo "## $1: skipped, ${rest} s left of ${BUDGET}" | tee -a "$LOG" >&2; echo 0; return; fi
-    (( want < rest )) && echo "$want" || echo "$rest"
-}
+. bench/run_steps.sh
 
 say "## machine ($(date -u +%FT%TZ))"
 timeout 20 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"

@@ -89,6 +89,18 @@ def fla_step(i: dict, fused_recurrent_kda_fwd) -> torch.Tensor:
     return gated_norm(core[:, 0], i)
 
 
+def prompt_inputs(length: int) -> tuple[torch.Tensor, ...]:
+    """One stream's prompt of `length` tokens at full width, seeded by its length: the state it starts from, then
+    q (normalised, pre-scaled), k, v, the bounded log-decay and beta."""
+    g = torch.Generator(device="cuda").manual_seed(length)
+    q = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g)) * D ** -0.5
+    k = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g))
+    v = torch.randn(length, H, D, device="cuda", generator=g)
+    gate = LOWER * torch.sigmoid(torch.randn(length, H, D, device="cuda", generator=g))
+    beta = torch.sigmoid(torch.randn(length, H, device="cuda", generator=g))
+    return torch.randn(H, D, D, device="cuda", generator=g) * 0.1, q, k, v, gate, beta
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -145,13 +157,7 @@ def main() -> None:
         if time.monotonic() - start > args.budget:
             result.setdefault("skipped", f"prefill from {length}: budget")
             break
-        g = torch.Generator(device="cuda").manual_seed(length)
-        q = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g)) * D ** -0.5
-        k = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g))
-        v = torch.randn(length, H, D, device="cuda", generator=g)
-        gate = LOWER * torch.sigmoid(torch.randn(length, H, D, device="cuda", generator=g))
-        beta = torch.sigmoid(torch.randn(length, H, device="cuda", generator=g))
-        s0 = torch.randn(H, D, D, device="cuda", generator=g) * 0.1
+        s0, q, k, v, gate, beta = prompt_inputs(length)
         row = result["prefill"][f"t{length}"] = {}
         ref_out, ref_state = ops.kda_chunked(s0, q, k, v, gate, beta)
         row["ours_chunked_ms"] = round(triton.testing.do_bench(lambda: ops.kda_chunked(s0, q, k, v, gate, beta),

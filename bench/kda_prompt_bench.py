@@ -26,8 +26,7 @@ sys.path.insert(0, str(ROOT))
 from engine import ops  # noqa: E402
 from engine.models.glm5_next.kda import kda_steps  # noqa: E402
 from engine.ops import fla_kda  # noqa: E402
-
-H, D, LOWER = 64, 128, -5.0
+from kda_bench import D, H, prompt_inputs  # noqa: E402  (bench/ is on the path: this script's folder)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -50,13 +49,7 @@ def main() -> None:
                     "precision": os.environ.get("TRITON_F32_DEFAULT"), "heads": H, "head_dim": D,
                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "prompt": {}}
     for length in (int(n) for n in args.lengths.split(",")):
-        g = torch.Generator(device="cuda").manual_seed(length)
-        q = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g)) * D ** -0.5
-        k = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g))
-        v = torch.randn(length, H, D, device="cuda", generator=g)
-        gate = LOWER * torch.sigmoid(torch.randn(length, H, D, device="cuda", generator=g))
-        beta = torch.sigmoid(torch.randn(length, H, device="cuda", generator=g))
-        s0 = torch.randn(H, D, D, device="cuda", generator=g) * 0.1
+        s0, q, k, v, gate, beta = prompt_inputs(length)
         row = result["prompt"][f"t{length}"] = {}
         with torch.no_grad():
             started = time.monotonic()
