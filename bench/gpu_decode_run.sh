@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # One call on the lent one-GPU machine (kind nvidia-h200, `.wheels` carried with fla-core and einops), ≤ BUDGET s:
-#     BUDGET=560 BEFORE=<commit> bash bench/gpu_decode_run.sh
+#     BUDGET=560 bash bench/gpu_decode_run.sh
 # Steps, most important first, each bounded by its own cap and by what is left of BUDGET:
 #   1. bench/kda_prompt_bench.py (fla-core's chunk_kda at full width: first call with its autotune, accuracy
 #      against token steps, speed against the torch chunked form)              -> kda_prompt.json
 #   2. tests/gpu: KDA prompts, graphs, CUDA parity                              -> tests_gpu.txt
 #   3. bench/gpu_engine.py: graph decode b1-4 with a kernel profile, the b1 step after 8k and 32k prompts,
 #      prefill 2k/8k/32k (3 runs each)                                         -> gpu_engine.json
-#   4. (BEFORE set) the b1 step after 8k and 32k prompts with the engine of commit BEFORE (a git worktree)
-#                                                                              -> long_before.json
 # run.log has the machine, each step's exit and time. Everything else goes to /tmp.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +14,6 @@ OUT=${OUT:-/tmp/decode-out}
 mkdir -p "$OUT" /tmp/pylib
 export PYTHONPATH=.:tests/engine:tests/gpu:tests:/tmp/pylib PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-560}
-BEFORE=${BEFORE:-}
 . bench/run_steps.sh
 
 say "## machine ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
@@ -47,13 +44,4 @@ if (( t > 0 )); then
     say "exit $? after $(( $(date +%s) - START )) s"; grep -v '^ ' /tmp/gpu_engine.log | grep -v '^[{}]' | tail -40 >> "$LOG"
 fi
 
-t=$(cap "4. long before" 110)
-if (( t > 0 )) && [ -n "$BEFORE" ] && git worktree add -q /tmp/before "$BEFORE" 2>>"$LOG"; then
-    say "## 4. long before (timeout $t s)"
-    cp bench/gpu_engine.py /tmp/before/bench/gpu_engine.py   # the same benchmark, the engine of BEFORE
-    (cd /tmp/before && PYTHONPATH=/tmp/before:/tmp/pylib timeout -s INT -k 10 "$t" python bench/gpu_engine.py \
-        --modes none --no-prefill --tp2 off --long-contexts 8192,32768 --out "$OUT/long_before.json" \
-        > /tmp/long_before.log 2>&1)
-    say "exit $? after $(( $(date +%s) - START )) s"; grep "decode after" /tmp/long_before.log >> "$LOG"
-fi
 say "## done after $(( $(date +%s) - START )) s"

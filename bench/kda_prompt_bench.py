@@ -26,11 +26,7 @@ sys.path.insert(0, str(ROOT))
 from engine import ops  # noqa: E402
 from engine.models.glm5_next.kda import kda_steps  # noqa: E402
 from engine.ops import fla_kda  # noqa: E402
-from kda_bench import D, H, prompt_inputs  # noqa: E402  (bench/ is on the path: this script's folder)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
+from kda_bench import D, H, prompt_inputs, rel  # noqa: E402  (bench/ is on the path: this script's folder)
 
 
 def main() -> None:

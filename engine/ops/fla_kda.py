@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from engine.ops.reference import l2norm
+
 PRECISION = "tf32x3"
 
 
@@ -56,8 +58,8 @@ def warm(heads: int, head_dim: int, device: torch.device) -> None:
     prompt does not wait for it."""
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (128, heads, head_dim)
-    q = torch.nn.functional.normalize(torch.randn(shape, device=device, generator=gen), dim=-1) * head_dim ** -0.5
-    k = torch.nn.functional.normalize(torch.randn(shape, device=device, generator=gen), dim=-1)
+    q = l2norm(torch.randn(shape, device=device, generator=gen)) * head_dim ** -0.5
+    k = l2norm(torch.randn(shape, device=device, generator=gen))
     v = torch.randn(shape, device=device, generator=gen)
     g = -torch.rand(shape, device=device, generator=gen)
     beta = torch.rand(shape[:2], device=device, generator=gen)
