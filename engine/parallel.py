@@ -11,6 +11,7 @@ import datetime
 import hashlib
 import json
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +49,18 @@ class ParallelGroup:
     @classmethod
     def init(cls, world: int, rank: int, master_addr: str, master_port: int,
              device: str | torch.device = "cpu", timeout_s: float = 600.0) -> "ParallelGroup":
-        """Join (or create, on rank 0) the process group over TCP. NCCL on CUDA, gloo on the CPU."""
+        """Join (or create, on rank 0) the process group over TCP. NCCL on CUDA, gloo on the CPU. Rank 0's
+        rendezvous store listens on `master_addr` only (loopback in the embedded default, the link address on
+        Sparks), never on every interface: its keys steer the group and it has no authentication."""
         device = torch.device(device)
         if world == 1:
             return cls(0, 1, device)
+        if _is_loopback(master_addr):  # local ranks: gloo's own listeners on loopback too, whatever the hostname
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = _rendezvous_store(master_addr, master_port, world, rank, timeout)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", world_size=world,
-                                rank=rank, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, world_size=world, rank=rank, timeout=timeout)
         return cls(rank, world, device)
 
     def close(self) -> None:
@@ -130,6 +136,32 @@ class ParallelGroup:
                                for k in differing)
             raise RuntimeError(f"ranks were started with different settings ({detail}); restart every rank with "
                                "the same values")
+
+
+_LISTENERS: list[socket.socket] = []   # rank 0's bound rendezvous socket, kept open for the store's lifetime
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr in ("localhost", "::1") or addr.startswith("127.")
+
+
+def _rendezvous_store(addr: str, port: int, world: int, rank: int,
+                      timeout: datetime.timedelta) -> dist.TCPStore:
+    """The group's TCP store. Rank 0 binds the listening socket itself, to `addr`, and hands it to the store
+    (torch's own server would listen on every interface); the others connect (retrying until `timeout`)."""
+    if rank != 0:
+        return dist.TCPStore(addr, port, world, False, timeout)
+    family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(where)
+    except OSError as exc:
+        listener.close()
+        raise OSError(exc.errno, f"the rendezvous cannot listen on {addr}:{port}: {exc.strerror}") from None
+    listener.listen(128)
+    _LISTENERS.append(listener)
+    return dist.TCPStore(addr, port, world, True, timeout, wait_for_workers=False, master_listen_fd=listener.fileno())
 
 
 def settings_fingerprint(settings: dict[str, Any]) -> str:

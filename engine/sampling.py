@@ -13,7 +13,9 @@ batch-invariant kernels (one fixed-shape GEMV per row, as the GPU's routed-exper
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +91,39 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.top_k == 1
 
 
+MIN_TEMPERATURE = 1e-5  # below this a request is greedy (as vLLM): logits / T leaves float64's range near T = 1e-300,
+                        # and long before that the draw is the argmax anyway
+HOT = 1e30              # stands in for an infinite temperature: every finite logit scales to ~0 (a uniform draw)
+
+
+def clean(params: SamplingParams) -> SamplingParams:
+    """The parameters the sampler can always honour: NaN or tiny temperatures are greedy, an infinite one is
+    uniform, probabilities are clamped into [0, 1] (NaN = filter off). The API already refuses most of these; the
+    sampler does not rely on it, so no request can make it fail."""
+    t = params.temperature
+    temperature = 0.0 if math.isnan(t) or t < MIN_TEMPERATURE else min(t, HOT)
+    top_p = 1.0 if math.isnan(params.top_p) else min(1.0, max(0.0, params.top_p))
+    min_p = 0.0 if math.isnan(params.min_p) else min(1.0, max(0.0, params.min_p))
+    if (temperature, top_p, min_p) == (params.temperature, params.top_p, params.min_p):
+        return params
+    return dataclasses.replace(params, temperature=temperature, top_p=top_p, min_p=min_p)
+
+
+def finite(scores: torch.Tensor) -> torch.Tensor:
+    """Scores with no NaN or infinity, ranking as the originals do: the usual all-finite row comes back as it is;
+    NaN counts as impossible (-inf); when some scores are +inf only they stay possible (0 against -inf); a row with
+    nothing possible becomes uniform. Filters and the Gumbel draw then always keep at least one token."""
+    if bool(torch.isfinite(scores).all()):
+        return scores
+    scores = torch.nan_to_num(scores, nan=-math.inf)
+    top = scores.max()
+    if top == math.inf:
+        return torch.where(scores == math.inf, 0.0, -math.inf).to(scores.dtype)
+    if top == -math.inf:
+        return torch.zeros_like(scores)
+    return scores
+
+
 CANDIDATES = 1024  # first look at this many top tokens for top_p / min_p; widened only when they do not suffice
 
 
@@ -120,10 +155,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     Candidates are ranked by (scaled logit desc, id asc); top_k, then min_p and top_p (relative to the softmax over
     the top_k set, or the whole vocabulary) cut the ranking; keyed Gumbel noise picks among what is left. Only as
     many top tokens as the filters need are ranked (the full-vocabulary sort cost ~40 ms at 155k tokens)."""
-    logits = logits.detach().to(torch.float64).reshape(-1)
+    logits = finite(logits.detach().to(torch.float64).reshape(-1))
+    params = clean(params)
     if params.greedy:
         return int(torch.argmax(logits))  # ties -> lowest id
-    scaled = logits / params.temperature
+    scaled = finite(logits / params.temperature)  # huge logits over a small temperature can overflow
     vocab = scaled.numel()
     if params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0:
         ids = torch.arange(vocab)

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch.distributed
+
 from engine.sampling import SamplingParams, sample
 from engine.worker import StepExecutor, StepPlan
 
@@ -53,6 +55,16 @@ class QueueFull(Exception):
 
 class Unavailable(Exception):
     """The engine cannot serve any more (a rank died or a step failed); the message says why."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A failed step in the product's words: a collective that broke means a rank went away (its process ended,
+    its machine or the link failed); anything else is a failed step. The exception itself goes to the log."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    if isinstance(exc, getattr(torch.distributed, "DistError", ())) or any(
+            word in text for word in ("gloo", "nccl", "connection", "peer", "timed out", "timeout", "broken pipe")):
+        return "a rank stopped answering"
+    return "a step failed on rank 0"
 
 
 @dataclass(eq=False)
@@ -110,7 +122,8 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         with self._lock:
             if self._closed is not None:
-                raise Unavailable(self._closed)
+                raise Unavailable(f"the engine is not serving ({self.broken}); retry once the server is back"
+                                  if self.broken else "the server is shutting down; retry once it is back")
             if self._in_system >= self.parallel + self.max_queued:
                 raise QueueFull(self.retry_after_s)
             self._in_system += 1
@@ -140,7 +153,7 @@ class Scheduler:
         try:
             while True:
                 if self._drain(block=not self._has_work()):
-                    self._fail_everyone("the server is shutting down")
+                    self._fail_everyone("the server is shutting down; this request was not finished")
                     self._run(StepPlan(releases=self._to_release, shutdown=True))
                     self.executor.release_all()
                     return
@@ -149,13 +162,24 @@ class Scheduler:
                 self._apply(work, self._run(plan))
                 self._refresh_stats()
         except Exception as exc:  # a peer died or a step failed: latch, fail everything, report
-            reason = f"{type(exc).__name__}: {exc}"
-            log.error("scheduler stopped: %s", reason)
-            self.broken = reason
-            self._fail_everyone(f"the engine stopped: {reason}")
-            self._refresh_stats()
-            if self.on_broken is not None:
-                self.on_broken(reason)
+            log.exception("scheduler stopped")   # the raw error goes to the log; clients and /health get words
+            self.abandon(describe_failure(exc))
+
+    def abandon(self, reason: str) -> None:
+        """Stop serving for `reason` (product words, e.g. "rank 1 stopped answering"): every request known or
+        submitted later fails with it, /health reports it, `on_broken` is told. Called by the loop when a step
+        fails, or by the peer watch while the loop may be stuck in a collective (the process ends soon after)."""
+        if self.broken is not None:
+            return
+        self.broken = reason
+        try:
+            self._fail_everyone(f"the engine stopped while this request ran: {reason}; retry once the server is "
+                                "back")
+        except RuntimeError:   # the loop thread changed a queue under us; the process is ending anyway
+            log.warning("some requests could not be told that the engine stopped")
+        self._refresh_stats()
+        if self.on_broken is not None:
+            self.on_broken(reason)
 
     def _has_work(self) -> bool:
         return bool(self._to_release or any(self._lanes) or
@@ -238,10 +262,23 @@ class Scheduler:
             req = reqs[0]
             req.filled += min(self.prefill_chunk, len(req.prompt) - req.filled)
             if not req.prefilling:
-                self._emit(req, sample(logits, req.params, len(req.prompt)))
+                self._sample(req, logits)
             return
         for row, req in enumerate(reqs):
-            self._emit(req, sample(logits[row], req.params, len(req.prompt) + len(req.output)))
+            self._sample(req, logits[row])
+
+    def _sample(self, req: Request, logits: Any) -> None:
+        """Sample and emit one request's next token. Sampling runs on rank 0 alone, after the step every rank ran,
+        so a failure here concerns this request only: it gets an error and its lane is released in the next plan;
+        every other request and every rank go on."""
+        try:
+            token = sample(logits, req.params, len(req.prompt) + len(req.output))
+        except Exception:
+            log.exception("sampling failed for request %s (%s)", req.id, req.params)
+            self._finish(req, "failed", "this request's next token could not be sampled; the other requests "
+                                        "were not affected (the server log has the details)")
+            return
+        self._emit(req, token)
 
     def _emit(self, req: Request, token: int) -> None:
         req.output.append(token)
@@ -284,7 +321,8 @@ class Scheduler:
                 break
             if kind == "submit":
                 unread.append(value)
-        for req in [*self._waiting, *self._background, *(r for r in self._lanes if r is not None), *unread]:
+        for req in [*list(self._waiting), *list(self._background), *(r for r in list(self._lanes) if r is not None),
+                    *unread]:
             self._finish(req, "failed", message)
         self._waiting.clear()
         self._background.clear()

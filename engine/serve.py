@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 GIB = 2**30
+SILENT_S = 3.0              # a rank silent this long makes /health 503 (and recovers when it beats again)
+COLLECTIVE_TIMEOUT_S = 600  # a backstop only: the peer watch ends a run with a silent rank long before this
 log = logging.getLogger("engine.serve")
 
 
@@ -54,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="off" if _env("GLM_THINKING", "1") in ("0", "off", "false") else "on")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--keepalive-s", type=float, default=15.0, help="SSE keep-alive comment after this silence")
-    p.add_argument("--peer-timeout-s", type=float, default=600.0, help="collective timeout (peer watch)")
+    p.add_argument("--peer-timeout-s", type=float, default=float(_env("GLM_PEER_TIMEOUT_S", "30") or 30),
+                   help="a rank silent this long (no heartbeat) ends the run (peer watch); /health is 503 after "
+                        f"{SILENT_S:.0f} s of silence")
 
 
 def say(message: str) -> None:
@@ -138,7 +142,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp))
     addr, _, port = args.master.partition(":")
     say(f"rank {args.rank}/{args.tp}: joining the group at {addr}:{port or 29551} ({device})")
-    group = ParallelGroup.init(args.tp, args.rank, addr, int(port or 29551), device, timeout_s=args.peer_timeout_s)
+    try:
+        group = ParallelGroup.init(args.tp, args.rank, addr, int(port or 29551), device,
+                                   timeout_s=max(COLLECTIVE_TIMEOUT_S, args.peer_timeout_s))
+    except OSError as exc:
+        say(f"error: {exc.strerror or exc} (is another run using --master {args.master}? MASTER_PORT picks "
+            "another port)")
+        return 2
+    watch = _watch_peers(args, addr, int(port or 29551))
     try:
         group.check_same_settings(fingerprint(args))
     except RuntimeError as exc:
@@ -155,11 +166,35 @@ def run(args: argparse.Namespace) -> int:
         code = follow_plans(group, executor)
         say(f"rank {args.rank}: exiting ({'shutdown' if code == 0 else 'peer lost'})")
         exit_process(code)   # rank 0 may already be gone (always, once it has sent the shutdown plan)
-    return _serve(args, group, executor, context, api_key)
+    return _serve(args, group, executor, context, api_key, watch)
+
+
+def _watch_peers(args: argparse.Namespace, addr: str, port: int) -> Any:
+    """Start the heartbeat (engine/peer_watch.py) with several ranks. Until rank 0 serves, a rank that goes
+    silent for --peer-timeout-s ends this process; `_serve` then takes over the reaction."""
+    if args.tp == 1:
+        return None
+    from engine.parallel import exit_process
+    from engine.peer_watch import PeerWatch
+
+    def lost(peer: int, seconds: float) -> None:
+        say(f"rank {args.rank}: rank {peer} has not answered for {seconds:.0f} s (--peer-timeout-s "
+            f"{args.peer_timeout_s:g}); exiting")
+        exit_process(1)
+
+    return PeerWatch.connect(addr, port, args.rank, args.tp, on_lost=lost, silent_s=SILENT_S,
+                             lost_s=args.peer_timeout_s).start()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
+
+
+def _exit_now(code: int) -> None:
+    from engine.parallel import exit_process
+
+    say("rank 0: exiting now")
+    exit_process(code)
 
 
 def _read_api_key(path: str | None) -> str | None:
@@ -179,7 +214,8 @@ def _generation_defaults(checkpoint: str) -> dict[str, Any]:
             "top_p": float(gen.get("top_p", 1.0)), "top_k": int(gen.get("top_k", 0) or 0)}
 
 
-def _serve(args: argparse.Namespace, group: Any, executor: Any, context: int, api_key: str | None) -> int:
+def _serve(args: argparse.Namespace, group: Any, executor: Any, context: int, api_key: str | None,
+           watch: Any) -> int:
     import uvicorn
     from tokenizers import Tokenizer
 
@@ -194,7 +230,7 @@ def _serve(args: argparse.Namespace, group: Any, executor: Any, context: int, ap
     state = ServerState(name=args.name, tokenizer=Tokenizer.from_file(str(Path(args.checkpoint, "tokenizer.json"))),
                         template=load_chat_template(args.checkpoint), scheduler=scheduler, context=context,
                         max_tokens=min(args.max_tokens, context), thinking=args.thinking == "on", api_key=api_key,
-                        keepalive_s=args.keepalive_s, **defaults)
+                        keepalive_s=args.keepalive_s, peers=watch, **defaults)
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5))
     exit_code = 0
@@ -202,11 +238,18 @@ def _serve(args: argparse.Namespace, group: Any, executor: Any, context: int, ap
     def on_broken(reason: str) -> None:  # a peer died: /health says why for a few seconds, then this rank exits
         nonlocal exit_code
         exit_code = 1
-        state.stopped_reason = f"a rank stopped serving ({reason})"
+        state.stopped_reason = f"the engine stopped: {reason}"
         say(f"rank 0: {state.stopped_reason}; exiting")
         threading.Timer(3.0, lambda: setattr(server, "should_exit", True)).start()
 
+    def on_lost(peer: int, seconds: float) -> None:  # the scheduler may be stuck in a collective with that rank
+        say(f"rank 0: rank {peer} has not answered for {seconds:.0f} s (--peer-timeout-s {args.peer_timeout_s:g})")
+        scheduler.abandon(f"rank {peer} stopped answering")
+        threading.Timer(10.0, lambda: _exit_now(1)).start()   # if uvicorn's shutdown waits on a stuck stream
+
     scheduler.on_broken = on_broken
+    if watch is not None:
+        watch.on_lost = on_lost
     scheduler.start()
 
     def announce() -> None:

@@ -113,7 +113,7 @@ class _Reply:
                     else:
                         end = event
         except EngineFailed as exc:
-            raise APIError(503, f"the engine stopped: {exc}") from exc
+            raise APIError(503, str(exc)) from exc
         pieces += self.parser.finish()
         end = end or End("stop", len(self.generation.token_ids))
         reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")

@@ -3,6 +3,7 @@ ids, usage, and SSE framing."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
@@ -88,15 +89,28 @@ def sse(payload: dict[str, Any] | str) -> str:
 
 
 async def collect(generation: Generation, request: Request) -> AsyncIterator[Delta | End]:
-    """Events of a non-streamed reply; stops (and cancels) when the client has gone away."""
-    async with contextlib.aclosing(generation.events(keepalive_s=0.5)) as events:
-        async for event in events:
-            if event is None:
-                if await request.is_disconnected():
-                    return
-                continue
-            yield event
+    """Events of a non-streamed reply. A watcher listens on the connection meanwhile: when the client hangs up,
+    the request is cancelled at once (its lane and cache rows go back within a step), not at max_tokens."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(generation, request))
+    try:
+        async with contextlib.aclosing(generation.events()) as events:
+            async for event in events:
+                if event is not None:
+                    yield event
+    finally:
+        watcher.cancel()
+
+
+async def _cancel_on_disconnect(generation: Generation, request: Request) -> None:
+    """Wait for the ASGI `http.disconnect` (the body has been read, so the next message is that one)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            generation.cancel()
+            return
 
 
 def stream_error(exc: EngineFailed) -> str:
-    return sse(error_body(500, str(exc))) + sse("[DONE]")
+    """The last events of a stream the engine could not finish: an error in OpenAI's body (the status line
+    was sent long ago; 503 is what a fresh request would get now), then the end marker."""
+    return sse(error_body(503, str(exc))) + sse("[DONE]")

@@ -60,7 +60,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                 else:
                     end = event
     except EngineFailed as exc:
-        raise APIError(503, f"the engine stopped: {exc}") from exc
+        raise APIError(503, str(exc)) from exc
     end = end or End("stop", len(generation.token_ids))
     reply = frame(text, end.finish_reason, {"usage": usage(len(prompt_ids), end.completion_tokens)})
     if body.return_token_ids:

@@ -46,6 +46,9 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return "the request body is not JSON", None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "invalid_unicode":
+        where = (first.get("ctx") or {}).get("where", "body")
+        return str(first.get("msg")), where.split(".")[0]
     if not loc and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
         return "the request body must be a JSON object", None
     where = ".".join(loc) or "body"

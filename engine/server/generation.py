@@ -90,7 +90,7 @@ class Generation:
             raise APIError(429, "the server is at capacity (every lane busy and the queue full); retry later",
                            code="rate_limit_exceeded", headers={"Retry-After": str(full.retry_after_s)}) from full
         except Unavailable as down:
-            raise APIError(503, f"the engine is not serving: {down}") from down
+            raise APIError(503, str(down)) from down
 
     def cancel(self) -> None:
         if not self._finished:

@@ -19,7 +19,7 @@ router = APIRouter()
 async def health(request: Request) -> JSONResponse:
     state = server_state(request)
     stats = state.scheduler.stats()
-    reason = state.stopped_reason or stats.get("broken")
+    reason = state.trouble()
     body: dict[str, Any] = {
         "ok": reason is None,
         "model": state.name,

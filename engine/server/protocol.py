@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic_core import PydanticCustomError
 
 Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -21,6 +22,44 @@ FunctionName = Annotated[str, Field(strict=True, min_length=1, max_length=64, pa
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+def lone_surrogate(value: Any, path: str = "") -> str | None:
+    """Where in a decoded JSON value a string (or key) holds a lone UTF-16 surrogate (JSON's "\\ud800" escape
+    decodes to one), else None. Such a string is not Unicode: the tokenizer cannot take it, nor UTF-8 encode it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        name = str(key).encode("utf-8", "backslashreplace").decode()  # a bad key is named, not echoed as it is
+        where = f"{path}.{name}" if path else name
+        found = lone_surrogate(key, where) if isinstance(key, str) else None
+        if (found := found or lone_surrogate(item, where)) is not None:
+            return found
+    return None
+
+
+class RequestBody(Body):
+    """A whole request body: checked once, before any field, for text that is not valid Unicode (400, naming
+    where), wherever the text sits (messages, content parts, tools, stop strings, keys)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate(data)
+        if where is not None:
+            raise PydanticCustomError("invalid_unicode", "{where} holds a lone UTF-16 surrogate (such as \\ud800), "
+                                      "which is not valid Unicode; send valid UTF-8 text", {"where": where})
+        return data
 
 
 class ContentPart(Body):
@@ -74,7 +113,7 @@ class StreamOptions(Body):
     include_usage: StrictBool | None = None
 
 
-class SamplingFields(Body):
+class SamplingFields(RequestBody):
     """What chat and completions share."""
     model: StrictStr | None = None
     max_tokens: PositiveInt | None = None
@@ -112,7 +151,7 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: StrictBool | None = False
 
 
-class TokenizeRequest(Body):
+class TokenizeRequest(RequestBody):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
@@ -124,6 +163,6 @@ class TokenizeRequest(Body):
     return_token_strs: StrictBool | None = False
 
 
-class DetokenizeRequest(Body):
+class DetokenizeRequest(RequestBody):
     model: StrictStr | None = None
     tokens: list[TokenId]

@@ -29,6 +29,14 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
     stopped_reason: str | None = None   # set when the engine can no longer serve (a rank died)
+    peers: Any = None                   # engine.peer_watch.PeerWatch with several ranks: silent ranks
+
+    def trouble(self) -> str | None:
+        """Why the engine cannot serve right now (None when it can): stopped, or a rank silent for seconds."""
+        stopped = self.stopped_reason or self.scheduler.stats().get("broken")
+        if stopped:
+            return stopped if stopped.startswith("the engine") else f"the engine stopped: {stopped}"
+        return self.peers.describe() if self.peers is not None else None
 
     @property
     def vocab_size(self) -> int:

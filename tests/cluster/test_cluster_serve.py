@@ -101,7 +101,7 @@ def test_killed_worker_rank_ends_rank_0_and_status_names_it(bed, serving) -> Non
     assert stopped.returncode == 0 and engines(bed) == []
     rank0_log = sorted(bed.path_on("head", "logs").glob("*-rank0.log.gz"))[-1]
     import gzip
-    assert b"a rank stopped serving" in gzip.decompress(rank0_log.read_bytes())
+    assert b"the engine stopped: a rank stopped answering" in gzip.decompress(rank0_log.read_bytes())
 
 
 def test_rank_exiting_while_loading_stops_every_rank(bed, serving) -> None:

@@ -128,7 +128,7 @@ def test_killed_worker_container_ends_rank_0_and_status_names_it(bed, docker_env
     assert stopped.returncode == 0
     assert_nothing_left(bed)
     rank0_log = sorted(bed.path_on("head", "logs").glob("*-rank0.log.gz"))[-1]
-    assert b"a rank stopped serving" in gzip.decompress(rank0_log.read_bytes())
+    assert b"the engine stopped: a rank stopped answering" in gzip.decompress(rank0_log.read_bytes())
 
 
 def test_partial_set_is_stopped_then_started(bed, docker_env) -> None:
