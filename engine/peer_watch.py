@@ -38,7 +38,6 @@ class PeerWatch:
         self._heard: dict[int, float] = {peer: now for peer in self.peers}
         self._stop = threading.Event()
         self._fired = False
-        self._thread: threading.Thread | None = None
 
     @classmethod
     def connect(cls, addr: str, port: int, rank: int, world: int, **kwargs: Any) -> "PeerWatch":
@@ -49,8 +48,8 @@ class PeerWatch:
         return cls(client, rank, world, **kwargs)
 
     def start(self) -> "PeerWatch":
-        self._thread = threading.Thread(target=self._loop, name="peer-watch", daemon=True)
-        self._thread.start()
+        for name, step in (("peer-beat", self.beat), ("peer-check", self.check)):
+            threading.Thread(target=self._loop, args=(step,), name=name, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -70,7 +69,7 @@ class PeerWatch:
         return f"rank {peer} has not answered for {silent[peer]:.0f} s"
 
     def beat(self) -> None:
-        """One beat and one look at the peers (the loop's body; tests call it directly)."""
+        """One beat and one look at the peers' counters (store I/O: may block while rank 0 is frozen)."""
         now = time.monotonic()
         try:
             self.store.add(f"alive/{self.rank}", 1)
@@ -80,13 +79,17 @@ class PeerWatch:
                     self._seen[peer], self._heard[peer] = count, now
         except Exception as exc:  # the store's host (rank 0) does not answer: the silence grows
             log.debug("heartbeat: store did not answer (%s)", exc)
+
+    def check(self) -> None:
+        """Call `on_lost` (once) when a watched rank has been silent for `lost_s`. Runs in its own thread, apart
+        from the beats: a store call to a frozen rank 0 can block for good, and must not hide the silence."""
         lost = {peer: s for peer, s in self.silence().items() if s >= self.lost_s}
         if lost and not self._fired:
             self._fired = True
             peer = max(lost, key=lambda p: lost[p])
             self.on_lost(peer, lost[peer])
 
-    def _loop(self) -> None:
+    def _loop(self, step: Callable[[], None]) -> None:
         while not self._stop.is_set():
-            self.beat()
+            step()
             self._stop.wait(self.interval_s)
