@@ -1,4 +1,4 @@
-"""`python -m engine serve|info|make-demo …` — each subcommand lives in its own module.
+"""`python -m engine serve|info|fit|make-demo …` — each subcommand lives in its own module.
 
 A subcommand module exposes `add_arguments(parser)` and `run(args) -> int`; it is imported only when chosen, so
 `make-demo` does not pay for the server's imports.
@@ -13,6 +13,7 @@ import sys
 COMMANDS = {
     "serve": ("engine.serve", "run one rank: load the checkpoint, join the group, serve the API on rank 0"),
     "info": ("engine.checkpoint.info", "print a checkpoint's architecture, parameter count and bytes per rank"),
+    "fit": ("engine.fit", "whether a window can ever fit this machine (config and safetensors headers only)"),
     "make-demo": ("engine.checkpoint.demo", "write a small demo checkpoint of this architecture"),
     "train-demo": ("engine.train.cli", "train the demo model on synthetic GLM-format conversations (needs transformers)"),
     "eval-demo": ("engine.train.evaluate", "greedy-decode held-out synthetic prompts with this engine; print a score table"),

@@ -78,8 +78,12 @@ def stop() -> int:
         ui.say(f"DRY_RUN=1: would stop ranks {ranks} (up to {settings.stop_timeout}s) and save their logs "
                f"under {settings.log_dir}; nothing is stopped.")
         return 0
-    ui.show_stop(control.stop(run_dir, Path(settings.log_dir), settings.log_keep, settings.stop_timeout,
-                              ui.ConsoleReporter()))
+    result = control.stop(run_dir, Path(settings.log_dir), settings.log_keep, settings.stop_timeout,
+                          ui.ConsoleReporter())
+    if not result.found and result.problem:   # never "nothing is running" from a record that cannot be read
+        raise RecipeError(f"the run record {result.problem} and no rank record was found: nothing was stopped",
+                          ui.UNKNOWN_RUN)
+    ui.show_stop(result)
     return 0
 
 

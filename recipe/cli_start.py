@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from recipe import control, download, launch, launch_docker, preflight, ui
+from recipe import control, download, launch, launch_docker, preflight, prestart, ui
 from recipe.errors import LaunchError
 from recipe.host import LinkFacts, detect_host
 from recipe.image import ensure_image, plan_lines
@@ -44,17 +44,20 @@ def start_or_restart(restart: bool, extra: tuple[str, ...]) -> int:
     launch.ensure_supported(the_plan)
     clock = StepClock()
     the_plan = _with_links(settings, the_plan, extra, current, must_pass=True)
+    # Everything that can be checked is checked while the last run (if any) still serves: the folders, HOST and
+    # the ports now, the checkpoint and the window once it is here; a failure stops nothing.
+    prestart.check_settings_here(settings, the_plan, current)
     clock.lap("checks")
     ui.headline(settings, the_plan)
     reporter = ui.ConsoleReporter()
     ui.step(1, STEPS, "Settings checked")
-    if current.state is None:   # nothing of ours to stop: a port taken now is another program's, refused up front
-        launch.check_ports_free(the_plan)
-    # Checkpoint and image are made ready while the last run (if any) still serves: a failure here stops nothing,
-    # and a restart is down only from the stop to the new ranks' readiness.
+    # Checkpoint and image are made ready while the last run (if any) still serves too, so a restart is down only
+    # from the stop to the new ranks' readiness.
     ui.step(2, STEPS, "Checkpoint")
     download_into_cache(settings, reporter)
     launch.prepare(the_plan, reporter)
+    prestart.check_checkpoint(settings, the_plan)
+    prestart.check_window(settings, the_plan, reporter)
     launch.sync_checkpoint(the_plan, reporter)
     clock.lap("checkpoint")
     _image_step(settings, the_plan, reporter)

@@ -20,7 +20,7 @@ from recipe import launch_docker, launch_remote
 from recipe.launch import Reporter, probe_health
 from recipe.logs import save_log
 from recipe.nodes import node_for, on_each
-from recipe.runstate import RankProcess, RankStop, RunState, clear_state, is_alive, load_state, save_state
+from recipe.runstate import RankProcess, RankStop, RunState, clear_state, is_alive, read_record, save_state
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class StopResult:
     found: bool                      # a recorded run existed
     requests_cut: int                # requests that were running when the stop began
     ranks: tuple[RankStop, ...] = ()
+    problem: str = ""                # why state.json could not be read (the ranks then came from their own records)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Status:
     state: RunState | None
     alive: dict[int, bool | None]    # None: the rank's node did not answer
     health: dict | None
+    problem: str = ""                # why state.json could not be read (the ranks then came from their own records)
 
     @property
     def running(self) -> bool:
@@ -51,12 +53,13 @@ class Status:
 
 
 def status(run_dir: Path) -> Status:
-    state = load_state(run_dir)
+    record = read_record(run_dir)
+    state = record.state
     if state is None:
-        return Status(None, {}, None)
+        return Status(None, {}, None, record.problem)
     alive = state.alive()
     health = probe_health(state.health_url) if alive.get(0) else None
-    return Status(state, alive, health)
+    return Status(state, alive, health, record.problem)
 
 
 def requests_running(health: dict | None) -> int:
@@ -65,9 +68,12 @@ def requests_running(health: dict | None) -> int:
 
 
 def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Reporter) -> StopResult:
-    state = load_state(run_dir)
+    record = read_record(run_dir)
+    state = record.state
     if state is None:
-        return StopResult(found=False, requests_cut=0)
+        return StopResult(found=False, requests_cut=0, problem=record.problem)
+    if record.problem:
+        reporter.warn(f"the run record {record.problem}: the ranks were found from their own records (rank<N>.json)")
     before = state.alive()
     cut = requests_running(probe_health(state.health_url)) if any(v is not False for v in before.values()) else 0
     if cut:
@@ -94,7 +100,7 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
     outcomes.sort(key=lambda s: s.rank)
     unreached = {s.rank for s in outcomes if s.outcome.startswith("unknown")}
     _clear_run_dir(run_dir, state, keep_ranks=unreached)
-    return StopResult(found=True, requests_cut=cut, ranks=tuple(outcomes))
+    return StopResult(found=True, requests_cut=cut, ranks=tuple(outcomes), problem=record.problem)
 
 
 def _stop_local(ordered: list[RankProcess], log_dir: Path, keep: int, timeout_s: float) -> list[RankStop]:

@@ -20,7 +20,7 @@ def _kind(spec: SettingSpec) -> str:
     if spec.range and spec.type in ("int", "float"):
         low, high = spec.range
         fmt = (lambda v: str(int(v))) if spec.type == "int" else (lambda v: f"{v:g}")
-        return f"{spec.type} {fmt(low)}–{fmt(high)}"
+        return f"{spec.type} {'0, ' if spec.zero_ok else ''}{fmt(low)}–{fmt(high)}"
     return spec.type
 
 

@@ -178,7 +178,8 @@ def launch(plan: Plan, secrets: Mapping[str, str], reporter: Reporter | None = N
 
     def record() -> RunState:
         state = RunState(runtime=plan.runtime, served_name=plan.served_name, api_url=plan.api_url,
-                         health_url=plan.health_url, started_at=started_at, ranks=tuple(recorded))
+                         health_url=plan.health_url, started_at=started_at, ranks=tuple(recorded),
+                         ports=tuple(p for r in plan.ranks if r.node == "local" for p in r.ports))
         save_state(run_dir, state)
         return state
 

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from secrets import token_hex
 from typing import Any, Mapping
 
 from recipe.checkpoint import head_checkpoint_dir
@@ -129,6 +130,13 @@ def mask_env(name: str, value: str) -> str:
 
 def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] = ()) -> Plan:
     """Every rank's launch, derived from settings and host facts only (no side effects)."""
+    _check_extra_args(settings, extra_args)
+    plan = _build(settings, host, extra_args)
+    _check_no_secret_leaks(settings, host, extra_args)
+    return plan
+
+
+def _build(settings: Settings, host: HostFacts, extra_args: tuple[str, ...]) -> Plan:
     runtime = settings.effective_runtime
     run_dir = os.path.join(settings.log_dir, "run")
     secret_files = (SecretFile(os.path.join(run_dir, "api_key"), "API_KEY"),) if settings.api_key else ()
@@ -142,12 +150,10 @@ def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] 
         host_checkpoint = head_checkpoint_dir(settings) or ""
         ranks = tuple(_docker_rank(settings, host, r, checkpoint, secret_files, extra_args)
                       for r in _start_order(settings.tp))
-    plan = Plan(runtime=runtime, tp=settings.tp, device=host.device,
+    return Plan(runtime=runtime, tp=settings.tp, device=host.device,
                 checkpoint=checkpoint, served_name=settings.served_name, api_url=_api_url(settings) + "/v1",
                 health_url=_local_url(settings) + "/health", run_dir=run_dir, ranks=ranks, prepare=prepare,
                 secret_files=secret_files, summary=_summary(settings), host_checkpoint=host_checkpoint)
-    _check_no_secret_leaks(plan, settings)
-    return plan
 
 
 def _start_order(tp: int) -> list[int]:
@@ -245,11 +251,26 @@ def _summary(settings: Settings) -> dict[str, Any]:
             "drafter": settings.drafter, "thinking": settings.thinking, "port": settings.port}
 
 
-def _check_no_secret_leaks(plan: Plan, settings: Settings) -> None:
-    """A defect guard: no secret value may reach a command line or an environment."""
-    secrets = [v for v in (settings.api_key, settings.hf_token) if v]
-    for rank in plan.ranks:
+def _check_no_secret_leaks(settings: Settings, host: HostFacts, extra: tuple[str, ...]) -> None:
+    """A defect guard: no secret may reach a command line or an environment. The plan is built once more with each
+    secret replaced by a long random stand-in that no other setting holds; a word holding a stand-in came from a
+    secret. (Searching the real plan for the real values would fire whenever a secret merely equals another
+    setting's value — API_KEY=demo with SERVED_NAME=demo —, which leaks nothing the other setting does not show.)"""
+    stand_ins = {name: f"secret-{token_hex(16)}" for name in ("api_key", "hf_token") if getattr(settings, name)}
+    if not stand_ins:
+        return
+    probe = _build(dataclasses.replace(settings, **stand_ins), host, extra)
+    for rank in probe.ranks:
         words = [*rank.argv, *rank.env.values()]
-        if any(secret == word or (len(secret) >= 8 and secret in word) for secret in secrets for word in words):
+        if any(stand_in in word for stand_in in stand_ins.values() for word in words):
             raise RecipeError(f"internal error: a secret reached rank {rank.rank}'s command or environment",
                               "report this; nothing was started")
+
+
+def _check_extra_args(settings: Settings, extra: tuple[str, ...]) -> None:
+    """Arguments given to ./start.sh go to every rank's command line, where every node's process list shows them."""
+    for name in ("API_KEY", "HF_TOKEN"):
+        secret = settings.value(name)
+        if secret and any(secret == word or (len(secret) >= 8 and secret in word) for word in extra):
+            raise RecipeError(f"an argument given to start holds {name}'s value, which every node's process list "
+                              "would show", f"leave it out: {name} reaches where it is needed without it")

@@ -1,4 +1,9 @@
-"""What is running: the state file a launch writes (LOG_DIR/run/state.json) and checks on the ranks it names.
+"""What is running: the record a launch writes (LOG_DIR/run/state.json) and checks on the ranks it names.
+
+The record is written atomically (a temporary file in the same folder, fsync, rename), and each rank also gets a
+record of its own (LOG_DIR/run/rank<N>.json, the run's fields and that rank), written the same way as the rank
+launches. When state.json cannot be read (cut short, corrupted, deleted), the ranks are read from those instead:
+stop and status never take an unreadable record for "nothing is running".
 
 A process rank is recorded with its node, its PID *and* its start time from /proc (a PID alone can be reused by an
 unrelated program after ours exits); it counts as ours only while both match. A container rank is recorded by its
@@ -8,6 +13,7 @@ over ssh, one command per node; a node that does not answer leaves its ranks unk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -16,6 +22,7 @@ from pathlib import Path
 from recipe.nodes import node_for
 
 STATE_FILE = "state.json"
+RANK_FILE = "rank{}.json"
 
 
 def rank_ident(container: str, pid: int) -> str:
@@ -65,6 +72,7 @@ class RunState:
     health_url: str
     started_at: float
     ranks: tuple[RankProcess, ...]
+    ports: tuple[int, ...] = ()   # what the ranks on the head listen on (PORT, MASTER_PORT)
 
     def alive(self) -> dict[int, bool | None]:
         """Per rank: True while it runs, False once it exited, None when its node does not answer."""
@@ -156,23 +164,88 @@ def containers_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
     return {r.rank: seen.get(r.container) == "running" if r.container in seen else None for r in ranks}
 
 
+@dataclass(frozen=True)
+class Record:
+    """What the run folder says: the run (None: nothing recorded) and, when state.json could not be read, why."""
+    state: RunState | None
+    problem: str = ""
+
+
 def save_state(run_dir: Path, state: RunState) -> None:
+    """Each rank's own record, then state.json; a rank no longer in the state loses its record."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    data = asdict(state)
-    tmp = run_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(run_dir / STATE_FILE)
+    run = {k: v for k, v in asdict(state).items() if k != "ranks"}
+    for rank in state.ranks:
+        _write_atomically(run_dir / RANK_FILE.format(rank.rank), json.dumps({**run, "rank": asdict(rank)}))
+    kept = {RANK_FILE.format(r.rank) for r in state.ranks}
+    for path in _rank_files(run_dir):
+        if path.name not in kept:
+            path.unlink(missing_ok=True)
+    _write_atomically(run_dir / STATE_FILE, json.dumps(asdict(state), indent=2))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Whole or not at all, also across a crash: a reader sees the old file or the new one, never a part."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)   # the rename itself
+    finally:
+        os.close(folder)
+
+
+def _rank_files(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob(RANK_FILE.format("[0-9]*")))
+
+
+def _state_from(data: dict) -> RunState:
+    ranks = tuple(RankProcess(**r) for r in data.pop("ranks"))
+    return RunState(**{**data, "ports": tuple(data.get("ports", ()))}, ranks=ranks)
+
+
+def read_record(run_dir: Path) -> Record:
+    """The recorded run; from the ranks' own records when state.json is unreadable (or missing beside them)."""
+    path = run_dir / STATE_FILE
+    try:
+        return Record(_state_from(json.loads(path.read_text())))
+    except FileNotFoundError:
+        if not _rank_files(run_dir):
+            return Record(None)
+        problem = f"{path} is missing"
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+        problem = f"{path} is unreadable ({type(error).__name__}: {error})"
+    return Record(_from_rank_files(run_dir), problem)
+
+
+def _from_rank_files(run_dir: Path) -> RunState | None:
+    """The run the newest rank records describe (a record that does not parse is left out)."""
+    found = []
+    for path in _rank_files(run_dir):
+        try:
+            data = json.loads(path.read_text())
+            rank = RankProcess(**data.pop("rank"))
+            found.append((_state_from({**data, "ranks": []}), rank))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+    if not found:
+        return None
+    newest = max(state.started_at for state, _ in found)
+    ranks = tuple(sorted((r for state, r in found if state.started_at == newest), key=lambda r: r.rank))
+    run = next(state for state, _ in found if state.started_at == newest)
+    return dataclasses.replace(run, ranks=ranks)
 
 
 def load_state(run_dir: Path) -> RunState | None:
-    path = run_dir / STATE_FILE
-    try:
-        data = json.loads(path.read_text())
-        ranks = tuple(RankProcess(**r) for r in data.pop("ranks"))
-        return RunState(**data, ranks=ranks)
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+    return read_record(run_dir).state
 
 
 def clear_state(run_dir: Path) -> None:
+    """The ranks' records first: a clear cut short leaves state.json, which still names the ranks."""
+    for path in _rank_files(run_dir):
+        path.unlink(missing_ok=True)
     (run_dir / STATE_FILE).unlink(missing_ok=True)

@@ -56,6 +56,8 @@ class SettingSpec:
     range: tuple[float, float] | None = None
     derived: str = ""
     empty_ok: bool = False
+    zero_ok: bool = False      # 0 is accepted besides the range (CONTEXT=0: the largest window that fits)
+    example: str = ""          # what an error suggests writing, when the default is derived
 
     @property
     def is_secret(self) -> bool:
@@ -68,7 +70,7 @@ class SettingSpec:
         if self.type in ("int", "float") and self.range:
             low, high = (_fmt_number(v, self.type) for v in self.range)
             kind = "a whole number" if self.type == "int" else "a number"
-            return f"{kind} from {low} to {high}"
+            return f"{'0 or ' if self.zero_ok else ''}{kind} from {low} to {high}"
         return _HINTS.get(self.type, "a value")
 
     def default_text(self) -> str:
@@ -99,6 +101,8 @@ def load_specs(path: Path = SETTINGS_YAML) -> dict[str, SettingSpec]:
             range=(float(rng[0]), float(rng[1])) if rng else None,
             derived=entry.get("derived", ""),
             empty_ok=bool(entry.get("empty_ok", False)),
+            zero_ok=bool(entry.get("zero_ok", False)),
+            example=str(entry.get("example", "")),
         )
     return specs
 
@@ -111,6 +115,8 @@ def bad_value(spec: SettingSpec, raw: str, origin: str, why: str = "") -> Settin
 
 
 def _example(spec: SettingSpec) -> str:
+    if spec.example:
+        return spec.example
     if spec.type == "choice":
         return spec.choices[0]
     if spec.default not in (None, ""):
@@ -141,6 +147,8 @@ def _parse_float(spec: SettingSpec, raw: str) -> float:
 
 
 def _in_range(spec: SettingSpec, value: float) -> float:
+    if spec.zero_ok and value == 0:
+        return value
     if spec.range and not spec.range[0] <= value <= spec.range[1]:
         raise ValueError("")
     return value

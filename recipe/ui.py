@@ -48,6 +48,10 @@ def warn(text: str) -> None:
     errors.print(f"[yellow]warning:[/] {escape(text)}")
 
 
+UNKNOWN_RUN = ("Ranks may still run: look for them (ps -ef | grep 'engine serve'; docker ps for containers) and "
+               "stop them by PID or name; ./start.sh writes a new record")
+
+
 def show_error(error: RecipeError) -> None:
     if isinstance(error, LaunchError):
         for source, lines in error.logs.items():
@@ -132,8 +136,11 @@ def show_stop(result: StopResult) -> None:
 
 
 def show_status(status: Status) -> None:
+    if status.problem:
+        warn(f"the run record {status.problem}: " + ("the ranks below come from their own records (rank<N>.json)"
+             if status.state else "and no rank record was found, so whether ranks run here is unknown"))
     if status.state is None:
-        say("Not running (no recorded ranks). Start it with ./start.sh")
+        say(UNKNOWN_RUN if status.problem else "Not running (no recorded ranks). Start it with ./start.sh")
         return
     table = Table(show_edge=False)
     for column in ("rank", "node", "pid / container", "state", "log"):

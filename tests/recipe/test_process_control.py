@@ -18,7 +18,7 @@ from recipe.host import HostFacts
 from recipe.logs import save_log
 from recipe.plan import Plan, build_plan
 from recipe.runstate import is_alive, load_state
-from recipe.settings import load_settings
+from recipe.settings import REPO_ROOT, load_settings
 from recipe.smoke import is_collapsed, smoke_test
 
 FAKE = str(Path(__file__).with_name("fake_rank.py"))
@@ -33,7 +33,7 @@ def with_fake_ranks(plan: Plan, **env: str) -> Plan:
 
 @pytest.fixture
 def fake_plan(sandbox: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("CHECKPOINT", str(sandbox / "ckpt"))
+    monkeypatch.setenv("CHECKPOINT", str(REPO_ROOT / "engine" / "checkpoint" / "trained_demo"))  # start checks it
     monkeypatch.setenv("STOP_TIMEOUT", "2")
     made: list[Plan] = []
 
