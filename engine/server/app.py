@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from engine.server import chat_completions, completions, health, metrics, models, tokenize
 from engine.server.errors import error_body, install_error_handlers
+from engine.server.openapi import install_openapi
 from engine.server.state import ServerState
 
 OPEN_PATHS = {"/health", "/v1/health"}
@@ -26,6 +27,7 @@ def create_app(state: ServerState) -> FastAPI:
     for module in (chat_completions, completions, models, tokenize, health, metrics):
         app.include_router(module.router)
     install_error_handlers(app)
+    install_openapi(app)
     app.add_middleware(GuardMiddleware, state=state)
     return app
 

@@ -29,13 +29,14 @@ def _tools(body: ChatCompletionRequest) -> tuple[list[Tool] | None, dict[str, di
     tools = body.tools or None
     if body.tool_choice == "none" or not tools:
         if isinstance(body.tool_choice, NamedToolChoice):
-            raise bad_request("tool_choice names a function but no tools were offered", "tool_choice")
+            raise bad_request("tool_choice names a function but no tools were offered", "tool_choice",
+                              code="invalid_tool_choice")
         return None, {}
     if isinstance(body.tool_choice, NamedToolChoice):
         chosen = [t for t in tools if t.function.name == body.tool_choice.function.name]
         if not chosen:
             raise bad_request(f"tool_choice names {body.tool_choice.function.name!r}, which is not among the "
-                              "offered tools", "tool_choice")
+                              "offered tools", "tool_choice", code="invalid_tool_choice")
         tools = chosen
     return tools, offered_tools([t.model_dump(exclude_none=True) for t in tools])
 

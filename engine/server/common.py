@@ -30,7 +30,7 @@ def new_id(prefix: str) -> str:
 
 def check_request(state: "ServerState", body: SamplingFields) -> None:
     if body.model is not None and body.model != state.name:
-        raise APIError(400, f"model {body.model!r} is not served here; this server serves {state.name!r}",
+        raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.name!r}",
                        code="model_not_found", param="model")
     if body.n is not None and body.n != 1:
         raise bad_request(f"n must be 1 (got {body.n}); send separate requests for more choices", "n")

@@ -68,7 +68,7 @@ class Metrics:
 router = APIRouter()
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get("/metrics")
 @router.get("/v1/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.server

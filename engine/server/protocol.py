@@ -9,13 +9,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, model_validator
 from pydantic_core import PydanticCustomError
 
+def _integral(value: Any) -> Any:
+    """JSON does not tell 2 from 2.0, and JSON Schema's integer admits both: an integral float counts as its int.
+    Everything else (strings, booleans, 2.5) meets the strict integer check that follows."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def strict_int(**bounds: int) -> Any:
+    """A strict integer type (integral floats allowed, see `_integral`) with bounds (ge, lt, ...)."""
+    return Annotated[int, Field(strict=True, **bounds), BeforeValidator(_integral)]
+
+
+StrictInt = strict_int()
+ONLY_ONE = {"minimum": 1, "maximum": 1}
 Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(strict=True, ge=1)]
-TokenId = Annotated[int, Field(strict=True, ge=0)]
+PositiveInt = strict_int(ge=1)
+TokenId = strict_int(ge=0)   # the published schema adds the vocabulary's top (server/openapi.py)
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 FunctionName = Annotated[str, Field(strict=True, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -63,7 +76,7 @@ class RequestBody(Body):
 
 
 class ContentPart(Body):
-    type: StrictStr
+    type: StrictStr = Field(json_schema_extra={"enum": ["text"]})   # other part types: a 400 naming the type
     text: StrictStr | None = None
 
 
@@ -119,15 +132,16 @@ class SamplingFields(RequestBody):
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Field(strict=True, ge=-1)] | None = None
+    top_k: strict_int(ge=-1) | None = None
     min_p: Probability | None = None
-    seed: Annotated[int, Field(strict=True, ge=-(2**63), lt=2**64)] | None = None
+    seed: StrictInt | None = None   # any integer: the sampler keys on its low 64 bits
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    n: StrictInt | None = None
-    logprobs: StrictBool | StrictInt | None = None
-    top_logprobs: StrictInt | None = None
+    # What the published schema allows is narrower than what is parsed, so a refusal keeps its own words:
+    n: StrictInt | None = Field(None, json_schema_extra=ONLY_ONE)
+    logprobs: StrictBool | StrictInt | None = Field(None, json_schema_extra={"enum": [False, 0, None]})
+    top_logprobs: StrictInt | None = Field(None, json_schema_extra={"enum": [0, None]})
     ignore_eos: StrictBool | None = None
     priority: Literal["background", "normal", "foreground", "interactive"] | StrictInt | None = None
     draft: StrictBool | None = None
@@ -147,14 +161,17 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
     echo: StrictBool | None = None
-    suffix: StrictStr | None = None
+    suffix: StrictStr | None = Field(None, json_schema_extra={"enum": ["", None]})
     add_special_tokens: StrictBool | None = False
 
 
 class TokenizeRequest(RequestBody):
+    """Exactly one of `prompt` and `messages` (null is not a way to leave one out)."""
+    model_config = ConfigDict(extra="allow", json_schema_extra={
+        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
     model: StrictStr | None = None
-    prompt: StrictStr | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    prompt: StrictStr = None  # type: ignore[assignment]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] = None  # type: ignore[assignment]
     add_special_tokens: StrictBool | None = True
     add_generation_prompt: StrictBool | None = True
     tools: list[Tool] | None = None

@@ -20,7 +20,8 @@ router = APIRouter()
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     state = server_state(request)
     if body.model is not None and body.model != state.name:
-        raise APIError(400, f"model {body.model!r} is not served here", code="model_not_found", param="model")
+        raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.name!r}",
+                       code="model_not_found", param="model")
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("/tokenize takes a JSON body with messages or prompt (exactly one)")
     if body.messages is not None:

@@ -222,10 +222,11 @@ def test_context_length_exceeded_and_bad_requests(http: httpx.Client) -> None:
     assert capped.status_code == 200 and capped.json()["usage"]["completion_tokens"] == 14
     for body in ({"messages": []}, {"messages": [{"role": "user", "content": "x"}], "n": 2},
                  {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
-                 {"messages": [{"role": "user", "content": "x"}], "model": "other"},
                  {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}):
         response = http.post("/v1/chat/completions", json=body)
         assert response.status_code == 400 and "message" in response.json()["error"], body
+    unknown = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "model": "other"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"  # as OpenAI answers
     assert http.post("/v1/chat/completions", content=b"{not json").status_code == 400
     assert http.post("/v1/chat/completions", content=b"x" * (33 * 2**20)).status_code == 413
     assert http.get("/v1/nowhere").status_code == 404
