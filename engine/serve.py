@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="off" if _env("GLM_THINKING", "1") in ("0", "off", "false") else "on")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--keepalive-s", type=float, default=15.0, help="SSE keep-alive comment after this silence")
-    p.add_argument("--peer-timeout-s", type=float, default=float(_env("GLM_PEER_TIMEOUT_S", "30") or 30),
+    p.add_argument("--peer-timeout-s", type=float, default=30.0,
                    help="a rank silent this long (no heartbeat) ends the run (peer watch); /health is 503 after "
                         f"{SILENT_S:.0f} s of silence")
 

@@ -90,11 +90,12 @@ def stop() -> int:
 @app.command()
 @_guarded
 def status() -> int:
-    """Show each rank, rank 0's health and the API URL. Exit code 0 while every rank runs, else 3."""
+    """Show each rank, rank 0's health and the API URL. Exit code 0 while every rank runs and rank 0 does not
+    report that it cannot serve (a silent or stopped rank), else 3."""
     settings = load_settings(rules=False)
     current = control.status(Path(settings.log_dir, "run"))
     ui.show_status(current)
-    return 0 if current.running else 3
+    return 0 if current.serving else 3
 
 
 @app.command()

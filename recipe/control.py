@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipe import launch_docker, launch_remote
-from recipe.launch import Reporter, probe_health
+from recipe.launch import Reporter, probe_health, read_health
 from recipe.logs import save_log
 from recipe.nodes import node_for, on_each
 from recipe.runstate import RankProcess, RankStop, RunState, clear_state, is_alive, read_record, save_state
@@ -37,10 +37,16 @@ class Status:
     alive: dict[int, bool | None]    # None: the rank's node did not answer
     health: dict | None
     problem: str = ""                # why state.json could not be read (the ranks then came from their own records)
+    said: str = "closed"             # launch.read_health's verdict: serving | not serving | silent | closed
 
     @property
     def running(self) -> bool:
         return bool(self.alive) and all(v is True for v in self.alive.values())
+
+    @property
+    def serving(self) -> bool:
+        """Every rank runs and rank 0 does not say it cannot serve (no answer yet counts: it may be loading)."""
+        return self.running and self.said in ("serving", "closed")
 
     @property
     def partly_running(self) -> bool:
@@ -58,8 +64,10 @@ def status(run_dir: Path) -> Status:
     if state is None:
         return Status(None, {}, None, record.problem)
     alive = state.alive()
-    health = probe_health(state.health_url) if alive.get(0) else None
-    return Status(state, alive, health, record.problem)
+    health, said = None, "closed"
+    if alive.get(0):
+        said, health = read_health(state.health_url, timeout_s=2.0)
+    return Status(state, alive, health, record.problem, said)
 
 
 def requests_running(health: dict | None) -> int:

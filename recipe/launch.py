@@ -308,17 +308,28 @@ def last_lines(state: RunState, count: int = 25) -> dict[str, list[str]]:
 
 def probe_health(url: str, timeout_s: float = 3.0) -> dict | None:
     """Rank 0's /health as JSON when it answers 200, else None."""
+    kind, body = read_health(url, timeout_s)
+    return body if kind == "serving" else None
+
+
+def read_health(url: str, timeout_s: float = 3.0) -> tuple[str, dict | None]:
+    """What rank 0's /health says: ("serving", body) on 200; ("not serving", body) on 503 (the body says why);
+    ("silent", None) when the port takes the connection but nothing answers in time (a frozen or stuck rank 0);
+    ("closed", None) when nothing listens yet (still loading) or any other failure."""
     try:
         reply = httpx.get(url, timeout=timeout_s)
+    except httpx.TimeoutException as error:
+        return ("closed", None) if isinstance(error, httpx.ConnectTimeout) else ("silent", None)
     except httpx.HTTPError:
-        return None
-    if reply.status_code != 200:
-        return None
+        return "closed", None
+    if reply.status_code not in (200, 503):
+        return "closed", None
     try:
         body = reply.json()
     except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    return ("serving" if reply.status_code == 200 else "not serving"), body
 
 
 def save_leftover_logs(plan: Plan, log_dir: Path, keep: int) -> list[Path]:

@@ -177,7 +177,8 @@ def serve_flags(settings: Settings, rank: int, master: str, api_key_file: str | 
     flags = ["--tp", str(settings.tp), "--rank", str(rank), "--master", master,
              "--host", settings.host, "--port", str(settings.port), "--name", settings.served_name,
              "--parallel", str(settings.parallel), "--context", str(settings.context),
-             "--max-tokens", str(settings.max_tokens), "--kv", settings.kv]
+             "--max-tokens", str(settings.max_tokens), "--kv", settings.kv,
+             "--peer-timeout-s", str(settings.peer_timeout_s)]
     if api_key_file:
         flags += ["--api-key-file", api_key_file]
     return flags

@@ -65,6 +65,7 @@ class Settings:
     wait_timeout: int
     log_dir: str
     log_keep: int
+    peer_timeout_s: int
     stop_timeout: int
     foreground: bool
     api_key: str = field(repr=False)

@@ -153,7 +153,13 @@ def show_status(status: Status) -> None:
     console.print(table)
     for proc in status.exited:
         say(f"rank {proc.rank} {proc.where} ({proc.ident}) has exited")
-    if status.health is not None:
+    if status.said == "not serving":
+        say(f"Health: NOT serving · {(status.health or {}).get('error', 'rank 0 says it cannot serve')} · "
+            f"API {status.state.api_url}")
+    elif status.said == "silent":
+        say("Health: NOT serving · rank 0 takes connections but does not answer (frozen or stuck) · "
+            "./start.sh restart starts again")
+    elif status.health is not None:
         h = status.health
         say(f"Health: answering · {h.get('requests_running', '?')} request(s) running · "
             f"window {h.get('context_length', '?')} tokens · API {status.state.api_url}")
