@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from engine.server.state import ServerState
 
 
+# Fields that would change what the reply may contain, which this engine does not honour yet: refused, never ignored.
+NOT_YET = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+           "guided_decoding_backend")
+
+
 def server_state(request: Request) -> "ServerState":
     return request.app.state.server
 
@@ -34,6 +39,11 @@ def check_request(state: "ServerState", body: SamplingFields) -> None:
                        code="model_not_found", param="model")
     if body.n is not None and body.n != 1:
         raise bad_request(f"n must be 1 (got {body.n}); send separate requests for more choices", "n")
+    extra = body.model_extra or {}
+    for name in NOT_YET:
+        if extra.get(name) not in (None, {"type": "text"}):
+            raise bad_request(f"{name} is not supported by this engine yet (structured outputs are not built); "
+                              f"leave {name} out", name)
     if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
         raise bad_request("logprobs are not supported by this engine yet; leave logprobs and top_logprobs unset",
                           "logprobs")

@@ -65,7 +65,9 @@ def test_lanes_give_each_stream_its_alone_decode(model):
     for i, (seed, length, _, _) in enumerate(SCHEDULE):
         tokens, logits = ours_greedy(model, prompt(seed=seed, length=length), TOKENS)
         assert got[i][0] == tokens, f"stream {i} (prompt {length} tokens)"
-        assert max(float((a - b).abs().max()) for a, b in zip(got[i][1], logits)) < 1e-4
+        # fp32 on the CPU: BLAS blocks a batched matmul differently from a one-row one; 1.5e-4 was seen on a 2-core
+        # machine (the base commit too), the tokens equal
+        assert max(float((a - b).abs().max()) for a, b in zip(got[i][1], logits)) < 5e-4
     assert pool.free_tokens == pool.num_tokens
 
 

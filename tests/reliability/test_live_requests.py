@@ -171,3 +171,16 @@ def test_the_rendezvous_listens_on_loopback_only(server: LiveServer) -> None:
     addresses = _listeners(master)
     assert addresses, "nothing listens on the rendezvous port"
     assert addresses == ["0100007F"], f"the rendezvous listens beyond loopback: {addresses}"
+
+
+@pytest.mark.parametrize("field,value", [("response_format", {"type": "json_object"}),
+                                         ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+                                         ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]),
+                                         ("structured_outputs", {"regex": "a+"})])
+def test_structured_output_fields_are_refused_until_built(server: LiveServer, field: str, value: object) -> None:
+    """Accepting them would return prose where the client asked for JSON (issue 16): a 400 naming the field."""
+    reply = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, field: value})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
+    plain = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4,
+                                                  "response_format": {"type": "text"}})
+    assert plain.status_code == 200
