@@ -21,7 +21,7 @@ INVALID = {
     "IMAGE": "Bad Image", "BASE_IMAGE": "Not An Image", "IMAGE_OFFLINE": "2",
     "CONTAINER_NAME": "-bad", "RUNTIME": "kubernetes", "CHECKPOINT": "rel/dir",
     "CACHE_DIR": "rel", "DRY_RUN": "maybe", "WAIT_TIMEOUT": "0", "LOG_DIR": "logs", "LOG_KEEP": "-2",
-    "STOP_TIMEOUT": "1h", "FOREGROUND": "yes", "API_KEY": "has space", "DOCKER_ARGS": "-v '/a b:/c",
+    "STOP_TIMEOUT": "1h", "PEER_TIMEOUT_S": "2", "FOREGROUND": "yes", "API_KEY": "has space", "DOCKER_ARGS": "-v '/a b:/c",
 }
 
 RULES = [
