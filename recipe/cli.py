@@ -7,6 +7,7 @@ exception too, with a traceback only when SPARKS_DEBUG=1.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -161,6 +162,38 @@ def bench(
         ui.say(f"JSON: {write_json(result, json_out)}")
     if plot is not None:
         ui.say(f"Plot: {write_plot(result, plot)}")
+    return 0
+
+
+@app.command()
+@_guarded
+def top(
+    url: str = typer.Option("", "--url", help="server URL, with or without /v1 (default: HOST:PORT from the settings)"),
+    interval: float = typer.Option(1.0, "--interval", min=0.1, help="seconds between polls"),
+    once: bool = typer.Option(False, "--once", help="take two samples INTERVAL apart, show them once and exit"),
+    as_json: bool = typer.Option(False, "--json", help="print one snapshot as JSON (implies --once)"),
+    api_key: str = typer.Option("", "--api-key", envvar="SPARKS_API_KEY", show_default=False,
+                                help="bearer token for /metrics (default: API_KEY)"),
+) -> int:
+    """Live dashboard of a running server's /health and /metrics: streams, queue, decode and prefill tok/s, time
+    to first token, the pool, each rank's heartbeat. Ctrl-C quits. With --once, exit code 3 when nothing answers."""
+    from recipe import top_view
+    from recipe.top import Top, TopClient, server_root
+
+    if not url or not api_key:
+        settings = load_settings(rules=False)
+        url, api_key = url or server_root("", settings.host, settings.port), api_key or settings.api_key
+    client = TopClient(server_root(url, "", 0), api_key)
+    try:
+        if not (once or as_json):
+            return top_view.run_live(Top(client).poll, interval)
+        shot = Top(client).once(interval)
+    finally:
+        client.close()
+    if as_json:
+        print(json.dumps(shot.to_dict(), indent=2))
+    else:
+        top_view.show(shot, interval)
     return 0
 
 
