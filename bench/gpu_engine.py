@@ -36,6 +36,7 @@ from engine.checkpoint.layout import text_config, text_tensors  # noqa: E402
 from engine.models.glm5_next.config import TextConfig  # noqa: E402
 from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
 from engine.parallel import ParallelGroup, shard_range  # noqa: E402
+from engine.runner.lanes import LaneDecoder  # noqa: E402
 
 HBM_BYTES_S = 4.8e12
 BF16_PEAK_FLOPS = 989e12  # H200 SXM, dense bf16 tensor cores
@@ -150,8 +151,8 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     save()
     pool = model.make_pool(40_000 if device == "cuda" else 2048, "bf16")
     ids = prompt_ids(cfg, 32768 if device == "cuda" else 512)
-    decoders = {"graphs": model.lane_decoder(pool, 4, graphs=device == "cuda"),
-                "eager": model.lane_decoder(pool, 4, graphs=False)}
+    decoders = {"graphs": LaneDecoder(model, pool, 4, graphs=device == "cuda"),
+                "eager": LaneDecoder(model, pool, 4, graphs=False)}
     moe_layers = sum(t == "sparse" for t in cfg.mlp_layer_types)
     for batch in BATCHES:
         unique = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok)
@@ -206,7 +207,7 @@ def long_context_decode(model: Glm5NextForCausalLM, pool, ids: list[int], contex
     """The batch-1 serving step (graphs on a GPU) after a prompt of each length: step ms and the span it read (the
     DSA layers' cost grows with it)."""
     out: dict = {}
-    decoder = model.lane_decoder(pool, 1, graphs=graphs)
+    decoder = LaneDecoder(model, pool, 1, graphs=graphs)
     for context in contexts:
         seq = decoder.new_sequence(0)
         try:
@@ -310,7 +311,7 @@ def profile_step(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool,
     launches a step), the kernels a step, their GPU time a step, and the wall time of a step meanwhile."""
     if not torch.cuda.is_available():
         return {"skipped": "no GPU"}
-    decoder = model.lane_decoder(pool, 1, graphs=graphs)
+    decoder = LaneDecoder(model, pool, 1, graphs=graphs)
     seq = decoder.new_sequence(0)
     model.prefill(seq, ids[:128])
     decoder.decode([seq], [11])
@@ -335,7 +336,7 @@ def layer_cut_times(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bo
     try:
         for k in CUTS:
             model.layers = layers[:k]
-            decoder = model.lane_decoder(pool, max(BATCHES), graphs=graphs)
+            decoder = LaneDecoder(model, pool, max(BATCHES), graphs=graphs)
             times[k] = {}
             for batch in BATCHES:
                 seqs = [decoder.new_sequence(lane) for lane in range(batch)]
@@ -476,7 +477,7 @@ def small_vs_transformers(path: str) -> dict:
     ids = list(range(5, 133))
     ours = {}
     for mode in ("graphs", "eager"):
-        decoder = model.lane_decoder(pool, 1, graphs=mode == "graphs")
+        decoder = LaneDecoder(model, pool, 1, graphs=mode == "graphs")
         seq = decoder.new_sequence(0)
         nxt = [int(model.prefill(seq, ids).argmax())]
         step = lambda: nxt.__setitem__(0, int(decoder.decode([seq], nxt)[0].argmax()))  # noqa: E731

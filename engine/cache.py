@@ -5,7 +5,7 @@ key and the indexer's pooling gate score. Those rows live in ONE pool shared by 
 is a question of free tokens, not of per-stream reservations. The KDA layers' state is fixed-size per stream (the
 delta-rule state and the short-conv windows) and lives on the `Sequence`.
 
-Sequences served through lanes (`LaneState`, the static decode step of `engine/models/glm5_next/lanes.py`) keep
+Sequences served through lanes (`LaneState`, the static decode step of `engine/runner/lanes.py`) keep
 that state in preallocated per-lane tensors instead, and their pool slots in a per-lane slot table, so a decode step
 reads and writes everything by lane index with shapes that never change (what a CUDA graph needs).
 

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--memory-reserve-gib", type=float, default=None,
-                   help="memory left free for the system (default: GLM_MEMORY_RESERVE_GIB, else 1 CPU / 4 GPU)")
+                   help="memory left free for the system (default: 1 GiB on the CPU, 4 GiB on a GPU)")
 
 
 def cache_bytes_per_token(cfg: Any, kv: str) -> int:
@@ -77,11 +77,10 @@ def _mem_total() -> int:
 
 
 def _reserve_bytes(args: argparse.Namespace, device: str) -> int:
-    """The reserve exactly as serve's `size_pool` takes it."""
-    reserve = args.memory_reserve_gib
-    if reserve is None:
-        reserve = float(os.environ.get("GLM_MEMORY_RESERVE_GIB") or ("1" if device == "cpu" else "4"))
-    return int(reserve * GIB)
+    """The reserve exactly as serve's `size_pool` takes it (EngineConfig.reserve_gib)."""
+    from engine.config import EngineConfig
+
+    return int(EngineConfig(args.checkpoint, memory_reserve_gib=args.memory_reserve_gib).reserve_gib(device) * GIB)
 
 
 def fit(args: argparse.Namespace, device: str) -> dict[str, Any]:

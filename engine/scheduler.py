@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch.distributed
 
 from engine.sampling import SamplingParams, sample
-from engine.worker import StepExecutor, StepPlan
+from engine.runner.executor import StepExecutor, StepPlan
 
 log = logging.getLogger("engine.scheduler")
 

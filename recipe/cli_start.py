@@ -185,7 +185,9 @@ def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui
     except launch.WindowTooLarge as error:   # rank 0 named the window that fits: start again with it, once
         reporter.warn(f"this start's memory holds a {error.fits}-token window, not {settings.context}: "
                       f"starting again with --context {error.fits}")
-        the_plan = the_plan.with_context(error.fits)
+        settings = dataclasses.replace(settings, context=error.fits,
+                                       origins={**settings.origins, "CONTEXT": "the window rank 0 named"})
+        the_plan = the_plan.rebuilt(settings)
         launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S)
         state, _ = _launch(settings, the_plan, reporter)
         with _stop_all_on(launch.RankExited, settings, reporter):

@@ -10,8 +10,8 @@ and `status` read. Nothing here prints: progress goes through a `Reporter`.
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -278,17 +278,23 @@ class WindowTooLarge(RankExited):
         self.fits = fits
 
 
-FITS = re.compile(r"the largest window that fits is (\d+) tokens")
+# The engine's refusal of a window that does not fit (engine/config.py `window_refusal`; it then exits 4):
+# this prefix, then JSON with "largest_window". The recipe reads the line, never the sentence before it.
+WINDOW_LINE = "window-does-not-fit: "
 
 
 def fitting_window(logs: Mapping[str, list[str]]) -> int | None:
-    """The window rank 0's log says fits (engine/serve.py `size_pool`), when it refused a larger one."""
+    """The window rank 0's log says fits, when it refused a larger one."""
     for source, lines in logs.items():
         if source.startswith("rank 0 "):
             for line in reversed(lines):
-                found = FITS.search(line)
-                if found and int(found.group(1)) > 0:
-                    return int(found.group(1))
+                if WINDOW_LINE in line:
+                    try:
+                        fits = int(json.loads(line.split(WINDOW_LINE, 1)[1])["largest_window"])
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    if fits > 0:
+                        return fits
     return None
 
 

@@ -81,22 +81,17 @@ class Plan:
     secret_files: tuple[SecretFile, ...] = ()
     summary: Mapping[str, Any] = field(default_factory=dict)
     host_checkpoint: str = ""      # the folder on the nodes (the same path on each): compared and copied to workers
+    host: HostFacts | None = field(default=None, compare=False, repr=False)   # what it was planned from (`rebuilt`)
+    extra: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def rank0(self) -> RankPlan:
         return next(r for r in self.ranks if r.rank == 0)
 
-    def with_context(self, tokens: int) -> "Plan":
-        """The same plan with every rank's window set to `tokens` (a restart after rank 0 named what fits)."""
-        def refit(rank: RankPlan) -> RankPlan:
-            argv = list(rank.argv)
-            for i, word in enumerate(argv[:-1]):
-                if word == "--context":
-                    argv[i + 1] = str(tokens)
-            return dataclasses.replace(rank, argv=tuple(argv))
-
-        return dataclasses.replace(self, ranks=tuple(refit(r) for r in self.ranks),
-                                   summary={**self.summary, "context": tokens})
+    def rebuilt(self, settings: Settings) -> "Plan":
+        """The plan for other settings on the same host facts and start arguments (the refit: the settings with the
+        window rank 0 named, planned again — never an edited command line)."""
+        return build_plan(settings, self.host, self.extra)
 
     def to_dict(self) -> dict[str, Any]:
         """The printable form: secret-looking environment values masked."""
@@ -153,7 +148,8 @@ def _build(settings: Settings, host: HostFacts, extra_args: tuple[str, ...]) -> 
     return Plan(runtime=runtime, tp=settings.tp, device=host.device,
                 checkpoint=checkpoint, served_name=settings.served_name, api_url=_api_url(settings) + "/v1",
                 health_url=_local_url(settings) + "/health", run_dir=run_dir, ranks=ranks, prepare=prepare,
-                secret_files=secret_files, summary=_summary(settings), host_checkpoint=host_checkpoint)
+                secret_files=secret_files, summary=_summary(settings), host_checkpoint=host_checkpoint,
+                host=host, extra=tuple(extra_args))
 
 
 def _start_order(tp: int) -> list[int]:
@@ -172,27 +168,24 @@ def _local_checkpoint(settings: Settings, host: HostFacts) -> tuple[str, tuple[P
     return final, (step,)
 
 
+# Settings whose flag the recipe writes itself: the checkpoint is the positional argument (a path on the ranks), the
+# rendezvous is MASTER_PORT with the head's address, the API key travels in a file (never on a command line).
+SPECIAL_FLAGS = {"CHECKPOINT", "MASTER_PORT", "API_KEY"}
+
+
 def serve_flags(settings: Settings, rank: int, master: str, api_key_file: str | None) -> list[str]:
-    """`engine serve` flags after the checkpoint: the same on every rank but `--rank`."""
-    flags = ["--tp", str(settings.tp), "--rank", str(rank), "--master", master,
-             "--host", settings.host, "--port", str(settings.port), "--name", settings.served_name,
-             "--parallel", str(settings.parallel), "--context", str(settings.context),
-             "--max-tokens", str(settings.max_tokens), "--kv", settings.kv,
-             "--peer-timeout-s", str(settings.peer_timeout_s)]
+    """`engine serve` flags after the checkpoint, the same on every rank but `--rank`: one per setting whose consumer
+    in config/settings.yaml is `engine flag --NAME` (the only channel from the recipe to the engine), in the YAML's
+    order; a setting left empty passes no flag (the engine's own default)."""
+    flags = ["--rank", str(rank), "--master", master]
+    for name, spec in load_specs().items():
+        if spec.consumer.startswith("engine flag ") and name not in SPECIAL_FLAGS:
+            shown = settings.shown(name)
+            if shown != "":
+                flags += [spec.consumer.split()[-1], shown]
     if api_key_file:
         flags += ["--api-key-file", api_key_file]
     return flags
-
-
-def engine_env(settings: Settings) -> dict[str, str]:
-    """Environment variables the engine reads, from each setting whose consumer is `engine env NAME`."""
-    env = {}
-    for name, spec in load_specs().items():
-        if spec.consumer.startswith("engine env "):
-            shown = settings.shown(name)
-            if shown != "":
-                env[spec.consumer.split()[-1]] = shown
-    return env
 
 
 def _process_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str, run_dir: str,
@@ -203,7 +196,7 @@ def _process_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: st
     key_file = secret_files[0].path if secret_files and node == "local" else None  # the key file stays here
     master = f"{host.link.master_addr if settings.workers else '127.0.0.1'}:{settings.master_port}"
     argv = (host.python, "-m", "engine", "serve", checkpoint, *serve_flags(settings, rank, master, key_file), *extra)
-    env = {**engine_env(settings), "PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1"}
     if settings.workers:
         link = host.link.for_rank(rank)
         # gloo (CPU) and NCCL (GPU) both bind to the link's netdev, never to whatever the hostname resolves to.
@@ -226,7 +219,7 @@ def _docker_rank(settings: Settings, host: HostFacts, rank: int, checkpoint: str
     link = host.link.for_rank(rank)
     serve = ("python3", "-m", "engine", "serve", checkpoint,
              *serve_flags(settings, rank, f"{link.master_addr}:{settings.master_port}", key_file), *extra)
-    env = {**engine_env(settings), **container_env(settings, host, link)}
+    env = container_env(settings, host, link)
     argv = docker_argv(settings, host, rank, env, mounts, serve)
     ports = (settings.port, settings.master_port) if rank == 0 else ()
     return RankPlan(rank=rank, node=node, runtime="docker", argv=argv, env=env, mounts=mounts, ports=ports,

@@ -153,6 +153,8 @@ def ask_fit(settings: Settings, plan: Plan, reporter: Reporter) -> dict | None:
     """`engine fit`'s answer through the interpreter the local ranks run under; None (noted) when it gives none."""
     argv = [plan.rank0.argv[0], "-m", "engine", "fit", plan.checkpoint, "--tp", str(plan.tp),
             "--context", str(settings.context), "--kv", settings.kv]
+    if settings.memory_reserve_gib is not None:
+        argv += ["--memory-reserve-gib", str(settings.memory_reserve_gib)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=FIT_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, env=scrubbed_environ(plan.rank0.env))

@@ -189,7 +189,7 @@ def _derive(values: dict[str, Any], origins: dict[str, str], specs: dict[str, Se
     """Fill the settings whose default depends on others (their `derived` text in settings.yaml says how)."""
     embedded = values["RUNTIME"] == "process" or (values["RUNTIME"] == "auto" and not values["WORKER"])
     derived = {
-        "PARALLEL": 1 if values["DRAFTER"] == "mtp" else 4,
+        "PARALLEL": 4,
         "CONTEXT": 8192 if embedded else (1048576 if values["KV"] == "fp8" else 196608),
         "MAX_TOKENS": 1024 if embedded else 32768,
         "KV_POOL_GIB": 1.0 if embedded else (12.5 if values["TP"] <= 2 else 32.0),

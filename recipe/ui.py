@@ -107,8 +107,8 @@ def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult
     console.print(f"\n[bold green]✔ {escape(plan.served_name)} is LIVE[/] on port {settings.port}")
     rows = [
         ("API", f"{plan.api_url}  (model: {plan.served_name}; OpenAI-compatible)"),
-        ("Window", f"{window} tokens · {settings.parallel} at once · {settings.kv} KV · {settings.dense} dense weights"
-                   f" · drafter {settings.drafter}{extras}"),
+        ("Window", f"{window} tokens · {settings.parallel} at once · {settings.kv} KV · "
+                   f"{health.get('weights', settings.dense)} dense weights · no drafts{extras}"),
         ("Ranks", f"{plan.tp} × {plan.runtime} on the {plan.device}" + (" (demo checkpoint)" if plan.prepare else "")),
         ("Smoke", f"{smoke.text.strip()[:40]!r} in {smoke.seconds:.1f}s"),
         ("Logs", "  ".join(f"rank {r.rank}: {r.log}" for r in sorted(plan.ranks, key=lambda r: r.rank))),

@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.checkpoint.tokenizer_corpus import corpus_lines
-from engine.checkpoint.tokenizer_template import load_chat_template
+from engine.server.template import load_chat_template
 
 # GLM's conversation and tool markup; the order fixes their ids.
 SPECIAL_TOKENS = (

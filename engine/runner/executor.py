@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("engine.worker")
+from engine.runner.lanes import LaneDecoder
+from engine.runner.protocol import LaneCapable, ServingModel
+
+log = logging.getLogger("engine.runner")
 
 
 @dataclass
@@ -32,15 +35,15 @@ class StepPlan:
 
 
 class StepExecutor:
-    """Holds this rank's sequences by lane and applies plans to the model. A model with `lane_decoder` decodes
-    through it (static step over lane-indexed state, CUDA graphs on a GPU); `lanes` is the number of lanes
-    (PARALLEL)."""
+    """Holds this rank's sequences by lane and applies plans to the model. A model that can take a static step over
+    lane-indexed state (`decode_step`, the `LaneModel` protocol) decodes through a `LaneDecoder` (CUDA graphs on a
+    GPU when `graphs`); `lanes` is the number of lanes (PARALLEL)."""
 
-    def __init__(self, model: Any, pool: Any, lanes: int = 4) -> None:
+    def __init__(self, model: ServingModel, pool: Any, lanes: int = 4, graphs: bool = True) -> None:
         self.model = model
         self.pool = pool
         self.lanes: dict[int, Any] = {}
-        self.decoder = model.lane_decoder(pool, lanes) if hasattr(model, "lane_decoder") else None
+        self.decoder = LaneDecoder(model, pool, lanes, graphs) if isinstance(model, LaneCapable) else None
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:

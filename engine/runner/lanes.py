@@ -9,7 +9,7 @@ step depends on the data through a shape or a host read (`Glm5NextForCausalLM.de
 On CUDA, `LaneDecoder` captures that step once per (batch, span) in a `torch.cuda.CUDAGraph` (warm-up on a side
 stream, on the scratch lane and the pool's scratch row, so no stream's state is touched) and replays it: streams
 joining or leaving change only the lane ids fed in, never the graph. A capture that fails falls back to the eager
-step with one warning. GLM_CUDA_GRAPHS=0 turns graphs off.
+step with one warning. `--cuda-graphs 0` (CUDA_GRAPHS=0) turns graphs off.
 
 With several ranks (NCCL) the captured step holds the collectives too: each has fixed shapes and reads nothing back
 (`ParallelGroup.sum_partials`, `gather_last_dim` with the vocab widths fixed at load). Capturing an NCCL operation is
@@ -23,44 +23,21 @@ The warm-up before each capture runs the step's collectives eagerly, so the comm
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine.cache import KVPool, LaneState, Sequence
-
-if TYPE_CHECKING:
-    from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.runner.protocol import LaneModel
 
 log = logging.getLogger("engine.lanes")
 
 MIN_SPAN = 64
 
 
-@dataclass
-class LaneStep:
-    """What every layer of one static decode step reads (device tensors, shapes fixed by batch and span)."""
-
-    lanes: LaneState
-    lane_ids: torch.Tensor     # [B]
-    positions: torch.Tensor    # [B] the position of each stream's new token
-    new_slots: torch.Tensor    # [B] the pool slot each new token's row goes to
-    table: torch.Tensor        # [B, span] pool slots by position (past a stream's length: the scratch row)
-    # the last full indexer's selection (shared-indexer layers reuse it): token positions into the span [B, N] and
-    # whether each counts [B, N] (dsa.SparseMLA._select_lanes)
-    selected: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
-def graphs_wanted(device: torch.device) -> bool:
-    return device.type == "cuda" and os.environ.get("GLM_CUDA_GRAPHS", "1") != "0"
-
-
 class CapturedStep:
     """The decode step for one (batch, span), captured; `replay(inputs)` -> the graph's logits buffer."""
 
-    def __init__(self, model: "Glm5NextForCausalLM", lanes: LaneState, batch: int, span: int, mempool) -> None:
+    def __init__(self, model: LaneModel, lanes: LaneState, batch: int, span: int, mempool) -> None:
         dev = lanes.pool.rows.device
         scratch = [[lanes.scratch_lane] * batch, [0] * batch, [0] * batch, [lanes.pool.scratch_slot] * batch]
         self.inputs = torch.tensor(scratch, dtype=torch.long, device=dev)
@@ -84,13 +61,13 @@ class CapturedStep:
 class LaneDecoder:
     """Sequences bound to lanes, and their decode step (graphs on a GPU, eager elsewhere)."""
 
-    def __init__(self, model: "Glm5NextForCausalLM", pool: KVPool, num_lanes: int, graphs: bool | None = None,
+    def __init__(self, model: LaneModel, pool: KVPool, num_lanes: int, graphs: bool = True,
                  min_span: int = MIN_SPAN) -> None:
+        """`graphs`: capture and replay where the device allows it (CUDA); with several ranks, only when every rank
+        says so (EngineConfig.cuda_graphs is part of the ranks' fingerprint, so they do)."""
         self.model, self.pool = model, pool
         self.state = LaneState(pool, num_lanes, model.kda_state_shapes())
         self.device = pool.rows.device
-        if graphs is None:
-            graphs = graphs_wanted(self.device)
         graphs = graphs and self.device.type == "cuda"
         self.group = model.group
         if self.group.is_distributed:  # every rank constructs its decoder at the same point of the same plan

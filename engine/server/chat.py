@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.checkpoint.tokenizer_template import render_chat
+from engine.server.template import render_chat
 from engine.server.errors import bad_request
 from engine.server.generation import held_suffix
 from engine.server.protocol import ChatMessage, Tool

@@ -14,6 +14,12 @@ from engine.server.common import server_state
 router = APIRouter()
 
 
+def _ranks(state: Any) -> list[dict[str, Any]]:
+    """Each rank and the seconds since rank 0 last heard its heartbeat (rank 0 itself: 0, it is answering)."""
+    silence = state.peers.silence() if state.peers is not None else {}
+    return [{"rank": 0, "silent_s": 0.0}] + [{"rank": r, "silent_s": round(s, 1)} for r, s in sorted(silence.items())]
+
+
 @router.get("/health")
 @router.get("/v1/health", include_in_schema=False)
 async def health(request: Request) -> JSONResponse:
@@ -31,6 +37,8 @@ async def health(request: Request) -> JSONResponse:
         "pool_free_tokens": stats["pool_free_tokens"],
         "totals": stats["totals"],
         "context_length": state.context,
+        "weights": state.weights,
+        "ranks": _ranks(state),
         "uptime_s": round(time.time() - state.started, 1),
     }
     if reason is not None:

@@ -30,6 +30,7 @@ class ServerState:
     started: float = field(default_factory=time.time)
     stopped_reason: str | None = None   # set when the engine can no longer serve (a rank died)
     peers: Any = None                   # engine.peer_watch.PeerWatch with several ranks: silent ranks
+    weights: str = "fp32"               # element type the dense weights are held in (fp32 on the CPU, bf16 on GPUs)
 
     def trouble(self) -> str | None:
         """Why the engine cannot serve right now (None when it can): stopped, or a rank silent for seconds."""

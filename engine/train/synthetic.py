@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.checkpoint.tokenizer_template import render_chat
+from engine.server.template import render_chat
 
 ANSWER_END, CALL_END = "<|user|>", "<|observation|>"
 KINDS = ("ok", "arith", "copy", "fact", "tool_call", "tool_answer")

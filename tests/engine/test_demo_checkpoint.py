@@ -11,7 +11,7 @@ import pytest
 
 from engine.checkpoint.demo import write_demo
 from engine.checkpoint.tokenizer_build import SPECIAL_TOKENS, build_tokenizer
-from engine.checkpoint.tokenizer_template import load_chat_template, render_chat
+from engine.server.template import load_chat_template, render_chat
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

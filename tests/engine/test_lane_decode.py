@@ -13,6 +13,7 @@ import torch
 
 from engine import ops
 from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.runner.lanes import LaneDecoder
 from reference import make_reference
 from test_parity import ours_greedy, prompt
 
@@ -31,7 +32,7 @@ def model(request, tmp_path_factory):
 def run_schedule(model, kv: str = "fp32", min_span: int = 8):
     """Every stream of SCHEDULE through one LaneDecoder; per stream its greedy tokens and logits, and the pool."""
     pool = model.make_pool(256, kv)
-    decoder = model.lane_decoder(pool, num_lanes=3, graphs=False)
+    decoder = LaneDecoder(model, pool, num_lanes=3, graphs=False)
     decoder.min_span, decoder.pad_spans = min_span, min_span > 0   # padded spans as under graphs (0: exact spans)
     live: dict[int, tuple[int, object]] = {}   # lane -> (stream index, sequence)
     out = {i: ([], []) for i in range(len(SCHEDULE))}
@@ -81,7 +82,7 @@ def test_exact_spans_without_padding(model):
 @torch.no_grad()
 def test_a_one_token_prompt_on_exact_spans(model):
     """Spans shorter than one pool (no complete pool to score yet) on the eager path."""
-    decoder = model.lane_decoder(model.make_pool(32), num_lanes=1, graphs=False)
+    decoder = LaneDecoder(model, model.make_pool(32), num_lanes=1, graphs=False)
     seq = decoder.new_sequence(0)
     logits = model.prefill(seq, [7])
     tokens, _ = ours_greedy(model, [7], 6)
@@ -148,7 +149,7 @@ def test_bf16_pool_and_a_one_bucket_span(model):
 
 
 def test_lane_outside_the_table_is_refused(model):
-    decoder = model.lane_decoder(model.make_pool(16), num_lanes=2, graphs=False)
+    decoder = LaneDecoder(model, model.make_pool(16), num_lanes=2, graphs=False)
     with pytest.raises(ValueError, match="lane 2 is outside 0..1"):
         decoder.new_sequence(2)
 
@@ -189,7 +190,7 @@ def test_the_static_step_never_reads_the_device_from_the_host(model, monkeypatch
     from engine.models.glm5_next.moe import MoE
 
     monkeypatch.setattr(MoE, "__call__", sync_free_moe)
-    decoder = model.lane_decoder(model.make_pool(128), num_lanes=2, graphs=False)
+    decoder = LaneDecoder(model, model.make_pool(128), num_lanes=2, graphs=False)
     seqs = [decoder.new_sequence(lane) for lane in (0, 1)]
     for seq, length in zip(seqs, (40, 9)):
         model.prefill(seq, prompt(seed=length, length=length))

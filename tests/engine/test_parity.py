@@ -149,13 +149,12 @@ def test_demo_checkpoint_same_greedy_tokens_in_both_engines(tmp_path):
 
 
 @torch.no_grad()
-def test_token_by_token_prompts_equal_chunked(tmp_path, monkeypatch):
-    """KDA_CHUNKED=0 (GLM_KDA_CHUNKED): prompts run the delta rule token by token; same greedy tokens as the chunked
+def test_token_by_token_prompts_equal_chunked(tmp_path):
+    """KDA_CHUNKED=0 (--kda-chunked 0): prompts run the delta rule token by token; same greedy tokens as the chunked
     form, logits to fp32 rounding, over a prompt of several 64-token chunks."""
     make_reference(tmp_path, "moe16", seed=1)
     chunked = Glm5NextForCausalLM.load(tmp_path)
-    monkeypatch.setenv("GLM_KDA_CHUNKED", "0")
-    steps = Glm5NextForCausalLM.load(tmp_path)
+    steps = Glm5NextForCausalLM.load(tmp_path, kda_chunked=False)
     assert (chunked.kda_prompt_form, steps.kda_prompt_form) == ("chunked", "steps")
     ids = prompt(seed=5, length=150)
     want_tokens, want_logits = ours_greedy(chunked, ids, 16)

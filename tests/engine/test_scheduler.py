@@ -16,7 +16,7 @@ import torch
 from engine.parallel import ParallelGroup
 from engine.sampling import SamplingParams
 from engine.scheduler import Failed, Finished, QueueFull, Request, Scheduler, Token
-from engine.worker import StepExecutor
+from engine.runner.executor import StepExecutor
 
 VOCAB = 64
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine.checkpoint.tokenizer_template import load_chat_template
+from engine.server.template import load_chat_template
 from engine.server.chat import ReplyParser, render, starts_in_reasoning, thinking_options
 from engine.server.errors import APIError
 from engine.server.protocol import ChatCompletionRequest

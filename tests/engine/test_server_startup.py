@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.checkpoint.demo import write_demo
+from engine.config import EXIT_WINDOW, read_window_refusal
 from test_api_live import ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -30,10 +31,11 @@ def serve(checkpoint: Path, *flags: str) -> subprocess.Popen:
 def test_a_window_that_does_not_fit_is_refused_naming_the_largest(checkpoint: Path) -> None:
     proc = serve(checkpoint, "--tp", "1", "--context", "100000", "--parallel", "4", "--kv-pool-gib", "0.001")
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 3, out
+    assert proc.returncode == EXIT_WINDOW, out      # the documented code, and the line the recipe reads back
     line = next(l for l in out.splitlines() if l.startswith("refused:"))
     largest = int(line.split("the largest window that fits is ")[1].split()[0])
     assert 0 < largest < 100000 and f"--context {largest}" in line and "pool:" not in out
+    assert read_window_refusal(out) == largest
 
 
 def test_ranks_with_different_settings_refuse_to_start(checkpoint: Path) -> None:

@@ -1,9 +1,8 @@
 """Ranks must agree on CUDA graphs (with TP the graphs hold the collectives: one rank replaying while another steps
-eagerly would deadlock), so GLM_CUDA_GRAPHS is part of the settings every rank compares before loading."""
+eagerly would deadlock), so --cuda-graphs is part of the settings every rank compares before loading."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +19,8 @@ def test_ranks_with_different_cuda_graphs_refuse_to_start(tmp_path: Path) -> Non
     write_demo(tmp_path, seed=0, size="tiny")
     master = f"127.0.0.1:{free_port()}"
     procs = [subprocess.Popen([sys.executable, "-m", "engine", "serve", str(tmp_path), "--port", str(free_port()),
-                               "--tp", "2", "--rank", str(rank), "--master", master], cwd=ROOT,
-                              env=dict(os.environ, GLM_CUDA_GRAPHS=graphs),
+                               "--tp", "2", "--rank", str(rank), "--master", master, "--cuda-graphs", graphs],
+                              cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank, graphs in ((1, "0"), (0, "1"))]
     try:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.checkpoint.demo import TRAINED, write_demo
-from engine.checkpoint.tokenizer_template import render_chat
+from engine.server.template import render_chat
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.train import synthetic
 from engine.train.evaluate import Reply, generate, parse_calls, score

@@ -13,6 +13,7 @@ import torch
 
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.parallel import ParallelGroup, exit_process
+from engine.runner.lanes import LaneDecoder
 
 
 def greedy(model, prefill, decode, seqs, ids) -> tuple[list, torch.Tensor]:
@@ -37,7 +38,7 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str, device: st
     pool = model.make_pool(128)
     tokens, logits = greedy(model, model.prefill, model.decode, [model.new_sequence(pool) for _ in range(2)], ids)
 
-    decoder = model.lane_decoder(model.make_pool(128), num_lanes=3, graphs=None)
+    decoder = LaneDecoder(model, model.make_pool(128), num_lanes=3, graphs=True)
     decoder.min_span, decoder.pad_spans = 16, True      # the spans graphs would use: 16, 32, 64
     seqs = [decoder.new_sequence(2), decoder.new_sequence(0)]
     lane_tokens, lane_logits = greedy(model, model.prefill, decoder.decode, seqs, ids)

@@ -1,4 +1,4 @@
-"""CUDA-graph decode (engine/models/glm5_next/lanes.py) against the eager step and the plain decode path, on a tiny
+"""CUDA-graph decode (engine/runner/lanes.py) against the eager step and the plain decode path, on a tiny
 random checkpoint on the GPU with fp32 weights (tight tolerance) and bf16 weights (the serving dtype: logits within
 bf16 resolution, greedy tokens equal unless the reference side is at a near-tie). Runs on the lent H200 machine:
     PYTHONPATH=.:tests/engine python -m pytest -q tests/gpu
@@ -13,6 +13,7 @@ import torch
 
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.parallel import ParallelGroup
+from engine.runner.lanes import LaneDecoder
 from reference import make_reference
 from test_parity import NEAR_TIE, margin, prompt
 
@@ -51,7 +52,7 @@ def assert_follows(tokens: list[int], logits: list[torch.Tensor], ref_tokens: li
 
 def run_schedule(model, graphs: bool):
     """Streams of SCHEDULE through one LaneDecoder; per stream (greedy tokens, logits), and the decoder."""
-    decoder = model.lane_decoder(model.make_pool(512, "bf16"), num_lanes=4, graphs=graphs)
+    decoder = LaneDecoder(model, model.make_pool(512, "bf16"), num_lanes=4, graphs=graphs)
     decoder.min_span, decoder.pad_spans = 16, True   # eager with the graphs' spans: the same kernels on both sides
     live: dict[int, tuple[int, object]] = {}
     out = {i: ([], []) for i in range(len(SCHEDULE))}
@@ -137,8 +138,9 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(model, monkeypatc
     assert torch.randn(4, device="cuda").isfinite().all()
 
 
-def test_cuda_graphs_0_turns_them_off(model, monkeypatch):
-    monkeypatch.setenv("GLM_CUDA_GRAPHS", "0")
-    assert not model.lane_decoder(model.make_pool(64, "bf16"), num_lanes=1).uses_graphs
-    monkeypatch.setenv("GLM_CUDA_GRAPHS", "1")
-    assert model.lane_decoder(model.make_pool(64, "bf16"), num_lanes=1).uses_graphs
+def test_cuda_graphs_0_turns_them_off(model):
+    """--cuda-graphs 0 reaches the decoder through the executor (EngineConfig.cuda_graphs)."""
+    from engine.runner.executor import StepExecutor
+
+    assert not StepExecutor(model, model.make_pool(64, "bf16"), lanes=1, graphs=False).decoder.uses_graphs
+    assert StepExecutor(model, model.make_pool(64, "bf16"), lanes=1, graphs=True).decoder.uses_graphs

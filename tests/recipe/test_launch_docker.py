@@ -4,7 +4,6 @@ then a whole start on this machine that refits once and serves the window that f
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -41,12 +40,14 @@ def test_docker_error_is_dockers_reason_not_its_help_hint() -> None:
 
 
 def test_the_engines_refusal_names_the_window_the_recipe_restarts_with(capsys: pytest.CaptureFixture) -> None:
+    from engine.config import EXIT_WINDOW, EngineConfig
     from engine.parallel import ParallelGroup
     from engine.serve import size_pool
 
-    args = argparse.Namespace(memory_reserve_gib=0.0, kv_pool_gib=1 / 1024, context=65536, parallel=2)
-    with pytest.raises(SystemExit):
-        size_pool(args, 128, "cpu", ParallelGroup.single())   # 1 MiB at 128 bytes a token: 8192 tokens
+    cfg = EngineConfig("unused", memory_reserve_gib=0.0, kv_pool_gib=1 / 1024, context=65536, parallel=2)
+    with pytest.raises(SystemExit) as stop:
+        size_pool(cfg, 128, "cpu", ParallelGroup.single())   # 1 MiB at 128 bytes a token: 8192 tokens
+    assert stop.value.code == EXIT_WINDOW
     refusal = capsys.readouterr().err.strip().splitlines()
     assert fitting_window({"rank 0 here (glm-sparks-rank0)": ["loading: done", *refusal]}) == 8192
     assert fitting_window({"rank 1 on w (x)": refusal}) is None          # rank 0's word counts, not a peer's

@@ -93,8 +93,22 @@ def test_docker_mounts_secret_only_on_rank_0_and_cache_writable(root: Path) -> N
     assert all(m.read_only for m in rank1.mounts if m.target != "/cache")
 
 
-def test_with_context_rewrites_every_rank(root: Path) -> None:
-    plan = plan_for(root, 3, "docker").with_context(4096)
-    for rank in plan.ranks:
-        assert rank.argv[rank.argv.index("--context") + 1] == "4096"
-    assert plan.summary["context"] == 4096
+def test_a_refit_plans_again_from_settings(root: Path) -> None:
+    """The refit changes the settings' window and plans again; only the window differs."""
+    import dataclasses
+
+    plan = plan_for(root, 3, "docker")
+    settings = load_settings(root, {**BASE, "TP": "3", "RUNTIME": "docker", **WORKERS[3]})
+    refit = plan.rebuilt(dataclasses.replace(settings, context=4096))
+    for before, after in zip(plan.ranks, refit.ranks):
+        assert after.argv[after.argv.index("--context") + 1] == "4096"
+        i = before.argv.index("--context")
+        assert before.argv[:i + 1] == after.argv[:i + 1] and before.argv[i + 2:] == after.argv[i + 2:]
+    assert refit.summary["context"] == 4096
+
+
+def test_a_checkpoint_setting_is_the_positional_argument_only(root: Path) -> None:
+    env = {**BASE, "TP": "2", "RUNTIME": "process", "CHECKPOINT": "/models/glm"}
+    for rank in build_plan(load_settings(root, env), HOST).ranks:
+        assert rank.argv[rank.argv.index("serve") + 1] == "/models/glm"
+        assert "(positional)" not in rank.argv and rank.argv.count("/models/glm") == 1

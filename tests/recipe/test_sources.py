@@ -81,7 +81,6 @@ def test_unknown_key_close_to_a_setting_warns(root: Path) -> None:
 
 def test_derived_defaults_follow_other_settings(root: Path) -> None:
     assert load_settings(root, {}).parallel == 4
-    assert load_settings(root, {"DRAFTER": "mtp"}).parallel == 1
     assert load_settings(root, {}).context == 8192  # embedded default: local processes
     sparks = load_settings(root, {"WORKER": "me@spark2", "KV": "fp8"})
     assert (sparks.context, sparks.max_tokens, sparks.effective_runtime) == (1048576, 32768, "docker")

@@ -25,14 +25,17 @@ INVALID = {
 }
 
 RULES = [
-    ({"DRAFTER": "mtp", "PARALLEL": "4"}, "PARALLEL=4"),
+    ({"DRAFTER": "mtp"}, "DRAFTER=mtp is not built yet"),         # a setting is a promise: refused until built
+    ({"DENSE": "q4"}, "DENSE=q4 is not built yet"),
+    ({"DENSE": "fp8"}, "DENSE=fp8 is not built yet"),
+    ({"VISION": "1"}, "VISION=1 is not built yet"),
     ({"TP": "3", "WORKER": "me@spark2"}, "WORKER2 is empty"),
     ({"TP": "2", "WORKER": "me@spark2", "WORKER2": "me@spark3"}, "WORKER2 is set too"),
     ({"TP": "3", "WORKER": "me@spark2", "WORKER2": "other@SPARK2"}, "same node"),
     ({"RUNTIME": "process", "TP": "3", "WORKER": "me@127.0.0.9"}, "WORKER2 is empty"),
     ({"RUNTIME": "docker", "TP": "2"}, "WORKER is empty"),
     ({"PORT": "9000", "MASTER_PORT": "9000"}, "PORT and MASTER_PORT"),
-    ({"VISION_URLS": "1"}, "VISION_URLS=1"),
+    ({"VISION_URLS": "1"}, "VISION_URLS=1 is not built yet"),
     ({"FABRIC_PEER": "10.0.0.2"}, "FABRIC_PEER=10.0.0.2"),
     ({"WORKER2": "me@spark3"}, "WORKER2=me@spark3"),
 ]

@@ -159,7 +159,7 @@ class SparseMLA:
             outs.append(out)
         return self.group.sum_partials(ops.linear(torch.cat(outs), self.o_proj))
 
-    # -- the static decode step (engine/models/glm5_next/lanes.py) ---------------------------------------------------
+    # -- the static decode step (engine/runner/lanes.py) ---------------------------------------------------
     def _pool_keys(self, index_rows: torch.Tensor, n_pools: int) -> torch.Tensor:
         """Pooled index keys [..., P, d] of the first n_pools complete pools of the cached index columns
         [..., L, 2d] (index key | pool gate score)."""

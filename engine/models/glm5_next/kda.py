@@ -9,12 +9,11 @@ Tensor parallel: heads are split across ranks (projections column-wise, o_proj r
 
 A prompt chunk's delta rule takes one of three forms (`prompt_form`, fixed at load): "fla" — fla-core's chunk_kda
 on a GPU (engine/ops/fla_kda.py); "chunked" — the torch chunked form (the CPU, or a GPU without fla-core);
-"steps" — token by token, the same arithmetic as a decode step on the CPU (GLM_KDA_CHUNKED=0; slow).
+"steps" — token by token, the same arithmetic as a decode step on the CPU (--kda-chunked 0, KDA_CHUNKED=0; slow).
 """
 
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -26,10 +25,10 @@ from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
 
 
-def prompt_form(device: torch.device, head_dim: int) -> str:
-    """How prompt chunks run the delta rule on this device: "steps" when GLM_KDA_CHUNKED is 0, else "fla" where
-    fla-core can take it, else "chunked"."""
-    if os.environ.get("GLM_KDA_CHUNKED", "1") == "0":
+def prompt_form(device: torch.device, head_dim: int, chunked: bool = True) -> str:
+    """How prompt chunks run the delta rule on this device: "steps" unless `chunked` (--kda-chunked 0), else "fla"
+    where fla-core can take it, else "chunked"."""
+    if not chunked:
         return "steps"
     return "fla" if fla_kda.usable(device, head_dim) else "chunked"
 
@@ -49,7 +48,7 @@ PROMPT_FORMS = {"steps": kda_steps, "chunked": ops.kda_chunked, "fla": fla_kda.k
 
 class KimiDeltaAttention:
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
-                 layer: int) -> None:
+                 layer: int, chunked: bool = True) -> None:
         self.layer, self.group = layer, group
         self.head_dim = cfg.linear_head_dim
         self.lower_bound = cfg.linear_lower_bound
@@ -77,7 +76,7 @@ class KimiDeltaAttention:
         self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
         self.local_heads = self.b_proj.shape[0]
         self.width = self.local_heads * self.head_dim
-        self.prompt_form = prompt_form(self.conv.device, self.head_dim)
+        self.prompt_form = prompt_form(self.conv.device, self.head_dim, chunked)
 
     def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-decay [N, Hl, d], beta [N, Hl], output gate [N, Hl, d] for tokens x [N, hidden]."""
@@ -144,7 +143,7 @@ class KimiDeltaAttention:
         return out
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
-        """The static decode step (`lanes.LaneStep`): on a GPU one fused kernel updates the lane tensors in place;
+        """The static decode step (`step.LaneStep`): on a GPU one fused kernel updates the lane tensors in place;
         elsewhere the state is gathered from them and scattered back."""
         kda, conv = step.lanes.kda[self.layer], step.lanes.conv[self.layer]
         if x.is_cuda:

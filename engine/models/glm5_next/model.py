@@ -4,7 +4,7 @@ Two entry points over explicit per-stream state (`engine.cache.Sequence`):
 - `prefill(seq, ids)`: a chunk of one stream's prompt (any size, continuing where the stream stopped);
 - `decode(seqs, ids)`: one token for each of several streams.
 Both return fp32 logits for the last token of each stream, identical on every rank.
-Serving decodes through `lane_decoder` instead (engine/models/glm5_next/lanes.py): the same step with per-lane state
+Serving decodes through the runner instead (engine/runner/lanes.py `LaneDecoder`): the same step with per-lane state
 tensors and fixed shapes (`decode_step`), replayed from CUDA graphs on a GPU.
 """
 
@@ -25,6 +25,7 @@ from engine.models.glm5_next.dsa import SparseMLA
 from engine.models.glm5_next.kda import KimiDeltaAttention
 from engine.models.glm5_next.mhc import HyperConnection
 from engine.models.glm5_next.moe import DenseMLP, MoE
+from engine.models.glm5_next.step import LaneStep
 from engine.ops import fla_kda
 from engine.parallel import ParallelGroup, shard_range
 
@@ -40,7 +41,7 @@ def _checkpoint_prefix(reader: CheckpointReader) -> str:
 
 class DecoderLayer:
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
-                 index: int, pool_layer: int | None) -> None:
+                 index: int, pool_layer: int | None, kda_chunked: bool = True) -> None:
         self.eps = cfg.rms_norm_eps
         self.input_norm = reader.get(prefix + "input_layernorm.weight").float()
         self.post_norm = reader.get(prefix + "post_attention_layernorm.weight").float()
@@ -50,7 +51,7 @@ class DecoderLayer:
         if self.is_dsa:
             self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, cfg.indexer_types[index] == "full")
         else:
-            self.attn = KimiDeltaAttention(cfg, reader, prefix, group, index)
+            self.attn = KimiDeltaAttention(cfg, reader, prefix, group, index, kda_chunked)
         sparse = cfg.mlp_layer_types[index] == "sparse"
         self.mlp = (MoE if sparse else DenseMLP)(cfg, reader, prefix, group)
 
@@ -61,7 +62,7 @@ class DecoderLayer:
 
 class Glm5NextForCausalLM:
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, group: ParallelGroup,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, kda_chunked: bool = True) -> None:
         self.cfg, self.group = cfg, group
         prefix = _checkpoint_prefix(reader)
         self.vocab_start, self.vocab_stop = shard_range(cfg.vocab_size, group.rank, group.world)
@@ -76,7 +77,7 @@ class Glm5NextForCausalLM:
         dsa_seen = 0
         for i in range(cfg.num_hidden_layers):
             self.layers.append(DecoderLayer(cfg, reader, f"{prefix}layers.{i}.", group, i,
-                                            dsa_seen if cfg.layer_types[i] == DSA else None))
+                                            dsa_seen if cfg.layer_types[i] == DSA else None, kda_chunked))
             dsa_seen += cfg.layer_types[i] == DSA
             if progress:
                 progress(f"loaded layer {i + 1}/{cfg.num_hidden_layers}")
@@ -90,7 +91,8 @@ class Glm5NextForCausalLM:
 
     @classmethod
     def load(cls, path: str | Path, group: ParallelGroup | None = None,
-             progress: Callable[[str], None] | None = None, dtype: torch.dtype | None = None
+             progress: Callable[[str], None] | None = None, dtype: torch.dtype | None = None,
+             kda_chunked: bool = True
              ) -> "Glm5NextForCausalLM":
         """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms, gates,
         the router and the hyper-connections are always kept in fp32, and activations are fp32 throughout."""
@@ -99,7 +101,7 @@ class Glm5NextForCausalLM:
         dtype = dtype or (torch.bfloat16 if group.device.type == "cuda" else torch.float32)
         reader = CheckpointReader(path, group, dtype=dtype, device=group.device)
         try:
-            return cls(cfg, reader, group, progress)
+            return cls(cfg, reader, group, progress, kda_chunked)
         finally:
             reader.close()
 
@@ -142,13 +144,6 @@ class Glm5NextForCausalLM:
     def kda_state_shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """Per KDA layer: this rank's (delta-rule state, conv window) shape of one stream."""
         return {layer.attn.layer: layer.attn.state_shapes for layer in self.layers if not layer.is_dsa}
-
-    def lane_decoder(self, pool: KVPool, num_lanes: int, graphs: bool | None = None):
-        """The serving decode path over `num_lanes` lanes (graphs: None = on when the group runs on GPUs and
-        GLM_CUDA_GRAPHS is not 0; with several ranks, on only when every rank says so)."""
-        from engine.models.glm5_next.lanes import LaneDecoder
-
-        return LaneDecoder(self, pool, num_lanes, graphs)
 
     # -- forward -------------------------------------------------------------------------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -200,8 +195,6 @@ class Glm5NextForCausalLM:
         """The static decode step: inputs [4, B] long on the device (lane, token, position, new slot of each stream);
         every stream reads `span` entries of its slot-table row. No host sync, no shape that depends on the data, so
         it can be captured in a CUDA graph. fp32 logits [B, vocab]. The caller advances the sequences' lengths."""
-        from engine.models.glm5_next.lanes import LaneStep
-
         lane_ids, tokens, positions, new_slots = inputs
         lanes.slots[lane_ids, positions] = new_slots
         step = LaneStep(lanes, lane_ids, positions, new_slots, lanes.slots[lane_ids, :span])

@@ -1,0 +1,148 @@
+"""`engine serve`'s configuration: one frozen `EngineConfig`, built once from the command line.
+
+The flags are the one channel from the recipe (config/settings.yaml names each setting's flag); no setting reaches
+the engine through the environment. The scheduler, the executor, pool sizing, the lanes and the ranks' settings
+fingerprint all read this object. Exit codes and the machine-readable refusal line a rank prints when the window
+does not fit live here too, so the recipe and the engine share one definition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2          # a flag the engine cannot use (named on stderr)
+EXIT_REFUSED = 3        # the ranks were started with different settings
+EXIT_WINDOW = 4         # the window does not fit; stderr holds a WINDOW_LINE with the largest that does
+WINDOW_LINE = "window-does-not-fit: "   # followed by JSON: {"context": asked, "largest_window": fits, ...}
+DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}   # memory left to the system when --memory-reserve-gib is not given
+
+
+def _switch(text: str) -> bool:
+    if text not in ("0", "1", "on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not 0/1 (or on/off)")
+    return text in ("1", "on")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`engine serve`'s flags: every field of EngineConfig, nothing else."""
+    p.add_argument("checkpoint", help="checkpoint directory (config.json, safetensors, tokenizer.json)")
+    p.add_argument("--tp", type=int, default=1, help="ranks in all (tensor-parallel world size)")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--master", default="127.0.0.1:29551", help="ADDR[:PORT] where rank 0 meets the others")
+    p.add_argument("--host", default="127.0.0.1", help="API bind address (rank 0)")
+    p.add_argument("--port", type=int, default=8888, help="API port (rank 0)")
+    p.add_argument("--name", default="GLM-5.3-Flash", help="model id the API reports and requests name")
+    p.add_argument("--parallel", type=int, default=4, help="requests decoded at once (lanes)")
+    p.add_argument("--context", type=int, default=8192, help="prompt + reply window per request; 0 = largest fit")
+    p.add_argument("--max-tokens", type=int, default=1024, help="reply budget when a request sets none")
+    p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
+    p.add_argument("--kv-pool-gib", type=float, default=0.0, help="cap of the cache pool in GiB per rank (0 = none)")
+    p.add_argument("--memory-reserve-gib", type=float, default=None,
+                   help="memory left free for the system (default: 1 GiB on the CPU, 4 GiB on a GPU)")
+    p.add_argument("--max-queued", type=int, default=16,
+                   help="requests that may wait beyond the lanes; more get 429 + Retry-After")
+    p.add_argument("--prefill-chunk", type=int, default=128, help="prompt tokens per prefill step")
+    p.add_argument("--thinking", type=_switch, default=True, help="replies think first unless a request says (1/0)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--keepalive-s", type=float, default=15.0, help="SSE keep-alive comment after this silence")
+    p.add_argument("--peer-timeout-s", type=float, default=30.0,
+                   help="a rank silent this long (no heartbeat) ends the run; /health is 503 after 3 s of silence")
+    p.add_argument("--cuda-graphs", type=_switch, default=True,
+                   help="replay decode steps from CUDA graphs on a GPU (1/0; every rank must agree)")
+    p.add_argument("--kda-chunked", type=_switch, default=True,
+                   help="KDA prompt chunks in chunked form (fla-core on a GPU); 0: token by token (every rank agrees)")
+    p.add_argument("--api-key-file", default=None, help="file holding the API key (or set SPARKS_API_KEY)")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    checkpoint: str
+    tp: int = 1
+    rank: int = 0
+    master: str = "127.0.0.1:29551"
+    host: str = "127.0.0.1"
+    port: int = 8888
+    name: str = "GLM-5.3-Flash"
+    parallel: int = 4
+    context: int = 8192
+    max_tokens: int = 1024
+    kv: str = "bf16"
+    kv_pool_gib: float = 0.0
+    memory_reserve_gib: float | None = None
+    max_queued: int = 16
+    prefill_chunk: int = 128
+    thinking: bool = True
+    device: str = "auto"
+    keepalive_s: float = 15.0
+    peer_timeout_s: float = 30.0
+    cuda_graphs: bool = True
+    kda_chunked: bool = True
+    api_key_file: str | None = None
+
+    # What every rank must share (the others are per rank: its address, port, device, secrets, local timeouts).
+    SHARED = ("tp", "parallel", "context", "max_tokens", "kv", "kv_pool_gib", "prefill_chunk", "name", "thinking",
+              "cuda_graphs", "kda_chunked")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> "EngineConfig":
+        parser = argparse.ArgumentParser(prog="python -m engine serve")
+        add_arguments(parser)
+        return cls.from_args(parser.parse_args(argv))
+
+    def problems(self) -> list[str]:
+        """Values no rank can run with, each as one line naming the flag."""
+        out = [f"{flag} must be at least 1 (got {value})" for flag, value in
+               (("--tp", self.tp), ("--parallel", self.parallel), ("--max-tokens", self.max_tokens),
+                ("--prefill-chunk", self.prefill_chunk)) if value < 1]
+        if not 0 <= self.rank < max(self.tp, 1):
+            out.append(f"--rank {self.rank} is outside 0..{self.tp - 1}")
+        if self.context < 0:
+            out.append(f"--context must be 0 (the largest that fits) or a positive window (got {self.context})")
+        return out
+
+    @property
+    def master_addr(self) -> str:
+        return self.master.partition(":")[0]
+
+    @property
+    def master_port(self) -> int:
+        return int(self.master.partition(":")[2] or 29551)
+
+    def reserve_gib(self, device: str) -> float:
+        if self.memory_reserve_gib is not None:
+            return self.memory_reserve_gib
+        return DEFAULT_RESERVE_GIB["cpu" if device == "cpu" else "cuda"]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What the ranks compare before loading (parallel.check_same_settings): the shared fields and the
+        checkpoint's config.json digest."""
+        config = Path(self.checkpoint, "config.json")
+        digest = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.exists() else "missing"
+        mine = asdict(self)
+        return {"checkpoint_config": digest, **{key: mine[key] for key in self.SHARED}}
+
+
+def window_refusal(context: int, largest: int, **detail: Any) -> str:
+    """The line a rank prints (then exits EXIT_WINDOW) when `context` does not fit; the recipe reads it back with
+    `read_window_refusal` and starts again with the largest window from its settings."""
+    return WINDOW_LINE + json.dumps({"context": context, "largest_window": largest, **detail})
+
+
+def read_window_refusal(text: str) -> int | None:
+    """The largest window named by a WINDOW_LINE in a rank's output, or None."""
+    for line in text.splitlines():
+        if WINDOW_LINE in line:
+            try:
+                return int(json.loads(line.split(WINDOW_LINE, 1)[1])["largest_window"])
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None

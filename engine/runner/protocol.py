@@ -1,0 +1,35 @@
+"""What the runner needs of a model: `ServingModel`, written down so the executor and the lane decoder type it
+instead of duck-typing (`Glm5NextForCausalLM` is one; the scheduler's tests use a stand-in with the same calls)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+class ServingModel(Protocol):
+    group: Any                                   # engine.parallel.ParallelGroup
+
+    def new_sequence(self, pool: Any) -> Any: ...
+
+    def prefill(self, seq: Any, ids: list[int]) -> torch.Tensor: ...
+
+    def decode(self, seqs: list[Any], ids: list[int]) -> torch.Tensor: ...
+
+
+class LaneModel(ServingModel, Protocol):
+    """A model whose decode can run as one static step over lane-indexed state (engine/runner/lanes.py)."""
+
+    def kda_state_shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]: ...
+
+    def decode_step(self, lanes: Any, inputs: torch.Tensor, span: int) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class LaneCapable(Protocol):
+    """The runtime check of `LaneModel` (isinstance looks at the names only)."""
+
+    def decode_step(self, lanes: Any, inputs: torch.Tensor, span: int) -> torch.Tensor: ...
+
+    def kda_state_shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]: ...
