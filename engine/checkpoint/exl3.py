@@ -208,36 +208,24 @@ def read_projection(reader: CheckpointReader, prefix: str, dim: int | None) -> t
     return weight.to(device=reader.device, dtype=reader.dtype).contiguous()
 
 
-class Exl3Experts:
-    """A MoE layer's routed experts kept in EXL3 form on the GPU (never decoded to dense matrices): `gate_up` holds
-    expert e's gate as matrix 2e and its up as matrix 2e+1 (they have their own suh), `down` expert e as matrix e;
-    this rank's whole-block TP parts. Calling it gives the routed partial sum (engine/ops/triton_exl3.routed_experts:
-    sync-free decode-GEMV for <= 64 (row, expert) pairs, experts decoded per chunk for prompt chunks)."""
-
-    def __init__(self, gate_up: exl3.Exl3Bank, down: exl3.Exl3Bank) -> None:
-        self.gate_up, self.down = gate_up, down
-
-    @classmethod
-    def load(cls, reader: CheckpointReader, prefix: str, experts: int) -> "Exl3Experts | None":
-        """`prefix` e.g. `model.language_model.layers.3.mlp.`; None when the routed experts are not EXL3 (plain
-        weights), or not one width and codebook per bank: those load through `read_projection` (decoded)."""
-        names = {proj: [f"{prefix}experts.{e}.{proj}" for e in range(experts)]
-                 for proj in ("gate_proj", "up_proj", "down_proj")}
-        if reader.has(names["gate_proj"][0] + ".weight"):
+def read_expert_banks(reader: CheckpointReader, prefix: str, experts: int
+                      ) -> tuple[exl3.Exl3Bank, exl3.Exl3Bank] | None:
+    """A MoE layer's routed experts as two `Exl3Bank`s kept in EXL3 form (gate/up: expert e's gate is matrix 2e,
+    its up 2e+1; down: expert e), this rank's whole-block TP parts — what `ops.Exl3Experts` computes with.
+    `prefix` e.g. `model.language_model.layers.3.mlp.`; None when the routed experts are not EXL3 (plain weights),
+    or not one width and codebook per bank: those load through `read_projection` (decoded)."""
+    names = {proj: [f"{prefix}experts.{e}.{proj}" for e in range(experts)]
+             for proj in ("gate_proj", "up_proj", "down_proj")}
+    if reader.has(names["gate_proj"][0] + ".weight"):
+        return None
+    index = Exl3Index.of(reader)
+    for proj in ("gate_proj", "down_proj"):
+        bank = [index.groups.get(n) for n in (names[proj] + names["up_proj"] if proj == "gate_proj" else
+                                              names[proj])]
+        if None in bank or len({(g.bits, g.codebook, g.in_features, g.out_features) for g in bank}) != 1:
             return None
-        index = Exl3Index.of(reader)
-        for proj in ("gate_proj", "down_proj"):
-            bank = [index.groups.get(n) for n in (names[proj] + names["up_proj"] if proj == "gate_proj" else
-                                                  names[proj])]
-            if None in bank or len({(g.bits, g.codebook, g.in_features, g.out_features) for g in bank}) != 1:
-                return None
-        gate_up = _bank(reader, index, [n for pair in zip(names["gate_proj"], names["up_proj"]) for n in pair], 0)
-        return cls(gate_up, _bank(reader, index, names["down_proj"], 1))
-
-    def __call__(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, limit: float) -> torch.Tensor:
-        from engine.ops.triton_exl3 import routed_experts
-
-        return routed_experts(x, chosen, weights, self.gate_up, self.down, limit)
+    gate_up = _bank(reader, index, [n for pair in zip(names["gate_proj"], names["up_proj"]) for n in pair], 0)
+    return gate_up, _bank(reader, index, names["down_proj"], 1)
 
 
 def _bank(reader: CheckpointReader, index: Exl3Index, prefixes: list[str], split_dim: int) -> exl3.Exl3Bank:

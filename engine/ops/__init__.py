@@ -1,5 +1,5 @@
-"""Numerical kernels behind one interface. `reference` is plain torch (CPU, tests, fp32); a CUDA backend with
-fused kernels plugs in here with the same signatures."""
+"""Numerical kernels behind one interface. `reference` is plain torch (CPU, tests, fp32); `fused` chooses, per op,
+the Triton kernels on CUDA where their form applies and the reference otherwise (model files never import Triton)."""
 
 from engine.ops.reference import (  # noqa: F401
     causal_conv,
@@ -11,4 +11,15 @@ from engine.ops.reference import (  # noqa: F401
     layer_norm,
     rms_norm,
     swiglu_clamped,
+)
+from engine.ops.fused import (  # noqa: F401
+    Exl3Experts,
+    hc_around,
+    hc_weights,
+    kda_decode,
+    kda_decode_applies,
+    moe_decode_applies,
+    moe_experts,
+    moe_route,
+    sinkhorn,
 )

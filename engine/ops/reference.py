@@ -112,3 +112,12 @@ def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
             "hsk,hsv->hkv", kc * (last - gc).exp(), delta)
         outputs.append(out.transpose(0, 1))
     return torch.cat(outputs, dim=0), state
+
+
+def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """comb [T, n, n] (softmax + eps applied) -> doubly stochastic: columns, then rows and columns iters - 1 times."""
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return comb

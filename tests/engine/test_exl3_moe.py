@@ -1,4 +1,5 @@
-"""EXL3 routed experts kept in EXL3 form (engine/checkpoint/exl3.Exl3Experts → engine/ops/triton_exl3.routed_experts,
+"""EXL3 routed experts kept in EXL3 form (engine/checkpoint/exl3.read_expert_banks → engine/ops/fused.Exl3Experts →
+engine/ops/triton_exl3.routed_experts,
 the CUDA path of moe.MoE) in Triton's interpreter on the CPU, against the same experts decoded to dense weights.
 
 As in test_exl3_triton.py, the kernels run in a child process started with TRITON_INTERPRET=1 (this file run as a
@@ -27,7 +28,8 @@ def _cases(tmp: str) -> dict:
     import torch
 
     from engine.checkpoint.demo import write_demo
-    from engine.checkpoint.exl3 import Exl3Experts
+    from engine.checkpoint.exl3 import read_expert_banks
+    from engine.ops import Exl3Experts
     from engine.checkpoint.loader import CheckpointReader
     from engine.models.glm5_next.moe import SwiGLU
     from engine.ops import triton_exl3 as tx
@@ -92,13 +94,14 @@ def _cases(tmp: str) -> dict:
     for t in range(2):
         for j, e in enumerate(chosen[t].tolist()):
             expected[t] += float(weights[t, j]) * dense[e].partial(x[t:t + 1])[0].double()
-    whole = Exl3Experts.load(reader, LAYER, n_experts)
+    whole = Exl3Experts(*read_expert_banks(reader, LAYER, n_experts))
     out["demo_bank_sizes"] = [len(whole.gate_up), len(whole.down)]
     out["demo_error"] = error(whole(x, chosen, weights, limit), expected)
-    parts = [Exl3Experts.load(CheckpointReader(demo, ParallelGroup(rank, 2)), LAYER, n_experts) for rank in (0, 1)]
+    parts = [Exl3Experts(*read_expert_banks(CheckpointReader(demo, ParallelGroup(rank, 2)), LAYER, n_experts))
+             for rank in (0, 1)]
     out["demo_tp2_widths"] = [p.down.trellis.shape[1] * 16 for p in parts]
     out["demo_tp2_error"] = error(sum(p(x, chosen, weights, limit) for p in parts), expected)
-    out["shared_expert_not_banked"] = Exl3Experts.load(reader, "model.language_model.layers.0.mlp.", 1) is None
+    out["shared_expert_not_banked"] = read_expert_banks(reader, "model.language_model.layers.0.mlp.", 1) is None
     return out
 
 

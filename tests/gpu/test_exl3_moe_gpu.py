@@ -1,4 +1,4 @@
-"""An EXL3 checkpoint served on CUDA with its routed experts kept in EXL3 form (moe.MoE → Exl3Experts → the Triton
+"""An EXL3 checkpoint served on CUDA with its routed experts kept in EXL3 form (moe.MoE → ops.Exl3Experts → the Triton
 decode-GEMV / per-chunk decode) gives the greedy tokens of the same checkpoint decoded to dense weights on CUDA and of
 the CPU reference. Runs on the lent H200 machine (`python -m pytest -q tests/gpu`, PYTHONPATH=.:tests/engine);
 skipped without CUDA. The same path in Triton's interpreter on the CPU: tests/engine/test_exl3_moe.py."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.checkpoint.demo import write_demo
-from engine.checkpoint.exl3 import Exl3Experts
+import engine.models.glm5_next.moe as moe_module
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.models.glm5_next.moe import MoE
 from engine.parallel import ParallelGroup
@@ -54,7 +54,7 @@ def test_exl3_experts_on_cuda_give_the_dense_and_cpu_tokens(checkpoint, monkeypa
     del gpu
 
     with monkeypatch.context() as patch:                       # the same checkpoint decoded to dense on load
-        patch.setattr(Exl3Experts, "load", classmethod(lambda cls, *args: None))
+        patch.setattr(moe_module, "read_expert_banks", lambda *args: None)
         dense = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
         assert all(m.exl3 is None and m.experts for m in _moes(dense))
         dense_tokens, dense_logits = _greedy(dense, ids, chunk)

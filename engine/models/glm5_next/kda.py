@@ -146,7 +146,7 @@ class KimiDeltaAttention:
         """The static decode step (`step.LaneStep`): on a GPU one fused kernel updates the lane tensors in place;
         elsewhere the state is gathered from them and scattered back."""
         kda, conv = step.lanes.kda[self.layer], step.lanes.conv[self.layer]
-        if x.is_cuda:
+        if ops.kda_decode_applies(x):
             return self._fused_step(x, step.lane_ids, conv, kda)
         out, windows, state = self._step(x, conv[step.lane_ids], kda[step.lane_ids])
         kda[step.lane_ids] = state
@@ -158,12 +158,10 @@ class KimiDeltaAttention:
         """`decode_lanes` on a GPU: one matmul for every projection of x, one batched matmul for f_b and g_b, then
         the conv, gates, delta rule and gated norm in one kernel (engine/ops/triton_kda.py) that updates the lanes'
         windows and states in place."""
-        from engine.ops.triton_kda import kda_decode
-
         mixed = ops.linear(x, self.in_proj)
         qkv, d = 3 * self.width, self.f_a.shape[0]
         low = mixed[:, qkv: qkv + 2 * d].view(-1, 2, d).transpose(0, 1)                 # [2, B, d]: f_a | g_a
         f, gate = ops.linear_pairs(low, self.low_b)                                     # [2, B, Hl*d]
-        core = kda_decode(mixed, f, mixed[:, qkv + 2 * d:], gate, self.conv, self.dt_bias, self.a_decay, self.o_norm,
+        core = ops.kda_decode(mixed, f, mixed[:, qkv + 2 * d:], gate, self.conv, self.dt_bias, self.a_decay, self.o_norm,
                           lane_ids, windows, states, self.lower_bound, self.eps)
         return self.group.sum_partials(ops.linear(core, self.o_proj))

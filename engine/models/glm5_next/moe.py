@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine import ops
-from engine.checkpoint.exl3 import Exl3Experts, read_projection
+from engine.checkpoint.exl3 import read_expert_banks, read_projection
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
@@ -50,7 +50,8 @@ class MoE:
         self.router = reader.get(p + "gate.weight").float()
         self.bias = reader.get(p + "gate.e_score_correction_bias").float()
         # on CUDA, EXL3 routed experts stay EXL3 (engine/checkpoint/exl3.py); elsewhere they are decoded on load
-        self.exl3 = Exl3Experts.load(reader, p, cfg.n_routed_experts) if self.router.is_cuda else None
+        banks = read_expert_banks(reader, p, cfg.n_routed_experts) if self.router.is_cuda else None
+        self.exl3 = ops.Exl3Experts(*banks) if banks is not None else None
         self.experts = [] if self.exl3 is not None else [
             SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
         self.shared = SwiGLU(reader, p + "shared_experts.", cfg.swiglu_limit)
@@ -81,7 +82,7 @@ class MoE:
         return chosen, weights * self.scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.stacked is not None and x.shape[0] * self.top_k <= 64:
+        if ops.moe_decode_applies(x, self.top_k, self.stacked):
             return self.group.sum_partials(self._decode(x))
         chosen, weights = self.route(x)
         out = self.shared.partial(x)
@@ -95,9 +96,7 @@ class MoE:
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing, gate‖up and down as
         sync-free kernels, each chosen expert read once, the shared expert one more pair when it is in the bank."""
-        from engine.ops.triton_moe import route, routed_experts
-
-        chosen, weights = route(ops.linear(x, self.router), self.bias, self.top_k, self.scale, self.renorm,
-                                self.num_routed if self.shared_in_bank else None)
-        out = routed_experts(x, chosen, weights, *self.stacked, self.limit)
+        chosen, weights = ops.moe_route(ops.linear(x, self.router), self.bias, self.top_k, self.scale, self.renorm,
+                                        self.num_routed if self.shared_in_bank else None)
+        out = ops.moe_experts(x, chosen, weights, *self.stacked, self.limit)
         return out if self.shared_in_bank else out + self.shared.partial(x)

@@ -1,0 +1,103 @@
+"""The backend choice, one dispatch per op that has a fused CUDA form.
+
+Model files call these (through `engine.ops`) and never import Triton: each function picks the Triton kernel on a
+CUDA tensor where its form applies, and the torch reference otherwise, importing the Triton module only on first
+use. Where the fused form covers a whole step of a layer (the KDA decode token, the small-batch MoE, the EXL3
+experts), `*_applies` says whether it does, so the layer keeps one branch with the reason written here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from engine.ops import reference
+
+HC_FUSED_MAX_TOKENS = 64     # up to this many tokens (decode, verify windows) the fused hyper-connection kernels
+MOE_FUSED_MAX_PAIRS = 64     # (token, expert) pairs the small-batch MoE kernels take
+
+
+def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """comb [T, n, n] fp32 (softmax + eps applied) -> doubly stochastic."""
+    if comb.is_cuda:
+        from engine.ops.triton_mhc import sinkhorn as fused
+
+        return fused(comb, iters, eps)
+    return reference.sinkhorn(comb, iters, eps)
+
+
+def hc_around(streams: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], fn: torch.Tensor,
+              base: torch.Tensor, scale: torch.Tensor, norm: torch.Tensor, hc_eps: float, hc_norm_eps: float,
+              norm_eps: float, iters: int) -> torch.Tensor:
+    """A hyper-connection around `sublayer` (engine/models/glm5_next/mhc.py says what it computes): on a GPU, up
+    to HC_FUSED_MAX_TOKENS tokens and a power-of-two stream count, three fused kernels; else torch ops."""
+    tokens, n = streams.shape[0], streams.shape[1]
+    if streams.is_cuda and tokens <= HC_FUSED_MAX_TOKENS and n & (n - 1) == 0:
+        from engine.ops.triton_mhc import hc_post, hc_pre
+
+        x, post, comb = hc_pre(streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters)
+        return hc_post(streams, sublayer(x), post, comb)
+    pre, post, comb = hc_weights(streams, fn, base, scale, hc_eps, hc_norm_eps, iters)
+    out = sublayer(reference.rms_norm((pre.unsqueeze(-1) * streams).sum(1), norm, norm_eps))
+    return post.unsqueeze(-1) * out.unsqueeze(1) + comb.transpose(-1, -2) @ streams
+
+
+def hc_weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
+               hc_norm_eps: float, iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """streams [T, n, hidden] -> pre [T, n], post [T, n], comb [T, n, n] (Sinkhorn through `sinkhorn`)."""
+    n = streams.shape[1]
+    logits = reference.linear(reference.rms_norm(streams.flatten(1), None, hc_norm_eps), fn)
+    pre_l, post_l, comb_l = logits.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.split([n, n, n * n])
+    pre = torch.sigmoid(pre_l * scale[0] + pre_b) + hc_eps
+    post = 2 * torch.sigmoid(post_l * scale[1] + post_b)
+    comb = torch.softmax((comb_l * scale[2] + comb_b).view(-1, n, n), dim=-1) + hc_eps
+    return pre, post, sinkhorn(comb, iters, hc_eps)
+
+
+def kda_decode_applies(x: torch.Tensor) -> bool:
+    """The KDA decode token as one kernel over lane state (conv, gates, delta rule, gated norm, in place)."""
+    return x.is_cuda
+
+
+def kda_decode(*args: Any) -> torch.Tensor:
+    """engine/ops/triton_kda.py `kda_decode` (see there for the arguments)."""
+    from engine.ops.triton_kda import kda_decode as fused
+
+    return fused(*args)
+
+
+def moe_decode_applies(x: torch.Tensor, top_k: int, stacked: Any) -> bool:
+    """The MoE of a few tokens as sync-free kernels over the stacked bf16 experts (routing on the device)."""
+    return stacked is not None and x.is_cuda and x.shape[0] * top_k <= MOE_FUSED_MAX_PAIRS
+
+
+def moe_route(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """engine/ops/triton_moe.py `route`."""
+    from engine.ops.triton_moe import route
+
+    return route(*args)
+
+
+def moe_experts(*args: Any) -> torch.Tensor:
+    """engine/ops/triton_moe.py `routed_experts` (stacked bf16 experts)."""
+    from engine.ops.triton_moe import routed_experts
+
+    return routed_experts(*args)
+
+
+class Exl3Experts:
+    """A MoE layer's routed experts kept in EXL3 form on the GPU (never decoded to dense matrices): `gate_up` holds
+    expert e's gate as matrix 2e and its up as matrix 2e+1, `down` expert e as matrix e (`Exl3Bank`s that
+    engine/checkpoint/exl3.py `read_expert_banks` builds, this rank's whole-block TP parts). Calling it gives the
+    routed partial sum (engine/ops/triton_exl3.py `routed_experts`: sync-free decode-GEMV for <= 64 (row, expert)
+    pairs, experts decoded per chunk for prompt chunks)."""
+
+    def __init__(self, gate_up: Any, down: Any) -> None:
+        self.gate_up, self.down = gate_up, down
+
+    def __call__(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, limit: float) -> torch.Tensor:
+        from engine.ops.triton_exl3 import routed_experts
+
+        return routed_experts(x, chosen, weights, self.gate_up, self.down, limit)
