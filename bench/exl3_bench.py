@@ -96,7 +96,7 @@ def main() -> int:
 
     # copy bandwidth on this GPU (read + write), for the ceiling actually reachable
     big = torch.empty(2 ** 20 if SMOKE else 2 ** 30, dtype=torch.uint8, device=dev)
-    copy_ms = _ms(lambda: big.clone())
+    copy_ms = _ms(big.clone)
     copy_tbs = 2 * big.numel() / copy_ms / 1e9
     del big
 

@@ -18,6 +18,7 @@ see docs/BENCHMARKS.md. The JSON is rewritten after every figure, so a run cut s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -345,7 +346,8 @@ def layer_cut_times(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bo
                 tokens = [11] * batch
                 decoder.decode(seqs, tokens)  # capture
                 # the best of 3 rounds: the per-layer figures are differences of these, so noise counts double
-                times[k][batch] = min(timed(lambda: decoder.decode(seqs, tokens), repeat) for _ in range(3)) * 1e3
+                step = functools.partial(decoder.decode, seqs, tokens)
+                times[k][batch] = min(timed(step, repeat) for _ in range(3)) * 1e3
                 for s in seqs:
                     s.release()
             if graphs and not decoder.uses_graphs:

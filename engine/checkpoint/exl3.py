@@ -22,7 +22,6 @@ import re
 import struct
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch

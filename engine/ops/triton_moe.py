@@ -54,7 +54,7 @@ def pair_gemv(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, row
     With `swiglu_limit`, x [P, 2K] holds each pair's gate‖up and the product is taken with their clamped SwiGLU;
     with `scale` [P], each pair's output is multiplied by its entry."""
     x = x.contiguous()
-    pairs, (num_experts, n, k) = experts.numel(), weights.shape
+    pairs, (_, n, k) = experts.numel(), weights.shape
     out = torch.empty(pairs, n, dtype=torch.float32, device=x.device)
     grid = (pairs, triton.cdiv(n, block_n))
     _pair_gemv[grid](x, weights, experts.contiguous(), out if scale is None else scale.contiguous(), out,

@@ -36,7 +36,6 @@ def run_schedule(model, kv: str = "fp32", min_span: int = 8):
     decoder.min_span, decoder.pad_spans = min_span, min_span > 0   # padded spans as under graphs (0: exact spans)
     live: dict[int, tuple[int, object]] = {}   # lane -> (stream index, sequence)
     out = {i: ([], []) for i in range(len(SCHEDULE))}
-    nxt: dict[int, int] = {}
     for step in range(60):
         for i, (seed, length, lane, start) in enumerate(SCHEDULE):
             if start == step:

@@ -32,7 +32,7 @@ def test_a_window_that_does_not_fit_is_refused_naming_the_largest(checkpoint: Pa
     proc = serve(checkpoint, "--tp", "1", "--context", "100000", "--parallel", "4", "--kv-pool-gib", "0.001")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_WINDOW, out      # the documented code, and the line the recipe reads back
-    line = next(l for l in out.splitlines() if l.startswith("refused:"))
+    line = next(text for text in out.splitlines() if text.startswith("refused:"))
     largest = int(line.split("the largest window that fits is ")[1].split()[0])
     assert 0 < largest < 100000 and f"--context {largest}" in line and "pool:" not in out
     assert read_window_refusal(out) == largest

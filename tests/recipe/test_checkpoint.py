@@ -10,7 +10,6 @@ import pytest
 from recipe.checkpoint import differences, head_checkpoint_dir, layout_of, missing_bytes, parse_manifest, read_manifest
 from recipe.nodes import LocalNode
 from recipe.settings import load_settings
-from recipe.settings import load_settings
 
 REV = "078455ffe6472f9a52fbc1139f58b9db2881b25c"
 
