@@ -91,6 +91,13 @@ class Request:
         return self.filled < len(self.prompt)
 
 
+def _lane(req: Request) -> int:
+    """The lane of an admitted request (set when it is admitted, before any step names it)."""
+    if req.lane is None:
+        raise RuntimeError(f"request {req.id} has no lane")
+    return req.lane
+
+
 class Scheduler:
     def __init__(self, executor: StepExecutor, group: Any, *, parallel: int, max_queued: int,
                  prefill_chunk: int = 128, heartbeat_s: float = 1.0, retry_after_s: int = 5,
@@ -211,9 +218,9 @@ class Scheduler:
                     line.remove(req)
                     self._finish(req, "cancelled")
                     return
-        for req in self._lanes:
-            if req is not None and req.id == request_id:
-                self._finish(req, "cancelled")
+        for running in self._lanes:
+            if running is not None and running.id == request_id:
+                self._finish(running, "cancelled")
                 return
 
     def _free_lane(self) -> int | None:
@@ -240,11 +247,11 @@ class Scheduler:
         if filling and (self._prefill_turn or not decoding):
             req = filling[0]
             chunk = req.prompt[req.filled: req.filled + self.prefill_chunk]
-            plan.prefill = (req.lane, chunk)
+            plan.prefill = (_lane(req), chunk)
             self._prefill_turn = False
             return plan, ("prefill", [req])
         if decoding:
-            plan.decode = ([r.lane for r in decoding], [r.output[-1] for r in decoding])
+            plan.decode = ([_lane(r) for r in decoding], [r.output[-1] for r in decoding])
             self._prefill_turn = True
             return plan, ("decode", decoding)
         return plan, None

@@ -219,9 +219,9 @@ def read_expert_banks(reader: CheckpointReader, prefix: str, experts: int
         return None
     index = Exl3Index.of(reader)
     for proj in ("gate_proj", "down_proj"):
-        bank = [index.groups.get(n) for n in (names[proj] + names["up_proj"] if proj == "gate_proj" else
-                                              names[proj])]
-        if None in bank or len({(g.bits, g.codebook, g.in_features, g.out_features) for g in bank}) != 1:
+        wanted = names[proj] + names["up_proj"] if proj == "gate_proj" else names[proj]
+        bank = [index.groups[n] for n in wanted if n in index.groups]
+        if len(bank) != len(wanted) or len({(g.bits, g.codebook, g.in_features, g.out_features) for g in bank}) != 1:
             return None
     gate_up = _bank(reader, index, [n for pair in zip(names["gate_proj"], names["up_proj"]) for n in pair], 0)
     return gate_up, _bank(reader, index, names["down_proj"], 1)
@@ -229,15 +229,15 @@ def read_expert_banks(reader: CheckpointReader, prefix: str, experts: int
 
 def _bank(reader: CheckpointReader, index: Exl3Index, prefixes: list[str], split_dim: int) -> exl3.Exl3Bank:
     """The groups `prefixes` (one shape and format) read for this rank and stacked on the reader's device."""
-    trellis = suh = svh = None
+    def stack(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(len(prefixes), *t.shape, dtype=t.dtype, device=reader.device)
+
+    first = index.load(reader, prefixes[0], split_dim)
+    trellis, suh, svh = stack(first.trellis), stack(first.suh), stack(first.svh)
     for i, prefix in enumerate(prefixes):
-        linear = index.load(reader, prefix, split_dim)
+        linear = first if i == 0 else index.load(reader, prefix, split_dim)
         if linear.bias is not None:
             raise CheckpointError(f"{prefix}.bias: the MLP projections of this model have no bias; found one")
-        if trellis is None:
-            def stack(t: torch.Tensor) -> torch.Tensor:
-                return torch.empty(len(prefixes), *t.shape, dtype=t.dtype, device=reader.device)
-            trellis, suh, svh = stack(linear.trellis), stack(linear.suh), stack(linear.svh)
         trellis[i].copy_(linear.trellis)
         suh[i].copy_(linear.suh)
         svh[i].copy_(linear.svh)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoint.layout import REPLICATED, split_of, text_config, text_tensors, vision_tensors
+from engine.checkpoint.layout import split_of, text_config, text_tensors, vision_tensors
 from engine.parallel import shard_range
 
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
@@ -88,7 +88,7 @@ def checkpoint_tensors(directory: Path) -> list[Tensor] | None:
 def rank_share(tensor: Tensor, config: dict[str, Any], rank: int, world: int) -> int:
     """Bytes of `tensor` that `rank` holds under the TP plan."""
     split = split_of(tensor.name, config)
-    if split == REPLICATED or world == 1:
+    if split.dim is None or world == 1:   # REPLICATED: every rank holds it whole
         return tensor.nbytes
     size = tensor.shape[split.dim]
     unit = split.unit if size % split.unit == 0 else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -30,7 +31,7 @@ class CheckpointReader:
         self.dtype = dtype
         self.device = torch.device(device)
         self.file_of = self._index()
-        self._handles: dict[str, object] = {}
+        self._handles: dict[str, Any] = {}   # safetensors handles (safe_open)
 
     def _index(self) -> dict[str, str]:
         index = self.path / "model.safetensors.index.json"

@@ -48,7 +48,11 @@ def build_tokenizer() -> Tokenizer:
 
 def token_ids(names: tuple[str, ...] | list[str]) -> list[int]:
     tokenizer = build_tokenizer()
-    return [int(tokenizer.token_to_id(name)) for name in names]
+    ids = [tokenizer.token_to_id(name) for name in names]
+    missing = [name for name, found in zip(names, ids) if found is None]
+    if missing:
+        raise KeyError(f"the demo tokenizer has no token {missing[0]!r}")
+    return [int(found) for found in ids if found is not None]
 
 
 def write_tokenizer(directory: Path, model_max_length: int) -> int:

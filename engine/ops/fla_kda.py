@@ -48,8 +48,11 @@ def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                 beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule over T tokens of one stream. state: [H, dk, dv] fp32; q (pre-scaled), k: [T, H, dk];
     v: [T, H, dv]; g: [T, H, dk] log-decay; beta: [T, H]. Returns the output [T, H, dv] and the new state."""
-    out, final = _chunk_kda()(q[None], k[None], v[None], g[None], beta[None], scale=1.0,
-                              initial_state=state[None], output_final_state=True)
+    chunk_kda = _chunk_kda()
+    if chunk_kda is None:
+        raise RuntimeError("fla-core is not importable: the 'fla' prompt form cannot run (kda.prompt_form checks)")
+    out, final = chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=1.0,
+                           initial_state=state[None], output_final_state=True)
     return out[0], final[0]
 
 

@@ -544,7 +544,6 @@ def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
     for expert in chosen.unique().tolist():
         token, slot = (chosen == expert).nonzero(as_tuple=True)
         xs = x[token]
-        hidden = swiglu_clamped(_dense_apply(xs, gate_up, 2 * expert), _dense_apply(xs, gate_up, 2 * expert + 1),
-                                limit)
-        out.index_add_(0, token, _dense_apply(hidden, down, expert) * weights[token, slot, None].float())
+        act = swiglu_clamped(_dense_apply(xs, gate_up, 2 * expert), _dense_apply(xs, gate_up, 2 * expert + 1), limit)
+        out.index_add_(0, token, _dense_apply(act, down, expert) * weights[token, slot, None].float())
     return out

@@ -62,7 +62,7 @@ def codebook(name: str) -> torch.Tensor:
     state = torch.arange(65536, dtype=torch.int64)
     if name == "mul1":
         x = (state * MARKERS["mul1"]) & 0xFFFFFFFF
-        byte_sum = sum((x >> shift) & 0xFF for shift in (0, 8, 16, 24))
+        byte_sum = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + ((x >> 24) & 0xFF)
         scale = _fp16_from_bits(torch.tensor(_MUL1_SCALE)).double()
         bias = _fp16_from_bits(torch.tensor(_MUL1_BIAS)).double()
         # (1024 + byte_sum) * scale + bias is exact in fp64 and in fp32 (22 significant bits): one rounding to

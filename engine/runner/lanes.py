@@ -109,8 +109,10 @@ class LaneDecoder:
         return logits
 
     def _graph(self, batch: int, span: int) -> CapturedStep | None:
-        key = (batch, span)
-        if key not in self.graphs:
+        key, graphs = (batch, span), self.graphs
+        if graphs is None:
+            return None
+        if key not in graphs:
             captured, reason = None, ""
             try:
                 captured = CapturedStep(self.model, self.state, batch, span, self._mempool)
@@ -119,15 +121,15 @@ class LaneDecoder:
                 _restore_generator(self.device)
                 self.state.reset(self.state.scratch_lane)
             everyone = self.group.all_agree(captured is not None)  # outside any capture; a no-op on one rank
-            if not everyone:
+            if not everyone or captured is None:
                 if not reason:
                     reason = "another rank's capture failed"
                 log.warning("CUDA graph capture failed (batch %d, span %d: %s); decoding without graphs",
                             batch, span, reason)
                 self.graphs = None
                 return None
-            self.graphs[key] = captured
-        return self.graphs[key]
+            graphs[key] = captured
+        return graphs[key]
 
 
 def _restore_generator(device: torch.device) -> None:

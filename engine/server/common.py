@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncGenerator
 
 from fastapi import Request
 
@@ -98,7 +98,7 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def collect(generation: Generation, request: Request) -> AsyncIterator[Delta | End]:
+async def collect(generation: Generation, request: Request) -> AsyncGenerator[Delta | End, None]:
     """Events of a non-streamed reply. A watcher listens on the connection meanwhile: when the client hangs up,
     the request is cancelled at once (its lane and cache rows go back within a step), not at max_tokens."""
     watcher = asyncio.create_task(_cancel_on_disconnect(generation, request))

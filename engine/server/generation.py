@@ -9,7 +9,7 @@ import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncGenerator
 
 from engine.sampling import SamplingParams
 from engine.scheduler import Failed, Finished, QueueFull, Request, Token, Unavailable
@@ -98,7 +98,7 @@ class Generation:
             self.state.scheduler.cancel(self.request_id)
             self.state.metrics.disconnects.inc()
 
-    async def events(self, keepalive_s: float | None = None) -> AsyncIterator[Delta | End | None]:
+    async def events(self, keepalive_s: float | None = None) -> AsyncGenerator[Delta | End | None, None]:
         """Text deltas, then one End. Yields None after `keepalive_s` of silence (for SSE keep-alives and
         disconnect checks). Closing the iterator early cancels the request."""
         decoder = IncrementalDecoder(self.state.tokenizer)

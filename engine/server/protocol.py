@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 def _integral(value: Any) -> Any:
@@ -18,17 +19,14 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def strict_int(**bounds: int) -> Any:
-    """A strict integer type (integral floats allowed, see `_integral`) with bounds (ge, lt, ...)."""
-    return Annotated[int, Field(strict=True, **bounds), BeforeValidator(_integral)]
-
-
-StrictInt = strict_int()
-ONLY_ONE = {"minimum": 1, "maximum": 1}
+# Strict integers (integral floats allowed, see `_integral`); the bounds sit in Field so the schema shows them.
+StrictInt = Annotated[int, Field(strict=True), BeforeValidator(_integral)]
+PositiveInt = Annotated[int, Field(strict=True, ge=1), BeforeValidator(_integral)]
+TokenId = Annotated[int, Field(strict=True, ge=0), BeforeValidator(_integral)]  # schema adds the vocab's top (openapi.py)
+TopK = Annotated[int, Field(strict=True, ge=-1), BeforeValidator(_integral)]
+ONLY_ONE: JsonDict = {"minimum": 1, "maximum": 1}
 Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
-PositiveInt = strict_int(ge=1)
-TokenId = strict_int(ge=0)   # the published schema adds the vocabulary's top (server/openapi.py)
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 FunctionName = Annotated[str, Field(strict=True, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -47,9 +45,9 @@ def lone_surrogate(value: Any, path: str = "") -> str | None:
             return path or "body"
         return None
     if isinstance(value, dict):
-        items = value.items()
+        items: list[tuple[Any, Any]] = list(value.items())
     elif isinstance(value, list):
-        items = enumerate(value)
+        items = list(enumerate(value))
     else:
         return None
     for key, item in items:
@@ -132,7 +130,7 @@ class SamplingFields(RequestBody):
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: strict_int(ge=-1) | None = None
+    top_k: TopK | None = None
     min_p: Probability | None = None
     seed: StrictInt | None = None   # any integer: the sampler keys on its low 64 bits
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None

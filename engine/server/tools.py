@@ -111,7 +111,8 @@ def parse_call(block: str, tools: dict[str, dict[str, Any]]) -> ParsedCall | Non
     if name not in tools:
         return None
     rest = "<arg_key>" + rest if _ else ""
-    properties = tools[name].get("properties") if isinstance(tools[name].get("properties"), dict) else {}
+    declared = tools[name].get("properties")
+    properties: dict[str, Any] = declared if isinstance(declared, dict) else {}
     arguments: dict[str, Any] = {}
     for match in _PAIR.finditer(rest):
         key = match.group(1).strip()

@@ -212,9 +212,9 @@ def _example(rng: random.Random, weights: tuple[float, ...]) -> Example:
         reasoning = _reason(effort, "The tool returned its result.", "I tell the user what it says.")
         return Example(kind, messages, tools, thinking, effort, reasoning, task.answer, expect=task.fact)
     question, reasoning, answer, expect = _plain(kind, rng, effort)
-    tools = _offer(rng, None) if rng.random() < 0.25 else None
+    offered = _offer(rng, None) if rng.random() < 0.25 else None
     messages.append({"role": "user", "content": question})
-    return Example(kind, messages, tools, thinking, effort, reasoning, answer, expect=expect)
+    return Example(kind, messages, offered, thinking, effort, reasoning, answer, expect=expect)
 
 
 def examples(split: str, seed: int, count: int, weights: tuple[float, ...] = KIND_WEIGHTS) -> list[Example]:

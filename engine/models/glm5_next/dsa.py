@@ -45,6 +45,12 @@ from engine.parallel import ParallelGroup
 
 class SparseMLA:
     GATHER_ELEMENTS = 1 << 26   # latents gathered at once for a block of prompt queries (256 MiB fp32)
+    # views into `x_proj`, one per projection of x (set in __init__ by name)
+    q_a: torch.Tensor
+    kv_a: torch.Tensor
+    wk: torch.Tensor
+    pool_gate: torch.Tensor
+    head_weights: torch.Tensor
 
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
                  pool_layer: int, runs_indexer: bool) -> None:
@@ -132,6 +138,8 @@ class SparseMLA:
                 shared: torch.Tensor | tuple | None) -> tuple[torch.Tensor, torch.Tensor | tuple]:
         rows = seq.pool.read(self.pool_layer, seq.slots[: int(positions[-1]) + 1])
         chosen = self._select(x, q_low, rows, positions) if self.runs_indexer else shared
+        if chosen is None:
+            raise RuntimeError(f"pool layer {self.pool_layer} shares an indexer that has not run for this chunk")
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
         latents = rows[:, : self.rank_dim]
         if isinstance(chosen, torch.Tensor):

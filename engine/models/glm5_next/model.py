@@ -10,6 +10,7 @@ tensors and fixed shapes (`decode_step`), replayed from CUDA graphs on a GPU.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Callable
@@ -48,7 +49,8 @@ class DecoderLayer:
         self.attn_hc = HyperConnection(cfg, reader, prefix + "hc_attn")
         self.ffn_hc = HyperConnection(cfg, reader, prefix + "hc_ffn")
         self.is_dsa = cfg.layer_types[index] == DSA
-        if self.is_dsa:
+        self.attn: SparseMLA | KimiDeltaAttention
+        if pool_layer is not None:   # a DSA layer: its rows in the pool
             self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, cfg.indexer_types[index] == "full")
         else:
             self.attn = KimiDeltaAttention(cfg, reader, prefix, group, index, kda_chunked)
@@ -86,7 +88,7 @@ class Glm5NextForCausalLM:
         if self.kda_prompt_form == "fla":   # autotune fla-core's prompt kernels now, not on the first request
             if progress:
                 progress("tuning the KDA prompt kernels (fla-core; cached after the first start)")
-            kda = next(layer.attn for layer in self.layers if not layer.is_dsa)
+            kda = self.kda_layers[0]
             fla_kda.warm(kda.local_heads, kda.head_dim, group.device)
 
     @classmethod
@@ -125,12 +127,17 @@ class Glm5NextForCausalLM:
     def kda_prompt_form(self) -> str | None:
         """How the KDA layers run a prompt's delta rule ("fla", "chunked" or "steps"; kda.prompt_form), or None
         without KDA layers."""
-        return next((layer.attn.prompt_form for layer in self.layers if not layer.is_dsa), None)
+        return self.kda_layers[0].prompt_form if self.kda_layers else None
+
+    @property
+    def kda_layers(self) -> list[KimiDeltaAttention]:
+        """The linear-attention sublayers, in layer order."""
+        return [layer.attn for layer in self.layers if isinstance(layer.attn, KimiDeltaAttention)]
 
     # -- state ---------------------------------------------------------------------------------------------------
     @property
     def pool_row_width(self) -> int:
-        return next((layer.attn.row_width for layer in self.layers if layer.is_dsa), 1)
+        return next((layer.attn.row_width for layer in self.layers if isinstance(layer.attn, SparseMLA)), 1)
 
     def cache_bytes_per_token(self, kv: str = "fp32") -> int:
         return KVPool.bytes_per_token(max(self.num_pool_layers, 1), self.pool_row_width, kv)
@@ -143,7 +150,7 @@ class Glm5NextForCausalLM:
 
     def kda_state_shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """Per KDA layer: this rank's (delta-rule state, conv window) shape of one stream."""
-        return {layer.attn.layer: layer.attn.state_shapes for layer in self.layers if not layer.is_dsa}
+        return {kda.layer: kda.state_shapes for kda in self.kda_layers}
 
     # -- forward -------------------------------------------------------------------------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -163,7 +170,7 @@ class Glm5NextForCausalLM:
         x = self._embed(ids)
         streams = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
         for layer in self.layers:
-            streams = layer.forward(streams, lambda h, layer=layer: attend_fn(layer, h))
+            streams = layer.forward(streams, functools.partial(attend_fn, layer))
         return streams
 
     @torch.no_grad()

@@ -98,5 +98,8 @@ class MoE:
         sync-free kernels, each chosen expert read once, the shared expert one more pair when it is in the bank."""
         chosen, weights = ops.moe_route(ops.linear(x, self.router), self.bias, self.top_k, self.scale, self.renorm,
                                         self.num_routed if self.shared_in_bank else None)
-        out = ops.moe_experts(x, chosen, weights, *self.stacked, self.limit)
+        if self.stacked is None:
+            raise RuntimeError("the fused MoE runs over the stacked experts, which this layer does not hold")
+        gate_up, down = self.stacked
+        out = ops.moe_experts(x, chosen, weights, gate_up, down, self.limit)
         return out if self.shared_in_bank else out + self.shared.partial(x)
