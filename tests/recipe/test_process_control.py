@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from recipe import control, launch
 from recipe.cli import app
 from recipe.errors import LaunchError
-from recipe.host import HostFacts
-from recipe.logs import save_log
-from recipe.plan import Plan, build_plan
-from recipe.runstate import is_alive, load_state
+from recipe.launch import control, launch
+from recipe.launch.logs import save_log
+from recipe.launch.runstate import is_alive, load_state
+from recipe.launch.smoke import is_collapsed, smoke_test
+from recipe.plan.host import HostFacts
+from recipe.plan.plan import Plan, build_plan
 from recipe.settings import REPO_ROOT, load_settings
-from recipe.smoke import is_collapsed, smoke_test
 
 FAKE = str(Path(__file__).with_name("fake_rank.py"))
 
@@ -123,7 +123,7 @@ def test_saved_logs_rotate_to_log_keep(tmp_path: Path) -> None:
 
 
 def test_cli_start_again_restart_and_stop(fake_plan, sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
     runner = CliRunner()
     plan = fake_plan()
     first = runner.invoke(app, ["start"])
@@ -157,7 +157,7 @@ def test_cli_start_again_restart_and_stop(fake_plan, sandbox: Path, monkeypatch:
 
 def test_foreground_follows_rank0_and_stops_the_rest_when_it_exits(fake_plan, sandbox: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(
         build_plan(s, h, extra), FAKE_EXIT="3", FAKE_EXIT_RANK="0", FAKE_DELAY="0"))
     plan = fake_plan()
     result = CliRunner().invoke(app, ["start"], env={"FOREGROUND": "1"})

@@ -15,10 +15,10 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from recipe import control, launch
 from recipe.cli import app
-from recipe.plan import Plan, build_plan
-from recipe.runstate import RankProcess, RunState, is_alive, load_state, save_state
+from recipe.launch import control, launch
+from recipe.launch.runstate import RankProcess, RunState, is_alive, load_state, save_state
+from recipe.plan.plan import Plan, build_plan
 from recipe.settings import REPO_ROOT
 
 FAKE = str(REPO_ROOT / "tests" / "recipe" / "fake_rank.py")
@@ -41,7 +41,7 @@ def with_fake_ranks(plan: Plan) -> Plan:
 def cli(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
     monkeypatch.setenv("CHECKPOINT", str(DEMO))
     monkeypatch.setenv("STOP_TIMEOUT", "2")
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
     runner = CliRunner()
     started = runner.invoke(app, ["start"])
     assert started.exit_code == 0 and "is LIVE" in started.output, started.output
