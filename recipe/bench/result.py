@@ -7,12 +7,10 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from recipe.bench.client import RequestTiming
-
-if TYPE_CHECKING:
-    from recipe.bench.bench import BenchOptions
+from recipe.bench.options import BenchOptions
 
 SCHEMA = "sparks-bench/1"
 

@@ -14,6 +14,10 @@ from typing import Any, Callable
 
 import typer
 
+from recipe.bench.bench import run_bench
+from recipe.bench.options import BenchOptions, api_url, parse_sizes
+from recipe.bench.plot import require_matplotlib, write_plot
+from recipe.bench.result import write_json
 from recipe.checkpoint import checkpoint, download
 from recipe.cli import ui
 from recipe.cli.start import download_into_cache, settings_and_plan, start_or_restart
@@ -24,6 +28,8 @@ from recipe.net.nodes import LocalNode, SshNode, on_each
 from recipe.preflight import preflight
 from recipe.settings import REPO_ROOT, load_settings
 from recipe.settings.docs import settings_markdown, update_readme
+from recipe.top import view as top_view
+from recipe.top.top import Top, TopClient, server_root
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Serve GLM-5.3-Flash on DGX Sparks, or on this machine when no WORKER is set.")
@@ -148,16 +154,12 @@ def bench(
 ) -> int:
     """Measure a running server through its OpenAI API: decode tok/s at each concurrency (prose and JSON
     replies), time to first token, and prefill tok/s over a sweep of prompt sizes."""
-    from recipe.bench.bench import BenchOptions, api_url, parse_sizes, run_bench
-    from recipe.bench.result import write_json
-
     settings = load_settings()
     options = BenchOptions(url=api_url(url, settings.host, settings.port), model=model or settings.served_name,
                            api_key=api_key or settings.api_key, concurrency=parse_sizes(concurrency, "--concurrency"),
                            tokens=tokens, prompt_sizes=parse_sizes(prompt_sizes, "--prompt-sizes"), repeats=repeats,
                            request_timeout_s=timeout, budget_s=budget)
     if plot is not None:
-        from recipe.bench.plot import require_matplotlib, write_plot
         require_matplotlib()  # before minutes of measuring, not after
     result = run_bench(options, ui.ConsoleReporter().note)
     ui.show_bench(result)
@@ -180,9 +182,6 @@ def top(
 ) -> int:
     """Live dashboard of a running server's /health and /metrics: streams, queue, decode and prefill tok/s, time
     to first token, the pool, each rank's heartbeat. Ctrl-C quits. With --once, exit code 3 when nothing answers."""
-    from recipe.top import view as top_view
-    from recipe.top.top import Top, TopClient, server_root
-
     if not url or not api_key:
         settings = load_settings(rules=False)
         url, api_key = url or server_root("", settings.host, settings.port), api_key or settings.api_key

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -13,10 +13,9 @@ from recipe.errors import LaunchError, RecipeError
 from recipe.launch.control import Status, StopResult
 from recipe.launch.smoke import SmokeResult
 from recipe.plan.plan import Plan
+from recipe.preflight.check import Check
 from recipe.settings import Settings
-
-if TYPE_CHECKING:
-    from recipe.preflight.preflight import Check
+from recipe.settings.schema import load_specs
 
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -172,14 +171,14 @@ def show_status(status: Status) -> None:
 STATUS_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fail[/]"}
 
 
-def show_check(check: "Check") -> None:
+def show_check(check: Check) -> None:
     """One check as a line (start prints them as they run)."""
     fix = f" [dim]→ {escape(check.fix)}[/]" if check.fix and check.status != "ok" else ""
     console.print(f"  {STATUS_STYLE[check.status]} {escape(check.name)} ({escape(check.node)}): "
                   f"{escape(check.message)}{fix}")
 
 
-def show_checks(checks: "list[Check]") -> None:
+def show_checks(checks: list[Check]) -> None:
     table = Table(show_edge=False)
     for column in ("check", "node", "status", "found", "what to do"):
         table.add_column(column)
@@ -205,8 +204,6 @@ def show_copies(outcomes: "dict[str, object]") -> None:
 
 
 def show_settings(settings: Settings) -> None:
-    from recipe.settings.schema import load_specs
-
     table = Table(show_edge=False)
     for column in ("setting", "value", "from"):
         table.add_column(column)

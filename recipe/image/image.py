@@ -21,16 +21,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 from recipe.errors import RecipeError
 from recipe.image.patches import PatchOutcome, SeriesError, apply_series, read_series, unlisted
 from recipe.image.ship import ship
 from recipe.net.nodes import LocalNode, Node, SshNode, on_each
+from recipe.reporter import Reporter
 from recipe.settings import REPO_ROOT, Settings
-
-if TYPE_CHECKING:
-    from recipe.launch.launch import Reporter
 
 LABEL = "glm-sparks.identity"
 SKIPPED_PARTS = ("__pycache__",)
@@ -226,7 +224,7 @@ def worker_nodes(settings: Settings) -> list[SshNode]:
     return [SshNode(w) for w in settings.workers]
 
 
-def ensure_image(settings: Settings, reporter: "Reporter", head: Node | None = None,
+def ensure_image(settings: Settings, reporter: Reporter, head: Node | None = None,
                  repo: Path = REPO_ROOT) -> ImageReport:
     """Make every node hold the image with this checkout's identity: build it on the head when the head's lacks
     it, ship it to each worker that lacks it (all at once). Returns each node's outcome; raises naming every node
@@ -251,7 +249,7 @@ def ensure_image(settings: Settings, reporter: "Reporter", head: Node | None = N
     return ImageReport(spec.tag, spec.identity, tuple(outcomes))
 
 
-def _ensure_on_head(spec: ImageSpec, head: Node, reporter: "Reporter") -> NodeImage:
+def _ensure_on_head(spec: ImageSpec, head: Node, reporter: Reporter) -> NodeImage:
     found = identity_on(head, spec.tag)
     if found == spec.identity:
         return NodeImage(head.name, "had it")
@@ -261,7 +259,7 @@ def _ensure_on_head(spec: ImageSpec, head: Node, reporter: "Reporter") -> NodeIm
     return NodeImage(head.name, "built", build(spec, reporter.note, head))
 
 
-def _ensure_on_worker(spec: ImageSpec, head: Node, worker: SshNode, reporter: "Reporter") -> NodeImage:
+def _ensure_on_worker(spec: ImageSpec, head: Node, worker: SshNode, reporter: Reporter) -> NodeImage:
     if identity_on(worker, spec.tag) == spec.identity:
         return NodeImage(worker.name, "had it")
     started = time.monotonic()

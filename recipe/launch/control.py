@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipe.launch import docker, remote
-from recipe.launch.launch import Reporter, probe_health, read_health
+from recipe.launch.launch import probe_health, read_health
 from recipe.launch.logs import save_log
 from recipe.launch.runstate import RankProcess, RankStop, RunState, clear_state, is_alive, read_record, save_state
 from recipe.net.nodes import node_for, on_each
+from recipe.reporter import Reporter
 
 
 @dataclass(frozen=True)

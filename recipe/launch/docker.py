@@ -18,17 +18,16 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from recipe.errors import RecipeError
+from recipe.image.image import LABEL
 from recipe.launch.logs import save_log_data
 from recipe.launch.runstate import RankProcess, RankStop
 from recipe.net.nodes import Node, node_for, on_each
 from recipe.plan.docker import IMAGE_ID, NODE_USER
-from recipe.plan.plan import Plan, RankPlan
-
-if TYPE_CHECKING:
-    from recipe.launch.launch import Reporter
+from recipe.plan.parts import RankPlan
+from recipe.plan.plan import Plan
+from recipe.reporter import Reporter
 
 RUN_TIMEOUT_S = 60
 LOG_TIMEOUT_S = 60
@@ -77,8 +76,6 @@ def container_names(plan: Plan) -> dict[int, str]:
 
 
 def ready_node(node: Node, plan: Plan, image: str, kernel_root: str) -> NodeReady:
-    from recipe.image.image import LABEL
-
     result = node.run(["sh", "-c", _READY_SH, "ready", image, LABEL, kernel_root], timeout_s=RUN_TIMEOUT_S)
     if not result.ok:
         where = "here" if node.is_local else f"on {node.name}"
@@ -103,7 +100,7 @@ def for_node(rank: RankPlan, ready: NodeReady) -> tuple[str, ...]:
     return tuple(word.replace(IMAGE_ID, ready.image_id).replace(NODE_USER, ready.user) for word in rank.argv)
 
 
-def clear_leftovers(node: Node, ready: NodeReady, log_dir: Path, keep: int, reporter: "Reporter") -> None:
+def clear_leftovers(node: Node, ready: NodeReady, log_dir: Path, keep: int, reporter: Reporter) -> None:
     """Containers a crashed or interrupted run left under our names: log saved (evidence), then removed."""
     for name, cid in ready.leftovers:
         rank = int(name.rsplit("-rank", 1)[1])
@@ -114,7 +111,7 @@ def clear_leftovers(node: Node, ready: NodeReady, log_dir: Path, keep: int, repo
 
 
 def prepare_nodes(plan: Plan, image: str, kernel_root: str, log_dir: Path, keep: int,
-                  reporter: "Reporter") -> dict[str, NodeReady]:
+                  reporter: Reporter) -> dict[str, NodeReady]:
     """Every node of the plan made ready at once; the first failure (in plan order) is raised after all answered."""
     nodes = [node_for(n) for n in dict.fromkeys(r.node for r in plan.ranks)]
     found = on_each(nodes, lambda node: ready_node(node, plan, image, kernel_root))

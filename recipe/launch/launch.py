@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Mapping
 
 import httpx
 
@@ -27,34 +26,16 @@ from recipe.checkpoint.checkpoint import compare, copy_to_worker
 from recipe.errors import LaunchError, RecipeError
 from recipe.launch import docker, remote
 from recipe.launch.logs import LogFollower, save_log, tail
-from recipe.launch.runstate import RankProcess, RunState, save_state, start_ticks
+from recipe.launch.runstate import RankProcess, RunState, ranks_alive, save_state, start_ticks
 from recipe.net.nodes import LocalNode, SshNode, node_for, on_each
-from recipe.plan.plan import Plan, PrepareStep
+from recipe.net.ports import port_is_free
+from recipe.plan.parts import PrepareStep
+from recipe.plan.plan import Plan
+from recipe.reporter import Quiet, Reporter
 
 POLL_S = 0.5
 REMOTE_POLL_S = 2.0   # a worker rank's liveness costs an ssh round trip: asked less often than rank 0's /health
 SECRET_NAMES = ("HF_TOKEN", "API_KEY")
-
-
-class Reporter(Protocol):
-    def note(self, text: str) -> None: ...
-    def warn(self, text: str) -> None: ...
-    def line(self, source: str, text: str) -> None: ...
-
-
-class Quiet:
-    """A reporter that keeps what it is told (tests read `.notes`)."""
-
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-    warn = note
-
-    def line(self, source: str, text: str) -> None:
-        self.notes.append(f"{source}: {text}")
 
 
 def prepare(plan: Plan, reporter: Reporter, timeout_s: float = 1800) -> None:
@@ -144,16 +125,6 @@ def check_ports_free(plan: Plan, grace_s: float = 0.0) -> None:
                 name = "PORT" if port == rank.ports[0] else "MASTER_PORT"
                 raise RecipeError(f"port {port} ({name}) is already in use on this machine by another program",
                                   f"stop that program, or write {name}=<a free port>")
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def ensure_supported(plan: Plan) -> None:
@@ -253,8 +224,6 @@ def _wait(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter, tic
 
 
 def _fail_if_a_rank_exited(state: RunState, remote_too: bool = True) -> None:
-    from recipe.launch.runstate import ranks_alive
-
     alive: dict[int, bool | None] = {}
     for node in state.nodes:
         if node == "local" or remote_too:

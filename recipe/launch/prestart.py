@@ -18,8 +18,10 @@ from pathlib import Path
 
 from recipe.errors import RecipeError, SettingError
 from recipe.launch.control import Status
-from recipe.launch.launch import Reporter, port_is_free, scrubbed_environ
+from recipe.launch.launch import scrubbed_environ
+from recipe.net.ports import port_is_free
 from recipe.plan.plan import Plan
+from recipe.reporter import Reporter
 from recipe.settings import Settings
 from recipe.settings.schema import load_specs
 

@@ -16,7 +16,7 @@ from recipe.errors import RecipeError
 from recipe.launch.logs import save_log_data
 from recipe.launch.runstate import TICKS_SH, RankProcess, RankStop
 from recipe.net.nodes import Node
-from recipe.plan.plan import RankPlan
+from recipe.plan.parts import RankPlan
 
 SPAWN_TIMEOUT_S = 30
 TAIL_BYTES = 256 << 10

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from recipe.plan.host import HostFacts, LinkEnd
+from recipe.plan.parts import Mount, SecretFile
 from recipe.settings import Settings
-
-if TYPE_CHECKING:
-    from recipe.plan.plan import Mount, SecretFile
 
 CONTAINER_HF = "/hf"                 # not under /root: the container runs as the node's user, who cannot enter /root
 CONTAINER_CHECKPOINT = "/checkpoint"
@@ -49,10 +47,8 @@ def kernel_cache(settings: Settings) -> str:
     return os.path.join(settings.cache_dir, "kernels", IMAGE_ID)
 
 
-def docker_mounts(settings: Settings, secret_files: "tuple[SecretFile, ...]", rank: int) -> "tuple[Mount, ...]":
+def docker_mounts(settings: Settings, secret_files: tuple[SecretFile, ...], rank: int) -> tuple[Mount, ...]:
     """Read-only checkpoint (or HF cache), the writable kernel cache, and on rank 0 the secret files."""
-    from recipe.plan.plan import Mount
-
     mounts = [Mount(settings.checkpoint, CONTAINER_CHECKPOINT) if settings.checkpoint
               else Mount(settings.hf_cache, CONTAINER_HF),
               Mount(kernel_cache(settings), CONTAINER_KERNELS, read_only=False)]
@@ -98,7 +94,7 @@ def device_flags(host: HostFacts) -> list[str]:
 
 
 def docker_argv(settings: Settings, host: HostFacts, rank: int, env: Mapping[str, str],
-                mounts: "tuple[Mount, ...]", serve: tuple[str, ...]) -> tuple[str, ...]:
+                mounts: tuple[Mount, ...], serve: tuple[str, ...]) -> tuple[str, ...]:
     # --init: the engine is not PID 1, so `docker stop`'s SIGTERM reaches it (PID 1 ignores signals it has no
     # handler for, and ranks > 0 have none: they would sit out STOP_TIMEOUT and be killed).
     argv = ["docker", "run", "-d", "--init", "--name", container_name(settings, rank), "--user", NODE_USER,

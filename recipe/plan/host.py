@@ -10,10 +10,9 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
-if TYPE_CHECKING:
-    from recipe.net.link import Link
+from recipe.net.link import Link
 
 
 @dataclass(frozen=True)
@@ -43,12 +42,12 @@ class LinkFacts:
         return self.for_rank(0).master_addr
 
     @classmethod
-    def from_link(cls, link: "Link") -> "LinkFacts":
+    def from_link(cls, link: Link) -> LinkFacts:
         return cls.from_links([link])
 
     @classmethod
-    def from_links(cls, links: "Sequence[Link]",
-                   worker_links: "Sequence[tuple[int, int, Link]]" = ()) -> "LinkFacts":
+    def from_links(cls, links: Sequence[Link],
+                   worker_links: Sequence[tuple[int, int, Link]] = ()) -> LinkFacts:
         """Rank i+1 sits at the far end of links[i]; rank 0 uses every link's head-side ports. With three Sparks,
         `worker_links` (rank a, rank b, their link) add each worker's ports to the other worker."""
         ends: dict[int, LinkEnd] = {}

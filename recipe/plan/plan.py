@@ -19,50 +19,13 @@ from recipe.checkpoint.checkpoint import head_checkpoint_dir
 from recipe.errors import RecipeError
 from recipe.plan.docker import container_env, container_name, docker_argv, docker_checkpoint, docker_env, docker_mounts
 from recipe.plan.host import HostFacts
+from recipe.plan.parts import PrepareStep, RankPlan, SecretFile
 from recipe.settings import Settings
 from recipe.settings.schema import load_specs
 
 DEMO_SEED = 0
 DEMO_SIZE = "trained"  # the committed demo model that follows GLM's chat format (engine/checkpoint/trained_demo)
 SECRET_ENV_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-
-
-@dataclass(frozen=True)
-class Mount:
-    source: str
-    target: str
-    read_only: bool = True
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    rank: int
-    node: str                      # "local" or the ssh target it runs on
-    runtime: str                   # "process" or "docker"
-    argv: tuple[str, ...]          # the full command
-    env: Mapping[str, str]         # added on top of the node's environment
-    mounts: tuple[Mount, ...] = ()
-    ports: tuple[int, ...] = ()    # what this rank listens on
-    log: str = ""                  # where its output goes
-
-
-@dataclass(frozen=True)
-class PrepareStep:
-    """Something made once before the first launch (the demo checkpoint); skipped when `done`."""
-
-    description: str
-    argv: tuple[str, ...]
-    output: str                    # argv writes here ...
-    final: str                     # ... and it is renamed here when it succeeds, so half a result never counts
-    done: bool
-
-
-@dataclass(frozen=True)
-class SecretFile:
-    """A file written (mode 0600) just before launch holding one secret setting's value."""
-
-    path: str
-    setting: str
 
 
 @dataclass(frozen=True)

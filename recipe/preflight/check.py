@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from recipe.errors import RecipeError
+from recipe.net.link import Link
 from recipe.net.nodes import Node
 from recipe.settings import Settings
-
-if TYPE_CHECKING:
-    from recipe.net.link import Link
 
 GIB = 1024 ** 3
 OK, WARN, FAIL = "ok", "warn", "fail"

@@ -13,8 +13,8 @@ from typing import Callable, Iterator
 
 from recipe.checkpoint import download
 from recipe.errors import RecipeError
-from recipe.launch.launch import port_is_free
 from recipe.net.nodes import LocalNode, Node, NodeError, SshNode, ssh_fix
+from recipe.net.ports import port_is_free
 from recipe.preflight.check import FAIL, GIB, OK, WARN, Check, Context, where
 from recipe.preflight.checkpoint import check_cache_writable, check_copy, check_disk, check_head_checkpoint, free_bytes
 from recipe.preflight.link import check_links, resolve_ipv4

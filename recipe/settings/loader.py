@@ -1,4 +1,4 @@
-"""The effective settings: defaults < .env < scripts/local.sh < environment, parsed, derived and validated once.
+"""Loading the settings: defaults < .env < scripts/local.sh < environment, parsed, derived and validated once.
 
 `load_settings` either returns a frozen `Settings` or raises a `SettingError` before anything has been touched.
 """
@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from recipe.errors import SettingError
 from recipe.settings.schema import REPO_ROOT, SettingSpec, expand_path, load_specs, parse_value
 from recipe.settings.sources import Assignment, parse_file
+from recipe.settings.validate import validate
+from recipe.settings.values import Settings
 
 
 def config_root(environ: Mapping[str, str]) -> Path:
@@ -22,95 +24,10 @@ def config_root(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("SPARKS_CONFIG_ROOT") or REPO_ROOT)
 
 
-@dataclass(frozen=True)
-class Settings:
-    tp: int
-    worker: str
-    worker2: str
-    fabric_peer: str
-    fabric_peer2: str
-    master_port: int
-    model_id: str
-    model_revision: str
-    hf_cache: str
-    hf_token: str = field(repr=False)
-    served_name: str
-    host: str
-    port: int
-    parallel: int
-    context: int
-    max_tokens: int
-    kv: str
-    dense: str
-    drafter: str
-    thinking: bool
-    vision: bool
-    vision_urls: bool
-    kv_pool_gib: float
-    memory_reserve_gib: float | None
-    memory_warn_gib: float
-    kda_chunked: bool
-    cuda_graphs: bool
-    image: str
-    base_image: str
-    image_offline: bool
-    container_name: str
-    docker_args: str
-    runtime: str
-    checkpoint: str
-    cache_dir: str
-    dry_run: bool
-    wait_timeout: int
-    log_dir: str
-    log_keep: int
-    peer_timeout_s: int
-    stop_timeout: int
-    foreground: bool
-    api_key: str = field(repr=False)
-    # Where each value came from ("default", "derived", ".env line 3", "scripts/local.sh line 7", "environment").
-    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
-    # Lines in .env / local.sh that set no known setting (probably typos); reported, then ignored.
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def effective_runtime(self) -> str:
-        """`auto` resolved: Docker on Sparks (a worker is given), local processes otherwise."""
-        if self.runtime != "auto":
-            return self.runtime
-        return "docker" if self.worker else "process"
-
-    @property
-    def workers(self) -> tuple[str, ...]:
-        """ssh targets of ranks 1.. in rank order."""
-        return tuple(w for w in (self.worker, self.worker2) if w)
-
-    @property
-    def embedded(self) -> bool:
-        """The embedded default: every rank a local process on this machine."""
-        return self.effective_runtime == "process"
-
-    def value(self, name: str) -> Any:
-        return getattr(self, name.lower())
-
-    def shown(self, name: str) -> str:
-        """The value as printed: secrets masked."""
-        spec = load_specs()[name]
-        value = self.value(name)
-        if spec.is_secret:
-            return "(set, hidden)" if value else "(empty)"
-        if isinstance(value, bool):
-            return "1" if value else "0"
-        return "" if value is None else str(value)
-
-
 def load_settings(root: Path | None = None, environ: Mapping[str, str] | None = None,
                   rules: bool = True) -> Settings:
     """Read every source, parse each value against config/settings.yaml, derive, validate. `rules=False` skips the
     rules between settings (stop and status act on what the state file recorded, whatever TP says now)."""
-    import os
-
-    from recipe.settings.validate import validate
-
     environ = os.environ if environ is None else environ
     root = config_root(environ) if root is None else root
     specs = load_specs()
@@ -198,8 +115,3 @@ def _derive(values: dict[str, Any], origins: dict[str, str], specs: dict[str, Se
     for name in specs:
         if name not in values:
             raise SettingError(f"settings.yaml gives {name} no default", "add a default for it to config/settings.yaml")
-
-
-def field_names() -> list[str]:
-    """Settings' value fields, upper-cased: must equal the names in config/settings.yaml."""
-    return [f.name.upper() for f in fields(Settings) if f.name not in ("origins", "warnings")]

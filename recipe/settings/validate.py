@@ -5,15 +5,11 @@ Every rule raises one `SettingError` naming the variables, the values and what t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from recipe.errors import SettingError
-
-if TYPE_CHECKING:
-    from recipe.settings import Settings
+from recipe.settings.values import Settings
 
 
-def validate(settings: "Settings") -> None:
+def validate(settings: Settings) -> None:
     for rule in (_not_built, _vision_urls, _ports, _workers_for_runtime, _distinct_workers, _fabric_peers):
         rule(settings)
 
@@ -28,31 +24,31 @@ NOT_BUILT = {
 }
 
 
-def _not_built(s: "Settings") -> None:
+def _not_built(s: Settings) -> None:
     for (name, value), (today, fix) in NOT_BUILT.items():
         if s.value(name) == value:
             shown = s.shown(name)
             raise SettingError(f"{name}={shown} is not built yet ({today}){_origin(s, name)}", fix)
 
 
-def _origin(settings: "Settings", name: str) -> str:
+def _origin(settings: Settings, name: str) -> str:
     origin = settings.origins.get(name, "default")
     return "" if origin in ("default", "derived") else f" (from {origin})"
 
 
-def _vision_urls(s: "Settings") -> None:
+def _vision_urls(s: Settings) -> None:
     if s.vision_urls and not s.vision:
         raise SettingError(f"VISION_URLS=1{_origin(s, 'VISION_URLS')} fetches images, but VISION=0 accepts none",
                            "write VISION=1 too, or VISION_URLS=0")
 
 
-def _ports(s: "Settings") -> None:
+def _ports(s: Settings) -> None:
     if s.port == s.master_port:
         raise SettingError(f"PORT and MASTER_PORT are both {s.port}{_origin(s, 'PORT')}; the API and the rank "
                            "rendezvous need a port each", f"write PORT=8888 and MASTER_PORT=29551 (or two other ports)")
 
 
-def _workers_for_runtime(s: "Settings") -> None:
+def _workers_for_runtime(s: Settings) -> None:
     if s.worker2 and not s.worker:
         raise SettingError(f"WORKER2={s.worker2}{_origin(s, 'WORKER2')} is set but WORKER is not; rank 1 runs on WORKER",
                            "write WORKER=user@<second Spark> first")
@@ -74,13 +70,13 @@ def _host_of(target: str) -> str:
     return target.rpartition("@")[2].lower()
 
 
-def _distinct_workers(s: "Settings") -> None:
+def _distinct_workers(s: Settings) -> None:
     if s.worker and s.worker2 and _host_of(s.worker) == _host_of(s.worker2):
         raise SettingError(f"WORKER and WORKER2 are the same node ({_host_of(s.worker)})",
                            "write a different Spark for each rank")
 
 
-def _fabric_peers(s: "Settings") -> None:
+def _fabric_peers(s: Settings) -> None:
     for peer, worker in (("FABRIC_PEER", "WORKER"), ("FABRIC_PEER2", "WORKER2")):
         if s.value(peer) and not s.value(worker):
             raise SettingError(f"{peer}={s.value(peer)}{_origin(s, peer)} is set but {worker} is not",

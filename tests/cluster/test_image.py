@@ -28,7 +28,7 @@ import json, sys
 from pathlib import Path
 from recipe.errors import RecipeError
 from recipe.image.image import ensure_image
-from recipe.launch.launch import Quiet
+from recipe.reporter import Quiet
 from recipe.settings import load_settings
 
 settings = load_settings()

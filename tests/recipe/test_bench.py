@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.checkpoint.demo import write_demo
-from recipe.bench.bench import BenchOptions, api_url, parse_sizes, run_bench
+from recipe.bench.bench import run_bench
 from recipe.bench.client import RequestTiming
+from recipe.bench.options import BenchOptions, api_url, parse_sizes
 from recipe.bench.result import DecodeRow, DecodeRun
 from recipe.cli import app
 from recipe.errors import RecipeError

@@ -10,7 +10,7 @@ from pathlib import Path
 from recipe.launch import remote
 from recipe.launch.runstate import RankProcess, is_alive, ranks_alive
 from recipe.net.nodes import LocalNode
-from recipe.plan.plan import RankPlan
+from recipe.plan.parts import RankPlan
 
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
 POLITE = "import time; print('up', flush=True); time.sleep(60)"

@@ -22,6 +22,7 @@ from recipe.cli import app
 from recipe.launch import control, launch
 from recipe.launch.runstate import is_alive, load_state
 from recipe.plan.plan import Plan, build_plan
+from recipe.reporter import Quiet
 from recipe.settings import REPO_ROOT
 from recipe.settings.schema import load_specs
 
@@ -79,7 +80,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             assert started.exit_code == 0 and "is LIVE" in started.output, started.output
             yield Live(runner, root, env)
         finally:
-            control.stop(root / "logs" / "run", root / "logs", 10, 2, launch.Quiet())
+            control.stop(root / "logs" / "run", root / "logs", 10, 2, Quiet())
 
 
 LACKING = {"no such folder": None, "config.json is missing": "config.json", "tokenizer.json is missing":
@@ -180,7 +181,7 @@ def test_a_start_with_a_wrong_value_starts_nothing(sandbox: Path, monkeypatch: p
         result = CliRunner().invoke(app, ["start"])
     finally:
         recorded = load_state(sandbox / "logs" / "run")
-        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, launch.Quiet())
+        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, Quiet())
     assert result.exit_code != 0 and f"CHECKPOINT={sandbox / 'absent'} is not a complete checkpoint" in result.output
     assert recorded is None
 
@@ -201,7 +202,7 @@ def test_a_secret_equal_to_another_setting_is_no_leak(sandbox: Path, monkeypatch
         assert restarted.exit_code == 0 and "is LIVE" in restarted.output, restarted.output
         assert (sandbox / "logs" / "run" / "api_key").read_text() == "demo"
     finally:
-        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, launch.Quiet())
+        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, Quiet())
 
 
 def test_the_leak_guard_still_finds_a_secret_routed_into_a_command(sandbox: Path,

@@ -16,9 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from recipe.cli import app
-from recipe.launch import control, launch
+from recipe.launch import control
 from recipe.launch.runstate import RankProcess, RunState, is_alive, load_state, save_state
 from recipe.plan.plan import Plan, build_plan
+from recipe.reporter import Quiet
 from recipe.settings import REPO_ROOT
 
 FAKE = str(REPO_ROOT / "tests" / "recipe" / "fake_rank.py")
@@ -47,7 +48,7 @@ def cli(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
     assert started.exit_code == 0 and "is LIVE" in started.output, started.output
     ranks = load_state(run_dir(sandbox)).ranks
     yield runner
-    control.stop(run_dir(sandbox), sandbox / "logs", 10, 2, launch.Quiet())
+    control.stop(run_dir(sandbox), sandbox / "logs", 10, 2, Quiet())
     for rank in ranks:   # whatever the record says by now: none of the ranks this test started outlives it
         if is_alive(rank.pid, rank.start_ticks):
             os.killpg(rank.pid, signal.SIGKILL)
