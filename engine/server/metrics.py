@@ -4,14 +4,11 @@ dashboards built for either work. Gauges are read from the scheduler at scrape t
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-if TYPE_CHECKING:
-    from engine.server.state import ServerState
 
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
@@ -71,6 +68,7 @@ router = APIRouter()
 @router.get("/metrics")
 @router.get("/v1/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    state.metrics.refresh(state.scheduler.stats())
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    state = request.app.state.server   # engine.server.state.ServerState, which holds this module's Metrics
+    collector: Metrics = state.metrics
+    collector.refresh(state.scheduler.stats())
+    return Response(generate_latest(collector.registry), media_type=CONTENT_TYPE_LATEST)

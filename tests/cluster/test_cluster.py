@@ -271,7 +271,7 @@ def test_second_rail_is_probed_and_left_out_when_it_does_not_carry(bed, second_r
 
 NODES_SCRIPT = r"""
 import json, subprocess, sys, time
-from recipe.nodes import SshNode, on_each, ssh_fix
+from recipe.net.nodes import SshNode, on_each, ssh_fix
 
 def master(node):
     return subprocess.run(["ssh", *node.ssh_options(), "-O", "check", node.target], capture_output=True,

@@ -27,8 +27,8 @@ DRIVER = """
 import json, sys
 from pathlib import Path
 from recipe.errors import RecipeError
-from recipe.image import ensure_image
-from recipe.launch import Quiet
+from recipe.image.image import ensure_image
+from recipe.reporter import Quiet
 from recipe.settings import load_settings
 
 settings = load_settings()
@@ -136,8 +136,8 @@ def scratch_repo(tmp_path: Path, patches: dict[str, str]) -> Path:
     repo = tmp_path / "repo"
     for part in ("docker", "engine"):
         shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
-    (repo / "recipe").mkdir()
-    shutil.copy(REPO / "recipe" / "patches.py", repo / "recipe" / "patches.py")
+    (repo / "recipe" / "image").mkdir(parents=True)
+    shutil.copy(REPO / "recipe" / "image" / "patches.py", repo / "recipe" / "image" / "patches.py")
     shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
     (repo / "patches").mkdir()
     for name, text in patches.items():

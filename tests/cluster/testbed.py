@@ -224,7 +224,7 @@ class TestBed:
 
     def environ(self, **settings: str) -> dict[str, str]:
         """The head's environment for the recipe: the test bed's ssh, its stand-in sysfs, private folders."""
-        from recipe.schema import load_specs
+        from recipe.settings.schema import load_specs
 
         env = {k: v for k, v in os.environ.items() if k not in load_specs() and not k.startswith("SPARKS_")}
         (self.root / "config" / "scripts").mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from engine.config import EngineConfig, add_arguments
-from recipe.schema import load_specs
+from recipe.settings.schema import load_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 # fields the engine reads through one of EngineConfig's own properties or methods

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from recipe.schema import load_specs
+from recipe.settings.schema import load_specs
 from ports import free_port  # noqa: F401 (re-exported: tests/ is on sys.path, tests/conftest.py)
 
 SETTING_NAMES = tuple(load_specs())

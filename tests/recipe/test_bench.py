@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.checkpoint.demo import write_demo
-from recipe.bench import BenchOptions, api_url, parse_sizes, run_bench
-from recipe.bench_client import RequestTiming
-from recipe.bench_result import DecodeRow, DecodeRun
+from recipe.bench.bench import run_bench
+from recipe.bench.client import RequestTiming
+from recipe.bench.options import BenchOptions, api_url, parse_sizes
+from recipe.bench.result import DecodeRow, DecodeRun
 from recipe.cli import app
 from recipe.errors import RecipeError
 from recipe_helpers import SETTING_NAMES
@@ -153,7 +154,7 @@ def test_sizes_and_urls_parse_as_written() -> None:
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from recipe.bench_plot import require_matplotlib
+    from recipe.bench.plot import require_matplotlib
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)           # an import of it now fails
     with pytest.raises(RecipeError, match="needs matplotlib") as error:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from recipe.checkpoint import differences, head_checkpoint_dir, layout_of, missing_bytes, parse_manifest, read_manifest
-from recipe.nodes import LocalNode
+from recipe.checkpoint.checkpoint import (differences, head_checkpoint_dir, layout_of, missing_bytes, parse_manifest,
+                                          read_manifest)
+from recipe.net.nodes import LocalNode
 from recipe.settings import load_settings
 
 REV = "078455ffe6472f9a52fbc1139f58b9db2881b25c"
@@ -84,7 +85,7 @@ def test_an_unpinned_revision_is_found_through_refs(tmp_path: Path) -> None:
 
 
 def test_a_copy_that_still_differs_names_the_first_differences(tmp_path: Path) -> None:
-    from recipe.checkpoint import CheckpointError, verify_copy
+    from recipe.checkpoint.checkpoint import CheckpointError, verify_copy
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "a.safetensors").write_bytes(b"12345")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from hub_server import FakeHub
 
-from recipe import download
-from recipe.checkpoint import CheckpointError
+from recipe.checkpoint import download
+from recipe.checkpoint.checkpoint import CheckpointError
 from recipe.settings import load_settings
 
 REV = "078455ffe6472f9a52fbc1139f58b9db2881b25c"
@@ -127,7 +127,7 @@ def test_offline_without_a_cached_snapshot_says_what_to_do(tmp_path: Path, monke
 
 
 def test_sparks_download_prints_progress_then_what_it_did(tmp_path: Path, hub: FakeHub) -> None:
-    from recipe.schema import load_specs
+    from recipe.settings.schema import load_specs
 
     sparks = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sparks"
     env = {k: v for k, v in os.environ.items() if k not in load_specs() and not k.startswith("SPARKS_")}

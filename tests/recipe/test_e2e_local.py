@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.launch import port_is_free
-from recipe.runstate import is_alive
+from recipe.launch.runstate import is_alive
+from recipe.net.ports import port_is_free
 from recipe.settings import REPO_ROOT
 from recipe_helpers import clean_environ, free_port
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from recipe import image_ship
-from recipe.image import (ImageError, _run_build, build_argv, check_patches, context_files, identity_of,
-                          image_spec)
-from recipe.nodes import LocalNode
-from recipe.patches import main as apply_main
+from recipe.image import ship
+from recipe.image.image import ImageError, _run_build, build_argv, check_patches, context_files, identity_of, image_spec
+from recipe.image.patches import main as apply_main
+from recipe.net.nodes import LocalNode
 from recipe.settings import REPO_ROOT, load_settings
 
 GOOD = """--- a/engine/alpha.py
@@ -42,10 +41,10 @@ LATER = """--- /dev/null
 
 def make_repo(root: Path, engine: dict[str, str], patches: dict[str, str] | None = None,
               series: list[str] | None = None) -> Path:
-    """A repository with what the image is built from: docker/, recipe/patches.py, pyproject.toml, engine/."""
+    """A repository with what the image is built from: docker/, recipe/image/patches.py, pyproject.toml, engine/."""
     shutil.copytree(REPO_ROOT / "docker", root / "docker")
-    (root / "recipe").mkdir()
-    shutil.copy(REPO_ROOT / "recipe" / "patches.py", root / "recipe" / "patches.py")
+    (root / "recipe" / "image").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "recipe" / "image" / "patches.py", root / "recipe" / "image" / "patches.py")
     shutil.copy(REPO_ROOT / "pyproject.toml", root / "pyproject.toml")
     for path, text in engine.items():
         (root / "engine" / path).parent.mkdir(parents=True, exist_ok=True)
@@ -219,10 +218,10 @@ class Piped(LocalNode):
 def test_ship_streams_every_byte_and_reports_progress(tmp_path, monkeypatch):
     image = tmp_path / "image.tar"
     image.write_bytes(bytes(range(256)) * 12000)   # ~3 MB, several chunks
-    monkeypatch.setattr(image_ship, "CHUNK", 64 * 1024)
-    monkeypatch.setattr(image_ship, "REPORT_EVERY_S", 0.0)
+    monkeypatch.setattr(ship, "CHUNK", 64 * 1024)
+    monkeypatch.setattr(ship, "REPORT_EVERY_S", 0.0)
     notes: list[str] = []
-    sent = image_ship.ship("e:1", Piped("head", save_from=image), Piped("w1", load_into=tmp_path / "got"),
+    sent = ship.ship("e:1", Piped("head", save_from=image), Piped("w1", load_into=tmp_path / "got"),
                            notes.append)
     assert sent == image.stat().st_size
     assert (tmp_path / "got").read_bytes() == image.read_bytes()
@@ -232,8 +231,8 @@ def test_ship_streams_every_byte_and_reports_progress(tmp_path, monkeypatch):
 def test_ship_names_the_worker_when_load_fails(tmp_path):
     image = tmp_path / "image.tar"
     image.write_bytes(b"x" * 3_000_000)
-    with pytest.raises(image_ship.ShipError) as raised:
-        image_ship.ship("e:1", Piped("head", save_from=image), Piped("w1", load_fails=True), lambda _: None)
+    with pytest.raises(ship.ShipError) as raised:
+        ship.ship("e:1", Piped("head", save_from=image), Piped("w1", load_fails=True), lambda _: None)
     assert raised.value.message.startswith("docker load on w1 failed") and "no space left" in raised.value.message
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from recipe.host import HostFacts
-from recipe.launch import fitting_window
-from recipe.launch_docker import NodeReady, docker_error, for_node
-from recipe.nodes import Result
-from recipe.plan import build_plan
+from recipe.launch.docker import NodeReady, docker_error, for_node
+from recipe.launch.launch import fitting_window
+from recipe.net.nodes import Result
+from recipe.plan.host import HostFacts
+from recipe.plan.plan import build_plan
 from recipe.settings import REPO_ROOT, load_settings
 from recipe_helpers import clean_environ, free_port
 

@@ -11,10 +11,10 @@ from typing import Sequence
 
 import pytest
 
-from recipe.link import LinkError, detect_link, parse_route
-from recipe.nodes import NodeError
+from recipe.net.link import LinkError, detect_link, parse_route
+from recipe.net.nodes import NodeError
+from recipe.plan.docker import docker_env
 from recipe.settings import load_settings
-from recipe.plan_docker import docker_env
 
 PING_ARGS = ["ping", "-n", "-q", "-c", "2", "-i", "0.2", "-W", "2", "-w", "4"]
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
@@ -77,7 +77,7 @@ def test_spark_with_two_rails_pairs_both_and_feeds_nccl() -> None:
     # The second rail was probed both ways with full-size unfragmented packets (MTU 9000 - 28).
     assert head.pings == [[*PING_ARGS, "-M", "do", "-s", "8972", "-I", "enP2p1s0f1np1", "192.168.101.2"]]
     assert worker.pings == [[*PING_ARGS, "-M", "do", "-s", "8972", "-I", "enP2p1s0f1np1", "192.168.101.1"]]
-    from recipe.host import LinkFacts
+    from recipe.plan.host import LinkFacts
     facts = LinkFacts.from_link(link)
     env = docker_env(_settings(), facts.for_rank(0))
     assert env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
@@ -186,8 +186,8 @@ def mesh(tmp: Path, moved: tuple[str, ...] = ()) -> tuple[FakeNode, FakeNode, Fa
 def test_three_sparks_each_pair_on_its_own_cable_pair_without_warnings(tmp_path: Path) -> None:
     """Each link has one rail; a node's port to the third Spark is not reported as an unpaired rail; the workers'
     own link is found (w1 -> w2's address on their cable) and each worker's NCCL devices cover both its cables."""
-    from recipe.host import LinkFacts
-    from recipe.preflight import Context, check_links
+    from recipe.plan.host import LinkFacts
+    from recipe.preflight.preflight import Context, check_links
 
     head, w1, w2 = mesh(tmp_path)
     settings = load_settings(Path("/nonexistent"), {"TP": "3", "WORKER": w1.name, "WORKER2": w2.name})
@@ -207,7 +207,7 @@ def test_three_sparks_each_pair_on_its_own_cable_pair_without_warnings(tmp_path:
     (("w1", "w2"), "GID 5, 1 rail(s), but GID 3 towards the head"),
 ], ids=["one-end", "both-ends"])
 def test_three_sparks_with_another_gid_index_between_workers_is_refused(tmp_path: Path, moved, found) -> None:
-    from recipe.preflight import Context, check_links
+    from recipe.preflight.preflight import Context, check_links
 
     head, w1, w2 = mesh(tmp_path, moved)
     settings = load_settings(Path("/nonexistent"), {"TP": "3", "WORKER": w1.name, "WORKER2": w2.name})

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from recipe.host import HostFacts
-from recipe.plan import build_plan
+from recipe.plan.host import HostFacts
+from recipe.plan.plan import build_plan
 from recipe.settings import load_settings
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
@@ -57,7 +57,7 @@ def test_plan_shape(root: Path, tp: int, runtime: str) -> None:
 
 
 def test_secret_looking_env_is_masked_when_printed(root: Path) -> None:
-    from recipe.plan import mask_env
+    from recipe.plan.plan import mask_env
 
     assert mask_env("HF_TOKEN", "hf_x") == "***" and mask_env("NCCL_IB_HCA", "mlx5_0") == "mlx5_0"
 

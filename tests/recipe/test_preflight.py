@@ -13,9 +13,9 @@ from typing import Callable, Sequence
 
 import pytest
 
-from recipe.checkpoint import CheckpointError
-from recipe.nodes import Node, Result
-from recipe.preflight import FAIL, OK, WARN, Context, PreflightError, first_failure, run_checks
+from recipe.checkpoint.checkpoint import CheckpointError
+from recipe.net.nodes import Node, Result
+from recipe.preflight.preflight import FAIL, OK, WARN, Context, PreflightError, first_failure, run_checks
 from recipe.settings import load_settings
 
 GIB_KB = 1024 * 1024
@@ -149,7 +149,7 @@ def test_tp_that_does_not_match_the_workers_stops_before_any_worker_is_asked(tmp
 
 
 def test_head_disk_counts_what_the_hub_lists_as_missing_or_estimates_without_it(tmp_path: Path) -> None:
-    from recipe.download import HubUnreachable
+    from recipe.checkpoint.download import HubUnreachable
 
     head = healthy("local", True)       # df: ~858 GiB free
     ctx = context(tmp_path, head, [healthy("me@spark2", False)])
@@ -181,7 +181,7 @@ class AsNobody(Node):
                     reason="needs root and setpriv to run the check as another user")
 @pytest.mark.parametrize("local", [False, True], ids=["worker", "head"])
 def test_cache_left_owned_by_root_is_refused_with_the_chown_fix(tmp_path: Path, local: bool) -> None:
-    from recipe.preflight import check_cache_writable
+    from recipe.preflight.preflight import check_cache_writable
 
     base = Path(tempfile.mkdtemp(prefix="sparks-cache-"))    # pytest's own folders are private to root
     try:
@@ -208,7 +208,7 @@ def test_cache_left_owned_by_root_is_refused_with_the_chown_fix(tmp_path: Path, 
 
 
 def test_head_snapshot_that_the_hub_cannot_complete_stops_start_before_anything(tmp_path: Path) -> None:
-    from recipe.download import HubUnreachable
+    from recipe.checkpoint.download import HubUnreachable
 
     asked = []
 

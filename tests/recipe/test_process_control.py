@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from recipe import control, launch
 from recipe.cli import app
 from recipe.errors import LaunchError
-from recipe.host import HostFacts
-from recipe.logs import save_log
-from recipe.plan import Plan, build_plan
-from recipe.runstate import is_alive, load_state
+from recipe.launch import control, launch
+from recipe.launch.logs import save_log
+from recipe.launch.runstate import is_alive, load_state
+from recipe.launch.smoke import is_collapsed, smoke_test
+from recipe.plan.host import HostFacts
+from recipe.plan.plan import Plan, build_plan
+from recipe.reporter import Quiet
 from recipe.settings import REPO_ROOT, load_settings
-from recipe.smoke import is_collapsed, smoke_test
 
 FAKE = str(Path(__file__).with_name("fake_rank.py"))
 
@@ -45,7 +46,7 @@ def fake_plan(sandbox: Path, monkeypatch: pytest.MonkeyPatch):
 
     yield make
     for plan in made:  # never leave a rank behind, whatever the test did
-        control.stop(Path(plan.run_dir), sandbox / "logs", 10, 2, launch.Quiet())
+        control.stop(Path(plan.run_dir), sandbox / "logs", 10, 2, Quiet())
 
 
 def pids_of(plan: Plan) -> list[tuple[int, int]]:
@@ -56,11 +57,11 @@ def pids_of(plan: Plan) -> list[tuple[int, int]]:
 def test_start_ready_smoke_stop(fake_plan, sandbox: Path) -> None:
     plan = fake_plan(FAKE_RUNNING="2")
     state, _ = launch.launch(plan, {})
-    health = launch.wait_ready(plan, state, 30, launch.Quiet())
+    health = launch.wait_ready(plan, state, 30, Quiet())
     assert health["context_length"] == 4096
     assert smoke_test(plan.api_url, plan.served_name).text == "OK"
     assert control.status(Path(plan.run_dir)).running
-    quiet = launch.Quiet()
+    quiet = Quiet()
     result = control.stop(Path(plan.run_dir), sandbox / "logs", 10, 5, quiet)
     assert result.requests_cut == 2 and "2 request(s) still running will be cut off" in quiet.notes
     assert [r.outcome for r in result.ranks] == ["stopped", "stopped"]
@@ -75,7 +76,7 @@ def test_a_rank_that_exits_fails_the_wait_with_every_log(fake_plan) -> None:
     plan = fake_plan(FAKE_EXIT="3", FAKE_DELAY="1")
     state, _ = launch.launch(plan, {})
     with pytest.raises(LaunchError) as caught:
-        launch.wait_ready(plan, state, 30, launch.Quiet())
+        launch.wait_ready(plan, state, 30, Quiet())
     assert "rank 1" in caught.value.message
     logs = caught.value.logs
     assert len(logs) == 2 and any("failing on purpose" in " ".join(lines) for lines in logs.values())
@@ -86,15 +87,15 @@ def test_wait_is_bounded_by_the_timeout(fake_plan) -> None:
     state, _ = launch.launch(plan, {})
     started = time.monotonic()
     with pytest.raises(LaunchError, match="WAIT_TIMEOUT"):
-        launch.wait_ready(plan, state, 1.5, launch.Quiet())
+        launch.wait_ready(plan, state, 1.5, Quiet())
     assert time.monotonic() - started < 10
 
 
 def test_a_rank_ignoring_sigterm_is_killed_after_stop_timeout(fake_plan, sandbox: Path) -> None:
     plan = fake_plan(FAKE_IGNORE_TERM="1")
     state, _ = launch.launch(plan, {})
-    launch.wait_ready(plan, state, 30, launch.Quiet())
-    result = control.stop(Path(plan.run_dir), sandbox / "logs", 10, 1, launch.Quiet())
+    launch.wait_ready(plan, state, 30, Quiet())
+    result = control.stop(Path(plan.run_dir), sandbox / "logs", 10, 1, Quiet())
     assert {r.outcome for r in result.ranks} == {"killed"}
     assert not any(is_alive(r.pid, r.start_ticks) for r in state.ranks)
 
@@ -103,7 +104,7 @@ def test_a_rank_ignoring_sigterm_is_killed_after_stop_timeout(fake_plan, sandbox
 def test_smoke_rejects_empty_and_collapsed_replies(fake_plan, reply: str) -> None:
     plan = fake_plan(FAKE_REPLY=reply)
     state, _ = launch.launch(plan, {})
-    launch.wait_ready(plan, state, 30, launch.Quiet())
+    launch.wait_ready(plan, state, 30, Quiet())
     with pytest.raises(LaunchError, match="empty|collapsed"):
         smoke_test(plan.api_url, plan.served_name)
 
@@ -123,7 +124,7 @@ def test_saved_logs_rotate_to_log_keep(tmp_path: Path) -> None:
 
 
 def test_cli_start_again_restart_and_stop(fake_plan, sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
     runner = CliRunner()
     plan = fake_plan()
     first = runner.invoke(app, ["start"])
@@ -157,7 +158,7 @@ def test_cli_start_again_restart_and_stop(fake_plan, sandbox: Path, monkeypatch:
 
 def test_foreground_follows_rank0_and_stops_the_rest_when_it_exits(fake_plan, sandbox: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(
         build_plan(s, h, extra), FAKE_EXIT="3", FAKE_EXIT_RANK="0", FAKE_DELAY="0"))
     plan = fake_plan()
     result = CliRunner().invoke(app, ["start"], env={"FOREGROUND": "1"})

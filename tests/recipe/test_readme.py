@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from recipe.docs import readme_table, settings_markdown
-from recipe.schema import load_specs
 from recipe.settings import REPO_ROOT, field_names
+from recipe.settings.docs import readme_table, settings_markdown
+from recipe.settings.schema import load_specs
 
 
 def test_readme_table_equals_settings_yaml() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from recipe.errors import SettingError
 from recipe.settings import load_settings
-from recipe.sources import parse_file
+from recipe.settings.sources import parse_file
 
 
 def write(path: Path, text: str) -> Path:

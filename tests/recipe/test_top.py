@@ -20,8 +20,8 @@ import pytest
 from engine.checkpoint.demo import write_demo
 from engine.server.metrics import Metrics
 from prometheus_client import generate_latest
-from recipe.prometheus import Histogram, histogram, parse_samples, quantile
-from recipe.top import TTFT_MIN_WINDOW, History, Sample
+from recipe.top.prometheus import Histogram, histogram, parse_samples, quantile
+from recipe.top.top import TTFT_MIN_WINDOW, History, Sample
 from recipe_helpers import clean_environ, free_port
 from test_api_live import LiveServer, wait_idle  # tests/engine is on sys.path (tests/conftest.py)
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from recipe.cli import app
-from recipe.schema import load_specs
+from recipe.settings.schema import load_specs
 
 INVALID = {
     "TP": "4", "WORKER": "user@@spark2", "WORKER2": "bad host!", "FABRIC_PEER": "300.1.1.1", "FABRIC_PEER2": "a_b",
@@ -103,7 +103,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(sandbox: Path, monkeypatch: 
 
 
 def test_unexpected_errors_print_one_line_without_traceback(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda *a, **k: 1 / 0)
     result = run(monkeypatch, {}, "plan")
     assert result.exit_code == 1
     assert "ZeroDivisionError" in result.output and "Traceback" not in result.output

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
-from recipe.schema import load_specs
+from recipe.settings.schema import load_specs
 
 
 @pytest.fixture

@@ -26,9 +26,9 @@ import httpx
 import pytest
 
 from ports import free_port
-from recipe.runstate import is_alive
-from recipe.schema import load_specs
+from recipe.launch.runstate import is_alive
 from recipe.settings import REPO_ROOT
+from recipe.settings.schema import load_specs
 
 pytestmark = pytest.mark.slow
 PEER_TIMEOUT_S = 6

@@ -18,12 +18,13 @@ import pytest
 from typer.testing import CliRunner
 
 from ports import free_port
-from recipe import control, launch
 from recipe.cli import app
-from recipe.plan import Plan, build_plan
-from recipe.runstate import is_alive, load_state
-from recipe.schema import load_specs
+from recipe.launch import control, launch
+from recipe.launch.runstate import is_alive, load_state
+from recipe.plan.plan import Plan, build_plan
+from recipe.reporter import Quiet
 from recipe.settings import REPO_ROOT
+from recipe.settings.schema import load_specs
 
 FAKE = str(REPO_ROOT / "tests" / "recipe" / "fake_rank.py")
 DEMO = REPO_ROOT / "engine" / "checkpoint" / "trained_demo"
@@ -72,14 +73,14 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         env = _settings_env(root)
         for name, value in env.items():
             patch.setenv(name, value)
-        patch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
+        patch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
         runner = CliRunner()
         started = runner.invoke(app, ["start"])
         try:
             assert started.exit_code == 0 and "is LIVE" in started.output, started.output
             yield Live(runner, root, env)
         finally:
-            control.stop(root / "logs" / "run", root / "logs", 10, 2, launch.Quiet())
+            control.stop(root / "logs" / "run", root / "logs", 10, 2, Quiet())
 
 
 LACKING = {"no such folder": None, "config.json is missing": "config.json", "tokenizer.json is missing":
@@ -180,7 +181,7 @@ def test_a_start_with_a_wrong_value_starts_nothing(sandbox: Path, monkeypatch: p
         result = CliRunner().invoke(app, ["start"])
     finally:
         recorded = load_state(sandbox / "logs" / "run")
-        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, launch.Quiet())
+        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, Quiet())
     assert result.exit_code != 0 and f"CHECKPOINT={sandbox / 'absent'} is not a complete checkpoint" in result.output
     assert recorded is None
 
@@ -190,7 +191,7 @@ def test_a_secret_equal_to_another_setting_is_no_leak(sandbox: Path, monkeypatch
     command"; a restart with them now serves, and the key still reaches rank 0 only in its file."""
     monkeypatch.setenv("CHECKPOINT", str(DEMO))
     monkeypatch.setenv("STOP_TIMEOUT", "2")
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
     runner = CliRunner()
     try:
         assert runner.invoke(app, ["start"]).exit_code == 0
@@ -201,14 +202,14 @@ def test_a_secret_equal_to_another_setting_is_no_leak(sandbox: Path, monkeypatch
         assert restarted.exit_code == 0 and "is LIVE" in restarted.output, restarted.output
         assert (sandbox / "logs" / "run" / "api_key").read_text() == "demo"
     finally:
-        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, launch.Quiet())
+        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, Quiet())
 
 
 def test_the_leak_guard_still_finds_a_secret_routed_into_a_command(sandbox: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from recipe import plan as plan_module
+    from recipe.plan import plan as plan_module
     from recipe.errors import RecipeError
-    from recipe.host import HostFacts
+    from recipe.plan.host import HostFacts
     from recipe.settings import load_settings
 
     monkeypatch.setenv("API_KEY", "demo")

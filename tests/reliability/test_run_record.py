@@ -15,10 +15,11 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from recipe import control, launch
 from recipe.cli import app
-from recipe.plan import Plan, build_plan
-from recipe.runstate import RankProcess, RunState, is_alive, load_state, save_state
+from recipe.launch import control
+from recipe.launch.runstate import RankProcess, RunState, is_alive, load_state, save_state
+from recipe.plan.plan import Plan, build_plan
+from recipe.reporter import Quiet
 from recipe.settings import REPO_ROOT
 
 FAKE = str(REPO_ROOT / "tests" / "recipe" / "fake_rank.py")
@@ -41,13 +42,13 @@ def with_fake_ranks(plan: Plan) -> Plan:
 def cli(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
     monkeypatch.setenv("CHECKPOINT", str(DEMO))
     monkeypatch.setenv("STOP_TIMEOUT", "2")
-    monkeypatch.setattr("recipe.cli_start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
+    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(build_plan(s, h, extra)))
     runner = CliRunner()
     started = runner.invoke(app, ["start"])
     assert started.exit_code == 0 and "is LIVE" in started.output, started.output
     ranks = load_state(run_dir(sandbox)).ranks
     yield runner
-    control.stop(run_dir(sandbox), sandbox / "logs", 10, 2, launch.Quiet())
+    control.stop(run_dir(sandbox), sandbox / "logs", 10, 2, Quiet())
     for rank in ranks:   # whatever the record says by now: none of the ranks this test started outlives it
         if is_alive(rank.pid, rank.start_ticks):
             os.killpg(rank.pid, signal.SIGKILL)

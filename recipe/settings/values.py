@@ -1,0 +1,97 @@
+"""`Settings`: the effective value of every setting of config/settings.yaml, frozen, with where each came from.
+
+Loading them is loader.py's job; the rules between them are validate.py's (which reads this type).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from recipe.settings.schema import load_specs
+
+
+@dataclass(frozen=True)
+class Settings:
+    tp: int
+    worker: str
+    worker2: str
+    fabric_peer: str
+    fabric_peer2: str
+    master_port: int
+    model_id: str
+    model_revision: str
+    hf_cache: str
+    hf_token: str = field(repr=False)
+    served_name: str
+    host: str
+    port: int
+    parallel: int
+    context: int
+    max_tokens: int
+    kv: str
+    dense: str
+    drafter: str
+    thinking: bool
+    vision: bool
+    vision_urls: bool
+    kv_pool_gib: float
+    memory_reserve_gib: float | None
+    memory_warn_gib: float
+    kda_chunked: bool
+    cuda_graphs: bool
+    image: str
+    base_image: str
+    image_offline: bool
+    container_name: str
+    docker_args: str
+    runtime: str
+    checkpoint: str
+    cache_dir: str
+    dry_run: bool
+    wait_timeout: int
+    log_dir: str
+    log_keep: int
+    peer_timeout_s: int
+    stop_timeout: int
+    foreground: bool
+    api_key: str = field(repr=False)
+    # Where each value came from ("default", "derived", ".env line 3", "scripts/local.sh line 7", "environment").
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Lines in .env / local.sh that set no known setting (probably typos); reported, then ignored.
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def effective_runtime(self) -> str:
+        """`auto` resolved: Docker on Sparks (a worker is given), local processes otherwise."""
+        if self.runtime != "auto":
+            return self.runtime
+        return "docker" if self.worker else "process"
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        """ssh targets of ranks 1.. in rank order."""
+        return tuple(w for w in (self.worker, self.worker2) if w)
+
+    @property
+    def embedded(self) -> bool:
+        """The embedded default: every rank a local process on this machine."""
+        return self.effective_runtime == "process"
+
+    def value(self, name: str) -> Any:
+        return getattr(self, name.lower())
+
+    def shown(self, name: str) -> str:
+        """The value as printed: secrets masked."""
+        spec = load_specs()[name]
+        value = self.value(name)
+        if spec.is_secret:
+            return "(set, hidden)" if value else "(empty)"
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        return "" if value is None else str(value)
+
+
+def field_names() -> list[str]:
+    """Settings' value fields, upper-cased: must equal the names in config/settings.yaml."""
+    return [f.name.upper() for f in fields(Settings) if f.name not in ("origins", "warnings")]

@@ -1,0 +1,2 @@
+"""`sparks top`: samples and snapshots (`top`), the Prometheus text it reads (`prometheus`), the terminal view
+(`view`)."""
