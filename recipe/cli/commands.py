@@ -81,7 +81,7 @@ def restart(ctx: typer.Context) -> int:
 def stop() -> int:
     """Stop every rank; each rank's log is saved under LOG_DIR."""
     settings = load_settings(rules=False)
-    run_dir = Path(settings.log_dir, "run")
+    run_dir = control.run_dir_of(settings)
     if settings.dry_run:
         current = control.status(run_dir)
         ranks = ", ".join(str(r.rank) for r in current.state.ranks) if current.state else "none"
@@ -103,7 +103,7 @@ def status() -> int:
     """Show each rank, rank 0's health and the API URL. Exit code 0 while every rank runs and rank 0 does not
     report that it cannot serve (a silent or stopped rank), else 3."""
     settings = load_settings(rules=False)
-    current = control.status(Path(settings.log_dir, "run"))
+    current = control.status(control.run_dir_of(settings))
     ui.show_status(current)
     return 0 if current.serving else 3
 
@@ -204,7 +204,7 @@ def top(
 def doctor() -> int:
     """Check every machine: ssh, memory, disk, docker, rsync, the API port, the RoCE link. Exit code 1 on a failure."""
     settings = load_settings()
-    current = control.status(Path(settings.log_dir, "run"))
+    current = control.status(control.run_dir_of(settings))
     checks = list(preflight.run_checks(preflight.context_for(settings, api_port_ours=current.state is not None)))
     ui.show_checks(checks)
     return 1 if any(c.status == preflight.FAIL for c in checks) else 0

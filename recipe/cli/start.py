@@ -114,7 +114,7 @@ def _stop_all_on(kind: type[LaunchError], settings: Settings, reporter: ui.Conso
         yield
     except kind as error:
         reporter.warn(f"{error.message}: stopping every rank on every node")
-        result = control.stop(Path(settings.log_dir, "run"), Path(settings.log_dir), settings.log_keep,
+        result = control.stop(control.run_dir_of(settings), Path(settings.log_dir), settings.log_keep,
                               settings.stop_timeout, reporter)
         left = [r for r in result.ranks if r.outcome.startswith("unknown")]
         if refit and not left and isinstance(error, launch.WindowTooLarge):
@@ -173,7 +173,7 @@ def _clear_previous(settings: Settings, current: control.Status, reporter: ui.Co
         "only some ranks of the last run are running: stopping them first" if current.partly_running
         else "the last run's ranks have exited: saving their logs")
     reporter.note(why)
-    result = control.stop(Path(settings.log_dir, "run"), Path(settings.log_dir), settings.log_keep,
+    result = control.stop(control.run_dir_of(settings), Path(settings.log_dir), settings.log_keep,
                           settings.stop_timeout, reporter)
     for rank in result.ranks:
         reporter.note(f"rank {rank.rank}: {rank.outcome}" + (f", log saved to {rank.saved_log}" if rank.saved_log else ""))

@@ -67,7 +67,8 @@ def headline(settings: Settings, plan: Plan) -> None:
                  f"checkpoint {plan.checkpoint}")
     elif plan.runtime == "process":
         where = (f"embedded default: {plan.tp} local process(es) on this machine's {plan.device}, "
-                 + ("the engine's demo checkpoint (random weights, not GLM-5.3-Flash)" if plan.prepare
+                 + ("the trained demo checkpoint (3.8 MB, trained here on synthetic chats; not GLM-5.3-Flash)"
+                    if plan.prepare
                     else f"checkpoint {plan.checkpoint}"))
     else:
         where = (f"{plan.tp} container(s) on the {plan.device}"
@@ -141,6 +142,8 @@ def show_status(status: Status) -> None:
     if status.state is None:
         say(UNKNOWN_RUN if status.problem else "Not running (no recorded ranks). Start it with ./start.sh")
         return
+    if status.state.checkout:
+        say(f"Run of the checkout {status.state.checkout}")
     table = Table(show_edge=False)
     for column in ("rank", "node", "pid / container", "state", "log"):
         table.add_column(column)

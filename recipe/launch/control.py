@@ -15,11 +15,13 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from recipe.launch import docker, remote
 from recipe.launch.launch import probe_health, read_health
 from recipe.launch.logs import save_log
-from recipe.launch.runstate import RankProcess, RankStop, RunState, clear_state, is_alive, read_record, save_state
+from recipe.launch.runstate import (RankProcess, RankStop, RunState, clear_state, has_record, is_alive, read_record,
+                                    save_state)
 from recipe.net.nodes import node_for, on_each
 from recipe.reporter import Reporter
 
@@ -57,6 +59,15 @@ class Status:
     def exited(self) -> list[RankProcess]:
         """Recorded ranks that are known to have exited (peer watch: the dead rank, and rank 0 after it)."""
         return [r for r in self.state.ranks if self.alive.get(r.rank) is False] if self.state else []
+
+
+def run_dir_of(settings: Any) -> Path:
+    """This checkout's run folder (settings.run_dir), or the one runs used before they were kept per checkout
+    (LOG_DIR/run) while only that one holds a record: a run started before the upgrade is still found."""
+    mine, legacy = Path(settings.run_dir), Path(settings.legacy_run_dir)
+    if not has_record(mine) and has_record(legacy):
+        return legacy
+    return mine
 
 
 def status(run_dir: Path) -> Status:

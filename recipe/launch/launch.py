@@ -32,6 +32,7 @@ from recipe.net.ports import port_is_free
 from recipe.plan.parts import PrepareStep
 from recipe.plan.plan import Plan
 from recipe.reporter import Quiet, Reporter
+from recipe.settings import REPO_ROOT
 
 POLL_S = 0.5
 REMOTE_POLL_S = 2.0   # a worker rank's liveness costs an ssh round trip: asked less often than rank 0's /health
@@ -150,7 +151,8 @@ def launch(plan: Plan, secrets: Mapping[str, str], reporter: Reporter | None = N
     def record() -> RunState:
         state = RunState(runtime=plan.runtime, served_name=plan.served_name, api_url=plan.api_url,
                          health_url=plan.health_url, started_at=started_at, ranks=tuple(recorded),
-                         ports=tuple(p for r in plan.ranks if r.node == "local" for p in r.ports))
+                         ports=tuple(p for r in plan.ranks if r.node == "local" for p in r.ports),
+                         checkout=str(REPO_ROOT))
         save_state(run_dir, state)
         return state
 

@@ -73,6 +73,7 @@ class RunState:
     started_at: float
     ranks: tuple[RankProcess, ...]
     ports: tuple[int, ...] = ()   # what the ranks on the head listen on (PORT, MASTER_PORT)
+    checkout: str = ""            # the checkout that started the run (its path)
 
     def alive(self) -> dict[int, bool | None]:
         """Per rank: True while it runs, False once it exited, None when its node does not answer."""
@@ -238,6 +239,11 @@ def _from_rank_files(run_dir: Path) -> RunState | None:
     ranks = tuple(sorted((r for state, r in found if state.started_at == newest), key=lambda r: r.rank))
     run = next(state for state, _ in found if state.started_at == newest)
     return dataclasses.replace(run, ranks=ranks)
+
+
+def has_record(run_dir: Path) -> bool:
+    """Whether the folder holds a run record (state.json or a rank's own record), readable or not."""
+    return (run_dir / STATE_FILE).exists() or bool(_rank_files(run_dir))
 
 
 def load_state(run_dir: Path) -> RunState | None:

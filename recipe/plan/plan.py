@@ -95,7 +95,7 @@ def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] 
 
 def _build(settings: Settings, host: HostFacts, extra_args: tuple[str, ...]) -> Plan:
     runtime = settings.effective_runtime
-    run_dir = os.path.join(settings.log_dir, "run")
+    run_dir = settings.run_dir
     secret_files = (SecretFile(os.path.join(run_dir, "api_key"), "API_KEY"),) if settings.api_key else ()
     if runtime == "process":
         checkpoint, prepare = _local_checkpoint(settings, host)

@@ -100,10 +100,16 @@ def _as_text(value: Any) -> str:
     return str(value)
 
 
+DEMO_NAME = "GLM-5.3-Flash-demo"   # the served name says it is the demo: a client asking for the real model is told
+
+
 def _derive(values: dict[str, Any], origins: dict[str, str], specs: dict[str, SettingSpec]) -> None:
     """Fill the settings whose default depends on others (their `derived` text in settings.yaml says how)."""
     embedded = values["RUNTIME"] == "process" or (values["RUNTIME"] == "auto" and not values["WORKER"])
+    demo = embedded and not values["CHECKPOINT"]   # the ranks serve the trained demo (plan: _local_checkpoint)
     derived = {
+        "SERVED_NAME": DEMO_NAME if demo else "GLM-5.3-Flash-EXL3",
+        "HOST": "0.0.0.0" if values["WORKER"] else "127.0.0.1",
         "PARALLEL": 4,
         "CONTEXT": 8192 if embedded else (1048576 if values["KV"] == "fp8" else 196608),
         "MAX_TOKENS": 1024 if embedded else 32768,

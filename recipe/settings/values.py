@@ -5,10 +5,18 @@ Loading them is loader.py's job; the rules between them are validate.py's (which
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Mapping
 
-from recipe.settings.schema import load_specs
+from recipe.settings.schema import REPO_ROOT, load_specs
+
+
+def checkout_key(root: Path = REPO_ROOT) -> str:
+    """A checkout's name among others on this machine: its folder's name and a hash of its path."""
+    return f"{root.name}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,17 @@ class Settings:
     def workers(self) -> tuple[str, ...]:
         """ssh targets of ranks 1.. in rank order."""
         return tuple(w for w in (self.worker, self.worker2) if w)
+
+    @property
+    def run_dir(self) -> str:
+        """Where this checkout's run is recorded (state, rank records, live logs, the API key file):
+        LOG_DIR/run/<checkout>, so two checkouts sharing a LOG_DIR never act on each other's run."""
+        return os.path.join(self.log_dir, "run", checkout_key())
+
+    @property
+    def legacy_run_dir(self) -> str:
+        """Where runs were recorded before they were kept per checkout (LOG_DIR/run): still found by stop/status."""
+        return os.path.join(self.log_dir, "run")
 
     @property
     def embedded(self) -> bool:

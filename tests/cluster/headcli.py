@@ -17,7 +17,7 @@ CHAT = """
 import pytest
 from openai import OpenAI
 client = OpenAI(base_url="http://127.0.0.1:8888/v1", api_key="unused", timeout=120, max_retries=0)
-reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=24, temperature=0,
+reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=24, temperature=0,
     messages=[{"role": "user", "content": "Reply with OK."}],
     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
 print("REPLY", repr(reply.choices[0].message.content), reply.usage.completion_tokens)

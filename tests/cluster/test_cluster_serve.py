@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import RUN
 from headcli import (CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head,
                      start_with_a_refusing_worker)
 
@@ -34,7 +35,7 @@ def serving(bed):
 
 
 def state(bed) -> list[dict]:
-    path = bed.path_on("head", "logs/run/state.json")
+    path = bed.path_on("head", f"logs/{RUN}/state.json")
     return json.loads(path.read_text())["ranks"] if path.is_file() else []
 
 
@@ -78,7 +79,7 @@ def test_start_chat_stop_across_two_nodes(bed, serving) -> None:
     assert engines(bed) == [], "an engine process outlived ./stop.sh"
     saved = sorted(bed.path_on("head", "logs").glob("*-rank1.log.gz"))
     assert saved, "the worker's log was not brought to the head"
-    assert not bed.path_on("w1", "logs/run/rank1.log").exists()
+    assert not bed.path_on("w1", f"logs/{RUN}/rank1.log").exists()
 
 
 def test_killed_worker_rank_ends_rank_0_and_status_names_it(bed, serving) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import RUN
 from headcli import (CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head,
                      start_with_a_refusing_worker)
 
@@ -44,7 +45,7 @@ def containers(bed, name: str) -> list[str]:
 
 
 def state(bed) -> dict[int, dict]:
-    path = bed.path_on("head", "logs/run/state.json")
+    path = bed.path_on("head", f"logs/{RUN}/state.json")
     return {r["rank"]: r for r in json.loads(path.read_text())["ranks"]} if path.is_file() else {}
 
 

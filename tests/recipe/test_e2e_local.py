@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from runs import run_dir
 from recipe.launch.runstate import is_alive
 from recipe.net.ports import port_is_free
 from recipe.settings import REPO_ROOT
@@ -30,7 +31,7 @@ def wrapper(script: str, env: dict[str, str], *args: str) -> subprocess.Complete
 
 
 def recorded(log_dir: Path) -> list[tuple[int, int]]:
-    path = log_dir / "run" / "state.json"
+    path = run_dir(log_dir) / "state.json"
     if not path.is_file():
         return []
     return [(r["pid"], r["start_ticks"]) for r in json.loads(path.read_text())["ranks"]]
@@ -70,7 +71,7 @@ def test_start_chat_noop_restart_stop(local_env) -> None:
     assert len(ranks) == 2 and all(is_alive(*r) for r in ranks)
 
     client = OpenAI(base_url=f"http://127.0.0.1:{env['PORT']}/v1", api_key="unused", timeout=300, max_retries=0)
-    reply = client.chat.completions.create(model="GLM-5.3-Flash-EXL3", max_tokens=8,
+    reply = client.chat.completions.create(model="GLM-5.3-Flash-demo", max_tokens=8,
                                            messages=[{"role": "user", "content": "Say something."}],
                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert reply.choices[0].message.content and reply.usage.completion_tokens > 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from runs import run_dir
 from recipe.launch.docker import NodeReady, docker_error, for_node
 from recipe.launch.launch import fitting_window
 from recipe.net.nodes import Result
@@ -73,7 +74,7 @@ def test_start_refits_once_to_the_window_that_fits(tmp_path: Path) -> None:
         assert len(refit) == 1, done.stderr
         fits = int(refit[0].rsplit("--context", 1)[1].split()[0])
         assert 0 < fits < 8192 and f"{fits} tokens" in done.stdout   # the banner shows the window it serves
-        ranks = json.loads((tmp_path / "logs" / "run" / "state.json").read_text())["ranks"]
+        ranks = json.loads((run_dir(tmp_path / "logs") / "state.json").read_text())["ranks"]
         assert len(ranks) == 1
     finally:
         stopped = wrapper("stop.sh")

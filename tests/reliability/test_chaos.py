@@ -29,6 +29,7 @@ from ports import free_port
 from recipe.launch.runstate import is_alive
 from recipe.settings import REPO_ROOT
 from recipe.settings.schema import load_specs
+from runs import run_dir
 
 pytestmark = pytest.mark.slow
 PEER_TIMEOUT_S = 6
@@ -36,7 +37,7 @@ FAULTS = ("kill rank 1", "freeze rank 1", "freeze rank 0", "kill rank 0")
 CLIENTS, REQUESTS_PER_CLIENT, LOAD_S = 4, 25, 25.0
 INTERNALS = ("Traceback", "gloo", "Gloo", "NCCL", "RuntimeError", "Connection reset", "internal error",
              "the engine stopped: the engine stopped")
-MODEL = "GLM-5.3-Flash-EXL3"
+MODEL = "GLM-5.3-Flash-demo"   # the embedded default says it serves the demo
 
 
 def wrapper(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -110,7 +111,7 @@ def _load(port: int, seed: int, deadline: float, outcomes: Outcomes) -> None:
 
 
 def _ranks(log_dir: Path) -> dict[int, tuple[int, int]]:
-    state = json.loads((log_dir / "run" / "state.json").read_text())
+    state = json.loads((run_dir(log_dir) / "state.json").read_text())
     return {r["rank"]: (r["pid"], r["start_ticks"]) for r in state["ranks"]}
 
 

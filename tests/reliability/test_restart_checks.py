@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ports import free_port
+from runs import run_dir
 from recipe.cli import app
 from recipe.launch import control, launch
 from recipe.launch.runstate import is_alive, load_state
@@ -45,7 +46,7 @@ class Live:
 
     @property
     def run_dir(self) -> Path:
-        return self.root / "logs" / "run"
+        return run_dir(self.root / "logs")
 
     def ranks(self) -> list[tuple[int, int]]:
         state = load_state(self.run_dir)
@@ -80,7 +81,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             assert started.exit_code == 0 and "is LIVE" in started.output, started.output
             yield Live(runner, root, env)
         finally:
-            control.stop(root / "logs" / "run", root / "logs", 10, 2, Quiet())
+            control.stop(run_dir(root / "logs"), root / "logs", 10, 2, Quiet())
 
 
 LACKING = {"no such folder": None, "config.json is missing": "config.json", "tokenizer.json is missing":
@@ -180,8 +181,8 @@ def test_a_start_with_a_wrong_value_starts_nothing(sandbox: Path, monkeypatch: p
     try:
         result = CliRunner().invoke(app, ["start"])
     finally:
-        recorded = load_state(sandbox / "logs" / "run")
-        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, Quiet())
+        recorded = load_state(run_dir(sandbox / "logs"))
+        control.stop(run_dir(sandbox / "logs"), sandbox / "logs", 10, 2, Quiet())
     assert result.exit_code != 0 and f"CHECKPOINT={sandbox / 'absent'} is not a complete checkpoint" in result.output
     assert recorded is None
 
@@ -200,9 +201,9 @@ def test_a_secret_equal_to_another_setting_is_no_leak(sandbox: Path, monkeypatch
         monkeypatch.setenv("HF_TOKEN", "bf16")   # KV's value
         restarted = runner.invoke(app, ["restart"])
         assert restarted.exit_code == 0 and "is LIVE" in restarted.output, restarted.output
-        assert (sandbox / "logs" / "run" / "api_key").read_text() == "demo"
+        assert (run_dir(sandbox / "logs") / "api_key").read_text() == "demo"
     finally:
-        control.stop(sandbox / "logs" / "run", sandbox / "logs", 10, 2, Quiet())
+        control.stop(run_dir(sandbox / "logs"), sandbox / "logs", 10, 2, Quiet())
 
 
 def test_the_leak_guard_still_finds_a_secret_routed_into_a_command(sandbox: Path,

@@ -15,6 +15,7 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
+import runs
 from recipe.cli import app
 from recipe.launch import control
 from recipe.launch.runstate import RankProcess, RunState, is_alive, load_state, save_state
@@ -55,7 +56,7 @@ def cli(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
 
 
 def run_dir(sandbox: Path) -> Path:
-    return sandbox / "logs" / "run"
+    return runs.run_dir(sandbox / "logs")
 
 
 def corrupt(sandbox: Path, how: str) -> None:
