@@ -36,7 +36,7 @@ def make_cache(bed: TestBed, mib: int, blobs: int) -> None:
     chunk = os.urandom(MIB)
     for i in range(blobs):
         target = repo / "blobs" / f"blob{i}"
-        if i == 0:           # a xet-style blob: a link to a file outside the cache
+        if i == 0:  # a xet-style blob: a link to a file outside the cache
             target = bed.path_on("head", "xet-chunk")
             (repo / "blobs" / "blob0").symlink_to(target)
         with open(target, "wb") as out:
@@ -66,8 +66,12 @@ def main() -> None:
     try:
         make_cache(bed, args.mib, args.blobs)
         env = bed.environ(MODEL_ID="org/model", MODEL_REVISION=REV, CHECKPOINT="", HF_HUB_OFFLINE="1")
-        result = {"mib": args.mib, "blobs": args.blobs, "copy_cold_s": timed(bed, env, "copy"),
-                  "copy_nothing_to_send_s": timed(bed, env, "copy")}
+        result = {
+            "mib": args.mib,
+            "blobs": args.blobs,
+            "copy_cold_s": timed(bed, env, "copy"),
+            "copy_nothing_to_send_s": timed(bed, env, "copy"),
+        }
         blob = bed.path_on("w1", "hf/hub/models--org--model/blobs/blob1")
         os.truncate(blob, blob.stat().st_size // 2)
         result["copy_half_blob_missing_s"] = timed(bed, env, "copy")

@@ -43,11 +43,12 @@ from engine.ops.triton_moe import routed_experts as bf16_routed
 from engine.quant import exl3
 
 FLASH = json.loads((Path(__file__).resolve().parents[1] / "engine/checkpoint/glm53_flash_config.json").read_text())
-HIDDEN, INTER, TOP_K, EXPERTS = (FLASH["text_config"][k] for k in ("hidden_size", "moe_intermediate_size",
-                                                                   "num_experts_per_tok", "n_routed_experts"))
+HIDDEN, INTER, TOP_K, EXPERTS = (
+    FLASH["text_config"][k] for k in ("hidden_size", "moe_intermediate_size", "num_experts_per_tok", "n_routed_experts")
+)
 HBM = 4.8e12
-BANK = 64                       # experts in the banks (EXL3: 0.8 GB, bf16: 3.2 GB), well beyond the 60 MB L2
-SMOKE = False                   # --smoke: tiny shapes on the CPU in Triton's interpreter (checks the script only)
+BANK = 64  # experts in the banks (EXL3: 0.8 GB, bf16: 3.2 GB), well beyond the 60 MB L2
+SMOKE = False  # --smoke: tiny shapes on the CPU in Triton's interpreter (checks the script only)
 
 
 def _ms(fn) -> float:
@@ -78,12 +79,14 @@ def main() -> int:
         HIDDEN, INTER, BANK, SMOKE, EXPERTS, dev = 256, 128, 16, True, 64, "cpu"
     gen = torch.Generator(device=dev).manual_seed(0)
     torch.manual_seed(0)
-    words = 64                                                       # 16 * 4 bits
+    words = 64  # 16 * 4 bits
     # EXL3 banks: gate and up as matrices 2e and 2e+1 of one [2E, K/16, N/16, 64] bank; down [E, ...]
-    gate_up_t = torch.randint(-32768, 32768, (2 * BANK, HIDDEN // 16, INTER // 16, words), device=dev,
-                              generator=gen, dtype=torch.int32).to(torch.int16)
-    down_t = torch.randint(-32768, 32768, (BANK, INTER // 16, HIDDEN // 16, words), device=dev, generator=gen,
-                           dtype=torch.int32).to(torch.int16)
+    gate_up_t = torch.randint(
+        -32768, 32768, (2 * BANK, HIDDEN // 16, INTER // 16, words), device=dev, generator=gen, dtype=torch.int32
+    ).to(torch.int16)
+    down_t = torch.randint(
+        -32768, 32768, (BANK, INTER // 16, HIDDEN // 16, words), device=dev, generator=gen, dtype=torch.int32
+    ).to(torch.int16)
     suh_gu = torch.rand(2 * BANK, HIDDEN, device=dev, generator=gen).half() + 0.5
     svh_gu = torch.rand(2 * BANK, INTER, device=dev, generator=gen).half() + 0.5
     suh_d = torch.rand(BANK, INTER, device=dev, generator=gen).half() + 0.5
@@ -95,18 +98,35 @@ def main() -> int:
     bf16_expert_bytes = (w_gu[0].numel() + w_d[0].numel()) * 2
 
     # copy bandwidth on this GPU (read + write), for the ceiling actually reachable
-    big = torch.empty(2 ** 20 if SMOKE else 2 ** 30, dtype=torch.uint8, device=dev)
+    big = torch.empty(2**20 if SMOKE else 2**30, dtype=torch.uint8, device=dev)
     copy_ms = _ms(big.clone)
     copy_tbs = 2 * big.numel() / copy_ms / 1e9
     del big
 
-    result = {"schema": "exl3-bench/2", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "python": platform.python_version(), "commit": _commit(), "hbm_peak_tbs": HBM / 1e12,
-              "copy_tbs_measured": copy_tbs, "shape": {"hidden": HIDDEN, "intermediate": INTER, "bits": 4,
-                                                        "codebook": "mcg", "experts": EXPERTS, "top_k": TOP_K},
-              "exl3_expert_bytes": exl3_expert_bytes, "bf16_expert_bytes": bf16_expert_bytes,
-              "configs": [], "rows": [], "skipped": []}
+    result = {
+        "schema": "exl3-bench/2",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "commit": _commit(),
+        "hbm_peak_tbs": HBM / 1e12,
+        "copy_tbs_measured": copy_tbs,
+        "shape": {
+            "hidden": HIDDEN,
+            "intermediate": INTER,
+            "bits": 4,
+            "codebook": "mcg",
+            "experts": EXPERTS,
+            "top_k": TOP_K,
+        },
+        "exl3_expert_bytes": exl3_expert_bytes,
+        "bf16_expert_bytes": bf16_expert_bytes,
+        "configs": [],
+        "rows": [],
+        "skipped": [],
+    }
 
     def exl3_launches(groups: int, m: int, experts: torch.Tensor, kw: dict):
         """(kernel-only fn, whole-op fn) for `groups` experts × m rows."""
@@ -126,12 +146,19 @@ def main() -> int:
         def op():
             tx.exl3_matmul(x2, gate_up_t, suh_gu, svh_gu, mats_gu, "mcg", **kw)
             tx.exl3_matmul(h, down_t, suh_d, svh_d, mats_d, "mcg", **kw)
+
         return kernel, op
 
     # a few launch configurations at the decode shape (8 experts, 1 row); the best serves every row count
     experts8 = torch.randperm(BANK, device=dev)[:TOP_K]
-    configs = [{}, {"block_n_tiles": 8}, {"block_n_tiles": 4}, {"num_warps": 2},
-               {"block_n_tiles": 16, "num_warps": 8}, {"unroll": 4}]
+    configs = [
+        {},
+        {"block_n_tiles": 8},
+        {"block_n_tiles": 4},
+        {"num_warps": 2},
+        {"block_n_tiles": 16, "num_warps": 8},
+        {"unroll": 4},
+    ]
     configs = configs[:2] if SMOKE else configs
     best, best_ms = {}, float("inf")
     for kw in configs:
@@ -143,7 +170,7 @@ def main() -> int:
             ms = _ms(kernel)
             compiled = tx.LAST_LAUNCH.get("gemv")
             regs = {"n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None)}
-        except Exception as exc:                                      # a configuration that does not compile
+        except Exception as exc:  # a configuration that does not compile
             result["configs"].append({"kw": kw, "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
         result["configs"].append({"kw": kw, "kernel_ms": ms, **regs})
@@ -160,14 +187,14 @@ def main() -> int:
         json.dump(result, f, indent=1)
 
     for scenario in ("window", "batch"):
-        for m in (range(1, 9) if scenario == "window" else (1, 2, 4, 8)):
+        for m in range(1, 9) if scenario == "window" else (1, 2, 4, 8):
             if time.time() - t_start > args.budget:
                 result["skipped"].append(f"{scenario} M={m}")
                 continue
             if scenario == "window":
                 experts, rows_each = experts8, m
             else:
-                experts, rows_each = torch.randperm(BANK, device=dev)[:TOP_K * m], 1
+                experts, rows_each = torch.randperm(BANK, device=dev)[: TOP_K * m], 1
             groups = experts.numel()
             kernel, op = exl3_launches(groups, rows_each, experts, best)
             e = experts.tolist()
@@ -187,34 +214,58 @@ def main() -> int:
                 pair_gemv(x, w_gu, pairs, rows_per_pair=1)
                 pair_gemv(hid, w_d, pairs, rows_per_pair=1)
 
-            row = {"scenario": scenario, "rows": m, "experts": groups, "rows_per_expert": rows_each,
-                   "exl3_bytes": groups * exl3_expert_bytes, "bf16_bytes": groups * bf16_expert_bytes}
-            for name, fn in (("exl3_kernel", kernel), ("exl3_op", op), ("bf16_torch", torch_bf16),
-                             ("bf16_pair_gemv", triton_bf16)):
+            row = {
+                "scenario": scenario,
+                "rows": m,
+                "experts": groups,
+                "rows_per_expert": rows_each,
+                "exl3_bytes": groups * exl3_expert_bytes,
+                "bf16_bytes": groups * bf16_expert_bytes,
+            }
+            for name, fn in (
+                ("exl3_kernel", kernel),
+                ("exl3_op", op),
+                ("bf16_torch", torch_bf16),
+                ("bf16_pair_gemv", triton_bf16),
+            ):
                 ms = _ms(fn)
                 nbytes = row["exl3_bytes"] if name.startswith("exl3") else row["bf16_bytes"]
                 row[name] = {"us": ms * 1e3, "gbs": nbytes / ms / 1e6, "hbm_fraction": nbytes / ms / 1e-3 / HBM}
             result["rows"].append(row)
-            print(f"{scenario} M={m}: " + "  ".join(f"{k} {row[k]['us']:.1f} us ({row[k]['hbm_fraction']:.1%})"
-                                                    for k in ("exl3_kernel", "exl3_op", "bf16_torch",
-                                                              "bf16_pair_gemv")), flush=True)
+            print(
+                f"{scenario} M={m}: "
+                + "  ".join(
+                    f"{k} {row[k]['us']:.1f} us ({row[k]['hbm_fraction']:.1%})"
+                    for k in ("exl3_kernel", "exl3_op", "bf16_torch", "bf16_pair_gemv")
+                ),
+                flush=True,
+            )
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
     result["seconds"] = time.time() - t_start
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(json.dumps({k: result[k] for k in ("gpu", "torch", "triton", "copy_tbs_measured", "best_config",
-                                             "skipped", "seconds")}))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("gpu", "torch", "triton", "copy_tbs_measured", "best_config", "skipped", "seconds")}
+        )
+    )
     return 0
 
 
 def moe_rows(result: dict, best: dict, dev: str, gen: torch.Generator) -> None:
     """The `moe` scenario: the whole routed-experts op on a bank of the layer's real size, EXL3 vs bf16."""
+
     def bank(matrices: int, k: int, n: int) -> exl3.Exl3Bank:
-        return exl3.Exl3Bank(torch.randint(-32768, 32768, (matrices, k // 16, n // 16, 64), device=dev, generator=gen,
-                                           dtype=torch.int32).to(torch.int16),
-                             (torch.rand(matrices, k, device=dev, generator=gen) / k ** 0.5).half(),
-                             (torch.rand(matrices, n, device=dev, generator=gen) + 0.5).half(), "mcg")
+        return exl3.Exl3Bank(
+            torch.randint(
+                -32768, 32768, (matrices, k // 16, n // 16, 64), device=dev, generator=gen, dtype=torch.int32
+            ).to(torch.int16),
+            (torch.rand(matrices, k, device=dev, generator=gen) / k**0.5).half(),
+            (torch.rand(matrices, n, device=dev, generator=gen) + 0.5).half(),
+            "mcg",
+        )
+
     gate_up, down = bank(2 * EXPERTS, HIDDEN, INTER), bank(EXPERTS, INTER, HIDDEN)
     w_gu = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
     w_d = (torch.randn(EXPERTS, HIDDEN, INTER, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
@@ -222,12 +273,17 @@ def moe_rows(result: dict, best: dict, dev: str, gen: torch.Generator) -> None:
     bf16_bytes = (w_gu[0].numel() + w_d[0].numel()) * 2
     default = dict(tx.LAUNCH_DEFAULTS)
     for tokens in (1, 2) if SMOKE else (1, 2, 4, 8):
-        chosen = torch.randperm(EXPERTS, device=dev)[:TOP_K * tokens].view(tokens, TOP_K)   # distinct experts
+        chosen = torch.randperm(EXPERTS, device=dev)[: TOP_K * tokens].view(tokens, TOP_K)  # distinct experts
         weights = torch.rand(tokens, TOP_K, device=dev)
         x = torch.randn(tokens, HIDDEN, device=dev)
         pairs = tokens * TOP_K
-        row = {"scenario": "moe", "tokens": tokens, "pairs": pairs, "exl3_bytes": pairs * exl3_bytes,
-               "bf16_bytes": pairs * bf16_bytes}
+        row = {
+            "scenario": "moe",
+            "tokens": tokens,
+            "pairs": pairs,
+            "exl3_bytes": pairs * exl3_bytes,
+            "bf16_bytes": pairs * bf16_bytes,
+        }
         timings = {}
         # default timed before and after the best: the first timing of a row ran slow in an earlier run (warm-up)
         for name, kw in (("exl3_moe_default", default), ("exl3_moe_best", best), ("exl3_moe_default_again", default)):
@@ -241,8 +297,11 @@ def moe_rows(result: dict, best: dict, dev: str, gen: torch.Generator) -> None:
             nbytes = row["exl3_bytes"] if name.startswith("exl3") else row["bf16_bytes"]
             row[name] = {"us": ms * 1e3, "gbs": nbytes / ms / 1e6, "hbm_fraction": nbytes / ms / 1e-3 / HBM}
         result["rows"].append(row)
-        print(f"moe T={tokens}: " + "  ".join(f"{k} {row[k]['us']:.1f} us ({row[k]['hbm_fraction']:.1%})"
-                                              for k in timings), flush=True)
+        print(
+            f"moe T={tokens}: "
+            + "  ".join(f"{k} {row[k]['us']:.1f} us ({row[k]['hbm_fraction']:.1%})" for k in timings),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,20 @@ TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 def compile_gemv(rows: int, bnt: int, warps: int, unroll: int, asm: bool, k_tiles: int = 256, n_tiles: int = 128):
     fn = tx._exl3_gemv
     pointers = {"x_ptr": "*fp32", "t_ptr": "*i32", "mat_ptr": "*i32", "out_ptr": "*fp32"}
-    const = dict(K_TILES=k_tiles, N_TILES=n_tiles, WORDS=32, BITS2=8, CODEBOOK=1, ROWS=rows, BNT=bnt, SPLIT=4,
-                 KU=unroll, MUL1_SCALE=tx._MUL1_SCALE, MUL1_BIAS=tx._MUL1_BIAS, ASM=asm)
+    const = dict(
+        K_TILES=k_tiles,
+        N_TILES=n_tiles,
+        WORDS=32,
+        BITS2=8,
+        CODEBOOK=1,
+        ROWS=rows,
+        BNT=bnt,
+        SPLIT=4,
+        KU=unroll,
+        MUL1_SCALE=tx._MUL1_SCALE,
+        MUL1_BIAS=tx._MUL1_BIAS,
+        ASM=asm,
+    )
     signature = {n: pointers.get(n, "constexpr") for n in fn.arg_names}
     src = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
@@ -40,10 +52,12 @@ def analyse(kernel) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
-        sass = subprocess.run([os.path.join(TOOLS, "nvdisasm"), "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout
-        usage = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True).stdout
+        sass = subprocess.run(
+            [os.path.join(TOOLS, "nvdisasm"), "-c", f.name], capture_output=True, text=True, check=True
+        ).stdout
+        usage = subprocess.run(
+            [os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True
+        ).stdout
     finally:
         os.unlink(f.name)
     loop = sass.split(".L_x_0:", 1)[1].split("BRA", 1)[0] if ".L_x_0:" in sass else ""
@@ -56,8 +70,12 @@ def analyse(kernel) -> dict:
             op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
             ops[op.split(".")[0]] += 1
     regs = re.search(r"REG:(\d+)", usage)
-    return {"loop_instructions": sum(ops.values()), "loop_barriers": ops.get("BAR", 0),
-            "registers": int(regs.group(1)) if regs else None, "ops": dict(ops.most_common())}
+    return {
+        "loop_instructions": sum(ops.values()),
+        "loop_barriers": ops.get("BAR", 0),
+        "registers": int(regs.group(1)) if regs else None,
+        "ops": dict(ops.most_common()),
+    }
 
 
 def main() -> int:
@@ -72,9 +90,11 @@ def main() -> int:
         for bnt in map(int, args.bnt.split(",")):
             found = analyse(compile_gemv(rows, bnt, args.warps, args.unroll, not args.no_asm))
             weights = args.unroll * 256 * bnt / (32 * args.warps)
-            print(f"rows {rows} tiles {bnt} warps {args.warps}: {found['loop_instructions']} loop instructions "
-                  f"({found['loop_instructions'] / weights:.2f} a weight), {found['loop_barriers']} barriers, "
-                  f"{found['registers']} registers; {found['ops']}")
+            print(
+                f"rows {rows} tiles {bnt} warps {args.warps}: {found['loop_instructions']} loop instructions "
+                f"({found['loop_instructions'] / weights:.2f} a weight), {found['loop_barriers']} barriers, "
+                f"{found['registers']} registers; {found['ops']}"
+            )
     return 0
 
 

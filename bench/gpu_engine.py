@@ -56,8 +56,9 @@ class RandomReader:
     def __init__(self, raw: dict, dtype: torch.dtype, device: str, group: ParallelGroup | None = None) -> None:
         self.group = group or ParallelGroup.single(device)
         self.specs = {s.name: s for s in text_tensors(raw)}
-        self.specs["lm_head.weight"] = self.specs.get("lm_head.weight") or self.specs[
-            "model.language_model.embed_tokens.weight"]
+        self.specs["lm_head.weight"] = (
+            self.specs.get("lm_head.weight") or self.specs["model.language_model.embed_tokens.weight"]
+        )
         self.dtype, self.device, self.path = dtype, device, Path("<random>")
         self.gen = torch.Generator(device=device).manual_seed(0)
 
@@ -96,7 +97,7 @@ def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int]:
     everything but the routed experts (an embedding lookup reads one row, so the table is left out too)."""
     moes = [layer.mlp for layer in model.layers if getattr(layer.mlp, "stacked", None) is not None]
     expert = sum(t[0].numel() * t.element_size() for t in moes[0].stacked) if moes else 0
-    routed = sum(moe.num_routed for moe in moes) * expert   # the bank may also hold the shared expert: read always
+    routed = sum(moe.num_routed for moe in moes) * expert  # the bank may also hold the shared expert: read always
     return held - routed - model.embed.numel() * model.embed.element_size(), expert
 
 
@@ -130,9 +131,13 @@ def build(layers: str, device: str, config: Path, group: ParallelGroup | None = 
     raw = json.loads(config.read_text())
     text = dict(raw.get("text_config") or raw)
     kinds = {"K": "linear_attention", "D": "full_attention"}
-    text.update(num_hidden_layers=len(layers), layer_types=[kinds[c] for c in layers],
-                mlp_layer_types=["dense"] + ["sparse"] * (len(layers) - 1), indexer_types=["full"] * len(layers),
-                num_nextn_predict_layers=0)
+    text.update(
+        num_hidden_layers=len(layers),
+        layer_types=[kinds[c] for c in layers],
+        mlp_layer_types=["dense"] + ["sparse"] * (len(layers) - 1),
+        indexer_types=["full"] * len(layers),
+        num_nextn_predict_layers=0,
+    )
     raw = {"text_config": text}
     cfg = TextConfig.from_dict(raw)
     group = group or ParallelGroup.single(device)
@@ -152,8 +157,10 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     save()
     pool = model.make_pool(40_000 if device == "cuda" else 2048, "bf16")
     ids = prompt_ids(cfg, 32768 if device == "cuda" else 512)
-    decoders = {"graphs": LaneDecoder(model, pool, 4, graphs=device == "cuda"),
-                "eager": LaneDecoder(model, pool, 4, graphs=False)}
+    decoders = {
+        "graphs": LaneDecoder(model, pool, 4, graphs=device == "cuda"),
+        "eager": LaneDecoder(model, pool, 4, graphs=False),
+    }
     moe_layers = sum(t == "sparse" for t in cfg.mlp_layer_types)
     for batch in BATCHES:
         unique = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok)
@@ -168,8 +175,11 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
             decode = decoder.decode if decoder else model.decode
             decode(seqs, tokens)  # the graph is captured here
             step = timed(lambda: decode(seqs, tokens), 10)
-            figures[mode] = {"step_ms": round(step * 1e3, 2), "tok_s": round(batch / step, 1),
-                             "hbm_fraction": round(read / step / HBM_BYTES_S, 3)}
+            figures[mode] = {
+                "step_ms": round(step * 1e3, 2),
+                "tok_s": round(batch / step, 1),
+                "hbm_fraction": round(read / step / HBM_BYTES_S, 3),
+            }
             for s in seqs:
                 s.release()
             print(f"decode batch {batch} {mode}: {figures[mode]}", flush=True)
@@ -197,14 +207,15 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         # (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta rule
         # are not counted, so the fraction of peak is a floor
         head = model.lm_head.numel() * model.lm_head.element_size()
-        flops = fixed - head + moe_layers * cfg.num_experts_per_tok * expert if held else 0   # CPU: not counted
+        flops = fixed - head + moe_layers * cfg.num_experts_per_tok * expert if held else 0  # CPU: not counted
         out["prefill"] = prefill_rates(model, pool, ids, (2048, 8192, 32768) if device == "cuda" else (256,), flops)
         save()
     return out
 
 
-def long_context_decode(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...], graphs: bool,
-                        steps: int = 10) -> dict:
+def long_context_decode(
+    model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...], graphs: bool, steps: int = 10
+) -> dict:
     """The batch-1 serving step (graphs on a GPU) after a prompt of each length: step ms and the span it read (the
     DSA layers' cost grows with it)."""
     out: dict = {}
@@ -213,8 +224,8 @@ def long_context_decode(model: Glm5NextForCausalLM, pool, ids: list[int], contex
         seq = decoder.new_sequence(0)
         try:
             for chunk in range(0, context, 2048):
-                model.prefill(seq, ids[chunk: min(context, chunk + 2048)])
-            decoder.decode([seq], [11])   # captures this span's graph
+                model.prefill(seq, ids[chunk : min(context, chunk + 2048)])
+            decoder.decode([seq], [11])  # captures this span's graph
             step = timed(lambda: decoder.decode([seq], [11]), steps)
             out[f"t{context}"] = {"step_ms": round(step * 1e3, 2), "span": decoder.span_for(seq.length + 1)}
         except torch.OutOfMemoryError as exc:
@@ -233,7 +244,7 @@ def prefill_breakdown(model: Glm5NextForCausalLM, pool, ids: list[int], contexts
     for context in contexts:
         seq = model.new_sequence(pool)
         for chunk in range(0, context - 2048, 2048):
-            model.prefill(seq, ids[chunk: chunk + 2048])
+            model.prefill(seq, ids[chunk : chunk + 2048])
         parts: dict[str, float] = {}
 
         def timing(name: str, fn):
@@ -244,20 +255,21 @@ def prefill_breakdown(model: Glm5NextForCausalLM, pool, ids: list[int], contexts
                 sync()
                 parts[name] = parts.get(name, 0.0) + (time.perf_counter() - start) * 1e3
                 return result
+
             return run
 
         mlps = [layer.mlp for layer in model.layers]
         layer_calls = []
         for i, layer in enumerate(model.layers):
             kind = "dsa" if layer.is_dsa else "kda"
-            layer.attn.prefill = timing(f"{i} {kind} attention", layer.attn.prefill)   # shadows the method
+            layer.attn.prefill = timing(f"{i} {kind} attention", layer.attn.prefill)  # shadows the method
             layer.mlp = timing(f"{i} {type(layer.mlp).__name__}", layer.mlp)
             layer_calls.append(layer.forward)
             layer.forward = timing(f"{i} whole layer", layer.forward)
         try:
             sync()
             start = time.perf_counter()
-            model.prefill(seq, ids[context - 2048: context])
+            model.prefill(seq, ids[context - 2048 : context])
             sync()
             total = (time.perf_counter() - start) * 1e3
         finally:
@@ -268,24 +280,27 @@ def prefill_breakdown(model: Glm5NextForCausalLM, pool, ids: list[int], contexts
         for i, layer in enumerate(model.layers):
             kind = "dsa" if layer.is_dsa else "kda"
             whole = parts.pop(f"{i} whole layer")
-            parts[f"{i} rest of the layer"] = whole - parts[f"{i} {kind} attention"] - parts[
-                f"{i} {type(layer.mlp).__name__}"]
+            parts[f"{i} rest of the layer"] = (
+                whole - parts[f"{i} {kind} attention"] - parts[f"{i} {type(layer.mlp).__name__}"]
+            )
         out[f"t{context}"] = {"chunk_ms": round(total, 1), **{k: round(v, 1) for k, v in parts.items()}}
         print(f"prefill chunk ending at {context}: {out[f't{context}']}", flush=True)
     return out
 
 
-def prefill_rates(model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], flops_per_token: int,
-                  repeats: int = 3) -> dict:
+def prefill_rates(
+    model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], flops_per_token: int, repeats: int = 3
+) -> dict:
     """One stream's prompt in 2,048-token chunks: one untimed prompt first (compiles, autotunes, allocator), then each
     length `repeats` times; tok/s of every run, the median, and the median's fraction of the H200's bf16 peak."""
+
     def once(length: int) -> float:
         seq = model.new_sequence(pool)
         try:
             sync()
             start = time.perf_counter()
             for chunk in range(0, length, 2048):
-                model.prefill(seq, ids[chunk: chunk + 2048])
+                model.prefill(seq, ids[chunk : chunk + 2048])
             sync()
             return length / (time.perf_counter() - start)
         finally:
@@ -300,9 +315,11 @@ def prefill_rates(model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tup
             out[f"t{length}"] = f"out of memory: {str(exc).splitlines()[0]}"
             continue
         median = runs[len(runs) // 2]
-        out[f"t{length}"] = {"tok_s": round(median, 1), "runs": [round(r, 1) for r in runs],
-                             "bf16_peak_fraction": round(median * flops_per_token / BF16_PEAK_FLOPS, 4)
-                             if flops_per_token > 0 else None}
+        out[f"t{length}"] = {
+            "tok_s": round(median, 1),
+            "runs": [round(r, 1) for r in runs],
+            "bf16_peak_fraction": round(median * flops_per_token / BF16_PEAK_FLOPS, 4) if flops_per_token > 0 else None,
+        }
         print(f"prefill {length}: {out[f't{length}']}", flush=True)
     return out
 
@@ -323,12 +340,22 @@ def profile_step(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool,
     kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
     kernels.sort(key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in kernels) / steps
-    table = [{"kernel": e.key[:90], "per_step": round(e.count / steps, 1), "us_per_step": round(e.device_time_total
-             / steps, 1)} for e in kernels[:40]]
+    table = [
+        {
+            "kernel": e.key[:90],
+            "per_step": round(e.count / steps, 1),
+            "us_per_step": round(e.device_time_total / steps, 1),
+        }
+        for e in kernels[:40]
+    ]
     for row in table:
         print(f"{row['us_per_step']:9.1f} us  x{row['per_step']:<6} {row['kernel']}", flush=True)
-    return {"wall_ms": round(wall * 1e3, 3), "kernel_us": round(total, 1),
-            "kernels_per_step": round(sum(e.count for e in kernels) / steps, 1), "top": table}
+    return {
+        "wall_ms": round(wall * 1e3, 3),
+        "kernel_us": round(total, 1),
+        "kernels_per_step": round(sum(e.count for e in kernels) / steps, 1),
+        "top": table,
+    }
 
 
 def layer_cut_times(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool, repeat: int = 10) -> dict:
@@ -361,8 +388,12 @@ def layer_cut_times(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bo
 def per_layer(cuts: dict) -> dict:
     """Per layer kind and batch (ms): the head (embedding, final norm, LM head, vocab gather) and the marginal
     time of each layer kind, from the cut times of KKKD."""
-    kinds = {"head": lambda b: cuts[0][b], "kda_dense": lambda b: cuts[1][b] - cuts[0][b],
-             "kda_moe": lambda b: (cuts[3][b] - cuts[1][b]) / 2, "dsa_moe": lambda b: cuts[4][b] - cuts[3][b]}
+    kinds = {
+        "head": lambda b: cuts[0][b],
+        "kda_dense": lambda b: cuts[1][b] - cuts[0][b],
+        "kda_moe": lambda b: (cuts[3][b] - cuts[1][b]) / 2,
+        "dsa_moe": lambda b: cuts[4][b] - cuts[3][b],
+    }
     out = {kind: {f"b{b}": round(f(b), 3) for b in BATCHES} for kind, f in kinds.items()}
     if cuts.get("fell_back_to_eager"):
         out["fell_back_to_eager"] = True
@@ -375,7 +406,7 @@ def layer_counts(config: Path) -> dict[str, int]:
     counts = {"kda_dense": 0, "kda_moe": 0, "dsa_moe": 0, "dsa_dense": 0}
     for i in range(cfg["num_hidden_layers"]):
         attention = "kda" if cfg["layer_types"][i] == "linear_attention" else "dsa"
-        mlp = "dense" if (cfg.get("mlp_layer_types") or [])[i:i + 1] == ["dense"] else "moe"
+        mlp = "dense" if (cfg.get("mlp_layer_types") or [])[i : i + 1] == ["dense"] else "moe"
         counts[f"{attention}_{mlp}"] += 1
     return counts
 
@@ -394,7 +425,7 @@ def full_depth_bytes(config: Path, world: int, batch: int) -> int:
         if spec.name.endswith("embed_tokens.weight"):
             continue
         share = rank_share(spec, raw, 0, world)
-        if ".mlp.experts." in spec.name:   # every routed expert alike: count `unique` of them per layer
+        if ".mlp.experts." in spec.name:  # every routed expert alike: count `unique` of them per layer
             if spec.name.split(".mlp.experts.")[1].startswith("0."):
                 total += share * unique
             continue
@@ -412,9 +443,12 @@ def full_depth(per: dict, config: Path, world: int) -> dict:
     for b in BATCHES:
         ms = per["head"][f"b{b}"] + sum(n * per[kind][f"b{b}"] for kind, n in counts.items())
         read = full_depth_bytes(config, world, b)
-        out[f"b{b}"] = {"step_ms": round(ms, 2), "tok_s": round(b / ms * 1e3, 1),
-                        "bytes_read_gb_per_rank": round(read / 1e9, 2),
-                        "hbm_fraction": round(read / (ms / 1e3) / HBM_BYTES_S, 3)}
+        out[f"b{b}"] = {
+            "step_ms": round(ms, 2),
+            "tok_s": round(b / ms * 1e3, 1),
+            "bytes_read_gb_per_rank": round(read / 1e9, 2),
+            "hbm_fraction": round(read / (ms / 1e3) / HBM_BYTES_S, 3),
+        }
     return out
 
 
@@ -433,7 +467,7 @@ def tp2_rank(args: argparse.Namespace) -> None:
     sync()
     from engine.parallel import exit_process
 
-    exit_process(0)   # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
+    exit_process(0)  # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
 
 
 def tp2_per_layer(layers: str, config: Path, timeout_s: float) -> dict:
@@ -443,11 +477,30 @@ def tp2_per_layer(layers: str, config: Path, timeout_s: float) -> dict:
     with socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    part = Path(tempfile.gettempdir()) / f"gpu_engine-tp2-{os.getpid()}.json"  # rank 0's figures (not in --out's folder)
+    part = (
+        Path(tempfile.gettempdir()) / f"gpu_engine-tp2-{os.getpid()}.json"
+    )  # rank 0's figures (not in --out's folder)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
-    procs = [subprocess.Popen([sys.executable, __file__, "--layers", layers, "--config", str(config),
-                               "--tp-rank", str(r), "--tp-port", str(port), "--tp-out", str(part)], env=env)
-             for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--layers",
+                layers,
+                "--config",
+                str(config),
+                "--tp-rank",
+                str(r),
+                "--tp-port",
+                str(port),
+                "--tp-out",
+                str(part),
+            ],
+            env=env,
+        )
+        for r in (0, 1)
+    ]
     deadline, codes = time.monotonic() + timeout_s, []
     try:
         for p in procs:
@@ -464,11 +517,16 @@ def tp2_per_layer(layers: str, config: Path, timeout_s: float) -> dict:
         return {"failed": f"TP=2 ranks exited {codes}"}
     got = json.loads(part.read_text())
     part.unlink()
-    cuts = {int(k) if k.isdigit() else k: ({int(b): v for b, v in t.items()} if isinstance(t, dict) else t)
-            for k, t in got["cuts"].items()}
+    cuts = {
+        int(k) if k.isdigit() else k: ({int(b): v for b, v in t.items()} if isinstance(t, dict) else t)
+        for k, t in got["cuts"].items()
+    }
     per = per_layer(cuts)
-    return {"weights_gib_per_rank": got["weights_gib_per_rank"], "per_layer_ms": per,
-            "full_depth": full_depth(per, config, world=2)}
+    return {
+        "weights_gib_per_rank": got["weights_gib_per_rank"],
+        "per_layer_ms": per,
+        "full_depth": full_depth(per, config, world=2),
+    }
 
 
 def small_vs_transformers(path: str) -> dict:
@@ -494,8 +552,12 @@ def small_vs_transformers(path: str) -> dict:
     ref.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
     torch.cuda.synchronize()
     theirs = 32 / (time.perf_counter() - start)
-    return {"ours_decode_tok_s": round(ours["graphs"], 1), "ours_eager_decode_tok_s": round(ours["eager"], 1),
-            "transformers_generate_tok_s": round(theirs, 1), "speedup": round(ours["graphs"] / theirs, 1)}
+    return {
+        "ours_decode_tok_s": round(ours["graphs"], 1),
+        "ours_eager_decode_tok_s": round(ours["eager"], 1),
+        "transformers_generate_tok_s": round(theirs, 1),
+        "speedup": round(ours["graphs"] / theirs, 1),
+    }
 
 
 def main() -> None:
@@ -507,11 +569,20 @@ def main() -> None:
     ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
-    ap.add_argument("--prefill-breakdown", default="", help="time per layer part of the 2k chunk ending at these contexts")
-    ap.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
-                    help="architecture to draw (a demo config.json gives a CPU-sized smoke run)")
-    ap.add_argument("--tp2", choices=("auto", "on", "off"), default="auto",
-                    help="per-layer times at TP=2 too (auto: when two GPUs are visible; on: also gloo on the CPU)")
+    ap.add_argument(
+        "--prefill-breakdown", default="", help="time per layer part of the 2k chunk ending at these contexts"
+    )
+    ap.add_argument(
+        "--config",
+        default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"),
+        help="architecture to draw (a demo config.json gives a CPU-sized smoke run)",
+    )
+    ap.add_argument(
+        "--tp2",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="per-layer times at TP=2 too (auto: when two GPUs are visible; on: also gloo on the CPU)",
+    )
     ap.add_argument("--tp2-timeout", type=float, default=100.0, help="seconds the TP=2 run may take")
     ap.add_argument("--tp-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tp-port", type=int, default=0, help=argparse.SUPPRESS)
@@ -526,8 +597,12 @@ def main() -> None:
     OUT = Path(args.out) if args.out else None
     MODES, PREFILL = tuple(m for m in args.modes.split(",") if m and m != "none"), not args.no_prefill
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    RESULT.update(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
-                  date=time.strftime("%Y-%m-%d"), gpus=torch.cuda.device_count())
+    RESULT.update(
+        gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        torch=torch.__version__,
+        date=time.strftime("%Y-%m-%d"),
+        gpus=torch.cuda.device_count(),
+    )
     RESULT["full_width"] = engine_full_width(args.layers, device, Path(args.config))
     save()
     want_tp2 = args.tp2 == "on" or (args.tp2 == "auto" and torch.cuda.device_count() >= 2)

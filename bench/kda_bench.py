@@ -42,18 +42,36 @@ def decode_inputs(batch: int, gen: torch.Generator) -> dict:
     dev = "cuda"
     c = H * D
     return dict(
-        proj=torch.randn(batch, 3 * c, device=dev, generator=gen), f=torch.randn(batch, c, device=dev, generator=gen),
-        b=torch.randn(batch, H, device=dev, generator=gen), gate=torch.randn(batch, c, device=dev, generator=gen),
-        conv_w=torch.randn(3 * c, K, device=dev, generator=gen) * 0.5, dt_bias=torch.zeros(c, device=dev),
-        a_decay=torch.ones(H, device=dev), o_norm=torch.ones(D, device=dev),
+        proj=torch.randn(batch, 3 * c, device=dev, generator=gen),
+        f=torch.randn(batch, c, device=dev, generator=gen),
+        b=torch.randn(batch, H, device=dev, generator=gen),
+        gate=torch.randn(batch, c, device=dev, generator=gen),
+        conv_w=torch.randn(3 * c, K, device=dev, generator=gen) * 0.5,
+        dt_bias=torch.zeros(c, device=dev),
+        a_decay=torch.ones(H, device=dev),
+        o_norm=torch.ones(D, device=dev),
         lane_ids=torch.arange(batch, device=dev),
         windows=torch.randn(LANES, 3 * c, K - 1, device=dev, generator=gen),
-        states=torch.randn(LANES, H, D, D, device=dev, generator=gen) * 0.1)
+        states=torch.randn(LANES, H, D, D, device=dev, generator=gen) * 0.1,
+    )
 
 
 def ours(i: dict) -> torch.Tensor:
-    return kda_decode(i["proj"], i["f"], i["b"], i["gate"], i["conv_w"], i["dt_bias"], i["a_decay"], i["o_norm"],
-                      i["lane_ids"], i["windows"], i["states"], LOWER, 1e-5)
+    return kda_decode(
+        i["proj"],
+        i["f"],
+        i["b"],
+        i["gate"],
+        i["conv_w"],
+        i["dt_bias"],
+        i["a_decay"],
+        i["o_norm"],
+        i["lane_ids"],
+        i["windows"],
+        i["states"],
+        LOWER,
+        1e-5,
+    )
 
 
 def conv_and_split(i: dict):
@@ -61,7 +79,7 @@ def conv_and_split(i: dict):
     seqs = torch.cat([i["windows"][lanes], i["proj"].unsqueeze(-1)], dim=-1)
     mixed = torch.nn.functional.silu((seqs * i["conv_w"]).sum(-1))
     i["windows"][lanes] = seqs[:, :, 1:]
-    q, k, v = (t.reshape(-1, H, D).contiguous() for t in mixed.split(H * D, dim=-1))   # fla reads them dense
+    q, k, v = (t.reshape(-1, H, D).contiguous() for t in mixed.split(H * D, dim=-1))  # fla reads them dense
     return q, k, v
 
 
@@ -71,7 +89,7 @@ def gated_norm(core: torch.Tensor, i: dict) -> torch.Tensor:
 
 def torch_step(i: dict) -> torch.Tensor:
     q, k, v = conv_and_split(i)
-    q, k = ops.l2norm(q) * D ** -0.5, ops.l2norm(k)
+    q, k = ops.l2norm(q) * D**-0.5, ops.l2norm(k)
     g = LOWER * torch.sigmoid(i["a_decay"][:, None] * (i["f"] + i["dt_bias"]).view(-1, H, D))
     core, state = ops.kda_step(i["states"][i["lane_ids"]], q, k, v, g, torch.sigmoid(i["b"]))
     i["states"][i["lane_ids"]] = state
@@ -82,10 +100,22 @@ def fla_step(i: dict, fused_recurrent_kda_fwd) -> torch.Tensor:
     q, k, v = conv_and_split(i)
     raw = (i["f"]).view(-1, 1, H, D)
     core, _ = fused_recurrent_kda_fwd(
-        q=q.unsqueeze(1), k=k.unsqueeze(1), v=v.unsqueeze(1), g=raw, beta=i["b"].view(-1, 1, H),
-        A_log=torch.zeros(H, device="cuda"), dt_bias=i["dt_bias"], initial_state=i["states"], scale=D ** -0.5,
-        inplace_final_state=True, ssm_state_indices=i["lane_ids"], use_qk_l2norm_in_kernel=True,
-        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=LOWER)
+        q=q.unsqueeze(1),
+        k=k.unsqueeze(1),
+        v=v.unsqueeze(1),
+        g=raw,
+        beta=i["b"].view(-1, 1, H),
+        A_log=torch.zeros(H, device="cuda"),
+        dt_bias=i["dt_bias"],
+        initial_state=i["states"],
+        scale=D**-0.5,
+        inplace_final_state=True,
+        ssm_state_indices=i["lane_ids"],
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        use_beta_sigmoid_in_kernel=True,
+        lower_bound=LOWER,
+    )
     return gated_norm(core[:, 0], i)
 
 
@@ -93,7 +123,7 @@ def prompt_inputs(length: int) -> tuple[torch.Tensor, ...]:
     """One stream's prompt of `length` tokens at full width, seeded by its length: the state it starts from, then
     q (normalised, pre-scaled), k, v, the bounded log-decay and beta."""
     g = torch.Generator(device="cuda").manual_seed(length)
-    q = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g)) * D ** -0.5
+    q = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g)) * D**-0.5
     k = ops.l2norm(torch.randn(length, H, D, device="cuda", generator=g))
     v = torch.randn(length, H, D, device="cuda", generator=g)
     gate = LOWER * torch.sigmoid(torch.randn(length, H, D, device="cuda", generator=g))
@@ -110,12 +140,19 @@ def main() -> None:
     import triton.testing
 
     start = time.monotonic()
-    result: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "decode": {}, "prefill": {}}
+    result: dict = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "decode": {},
+        "prefill": {},
+    }
     try:
         import fla
         from fla.ops.kda.chunk import chunk_kda
         from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
         result["fla_core"] = getattr(fla, "__version__", "?")
     except Exception as exc:  # optional: record why
         chunk_kda = fused_recurrent_kda_fwd = None
@@ -160,24 +197,40 @@ def main() -> None:
         s0, q, k, v, gate, beta = prompt_inputs(length)
         row = result["prefill"][f"t{length}"] = {}
         ref_out, ref_state = ops.kda_chunked(s0, q, k, v, gate, beta)
-        row["ours_chunked_ms"] = round(triton.testing.do_bench(lambda: ops.kda_chunked(s0, q, k, v, gate, beta),
-                                                               rep=200), 2)
+        row["ours_chunked_ms"] = round(
+            triton.testing.do_bench(lambda: ops.kda_chunked(s0, q, k, v, gate, beta), rep=200), 2
+        )
         save()
-        if chunk_kda is not None:   # its first call autotunes (compiles many configurations): allow minutes
+        if chunk_kda is not None:  # its first call autotunes (compiles many configurations): allow minutes
             try:
+
                 def fla_chunk():
-                    return chunk_kda(q[None], k[None], v[None], gate[None], beta[None], scale=1.0,
-                                     initial_state=s0[None].clone(), output_final_state=True)
+                    return chunk_kda(
+                        q[None],
+                        k[None],
+                        v[None],
+                        gate[None],
+                        beta[None],
+                        scale=1.0,
+                        initial_state=s0[None].clone(),
+                        output_final_state=True,
+                    )
+
                 with torch.inference_mode():
                     out, state = fla_chunk()
-                    row["fla_vs_ours"] = {"out": rel(out[0], ref_out), "state": rel(state[0], ref_state),
-                                          "dtype": str(out.dtype)}
+                    row["fla_vs_ours"] = {
+                        "out": rel(out[0], ref_out),
+                        "state": rel(state[0], ref_state),
+                        "dtype": str(out.dtype),
+                    }
                     row["fla_chunk_ms"] = round(triton.testing.do_bench(fla_chunk, rep=200), 2)
             except Exception as exc:
                 row["fla_chunk_ms"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
-        row["tok_s"] = {name: round(length / (ms / 1e3)) for name, ms in
-                        (("ours", row["ours_chunked_ms"]), ("fla", row.get("fla_chunk_ms")))
-                        if isinstance(ms, (int, float))}
+        row["tok_s"] = {
+            name: round(length / (ms / 1e3))
+            for name, ms in (("ours", row["ours_chunked_ms"]), ("fla", row.get("fla_chunk_ms")))
+            if isinstance(ms, (int, float))
+        }
         save()
 
 

@@ -23,10 +23,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from kda_bench import D, H, prompt_inputs, rel  # noqa: E402  (bench/ is on the path: this script's folder)
+
 from engine import ops  # noqa: E402
 from engine.models.glm5_next.kda import kda_steps  # noqa: E402
 from engine.ops import fla_kda  # noqa: E402
-from kda_bench import D, H, prompt_inputs, rel  # noqa: E402  (bench/ is on the path: this script's folder)
 
 
 def main() -> None:
@@ -41,9 +42,16 @@ def main() -> None:
     device = torch.device("cuda")
     if not fla_kda.usable(device, D):
         raise SystemExit("fla-core is not importable here")
-    result: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                    "precision": os.environ.get("TRITON_F32_DEFAULT"), "heads": H, "head_dim": D,
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "prompt": {}}
+    result: dict = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "precision": os.environ.get("TRITON_F32_DEFAULT"),
+        "heads": H,
+        "head_dim": D,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "prompt": {},
+    }
     for length in (int(n) for n in args.lengths.split(",")):
         s0, q, k, v, gate, beta = prompt_inputs(length)
         row = result["prompt"][f"t{length}"] = {}
@@ -54,15 +62,19 @@ def main() -> None:
             row["first_call_s"] = round(time.monotonic() - started, 1)
             want_out, want_state = kda_steps(s0, q, k, v, gate, beta)
             row["vs_token_steps"] = {"out": rel(out, want_out), "state": rel(state, want_state)}
-            row["fla_ms"] = round(triton.testing.do_bench(lambda: fla_kda.kda_chunked(s0, q, k, v, gate, beta),
-                                                          rep=200), 3)
+            row["fla_ms"] = round(
+                triton.testing.do_bench(lambda: fla_kda.kda_chunked(s0, q, k, v, gate, beta), rep=200), 3
+            )
             row["fla_tok_s"] = round(length / (row["fla_ms"] / 1e3))
             if args.torch_chunked:
                 chunk_out, chunk_state = ops.kda_chunked(s0, q, k, v, gate, beta)
-                row["torch_chunked_vs_token_steps"] = {"out": rel(chunk_out, want_out),
-                                                       "state": rel(chunk_state, want_state)}
-                row["torch_chunked_ms"] = round(triton.testing.do_bench(
-                    lambda: ops.kda_chunked(s0, q, k, v, gate, beta), rep=200), 2)
+                row["torch_chunked_vs_token_steps"] = {
+                    "out": rel(chunk_out, want_out),
+                    "state": rel(chunk_state, want_state),
+                }
+                row["torch_chunked_ms"] = round(
+                    triton.testing.do_bench(lambda: ops.kda_chunked(s0, q, k, v, gate, beta), rep=200), 2
+                )
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1))
         print(json.dumps(row), flush=True)

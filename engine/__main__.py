@@ -15,8 +15,14 @@ COMMANDS = {
     "info": ("engine.checkpoint.info", "print a checkpoint's architecture, parameter count and bytes per rank"),
     "fit": ("engine.fit", "whether a window can ever fit this machine (config and safetensors headers only)"),
     "make-demo": ("engine.checkpoint.demo", "write a small demo checkpoint of this architecture"),
-    "train-demo": ("engine.train.cli", "train the demo model on synthetic GLM-format conversations (needs transformers)"),
-    "eval-demo": ("engine.train.evaluate", "greedy-decode held-out synthetic prompts with this engine; print a score table"),
+    "train-demo": (
+        "engine.train.cli",
+        "train the demo model on synthetic GLM-format conversations (needs transformers)",
+    ),
+    "eval-demo": (
+        "engine.train.evaluate",
+        "greedy-decode held-out synthetic prompts with this engine; print a score table",
+    ),
 }
 
 
@@ -34,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         code = int(module.run(args) or 0)
-    except SystemExit as stop:   # raised by a signal handler (serve's SIGTERM): leave the same way as a return
+    except SystemExit as stop:  # raised by a signal handler (serve's SIGTERM): leave the same way as a return
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     _leave_if_in_a_group(code)
     return code

@@ -29,8 +29,9 @@ class PoolExhausted(RuntimeError):
 class KVPool:
     """`num_tokens` rows of width `row_width` for each of `num_layers` DSA layers, handed out by slot index."""
 
-    def __init__(self, num_layers: int, num_tokens: int, row_width: int, kv: str = "fp32",
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, num_layers: int, num_tokens: int, row_width: int, kv: str = "fp32", device: str | torch.device = "cpu"
+    ) -> None:
         if kv not in KV_DTYPES:
             raise ValueError(f"kv={kv!r}; choose one of {', '.join(KV_DTYPES)}")
         self.kv = kv
@@ -38,8 +39,9 @@ class KVPool:
         self.row_width = row_width
         # one row more than handed out: `scratch_slot`, written by graph warm-ups and read by padded table entries
         self.rows = torch.zeros(num_layers, num_tokens + 1, row_width, dtype=KV_DTYPES[kv], device=device)
-        self.scales = (torch.ones(num_layers, num_tokens + 1, dtype=torch.float32, device=device)
-                       if kv == "fp8" else None)
+        self.scales = (
+            torch.ones(num_layers, num_tokens + 1, dtype=torch.float32, device=device) if kv == "fp8" else None
+        )
         self.scratch_slot = num_tokens
         self._free = list(range(num_tokens - 1, -1, -1))  # pop() hands out low slots first
 
@@ -88,7 +90,7 @@ class Sequence:
     tensors and its slots in the lane's row of the slot table (`table`)."""
 
     pool: KVPool
-    kda_state: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> [heads, d_k, d_v] fp32
+    kda_state: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [heads, d_k, d_v] fp32
     conv_state: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [channels, kernel - 1]
     length: int = 0
     released: bool = False
@@ -115,7 +117,7 @@ class Sequence:
         if self.table is None:
             self._slots = torch.cat([self._slots, new])
         else:
-            self.table[len(self.slot_ids): len(self.slot_ids) + n] = new
+            self.table[len(self.slot_ids) : len(self.slot_ids) + n] = new
         self.slot_ids += ids
         return new
 
@@ -147,8 +149,13 @@ class LaneState:
     warm-ups): per KDA layer the delta-rule state [lanes, heads, d_k, d_v] and conv window [lanes, C, K-1], and the
     slot table [lanes, max_tokens] (entries past a sequence's length point at the pool's scratch row)."""
 
-    def __init__(self, pool: KVPool, num_lanes: int, kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]],
-                 max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        num_lanes: int,
+        kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]],
+        max_tokens: int | None = None,
+    ) -> None:
         dev = pool.rows.device
         self.pool, self.num_lanes = pool, num_lanes
         self.scratch_lane = num_lanes
@@ -167,5 +174,10 @@ class LaneState:
         if not 0 <= lane < self.num_lanes:
             raise ValueError(f"lane {lane} is outside 0..{self.num_lanes - 1}")
         self.reset(lane)
-        return Sequence(self.pool, {layer: buf[lane] for layer, buf in self.kda.items()},
-                        {layer: buf[lane] for layer, buf in self.conv.items()}, lane=lane, table=self.slots[lane])
+        return Sequence(
+            self.pool,
+            {layer: buf[lane] for layer, buf in self.kda.items()},
+            {layer: buf[lane] for layer, buf in self.conv.items()},
+            lane=lane,
+            table=self.slots[lane],
+        )

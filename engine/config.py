@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-EXIT_USAGE = 2          # a flag the engine cannot use (named on stderr)
-EXIT_REFUSED = 3        # the ranks were started with different settings
-EXIT_WINDOW = 4         # the window does not fit; stderr holds a WINDOW_LINE with the largest that does
-WINDOW_LINE = "window-does-not-fit: "   # followed by JSON: {"context": asked, "largest_window": fits, ...}
-DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}   # memory left to the system when --memory-reserve-gib is not given
+EXIT_USAGE = 2  # a flag the engine cannot use (named on stderr)
+EXIT_REFUSED = 3  # the ranks were started with different settings
+EXIT_WINDOW = 4  # the window does not fit; stderr holds a WINDOW_LINE with the largest that does
+WINDOW_LINE = "window-does-not-fit: "  # followed by JSON: {"context": asked, "largest_window": fits, ...}
+DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}  # memory left to the system when --memory-reserve-gib is not given
 
 
 def _switch(text: str) -> bool:
@@ -42,20 +42,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=1024, help="reply budget when a request sets none")
     p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
     p.add_argument("--kv-pool-gib", type=float, default=0.0, help="cap of the cache pool in GiB per rank (0 = none)")
-    p.add_argument("--memory-reserve-gib", type=float, default=None,
-                   help="memory left free for the system (default: 1 GiB on the CPU, 4 GiB on a GPU)")
-    p.add_argument("--max-queued", type=int, default=16,
-                   help="requests that may wait beyond the lanes; more get 429 + Retry-After")
+    p.add_argument(
+        "--memory-reserve-gib",
+        type=float,
+        default=None,
+        help="memory left free for the system (default: 1 GiB on the CPU, 4 GiB on a GPU)",
+    )
+    p.add_argument(
+        "--max-queued", type=int, default=16, help="requests that may wait beyond the lanes; more get 429 + Retry-After"
+    )
     p.add_argument("--prefill-chunk", type=int, default=128, help="prompt tokens per prefill step")
     p.add_argument("--thinking", type=_switch, default=True, help="replies think first unless a request says (1/0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--keepalive-s", type=float, default=15.0, help="SSE keep-alive comment after this silence")
-    p.add_argument("--peer-timeout-s", type=float, default=30.0,
-                   help="a rank silent this long (no heartbeat) ends the run; /health is 503 after 3 s of silence")
-    p.add_argument("--cuda-graphs", type=_switch, default=True,
-                   help="replay decode steps from CUDA graphs on a GPU (1/0; every rank must agree)")
-    p.add_argument("--kda-chunked", type=_switch, default=True,
-                   help="KDA prompt chunks in chunked form (fla-core on a GPU); 0: token by token (every rank agrees)")
+    p.add_argument(
+        "--peer-timeout-s",
+        type=float,
+        default=30.0,
+        help="a rank silent this long (no heartbeat) ends the run; /health is 503 after 3 s of silence",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        type=_switch,
+        default=True,
+        help="replay decode steps from CUDA graphs on a GPU (1/0; every rank must agree)",
+    )
+    p.add_argument(
+        "--kda-chunked",
+        type=_switch,
+        default=True,
+        help="KDA prompt chunks in chunked form (fla-core on a GPU); 0: token by token (every rank agrees)",
+    )
     p.add_argument("--api-key-file", default=None, help="file holding the API key (or set SPARKS_API_KEY)")
 
 
@@ -85,24 +102,42 @@ class EngineConfig:
     api_key_file: str | None = None
 
     # What every rank must share (the others are per rank: its address, port, device, secrets, local timeouts).
-    SHARED = ("tp", "parallel", "context", "max_tokens", "kv", "kv_pool_gib", "prefill_chunk", "name", "thinking",
-              "cuda_graphs", "kda_chunked")
+    SHARED = (
+        "tp",
+        "parallel",
+        "context",
+        "max_tokens",
+        "kv",
+        "kv_pool_gib",
+        "prefill_chunk",
+        "name",
+        "thinking",
+        "cuda_graphs",
+        "kda_chunked",
+    )
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     @classmethod
-    def parse(cls, argv: list[str]) -> "EngineConfig":
+    def parse(cls, argv: list[str]) -> EngineConfig:
         parser = argparse.ArgumentParser(prog="python -m engine serve")
         add_arguments(parser)
         return cls.from_args(parser.parse_args(argv))
 
     def problems(self) -> list[str]:
         """Values no rank can run with, each as one line naming the flag."""
-        out = [f"{flag} must be at least 1 (got {value})" for flag, value in
-               (("--tp", self.tp), ("--parallel", self.parallel), ("--max-tokens", self.max_tokens),
-                ("--prefill-chunk", self.prefill_chunk)) if value < 1]
+        out = [
+            f"{flag} must be at least 1 (got {value})"
+            for flag, value in (
+                ("--tp", self.tp),
+                ("--parallel", self.parallel),
+                ("--max-tokens", self.max_tokens),
+                ("--prefill-chunk", self.prefill_chunk),
+            )
+            if value < 1
+        ]
         if not 0 <= self.rank < max(self.tp, 1):
             out.append(f"--rank {self.rank} is outside 0..{self.tp - 1}")
         if self.context < 0:

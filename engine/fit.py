@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 GIB = 2**30
-LARGEST = 1_048_576     # what serve's `size_pool` takes for --context 0 at most
-LOAD_ITEM = {"cpu": 4, "cuda": 2}   # bytes per weight as loaded: fp32 on the CPU, bf16 on CUDA (model.load)
+LARGEST = 1_048_576  # what serve's `size_pool` takes for --context 0 at most
+LOAD_ITEM = {"cpu": 4, "cuda": 2}  # bytes per weight as loaded: fp32 on the CPU, bf16 on CUDA (model.load)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,8 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=8192, help="window per request; 0 = largest fit")
     p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--memory-reserve-gib", type=float, default=None,
-                   help="memory left free for the system (default: 1 GiB on the CPU, 4 GiB on a GPU)")
+    p.add_argument(
+        "--memory-reserve-gib",
+        type=float,
+        default=None,
+        help="memory left free for the system (default: 1 GiB on the CPU, 4 GiB on a GPU)",
+    )
 
 
 def cache_bytes_per_token(cfg: Any, kv: str) -> int:
@@ -65,8 +69,9 @@ def memories(device: str, tp: int) -> list[tuple[int, list[int]]]:
     count = torch.cuda.device_count()
     if count <= 1:
         return [(int(torch.cuda.mem_get_info(0)[1]), list(range(tp)))]
-    return [(int(torch.cuda.mem_get_info(d)[1]), [r for r in range(tp) if r % count == d])
-            for d in range(min(count, tp))]
+    return [
+        (int(torch.cuda.mem_get_info(d)[1]), [r for r in range(tp) if r % count == d]) for d in range(min(count, tp))
+    ]
 
 
 def _mem_total() -> int:
@@ -95,8 +100,15 @@ def fit(args: argparse.Namespace, device: str) -> dict[str, Any]:
     for total, ranks in memories(device, args.tp):
         room = total - reserve - sum(weights[r] for r in ranks)
         largest = min(LARGEST, max(0, room) // (per_token * len(ranks)))
-        answers.append(dict(memory_bytes=total, reserve_bytes=reserve, weights_bytes=sum(weights[r] for r in ranks),
-                            ranks_on_memory=len(ranks), largest_window=largest))
+        answers.append(
+            dict(
+                memory_bytes=total,
+                reserve_bytes=reserve,
+                weights_bytes=sum(weights[r] for r in ranks),
+                ranks_on_memory=len(ranks),
+                largest_window=largest,
+            )
+        )
     tightest = min(answers, key=lambda a: a["largest_window"])
     fits = args.context <= tightest["largest_window"] if args.context > 0 else tightest["largest_window"] >= 1
     return dict(fits=fits, context=args.context, device=device, bytes_per_token=per_token, **tightest)
@@ -116,9 +128,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         answer = fit(args, _device(args.device))
-    except (OSError, ValueError, KeyError, TypeError) as error:   # ConfigError is a ValueError
+    except (OSError, ValueError, KeyError, TypeError) as error:  # ConfigError is a ValueError
         print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
         return 2
     print(json.dumps(answer))
     return 0 if answer["fits"] else 3
-

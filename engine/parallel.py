@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
 # one gather into one flat buffer: `all_gather_single` from torch 2.13 (`all_gather_into_tensor` there is deprecated)
 _ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -43,12 +42,19 @@ class ParallelGroup:
         return self.world > 1
 
     @classmethod
-    def single(cls, device: str | torch.device = "cpu") -> "ParallelGroup":
+    def single(cls, device: str | torch.device = "cpu") -> ParallelGroup:
         return cls(0, 1, torch.device(device))
 
     @classmethod
-    def init(cls, world: int, rank: int, master_addr: str, master_port: int,
-             device: str | torch.device = "cpu", timeout_s: float = 600.0) -> "ParallelGroup":
+    def init(
+        cls,
+        world: int,
+        rank: int,
+        master_addr: str,
+        master_port: int,
+        device: str | torch.device = "cpu",
+        timeout_s: float = 600.0,
+    ) -> ParallelGroup:
         """Join (or create, on rank 0) the process group over TCP. NCCL on CUDA, gloo on the CPU. Rank 0's
         rendezvous store listens on `master_addr` only (loopback in the embedded default, the link address on
         Sparks), never on every interface: its keys steer the group and it has no authentication."""
@@ -88,8 +94,10 @@ class ParallelGroup:
         if not self.is_distributed:
             return shard
         if len(widths) != self.world or shard.shape[-1] != widths[self.rank]:
-            raise ValueError(f"rank {self.rank}: shard width {shard.shape[-1]} does not match the widths {widths} "
-                             f"of a {self.world}-rank group")
+            raise ValueError(
+                f"rank {self.rank}: shard width {shard.shape[-1]} does not match the widths {widths} "
+                f"of a {self.world}-rank group"
+            )
         width = max(widths)
         parts = self._gather_flat(torch.nn.functional.pad(shard, (0, width - shard.shape[-1])))
         return torch.cat([parts[rank][..., :w] for rank, w in enumerate(widths)], dim=-1)
@@ -132,21 +140,22 @@ class ParallelGroup:
         everyone = self.all_gather_object(mine)
         differing = sorted({k for other in everyone for k in set(other) | set(mine) if other.get(k) != mine.get(k)})
         if differing:
-            detail = "; ".join(f"{k}: " + ", ".join(f"rank {r}={o.get(k)!r}" for r, o in enumerate(everyone))
-                               for k in differing)
-            raise RuntimeError(f"ranks were started with different settings ({detail}); restart every rank with "
-                               "the same values")
+            detail = "; ".join(
+                f"{k}: " + ", ".join(f"rank {r}={o.get(k)!r}" for r, o in enumerate(everyone)) for k in differing
+            )
+            raise RuntimeError(
+                f"ranks were started with different settings ({detail}); restart every rank with the same values"
+            )
 
 
-_LISTENERS: list[socket.socket] = []   # rank 0's bound rendezvous socket, kept open for the store's lifetime
+_LISTENERS: list[socket.socket] = []  # rank 0's bound rendezvous socket, kept open for the store's lifetime
 
 
 def _is_loopback(addr: str) -> bool:
     return addr in ("localhost", "::1") or addr.startswith("127.")
 
 
-def _rendezvous_store(addr: str, port: int, world: int, rank: int,
-                      timeout: datetime.timedelta) -> dist.TCPStore:
+def _rendezvous_store(addr: str, port: int, world: int, rank: int, timeout: datetime.timedelta) -> dist.TCPStore:
     """The group's TCP store. Rank 0 binds the listening socket itself, to `addr`, and hands it to the store
     (torch's own server would listen on every interface); the others connect (retrying until `timeout`)."""
     if rank != 0:

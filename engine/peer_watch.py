@@ -21,14 +21,24 @@ import datetime
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("engine.peer_watch")
 
 
 class PeerWatch:
-    def __init__(self, store: Any, rank: int, world: int, *, on_lost: Callable[[int, float], None],
-                 interval_s: float = 0.5, silent_s: float = 3.0, lost_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world: int,
+        *,
+        on_lost: Callable[[int, float], None],
+        interval_s: float = 0.5,
+        silent_s: float = 3.0,
+        lost_s: float = 30.0,
+    ) -> None:
         self.store, self.rank = store, rank
         self.peers = [r for r in range(world) if r != rank] if rank == 0 else [0]
         self.on_lost = on_lost
@@ -40,14 +50,14 @@ class PeerWatch:
         self._fired = False
 
     @classmethod
-    def connect(cls, addr: str, port: int, rank: int, world: int, **kwargs: Any) -> "PeerWatch":
+    def connect(cls, addr: str, port: int, rank: int, world: int, **kwargs: Any) -> PeerWatch:
         """A watch with its own store client (short timeout: a frozen rank 0 makes beats fail fast, not hang)."""
         import torch.distributed as dist
 
         client = dist.TCPStore(addr, port, world, False, datetime.timedelta(seconds=2), wait_for_workers=False)
         return cls(client, rank, world, **kwargs)
 
-    def start(self) -> "PeerWatch":
+    def start(self) -> PeerWatch:
         for name, step in (("peer-beat", self.beat), ("peer-check", self.check)):
             threading.Thread(target=self._loop, args=(step,), name=name, daemon=True).start()
         return self

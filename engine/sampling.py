@@ -81,7 +81,7 @@ def prompt_seed(prompt_ids: list[int]) -> int:
 class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0          # 0 (or less) = off
+    top_k: int = 0  # 0 (or less) = off
     min_p: float = 0.0
     seed: int = 0
     max_tokens: int = 16
@@ -92,8 +92,8 @@ class SamplingParams:
 
 
 MIN_TEMPERATURE = 1e-5  # below this a request is greedy (as vLLM): logits / T leaves float64's range near T = 1e-300,
-                        # and long before that the draw is the argmax anyway
-HOT = 1e30              # stands in for an infinite temperature: every finite logit scales to ~0 (a uniform draw)
+# and long before that the draw is the argmax anyway
+HOT = 1e30  # stands in for an infinite temperature: every finite logit scales to ~0 (a uniform draw)
 
 
 def clean(params: SamplingParams) -> SamplingParams:
@@ -131,7 +131,7 @@ def _ranked(scaled: torch.Tensor, limit: int) -> torch.Tensor:
     """Ids of the `limit` best tokens by (score desc, id asc), without sorting the whole vocabulary."""
     if limit >= scaled.numel():
         return torch.sort(-scaled, stable=True).indices
-    ids = torch.topk(scaled, limit).indices.sort().values      # id-ascending, so the stable sort below keeps
+    ids = torch.topk(scaled, limit).indices.sort().values  # id-ascending, so the stable sort below keeps
     return ids[torch.sort(-scaled[ids], stable=True).indices]  # ties in id order
 
 

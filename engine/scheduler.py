@@ -17,13 +17,14 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed
 
-from engine.sampling import SamplingParams, sample
 from engine.runner.executor import StepExecutor, StepPlan
+from engine.sampling import SamplingParams, sample
 
 log = logging.getLogger("engine.scheduler")
 
@@ -35,7 +36,7 @@ class Token:
 
 @dataclass(frozen=True)
 class Finished:
-    reason: str                 # "stop" (end token), "length" (max_tokens) or "cancelled"
+    reason: str  # "stop" (end token), "length" (max_tokens) or "cancelled"
     completion_tokens: int
 
 
@@ -62,7 +63,8 @@ def describe_failure(exc: BaseException) -> str:
     its machine or the link failed); anything else is a failed step. The exception itself goes to the log."""
     text = f"{type(exc).__name__} {exc}".lower()
     if isinstance(exc, getattr(torch.distributed, "DistError", ())) or any(
-            word in text for word in ("gloo", "nccl", "connection", "peer", "timed out", "timeout", "broken pipe")):
+        word in text for word in ("gloo", "nccl", "connection", "peer", "timed out", "timeout", "broken pipe")
+    ):
         return "a rank stopped answering"
     return "a step failed on rank 0"
 
@@ -99,9 +101,18 @@ def _lane(req: Request) -> int:
 
 
 class Scheduler:
-    def __init__(self, executor: StepExecutor, group: Any, *, parallel: int, max_queued: int,
-                 prefill_chunk: int = 128, heartbeat_s: float = 1.0, retry_after_s: int = 5,
-                 on_broken: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        executor: StepExecutor,
+        group: Any,
+        *,
+        parallel: int,
+        max_queued: int,
+        prefill_chunk: int = 128,
+        heartbeat_s: float = 1.0,
+        retry_after_s: int = 5,
+        on_broken: Callable[[str], None] | None = None,
+    ) -> None:
         self.executor = executor
         self.group = group
         self.parallel = parallel
@@ -129,8 +140,11 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         with self._lock:
             if self._closed is not None:
-                raise Unavailable(f"the engine is not serving ({self.broken}); retry once the server is back"
-                                  if self.broken else "the server is shutting down; retry once it is back")
+                raise Unavailable(
+                    f"the engine is not serving ({self.broken}); retry once the server is back"
+                    if self.broken
+                    else "the server is shutting down; retry once it is back"
+                )
             if self._in_system >= self.parallel + self.max_queued:
                 raise QueueFull(self.retry_after_s)
             self._in_system += 1
@@ -169,7 +183,7 @@ class Scheduler:
                 self._apply(work, self._run(plan))
                 self._refresh_stats()
         except Exception as exc:  # a peer died or a step failed: latch, fail everything, report
-            log.exception("scheduler stopped")   # the raw error goes to the log; clients and /health get words
+            log.exception("scheduler stopped")  # the raw error goes to the log; clients and /health get words
             self.abandon(describe_failure(exc))
 
     def abandon(self, reason: str) -> None:
@@ -180,17 +194,19 @@ class Scheduler:
             return
         self.broken = reason
         try:
-            self._fail_everyone(f"the engine stopped while this request ran: {reason}; retry once the server is "
-                                "back")
-        except RuntimeError:   # the loop thread changed a queue under us; the process is ending anyway
+            self._fail_everyone(f"the engine stopped while this request ran: {reason}; retry once the server is back")
+        except RuntimeError:  # the loop thread changed a queue under us; the process is ending anyway
             log.warning("some requests could not be told that the engine stopped")
         self._refresh_stats()
         if self.on_broken is not None:
             self.on_broken(reason)
 
     def _has_work(self) -> bool:
-        return bool(self._to_release or any(self._lanes) or
-                    ((self._waiting or self._background) and self._free_lane() is not None))
+        return bool(
+            self._to_release
+            or any(self._lanes)
+            or ((self._waiting or self._background) and self._free_lane() is not None)
+        )
 
     def _drain(self, block: bool) -> bool:
         """Take every inbox message; wait (sending heartbeats to the peers) when there is nothing to do.
@@ -246,7 +262,7 @@ class Scheduler:
         decoding = [r for r in self._lanes if r is not None and not r.prefilling]
         if filling and (self._prefill_turn or not decoding):
             req = filling[0]
-            chunk = req.prompt[req.filled: req.filled + self.prefill_chunk]
+            chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
             plan.prefill = (_lane(req), chunk)
             self._prefill_turn = False
             return plan, ("prefill", [req])
@@ -282,8 +298,12 @@ class Scheduler:
             token = sample(logits, req.params, len(req.prompt) + len(req.output))
         except Exception:
             log.exception("sampling failed for request %s (%s)", req.id, req.params)
-            self._finish(req, "failed", "this request's next token could not be sampled; the other requests "
-                                        "were not affected (the server log has the details)")
+            self._finish(
+                req,
+                "failed",
+                "this request's next token could not be sampled; the other requests "
+                "were not affected (the server log has the details)",
+            )
             return
         self._emit(req, token)
 
@@ -328,8 +348,12 @@ class Scheduler:
                 break
             if kind == "submit":
                 unread.append(value)
-        for req in [*list(self._waiting), *list(self._background), *(r for r in list(self._lanes) if r is not None),
-                    *unread]:
+        for req in [
+            *list(self._waiting),
+            *list(self._background),
+            *(r for r in list(self._lanes) if r is not None),
+            *unread,
+        ]:
             self._finish(req, "failed", message)
         self._waiting.clear()
         self._background.clear()
@@ -340,8 +364,11 @@ class Scheduler:
         self._stats = {
             "requests_running": len(running),
             "requests_waiting": len(self._waiting) + len(self._background),
-            "streams": {"decoding": sum(not r.prefilling for r in running),
-                        "prefilling": sum(r.prefilling for r in running), "max": self.parallel},
+            "streams": {
+                "decoding": sum(not r.prefilling for r in running),
+                "prefilling": sum(r.prefilling for r in running),
+                "max": self.parallel,
+            },
             "pool_tokens": int(pool.num_tokens),
             "pool_free_tokens": int(pool.free_tokens),
             "totals": dict(self.totals),

@@ -23,7 +23,7 @@ from typing import Any
 from engine.config import EXIT_REFUSED, EXIT_USAGE, EXIT_WINDOW, EngineConfig, add_arguments, window_refusal
 
 GIB = 2**30
-SILENT_S = 3.0              # a rank silent this long makes /health 503 (and recovers when it beats again)
+SILENT_S = 3.0  # a rank silent this long makes /health 503 (and recovers when it beats again)
 COLLECTIVE_TIMEOUT_S = 600  # a backstop only: the peer watch ends a run with a silent rank long before this
 log = logging.getLogger("engine.serve")
 
@@ -37,6 +37,7 @@ def say(message: str) -> None:
 def available_bytes(device: str) -> int:
     if device.startswith("cuda"):
         import torch
+
         return int(torch.cuda.mem_get_info(device)[0])
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -56,9 +57,11 @@ def size_pool(cfg: EngineConfig, bytes_per_token: int, device: str, group: Any) 
     fit_tokens = budget // max(1, bytes_per_token)
     context = cfg.context if cfg.context > 0 else min(fit_tokens, 1_048_576)
     if context < 1 or context > fit_tokens:
-        say(f"refused: a {context}-token window needs {context * bytes_per_token / GIB:.2f} GiB of cache per rank "
+        say(
+            f"refused: a {context}-token window needs {context * bytes_per_token / GIB:.2f} GiB of cache per rank "
             f"and {budget / GIB:.2f} GiB is available; the largest window that fits is {fit_tokens} tokens "
-            f"(restart with --context {fit_tokens}, a larger --kv-pool-gib, or more memory)")
+            f"(restart with --context {fit_tokens}, a larger --kv-pool-gib, or more memory)"
+        )
         say(window_refusal(context, fit_tokens, bytes_per_token=bytes_per_token, budget_bytes=budget))
         raise SystemExit(EXIT_WINDOW)
     return context, min(fit_tokens, context * cfg.parallel)
@@ -94,11 +97,18 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.tp))
     say(f"rank {cfg.rank}/{cfg.tp}: joining the group at {cfg.master_addr}:{cfg.master_port} ({device})")
     try:
-        group = ParallelGroup.init(cfg.tp, cfg.rank, cfg.master_addr, cfg.master_port, device,
-                                   timeout_s=max(COLLECTIVE_TIMEOUT_S, cfg.peer_timeout_s))
+        group = ParallelGroup.init(
+            cfg.tp,
+            cfg.rank,
+            cfg.master_addr,
+            cfg.master_port,
+            device,
+            timeout_s=max(COLLECTIVE_TIMEOUT_S, cfg.peer_timeout_s),
+        )
     except OSError as exc:
-        say(f"error: {exc.strerror or exc} (is another run using --master {cfg.master}? MASTER_PORT picks "
-            "another port)")
+        say(
+            f"error: {exc.strerror or exc} (is another run using --master {cfg.master}? MASTER_PORT picks another port)"
+        )
         return EXIT_USAGE
     watch = _watch_peers(cfg)
     try:
@@ -107,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"refused: {exc}")
         return EXIT_REFUSED
     started = time.monotonic()
-    model = Glm5NextForCausalLM.load(cfg.checkpoint, group, progress=lambda m: say(f"loading: {m}"),
-                                     kda_chunked=cfg.kda_chunked)
+    model = Glm5NextForCausalLM.load(
+        cfg.checkpoint, group, progress=lambda m: say(f"loading: {m}"), kda_chunked=cfg.kda_chunked
+    )
     say(f"loading: done in {time.monotonic() - started:.1f} s (KDA prompts: {model.kda_prompt_form or 'none'})")
     context, pool_tokens = size_pool(cfg, model.cache_bytes_per_token(cfg.kv), device, group)
     executor = StepExecutor(model, model.make_pool(pool_tokens, cfg.kv), lanes=cfg.parallel, graphs=cfg.cuda_graphs)
@@ -117,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"rank {cfg.rank}: following rank 0's step plans")
         code = follow_plans(group, executor)
         say(f"rank {cfg.rank}: exiting ({'shutdown' if code == 0 else 'peer lost'})")
-        exit_process(code)   # rank 0 may already be gone (always, once it has sent the shutdown plan)
+        exit_process(code)  # rank 0 may already be gone (always, once it has sent the shutdown plan)
     return _serve(cfg, group, executor, context, api_key, watch)
 
 
@@ -130,18 +141,25 @@ def _watch_peers(cfg: EngineConfig) -> Any:
     from engine.peer_watch import PeerWatch
 
     def lost(peer: int, seconds: float) -> None:
-        say(f"rank {cfg.rank}: rank {peer} has not answered for {seconds:.0f} s (--peer-timeout-s "
-            f"{cfg.peer_timeout_s:g}); exiting")
+        say(
+            f"rank {cfg.rank}: rank {peer} has not answered for {seconds:.0f} s (--peer-timeout-s "
+            f"{cfg.peer_timeout_s:g}); exiting"
+        )
         exit_process(1)
 
-    return PeerWatch.connect(cfg.master_addr, cfg.master_port, cfg.rank, cfg.tp, on_lost=lost, silent_s=SILENT_S,
-                             lost_s=cfg.peer_timeout_s).start()
+    return PeerWatch.connect(
+        cfg.master_addr, cfg.master_port, cfg.rank, cfg.tp, on_lost=lost, silent_s=SILENT_S, lost_s=cfg.peer_timeout_s
+    ).start()
 
 
 def _dtype_name(model: Any) -> str:
     """What the dense weights are held in, as /health and the banner say it."""
-    return str(getattr(getattr(model, "embed", None), "dtype", "unknown")).removeprefix("torch.").replace(
-        "float32", "fp32").replace("bfloat16", "bf16")
+    return (
+        str(getattr(getattr(model, "embed", None), "dtype", "unknown"))
+        .removeprefix("torch.")
+        .replace("float32", "fp32")
+        .replace("bfloat16", "bf16")
+    )
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -168,8 +186,12 @@ def _generation_defaults(checkpoint: str) -> dict[str, Any]:
     cfg = json.loads(cfg_path.read_text())
     eos = gen.get("eos_token_id", cfg.get("eos_token_id", (cfg.get("text_config") or {}).get("eos_token_id")))
     eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
-    return {"eos_ids": frozenset(int(e) for e in eos), "temperature": float(gen.get("temperature", 1.0)),
-            "top_p": float(gen.get("top_p", 1.0)), "top_k": int(gen.get("top_k", 0) or 0)}
+    return {
+        "eos_ids": frozenset(int(e) for e in eos),
+        "temperature": float(gen.get("temperature", 1.0)),
+        "top_p": float(gen.get("top_p", 1.0)),
+        "top_k": int(gen.get("top_k", 0) or 0),
+    }
 
 
 def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: str | None, watch: Any) -> int:
@@ -182,14 +204,28 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     from engine.server.template import load_chat_template
 
     defaults = _generation_defaults(cfg.checkpoint)
-    scheduler = Scheduler(executor, group, parallel=cfg.parallel, max_queued=cfg.max_queued,
-                          prefill_chunk=cfg.prefill_chunk)
-    state = ServerState(name=cfg.name, tokenizer=Tokenizer.from_file(str(Path(cfg.checkpoint, "tokenizer.json"))),
-                        template=load_chat_template(cfg.checkpoint), scheduler=scheduler, context=context,
-                        max_tokens=min(cfg.max_tokens, context), thinking=cfg.thinking, api_key=api_key,
-                        keepalive_s=cfg.keepalive_s, peers=watch, weights=_dtype_name(executor.model), **defaults)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host=cfg.host, port=cfg.port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    scheduler = Scheduler(
+        executor, group, parallel=cfg.parallel, max_queued=cfg.max_queued, prefill_chunk=cfg.prefill_chunk
+    )
+    state = ServerState(
+        name=cfg.name,
+        tokenizer=Tokenizer.from_file(str(Path(cfg.checkpoint, "tokenizer.json"))),
+        template=load_chat_template(cfg.checkpoint),
+        scheduler=scheduler,
+        context=context,
+        max_tokens=min(cfg.max_tokens, context),
+        thinking=cfg.thinking,
+        api_key=api_key,
+        keepalive_s=cfg.keepalive_s,
+        peers=watch,
+        weights=_dtype_name(executor.model),
+        **defaults,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(state), host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5
+        )
+    )
     exit_code = 0
 
     def on_broken(reason: str) -> None:  # a peer died: /health says why for a few seconds, then this rank exits
@@ -202,7 +238,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     def on_lost(peer: int, seconds: float) -> None:  # the scheduler may be stuck in a collective with that rank
         say(f"rank 0: rank {peer} has not answered for {seconds:.0f} s (--peer-timeout-s {cfg.peer_timeout_s:g})")
         scheduler.abandon(f"rank {peer} stopped answering")
-        threading.Timer(10.0, lambda: _exit_now(1)).start()   # if uvicorn's shutdown waits on a stuck stream
+        threading.Timer(10.0, lambda: _exit_now(1)).start()  # if uvicorn's shutdown waits on a stuck stream
 
     scheduler.on_broken = on_broken
     if watch is not None:
@@ -213,8 +249,10 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
-            say(f"ready: serving {cfg.name} on http://{cfg.host}:{cfg.port}/v1 (tp {cfg.tp}, parallel "
-                f"{cfg.parallel}, context {context}, pool {executor.pool.num_tokens} tokens)")
+            say(
+                f"ready: serving {cfg.name} on http://{cfg.host}:{cfg.port}/v1 (tp {cfg.tp}, parallel "
+                f"{cfg.parallel}, context {context}, pool {executor.pool.num_tokens} tokens)"
+            )
 
     threading.Thread(target=announce, daemon=True).start()
     # uvicorn re-raises SIGTERM once it has shut down; with the default handler that would kill this process

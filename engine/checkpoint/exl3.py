@@ -37,8 +37,7 @@ _MLP_PROJECTION = re.compile(r"\.mlp\.(experts\.\d+\.|shared_experts\.)?(gate|up
 
 def quantization_config(config: dict[str, Any]) -> dict[str, Any]:
     """config.json's quantization_config (top level or in text_config); {} when there is none."""
-    return dict(config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
-                or {})
+    return dict(config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {})
 
 
 def is_exl3_config(config: dict[str, Any]) -> bool:
@@ -48,13 +47,14 @@ def is_exl3_config(config: dict[str, Any]) -> bool:
 @dataclass(frozen=True)
 class Exl3Group:
     """One EXL3 linear layer's metadata (from the safetensors headers)."""
-    prefix: str              # e.g. model.language_model.layers.3.mlp.experts.7.gate_proj
+
+    prefix: str  # e.g. model.language_model.layers.3.mlp.experts.7.gate_proj
     bits: float
-    codebook: str            # 3inst | mcg | mul1
-    in_features: int         # K
-    out_features: int        # N
-    in_scales: str           # suh | su
-    out_scales: str          # svh | sv
+    codebook: str  # 3inst | mcg | mul1
+    in_features: int  # K
+    out_features: int  # N
+    in_scales: str  # suh | su
+    out_scales: str  # svh | sv
     bias: bool
 
 
@@ -67,8 +67,10 @@ def parse_group(prefix: str, parts: dict[str, tuple[str, list[int]]]) -> Exl3Gro
         raise exl3.Exl3FormatError(f"{prefix}.trellis: expected I16 [K/16, N/16, 16*bits], found {dtype} {shape}")
     bits = exl3.width_of(shape[2])
     if not bits:
-        raise exl3.Exl3FormatError(f"{prefix}.trellis: last dimension {shape[2]} is {shape[2] / 16:g} bits a weight; "
-                                   f"EXL3 widths are {', '.join(f'{w:g}' for w in exl3.WIDTHS)}")
+        raise exl3.Exl3FormatError(
+            f"{prefix}.trellis: last dimension {shape[2]} is {shape[2] / 16:g} bits a weight; "
+            f"EXL3 widths are {', '.join(f'{w:g}' for w in exl3.WIDTHS)}"
+        )
     markers = [m for m in ("mcg", "mul1") if m in parts]
     if len(markers) > 1:
         raise exl3.Exl3FormatError(f"{prefix}: both .mcg and .mul1 codebook markers")
@@ -84,8 +86,9 @@ def parse_group(prefix: str, parts: dict[str, tuple[str, list[int]]]) -> Exl3Gro
         if name not in parts:
             raise exl3.Exl3FormatError(f"{prefix}: neither .{scaled} nor .{packed} (the {scaled[1]} scales)")
         if tuple(parts[name]) != want:
-            raise exl3.Exl3FormatError(f"{prefix}.{name}: expected {want[0]} {want[1]}, found "
-                                       f"{parts[name][0]} {parts[name][1]}")
+            raise exl3.Exl3FormatError(
+                f"{prefix}.{name}: expected {want[0]} {want[1]}, found {parts[name][0]} {parts[name][1]}"
+            )
         scales.append(name)
     return Exl3Group(prefix, bits, codebook, k, n, scales[0], scales[1], "bias" in parts)
 
@@ -114,7 +117,7 @@ def _marker_value(reader: CheckpointReader, name: str) -> int:
 class Exl3Index:
     """Every EXL3 group of a checkpoint, checked once (`of(reader)` caches it per reader)."""
 
-    _cache: "weakref.WeakKeyDictionary[CheckpointReader, Exl3Index]" = weakref.WeakKeyDictionary()
+    _cache: weakref.WeakKeyDictionary[CheckpointReader, Exl3Index] = weakref.WeakKeyDictionary()
 
     def __init__(self, reader: CheckpointReader) -> None:
         config_path = reader.path / "config.json"
@@ -129,7 +132,7 @@ class Exl3Index:
         self._check(reader, headers)
 
     @classmethod
-    def of(cls, reader: CheckpointReader) -> "Exl3Index":
+    def of(cls, reader: CheckpointReader) -> Exl3Index:
         if reader not in cls._cache:
             cls._cache[reader] = cls(reader)
         return cls._cache[reader]
@@ -141,30 +144,41 @@ class Exl3Index:
         want = self.config.get("codebook")
         for group in self.groups.values():
             if not _MLP_PROJECTION.search(group.prefix):
-                raise CheckpointError(f"{group.prefix}.trellis: this engine reads EXL3 only for MLP projections "
-                                      f"(gate/up/down_proj); found a {group.bits:g}-bit {group.codebook} group here")
+                raise CheckpointError(
+                    f"{group.prefix}.trellis: this engine reads EXL3 only for MLP projections "
+                    f"(gate/up/down_proj); found a {group.bits:g}-bit {group.codebook} group here"
+                )
             if want and group.codebook != want:
-                raise CheckpointError(f"{group.prefix}.trellis: quantization_config says codebook {want}, but the "
-                                      f"group has {'.' + group.codebook if group.codebook != '3inst' else 'no'} "
-                                      f"marker ({group.codebook})")
+                raise CheckpointError(
+                    f"{group.prefix}.trellis: quantization_config says codebook {want}, but the "
+                    f"group has {'.' + group.codebook if group.codebook != '3inst' else 'no'} "
+                    f"marker ({group.codebook})"
+                )
             if group.codebook != "3inst":
                 marker = f"{group.prefix}.{group.codebook}"
                 value = _marker_value(reader, marker)
                 if value != exl3.MARKERS[group.codebook]:
-                    raise CheckpointError(f"{marker}: holds {value:#010x}, the {group.codebook} marker is "
-                                          f"{exl3.MARKERS[group.codebook]:#010x}")
+                    raise CheckpointError(
+                        f"{marker}: holds {value:#010x}, the {group.codebook} marker is "
+                        f"{exl3.MARKERS[group.codebook]:#010x}"
+                    )
             mlp = group.prefix.rsplit(".", 1)[0]
             for sibling in ("gate_proj", "up_proj", "down_proj"):
                 if f"{mlp}.{sibling}.weight" in headers:
-                    raise CheckpointError(f"{mlp}: {group.prefix.rsplit('.', 1)[1]} is EXL3 but {sibling}.weight is "
-                                          f"plain; one MLP's projections must share a format (they split alike)")
+                    raise CheckpointError(
+                        f"{mlp}: {group.prefix.rsplit('.', 1)[1]} is EXL3 but {sibling}.weight is "
+                        f"plain; one MLP's projections must share a format (they split alike)"
+                    )
 
     def load(self, reader: CheckpointReader, prefix: str, split_dim: int | None) -> exl3.Exl3Linear:
         """This rank's part of group `prefix`: whole 128-blocks of outputs (split_dim 0) or inputs (split_dim 1)."""
         group = self.groups[prefix]
         get = _raw_reader(reader)
-        trellis, suh, svh = get(prefix + ".trellis"), get(f"{prefix}.{group.in_scales}"), get(
-            f"{prefix}.{group.out_scales}")
+        trellis, suh, svh = (
+            get(prefix + ".trellis"),
+            get(f"{prefix}.{group.in_scales}"),
+            get(f"{prefix}.{group.out_scales}"),
+        )
         suh = suh if group.in_scales == "suh" else exl3.unpack_signs(suh)
         svh = svh if group.out_scales == "svh" else exl3.unpack_signs(svh)
         bias = get(prefix + ".bias") if group.bias else None
@@ -178,17 +192,19 @@ class Exl3Index:
                 bias = None if bias is None else bias[lo:hi]
             else:
                 trellis, suh = trellis[tiles], suh[lo:hi]
-                bias = None if bias is None or reader.group.rank else bias   # a row-parallel bias is added once
+                bias = None if bias is None or reader.group.rank else bias  # a row-parallel bias is added once
         return exl3.Exl3Linear(trellis.contiguous(), suh.contiguous(), svh.contiguous(), group.codebook, bias)
 
 
 def _raw_reader(reader: CheckpointReader):
     """Tensors exactly as stored (int16 trellis bits, fp16 scales), bypassing the reader's dtype conversion."""
+
     def get(name: str) -> torch.Tensor:
         if name not in reader.file_of:
             raise CheckpointError(f"tensor {name} is missing from {reader.path}")
         with safe_open(str(reader.path / reader.file_of[name]), framework="pt") as handle:
             return handle.get_tensor(name)
+
     return get
 
 
@@ -203,18 +219,20 @@ def read_projection(reader: CheckpointReader, prefix: str, dim: int | None) -> t
     linear = index.load(reader, prefix, dim)
     if linear.bias is not None:
         raise CheckpointError(f"{prefix}.bias: the MLP projections of this model have no bias; found one")
-    weight = linear.dequantize(torch.float32).t()                  # [K, N] -> [out, in]
+    weight = linear.dequantize(torch.float32).t()  # [K, N] -> [out, in]
     return weight.to(device=reader.device, dtype=reader.dtype).contiguous()
 
 
-def read_expert_banks(reader: CheckpointReader, prefix: str, experts: int
-                      ) -> tuple[exl3.Exl3Bank, exl3.Exl3Bank] | None:
+def read_expert_banks(
+    reader: CheckpointReader, prefix: str, experts: int
+) -> tuple[exl3.Exl3Bank, exl3.Exl3Bank] | None:
     """A MoE layer's routed experts as two `Exl3Bank`s kept in EXL3 form (gate/up: expert e's gate is matrix 2e,
     its up 2e+1; down: expert e), this rank's whole-block TP parts — what `ops.Exl3Experts` computes with.
     `prefix` e.g. `model.language_model.layers.3.mlp.`; None when the routed experts are not EXL3 (plain weights),
     or not one width and codebook per bank: those load through `read_projection` (decoded)."""
-    names = {proj: [f"{prefix}experts.{e}.{proj}" for e in range(experts)]
-             for proj in ("gate_proj", "up_proj", "down_proj")}
+    names = {
+        proj: [f"{prefix}experts.{e}.{proj}" for e in range(experts)] for proj in ("gate_proj", "up_proj", "down_proj")
+    }
     if reader.has(names["gate_proj"][0] + ".weight"):
         return None
     index = Exl3Index.of(reader)
@@ -229,6 +247,7 @@ def read_expert_banks(reader: CheckpointReader, prefix: str, experts: int
 
 def _bank(reader: CheckpointReader, index: Exl3Index, prefixes: list[str], split_dim: int) -> exl3.Exl3Bank:
     """The groups `prefixes` (one shape and format) read for this rank and stacked on the reader's device."""
+
     def stack(t: torch.Tensor) -> torch.Tensor:
         return torch.empty(len(prefixes), *t.shape, dtype=t.dtype, device=reader.device)
 

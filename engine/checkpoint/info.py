@@ -25,8 +25,25 @@ from typing import Any
 from engine.checkpoint.layout import split_of, text_config, text_tensors, vision_tensors
 from engine.parallel import shard_range
 
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-               "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1, "F4": 0.5}
+DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F4": 0.5,
+}
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")
 
@@ -88,7 +105,7 @@ def checkpoint_tensors(directory: Path) -> list[Tensor] | None:
 def rank_share(tensor: Tensor, config: dict[str, Any], rank: int, world: int) -> int:
     """Bytes of `tensor` that `rank` holds under the TP plan."""
     split = split_of(tensor.name, config)
-    if split.dim is None or world == 1:   # REPLICATED: every rank holds it whole
+    if split.dim is None or world == 1:  # REPLICATED: every rank holds it whole
         return tensor.nbytes
     size = tensor.shape[split.dim]
     unit = split.unit if size % split.unit == 0 else 1
@@ -167,7 +184,8 @@ def render(info: CheckpointInfo) -> str:
         f"source: {info.source}",
         f"parameters: {_count(info.total_params)} total = text {_count(p['text'])} + MTP {_count(p['mtp'])} + "
         f"vision {_count(p['vision'])}; active per token {_count(p['active'])} (text tower, top-k of the routed experts)",
-        "bytes on disk: " + ", ".join(f"{k} {_size(v)}" for k, v in sorted(info.bytes_by_dtype.items()))
+        "bytes on disk: "
+        + ", ".join(f"{k} {_size(v)}" for k, v in sorted(info.bytes_by_dtype.items()))
         + f"; total {_size(sum(info.bytes_by_dtype.values()))}",
         f"bytes per rank at TP={info.tp} (text tower + MTP; vision not loaded): "
         + ", ".join(f"rank {r} {_size(b)}" for r, b in enumerate(info.rank_bytes))
@@ -179,8 +197,11 @@ def render(info: CheckpointInfo) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", type=Path, help="a checkpoint directory, or a config.json")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel world size for the per-rank figures")
-    parser.add_argument("--config-only", action="store_true",
-                        help="derive the tensors from config.json (bf16) instead of the safetensors headers")
+    parser.add_argument(
+        "--config-only",
+        action="store_true",
+        help="derive the tensors from config.json (bf16) instead of the safetensors headers",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

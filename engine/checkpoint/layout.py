@@ -43,6 +43,7 @@ class TensorSpec:
 @dataclass(frozen=True)
 class Split:
     """How one tensor is divided: along `dim` in `shape[dim] // unit` units (None: replicated)."""
+
     dim: int | None
     unit: int = 1
     kind: str = "replicated"  # column | row | vocab | replicated
@@ -55,8 +56,11 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     """The text tower's fields (nested `text_config` or a flat config), `linear_attn_config` folded in."""
     text = dict(raw.get("text_config") or raw)
     linear = text.get("linear_attn_config") or {}
-    for src, dst in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
-                     ("short_conv_kernel_size", "linear_conv_kernel_dim")):
+    for src, dst in (
+        ("head_dim", "linear_head_dim"),
+        ("num_heads", "linear_num_heads"),
+        ("short_conv_kernel_size", "linear_conv_kernel_dim"),
+    ):
         if src in linear:
             text.setdefault(dst, linear[src])
     return text
@@ -83,11 +87,15 @@ def _kda(cfg: dict[str, Any]) -> list[TensorSpec]:
     out = [TensorSpec(f"self_attn.{p}_proj.weight", (h * d, hidden)) for p in "qkv"]
     out += [TensorSpec(f"self_attn.{p}_conv1d.weight", (h * d, 1, k), fp32=True) for p in "qkv"]
     return out + [
-        TensorSpec("self_attn.f_a_proj.weight", (d, hidden)), TensorSpec("self_attn.f_b_proj.weight", (h * d, d)),
-        TensorSpec("self_attn.dt_bias", (h * d,), fp32=True), TensorSpec("self_attn.A_log", (h,), fp32=True),
+        TensorSpec("self_attn.f_a_proj.weight", (d, hidden)),
+        TensorSpec("self_attn.f_b_proj.weight", (h * d, d)),
+        TensorSpec("self_attn.dt_bias", (h * d,), fp32=True),
+        TensorSpec("self_attn.A_log", (h,), fp32=True),
         TensorSpec("self_attn.b_proj.weight", (h, hidden)),
-        TensorSpec("self_attn.g_a_proj.weight", (d, hidden)), TensorSpec("self_attn.g_b_proj.weight", (h * d, d)),
-        TensorSpec("self_attn.o_norm.weight", (d,)), TensorSpec("self_attn.o_proj.weight", (hidden, h * d)),
+        TensorSpec("self_attn.g_a_proj.weight", (d, hidden)),
+        TensorSpec("self_attn.g_b_proj.weight", (h * d, d)),
+        TensorSpec("self_attn.o_norm.weight", (d,)),
+        TensorSpec("self_attn.o_proj.weight", (hidden, h * d)),
     ]
 
 
@@ -97,13 +105,17 @@ def _mla(cfg: dict[str, Any]) -> list[TensorSpec]:
     ih, idim, pool = cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_kpool"]
     a = "self_attn."
     return [
-        TensorSpec(a + "q_a_proj.weight", (ql, hidden)), TensorSpec(a + "q_a_layernorm.weight", (ql,)),
+        TensorSpec(a + "q_a_proj.weight", (ql, hidden)),
+        TensorSpec(a + "q_a_layernorm.weight", (ql,)),
         TensorSpec(a + "q_b_proj.weight", (heads * nope, ql)),
-        TensorSpec(a + "kv_a_proj_with_mqa.weight", (kvl, hidden)), TensorSpec(a + "kv_a_layernorm.weight", (kvl,)),
+        TensorSpec(a + "kv_a_proj_with_mqa.weight", (kvl, hidden)),
+        TensorSpec(a + "kv_a_layernorm.weight", (kvl,)),
         TensorSpec(a + "kv_b_proj.weight", (heads * (nope + v), kvl)),
         TensorSpec(a + "o_proj.weight", (hidden, heads * v)),
-        TensorSpec(a + "indexer.wq_b.weight", (ih * idim, ql)), TensorSpec(a + "indexer.wk.weight", (idim, hidden)),
-        TensorSpec(a + "indexer.k_norm.weight", (idim,)), TensorSpec(a + "indexer.k_norm.bias", (idim,)),
+        TensorSpec(a + "indexer.wq_b.weight", (ih * idim, ql)),
+        TensorSpec(a + "indexer.wk.weight", (idim, hidden)),
+        TensorSpec(a + "indexer.k_norm.weight", (idim,)),
+        TensorSpec(a + "indexer.k_norm.bias", (idim,)),
         TensorSpec(a + "indexer.weights_proj.weight", (ih, hidden)),
         TensorSpec(a + "indexer.index_kpool_compress_ape", (pool, idim)),
         TensorSpec(a + "indexer.index_kpool_compress_gate", (idim, hidden)),
@@ -111,8 +123,11 @@ def _mla(cfg: dict[str, Any]) -> list[TensorSpec]:
 
 
 def _swiglu(prefix: str, width: int, hidden: int) -> list[TensorSpec]:
-    return [TensorSpec(prefix + "gate_proj.weight", (width, hidden)), TensorSpec(prefix + "up_proj.weight",
-            (width, hidden)), TensorSpec(prefix + "down_proj.weight", (hidden, width))]
+    return [
+        TensorSpec(prefix + "gate_proj.weight", (width, hidden)),
+        TensorSpec(prefix + "up_proj.weight", (width, hidden)),
+        TensorSpec(prefix + "down_proj.weight", (hidden, width)),
+    ]
 
 
 def _mlp(cfg: dict[str, Any], kind: str) -> list[TensorSpec]:
@@ -120,8 +135,10 @@ def _mlp(cfg: dict[str, Any], kind: str) -> list[TensorSpec]:
     if kind == "dense":
         return _swiglu("mlp.", cfg["intermediate_size"], hidden)
     experts, width = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
-    out = [TensorSpec("mlp.gate.weight", (experts, hidden), fp32=True),
-           TensorSpec("mlp.gate.e_score_correction_bias", (experts,), fp32=True)]
+    out = [
+        TensorSpec("mlp.gate.weight", (experts, hidden), fp32=True),
+        TensorSpec("mlp.gate.e_score_correction_bias", (experts,), fp32=True),
+    ]
     for e in range(experts):
         out += _swiglu(f"mlp.experts.{e}.", width, hidden)
     return out + _swiglu("mlp.shared_experts.", width * cfg.get("n_shared_experts", 1), hidden)
@@ -131,9 +148,11 @@ def _hc(cfg: dict[str, Any]) -> list[TensorSpec]:
     hc, hidden = cfg.get("hc_mult", 4), cfg["hidden_size"]
     out = []
     for part in ("attn", "ffn"):
-        out += [TensorSpec(f"hc_{part}_fn", ((2 + hc) * hc, hc * hidden)),
-                TensorSpec(f"hc_{part}_base", ((2 + hc) * hc,), fp32=True),
-                TensorSpec(f"hc_{part}_scale", (3,), fp32=True)]
+        out += [
+            TensorSpec(f"hc_{part}_fn", ((2 + hc) * hc, hc * hidden)),
+            TensorSpec(f"hc_{part}_base", ((2 + hc) * hc,), fp32=True),
+            TensorSpec(f"hc_{part}_scale", (3,), fp32=True),
+        ]
     return out
 
 
@@ -141,8 +160,12 @@ def layer_tensors(cfg: dict[str, Any], index: int) -> list[TensorSpec]:
     hidden, kind = cfg["hidden_size"], _layer_type(cfg, index)
     norms = [TensorSpec("input_layernorm.weight", (hidden,)), TensorSpec("post_attention_layernorm.weight", (hidden,))]
     if kind == "mtp":  # DeepSeek-V3-style draft layer: no hyper-connections, MLA + MoE, shared embedding and head
-        glue = [TensorSpec("enorm.weight", (hidden,)), TensorSpec("hnorm.weight", (hidden,)),
-                TensorSpec("eh_proj.weight", (hidden, 2 * hidden)), TensorSpec("shared_head.norm.weight", (hidden,))]
+        glue = [
+            TensorSpec("enorm.weight", (hidden,)),
+            TensorSpec("hnorm.weight", (hidden,)),
+            TensorSpec("eh_proj.weight", (hidden, 2 * hidden)),
+            TensorSpec("shared_head.norm.weight", (hidden,)),
+        ]
         body = glue + norms + _mla(cfg) + _mlp(cfg, "sparse")
     else:
         attention = _kda(cfg) if kind in KDA_TYPES else _mla(cfg)
@@ -173,10 +196,13 @@ def exl3_experts(specs: list[TensorSpec], bits: int = 4) -> list[TensorSpec]:
         if not _ROUTED_PROJECTION.search(spec.name):
             out.append(spec)
             continue
-        prefix, (n, k) = spec.name[:-len(".weight")], spec.shape
-        out += [TensorSpec(prefix + ".trellis", (k // 16, n // 16, 16 * bits), dtype="int16"),
-                TensorSpec(prefix + ".suh", (k,), dtype="float16"), TensorSpec(prefix + ".svh", (n,), dtype="float16"),
-                TensorSpec(prefix + ".mcg", (), dtype="int32")]
+        prefix, (n, k) = spec.name[: -len(".weight")], spec.shape
+        out += [
+            TensorSpec(prefix + ".trellis", (k // 16, n // 16, 16 * bits), dtype="int16"),
+            TensorSpec(prefix + ".suh", (k,), dtype="float16"),
+            TensorSpec(prefix + ".svh", (n,), dtype="float16"),
+            TensorSpec(prefix + ".mcg", (), dtype="int32"),
+        ]
     return out
 
 
@@ -229,14 +255,34 @@ def vision_tensors(config: dict[str, Any]) -> list[TensorSpec]:
     pi, p, t, m = v["projection_intermediate_size"], v["patch_size"], v["temporal_patch_size"], v["spatial_merge_size"]
     specs = [("patch_embed.proj.weight", (h, v["in_channels"], t, p, p)), ("patch_embed.proj.bias", (h,))]
     for b in range(v["depth"]):
-        specs += [(f"blocks.{b}.{n}", s) for n, s in (
-            ("norm1.weight", (h,)), ("norm2.weight", (h,)), ("attn.qkv.weight", (3 * h, h)), ("attn.qkv.bias", (3 * h,)),
-            ("attn.q_norm.weight", (head,)), ("attn.k_norm.weight", (head,)), ("attn.proj.weight", (h, h)),
-            ("attn.proj.bias", (h,)), ("mlp.gate_proj.weight", (inter, h)), ("mlp.gate_proj.bias", (inter,)),
-            ("mlp.up_proj.weight", (inter, h)), ("mlp.up_proj.bias", (inter,)), ("mlp.down_proj.weight", (h, inter)),
-            ("mlp.down_proj.bias", (h,)))]
-    specs += [("post_layernorm.weight", (h,)), ("downsample.weight", (out, h, m, m)), ("downsample.bias", (out,)),
-              ("merger.proj.weight", (out, out)), ("merger.post_projection_norm.weight", (out,)),
-              ("merger.post_projection_norm.bias", (out,)), ("merger.gate_proj.weight", (pi, out)),
-              ("merger.up_proj.weight", (pi, out)), ("merger.down_proj.weight", (out, pi))]
+        specs += [
+            (f"blocks.{b}.{n}", s)
+            for n, s in (
+                ("norm1.weight", (h,)),
+                ("norm2.weight", (h,)),
+                ("attn.qkv.weight", (3 * h, h)),
+                ("attn.qkv.bias", (3 * h,)),
+                ("attn.q_norm.weight", (head,)),
+                ("attn.k_norm.weight", (head,)),
+                ("attn.proj.weight", (h, h)),
+                ("attn.proj.bias", (h,)),
+                ("mlp.gate_proj.weight", (inter, h)),
+                ("mlp.gate_proj.bias", (inter,)),
+                ("mlp.up_proj.weight", (inter, h)),
+                ("mlp.up_proj.bias", (inter,)),
+                ("mlp.down_proj.weight", (h, inter)),
+                ("mlp.down_proj.bias", (h,)),
+            )
+        ]
+    specs += [
+        ("post_layernorm.weight", (h,)),
+        ("downsample.weight", (out, h, m, m)),
+        ("downsample.bias", (out,)),
+        ("merger.proj.weight", (out, out)),
+        ("merger.post_projection_norm.weight", (out,)),
+        ("merger.post_projection_norm.bias", (out,)),
+        ("merger.gate_proj.weight", (pi, out)),
+        ("merger.up_proj.weight", (pi, out)),
+        ("merger.down_proj.weight", (out, pi)),
+    ]
     return [TensorSpec("model.visual." + n, s) for n, s in specs]

@@ -24,14 +24,19 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointReader:
-    def __init__(self, path: str | Path, group: ParallelGroup, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        group: ParallelGroup,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.path = Path(path)
         self.group = group
         self.dtype = dtype
         self.device = torch.device(device)
         self.file_of = self._index()
-        self._handles: dict[str, Any] = {}   # safetensors handles (safe_open)
+        self._handles: dict[str, Any] = {}  # safetensors handles (safe_open)
 
     def _index(self) -> dict[str, str]:
         index = self.path / "model.safetensors.index.json"

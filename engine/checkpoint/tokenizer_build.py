@@ -18,10 +18,32 @@ from engine.server.template import load_chat_template
 
 # GLM's conversation and tool markup; the order fixes their ids.
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
-    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
-    "<|image|>", "<|video|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-    "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|image|>",
+    "<|video|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
 )
 # Generation stops on these (GLM: end of text, the user's turn, a tool result awaited after a call).
 EOS_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>")
@@ -34,8 +56,12 @@ def _trained_json() -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=LEARNED_VOCAB, min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=LEARNED_VOCAB,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(corpus_lines(), trainer=trainer)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tokenizer.to_str(pretty=True)
@@ -62,8 +88,17 @@ def write_tokenizer(directory: Path, model_max_length: int) -> int:
     (directory / "tokenizer.json").write_text(_trained_json() + "\n")
     template = load_chat_template()
     (directory / "chat_template.jinja").write_text(template)
-    added = {str(tokenizer.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                                             "single_word": False, "special": True} for t in SPECIAL_TOKENS}
+    added = {
+        str(tokenizer.token_to_id(t)): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for t in SPECIAL_TOKENS
+    }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": added,
@@ -78,7 +113,10 @@ def write_tokenizer(directory: Path, model_max_length: int) -> int:
         "chat_template": template,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    special_map = {"eos_token": PAD_TOKEN, "pad_token": PAD_TOKEN,
-                   "additional_special_tokens": config["additional_special_tokens"]}
+    special_map = {
+        "eos_token": PAD_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "additional_special_tokens": config["additional_special_tokens"],
+    }
     (directory / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
     return tokenizer.get_vocab_size(with_added_tokens=True)

@@ -1,17 +1,6 @@
 """Numerical kernels behind one interface. `reference` is plain torch (CPU, tests, fp32); `fused` chooses, per op,
 the Triton kernels on CUDA where their form applies and the reference otherwise (model files never import Triton)."""
 
-from engine.ops.reference import (  # noqa: F401
-    causal_conv,
-    kda_chunked,
-    kda_step,
-    l2norm,
-    linear,
-    linear_pairs,
-    layer_norm,
-    rms_norm,
-    swiglu_clamped,
-)
 from engine.ops.fused import (  # noqa: F401
     Exl3Experts,
     hc_around,
@@ -22,4 +11,15 @@ from engine.ops.fused import (  # noqa: F401
     moe_experts,
     moe_route,
     sinkhorn,
+)
+from engine.ops.reference import (  # noqa: F401
+    causal_conv,
+    kda_chunked,
+    kda_step,
+    l2norm,
+    layer_norm,
+    linear,
+    linear_pairs,
+    rms_norm,
+    swiglu_clamped,
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -44,15 +44,17 @@ def usable(device: torch.device, head_dim: int) -> bool:
     return device.type == "cuda" and head_dim % 16 == 0 and head_dim <= 256 and _chunk_kda() is not None
 
 
-def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_chunked(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule over T tokens of one stream. state: [H, dk, dv] fp32; q (pre-scaled), k: [T, H, dk];
     v: [T, H, dv]; g: [T, H, dk] log-decay; beta: [T, H]. Returns the output [T, H, dv] and the new state."""
     chunk_kda = _chunk_kda()
     if chunk_kda is None:
         raise RuntimeError("fla-core is not importable: the 'fla' prompt form cannot run (kda.prompt_form checks)")
-    out, final = chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=1.0,
-                           initial_state=state[None], output_final_state=True)
+    out, final = chunk_kda(
+        q[None], k[None], v[None], g[None], beta[None], scale=1.0, initial_state=state[None], output_final_state=True
+    )
     return out[0], final[0]
 
 
@@ -61,7 +63,7 @@ def warm(heads: int, head_dim: int, device: torch.device) -> None:
     prompt does not wait for it."""
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (128, heads, head_dim)
-    q = l2norm(torch.randn(shape, device=device, generator=gen)) * head_dim ** -0.5
+    q = l2norm(torch.randn(shape, device=device, generator=gen)) * head_dim**-0.5
     k = l2norm(torch.randn(shape, device=device, generator=gen))
     v = torch.randn(shape, device=device, generator=gen)
     g = -torch.rand(shape, device=device, generator=gen)

@@ -8,14 +8,15 @@ experts), `*_applies` says whether it does, so the layer keeps one branch with t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from engine.ops import reference
 
-HC_FUSED_MAX_TOKENS = 64     # up to this many tokens (decode, verify windows) the fused hyper-connection kernels
-MOE_FUSED_MAX_PAIRS = 64     # (token, expert) pairs the small-batch MoE kernels take
+HC_FUSED_MAX_TOKENS = 64  # up to this many tokens (decode, verify windows) the fused hyper-connection kernels
+MOE_FUSED_MAX_PAIRS = 64  # (token, expert) pairs the small-batch MoE kernels take
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -27,9 +28,18 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return reference.sinkhorn(comb, iters, eps)
 
 
-def hc_around(streams: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], fn: torch.Tensor,
-              base: torch.Tensor, scale: torch.Tensor, norm: torch.Tensor, hc_eps: float, hc_norm_eps: float,
-              norm_eps: float, iters: int) -> torch.Tensor:
+def hc_around(
+    streams: torch.Tensor,
+    sublayer: Callable[[torch.Tensor], torch.Tensor],
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    norm: torch.Tensor,
+    hc_eps: float,
+    hc_norm_eps: float,
+    norm_eps: float,
+    iters: int,
+) -> torch.Tensor:
     """A hyper-connection around `sublayer` (engine/models/glm5_next/mhc.py says what it computes): on a GPU, up
     to HC_FUSED_MAX_TOKENS tokens and a power-of-two stream count, three fused kernels; else torch ops."""
     tokens, n = streams.shape[0], streams.shape[1]
@@ -43,8 +53,15 @@ def hc_around(streams: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Te
     return post.unsqueeze(-1) * out.unsqueeze(1) + comb.transpose(-1, -2) @ streams
 
 
-def hc_weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
-               hc_norm_eps: float, iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def hc_weights(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    hc_eps: float,
+    hc_norm_eps: float,
+    iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] -> pre [T, n], post [T, n], comb [T, n, n] (Sinkhorn through `sinkhorn`)."""
     n = streams.shape[1]
     logits = reference.linear(reference.rms_norm(streams.flatten(1), None, hc_norm_eps), fn)

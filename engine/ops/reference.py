@@ -21,7 +21,7 @@ def linear_pairs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _fp32_product(x.to(weight.dtype), weight.transpose(1, 2))
 
 
-_FP32_OUT = [True]   # cleared when this torch cannot write a bf16 product straight to fp32 on the GPU
+_FP32_OUT = [True]  # cleared when this torch cannot write a bf16 product straight to fp32 on the GPU
 
 
 def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -62,14 +62,15 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     x: [T, C] new inputs; window: [C, K-1] the previous K-1 inputs (zeros at the start); weight: [C, K].
     Returns the outputs [T, C] and the new window.
     """
-    seq = torch.cat([window, x.t()], dim=1)                     # [C, K-1+T]
+    seq = torch.cat([window, x.t()], dim=1)  # [C, K-1+T]
     kernel = weight.shape[1]
-    out = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]   # [C, T]
-    return F.silu(out.t()), seq[:, seq.shape[1] - (kernel - 1):].clone()
+    out = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]  # [C, T]
+    return F.silu(out.t()), seq[:, seq.shape[1] - (kernel - 1) :].clone()
 
 
-def kda_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-             beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_step(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the delta rule for a batch of streams.
 
     state: [B, H, dk, dv]; q, k: [B, H, dk] (normalised, q pre-scaled); v: [B, H, dv]; g: [B, H, dk] log-decay;
@@ -82,8 +83,15 @@ def kda_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return torch.einsum("bhkv,bhk->bhv", state, q), state
 
 
-def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                beta: torch.Tensor, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_chunked(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule over T tokens of one stream, a chunk at a time (same result as T calls of `kda_step`).
 
     state: [H, dk, dv]; q, k: [T, H, dk]; v: [T, H, dv]; g: [T, H, dk]; beta: [T, H].
@@ -94,11 +102,11 @@ def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     outputs = []
     for start in range(0, q.shape[0], chunk):
         sl = slice(start, start + chunk)
-        qc, kc, vc, bc = (x[sl].transpose(0, 1) for x in (q, k, v, beta))   # [H, C, ...]
-        gc = g[sl].transpose(0, 1).cumsum(dim=1)                              # [H, C, dk]
+        qc, kc, vc, bc = (x[sl].transpose(0, 1) for x in (q, k, v, beta))  # [H, C, ...]
+        gc = g[sl].transpose(0, 1).cumsum(dim=1)  # [H, C, dk]
         n = qc.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        gap = gc.unsqueeze(2) - gc.unsqueeze(1)                               # [H, C(t), C(s), dk]
+        gap = gc.unsqueeze(2) - gc.unsqueeze(1)  # [H, C(t), C(s), dk]
         decay = gap.masked_fill(~causal[None, :, :, None], float("-inf")).exp()
         kk = torch.einsum("htk,hsk,htsk->hts", kc, kc, decay)
         a = (kk * bc.unsqueeze(-1)).masked_fill(~causal.tril(-1), 0.0)
@@ -107,9 +115,8 @@ def kda_chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         delta = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
         qk = torch.einsum("htk,hsk,htsk->hts", qc, kc, decay)
         out = torch.einsum("htk,hkv->htv", qc * gc.exp(), state) + qk @ delta
-        last = gc[:, -1:, :]                                                   # [H, 1, dk]
-        state = last.transpose(1, 2).exp() * state + torch.einsum(
-            "hsk,hsv->hkv", kc * (last - gc).exp(), delta)
+        last = gc[:, -1:, :]  # [H, 1, dk]
+        state = last.transpose(1, 2).exp() * state + torch.einsum("hsk,hsv->hkv", kc * (last - gc).exp(), delta)
         outputs.append(out.transpose(0, 1))
     return torch.cat(outputs, dim=0), state
 

@@ -55,10 +55,10 @@ from engine.quant import exl3
 
 CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-MAX_ROWS = 8                                     # rows per matrix in one launch (decode and verify windows)
-LAST_LAUNCH: dict = {}                           # the last compiled GEMV (registers, spills: bench/exl3_bench.py)
-SPLIT_TILES = 16                         # K tiles a program when the split is not given (K=4096: 16 runs)
-LAUNCH_DEFAULTS: dict = {}               # block_n_tiles / split / unroll / num_warps / asm when a call gives none
+MAX_ROWS = 8  # rows per matrix in one launch (decode and verify windows)
+LAST_LAUNCH: dict = {}  # the last compiled GEMV (registers, spills: bench/exl3_bench.py)
+SPLIT_TILES = 16  # K tiles a program when the split is not given (K=4096: 16 runs)
+LAUNCH_DEFAULTS: dict = {}  # block_n_tiles / split / unroll / num_warps / asm when a call gives none
 
 
 def _fp16_value(bits: int) -> float:
@@ -83,7 +83,7 @@ def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: 
         byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
         # 2^23 + (1024 + byte_sum) as fp32 bits, less 2^23: the integer as fp32 without a conversion
         count = (0x4B000400 + byte_sum).to(tl.float32, bitcast=True) - 8388608.0
-        value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16).to(tl.float32)      # exact in fp32, one rounding
+        value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16).to(tl.float32)  # exact in fp32, one rounding
     else:
         if CODEBOOK == 1:
             x = state * 0xCBAC1FED
@@ -99,12 +99,18 @@ def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: 
                 mov.b32 {lo, hi}, t;
                 add.rn.f16 s, lo, hi;
                 cvt.f32.f16 $0, s;
-                }""", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+                }""",
+                "=r,r",
+                [x],
+                dtype=tl.float32,
+                is_pure=True,
+                pack=1,
+            )
         else:
             x = (x & 0x8FFF8FFF) ^ 0x3B603B60
             low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
             high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-            value = (low + high).to(tl.float32)   # an fp16 add rounds the exact sum once, as the format's fp32 sum
+            value = (low + high).to(tl.float32)  # an fp16 add rounds the exact sum once, as the format's fp32 sum
     return value
 
 
@@ -121,9 +127,21 @@ def _tile_words(base, lane_words, FAST4: tl.constexpr):
 
 
 @triton.jit
-def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
-                 DENSE4: tl.constexpr, cur, prev, CODEBOOK: tl.constexpr,
-                 MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr):
+def _tile_values(
+    base,
+    quad,
+    lane4,
+    j: tl.constexpr,
+    WORDS: tl.constexpr,
+    BITS2: tl.constexpr,
+    DENSE4: tl.constexpr,
+    cur,
+    prev,
+    CODEBOOK: tl.constexpr,
+    MUL1_SCALE: tl.constexpr,
+    MUL1_BIAS: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """Value j of every lane of the tiles at `base` (int32 word pointers, broadcast against quad = l // 4 and
     lane4 = l % 4), as fp32 (exact fp16 values)."""
     if DENSE4:
@@ -138,8 +156,8 @@ def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2:
         else:
             state = (cur >> (28 - 4 * j)) & 0xFFFF
     else:
-        step = (4 * quad + lane4) * 8 + j + 1                        # p + 1, [8, 4]
-        end = (step * BITS2 - (step % 2) * (BITS2 % 2)) // 2         # exl3.window_ends
+        step = (4 * quad + lane4) * 8 + j + 1  # p + 1, [8, 4]
+        end = (step * BITS2 - (step % 2) * (BITS2 % 2)) // 2  # exl3.window_ends
         start = end - 16 + WORDS * 32
         first = (start // 32) % WORDS
         offset = (start % 32).to(tl.uint32)
@@ -152,18 +170,33 @@ def _tile_values(base, quad, lane4, j: tl.constexpr, WORDS: tl.constexpr, BITS2:
 @triton.jit
 def _lane_sum(acc, ROWS: tl.constexpr, BNT: tl.constexpr):
     """[ROWS, 4 (l % 4), 8, BNT] -> [ROWS, 8, BNT]: ((l0 + l1) + l2) + l3 (l % 4 = 2a + b)."""
-    t = tl.permute(acc, (0, 2, 3, 1))                                # [ROWS, 8, BNT, 4]
-    even, odd = tl.split(tl.reshape(t, [ROWS, 8, BNT, 2, 2]))       # b = 0 / b = 1
+    t = tl.permute(acc, (0, 2, 3, 1))  # [ROWS, 8, BNT, 4]
+    even, odd = tl.split(tl.reshape(t, [ROWS, 8, BNT, 2, 2]))  # b = 0 / b = 1
     l0, l2 = tl.split(even)
     l1, l3 = tl.split(odd)
     return ((l0 + l1) + l2) + l3
 
 
 @triton.jit
-def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
-               K_TILES: tl.constexpr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
-               CODEBOOK: tl.constexpr, ROWS: tl.constexpr, BNT: tl.constexpr, SPLIT: tl.constexpr, KU: tl.constexpr,
-               MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr, PAIRED: tl.constexpr):
+def _exl3_gemv(
+    x_ptr,
+    t_ptr,
+    mat_ptr,
+    out_ptr,
+    K_TILES: tl.constexpr,
+    N_TILES: tl.constexpr,
+    WORDS: tl.constexpr,
+    BITS2: tl.constexpr,
+    CODEBOOK: tl.constexpr,
+    ROWS: tl.constexpr,
+    BNT: tl.constexpr,
+    SPLIT: tl.constexpr,
+    KU: tl.constexpr,
+    MUL1_SCALE: tl.constexpr,
+    MUL1_BIAS: tl.constexpr,
+    ASM: tl.constexpr,
+    PAIRED: tl.constexpr,
+):
     """part[s, g, m, :] = xp[g, m, K_s] @ W_q[mats[g]][K_s, :] (PAIRED: mats[g] = 2 ids[g // 2] + g % 2) for m < ROWS, K_s the s-th of SPLIT runs of K tiles;
     xp in the kernel's input order (module docstring). KU tiles a step, unrolled (their loads issue together).
 
@@ -182,23 +215,23 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
         mat = tl.load(mat_ptr + group).to(tl.int64)
 
     rows = tl.arange(0, ROWS)[:, None, None, None]
-    lane4 = tl.arange(0, 4)[None, :, None, None]                     # l % 4
-    quad = tl.arange(0, 8)[None, None, :, None]                      # l // 4
+    lane4 = tl.arange(0, 4)[None, :, None, None]  # l % 4
+    quad = tl.arange(0, 8)[None, None, :, None]  # l // 4
     tiles = (block * BNT + tl.arange(0, BNT))[None, None, None, :]
-    prev_words = (4 * quad + lane4 + 31) % 32                        # word l-1, circular
-    lane_words = (prev_words + 1) % 32                               # word l (the same layout as prev_words)
+    prev_words = (4 * quad + lane4 + 31) % 32  # word l-1, circular
+    lane_words = (prev_words + 1) % 32  # word l (the same layout as prev_words)
     first_tile = split * (K_TILES // SPLIT)
     t_base = t_ptr + (mat * (K_TILES * N_TILES) + first_tile * N_TILES) * WORDS
-    tile_words = tiles * WORDS                                       # [1, 1, 1, BNT]
+    tile_words = tiles * WORDS  # [1, 1, 1, BNT]
     x_base = x_ptr + group.to(tl.int64) * (ROWS * K_TILES * 16) + first_tile * 16
-    x_offs = rows * (K_TILES * 16) + lane4                           # [ROWS, 4, 1, 1]
+    x_offs = rows * (K_TILES * 16) + lane4  # [ROWS, 4, 1, 1]
 
     acc_lo = tl.zeros([ROWS, 4, 8, BNT], dtype=tl.float32)
     acc_hi = tl.zeros([ROWS, 4, 8, BNT], dtype=tl.float32)
     for kt0 in range(0, K_TILES // SPLIT, KU):
         for u in tl.static_range(KU):
             kt = kt0 + u
-            base = t_base + kt * (N_TILES * WORDS) + tile_words      # [1, 1, 1, BNT]
+            base = t_base + kt * (N_TILES * WORDS) + tile_words  # [1, 1, 1, BNT]
             if BITS2 == 8:
                 cur = tl.load(base + lane_words).to(tl.uint32, bitcast=True)
                 prev = tl.load(base + prev_words).to(tl.uint32, bitcast=True)
@@ -206,8 +239,9 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
                 cur = 0
                 prev = 0
             for j in tl.static_range(8):
-                w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK,
-                                 MUL1_SCALE, MUL1_BIAS, ASM)
+                w = _tile_values(
+                    base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM
+                )
                 x = tl.load(x_base + kt * 16 + (j & 3) * 4 + x_offs)  # [ROWS, 4, 1, 1]
                 if j < 4:
                     acc_lo += w * x
@@ -216,16 +250,32 @@ def _exl3_gemv(x_ptr, t_ptr, mat_ptr, out_ptr,
 
     # add the four lanes of each column (l % 4 = 0, 1, 2, 3, in that order), then store columns 0..7 and 8..15
     cols = tl.arange(0, 8)[None, :, None] + ((block * BNT + tl.arange(0, BNT)) * 16)[None, None, :]
-    out_rows = out_ptr + ((split * groups + group) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None, None] \
-        * (N_TILES * 16)
+    out_rows = out_ptr + ((split * groups + group) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None, None] * (
+        N_TILES * 16
+    )
     tl.store(out_rows + cols, _lane_sum(acc_lo, ROWS, BNT))
     tl.store(out_rows + cols + 8, _lane_sum(acc_hi, ROWS, BNT))
 
 
 @triton.jit
-def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, share,
-            WIDTH: tl.constexpr, ROWS: tl.constexpr, PARTS: tl.constexpr, PRE: tl.constexpr, POST: tl.constexpr,
-            ADD: tl.constexpr, TO_KERNEL_ORDER: tl.constexpr, PAIRED: tl.constexpr):
+def _rotate(
+    in_ptr,
+    out_ptr,
+    mat_ptr,
+    pre_ptr,
+    post_ptr,
+    add_ptr,
+    live_rows,
+    share,
+    WIDTH: tl.constexpr,
+    ROWS: tl.constexpr,
+    PARTS: tl.constexpr,
+    PRE: tl.constexpr,
+    POST: tl.constexpr,
+    ADD: tl.constexpr,
+    TO_KERNEL_ORDER: tl.constexpr,
+    PAIRED: tl.constexpr,
+):
     """One 128-block of one row r = g*ROWS + m: out = H(sum of PARTS partials · pre[mats[g]]) · post[mats[g]]
     (+ add[mats[g]]), H by the butterflies of exl3.rotate in its order (same fp32 bits); rows m >= live_rows are
     written as zeros; TO_KERNEL_ORDER stores each 16-tile in the GEMV's input order. Output row r reads input row
@@ -234,7 +284,7 @@ def _rotate(in_ptr, out_ptr, mat_ptr, pre_ptr, post_ptr, add_ptr, live_rows, sha
     block = tl.program_id(1)
     in_rows = tl.num_programs(0) // share
     in_row = row // share
-    if PAIRED:                                                       # matrix 2 ids[g // 2] + g % 2
+    if PAIRED:  # matrix 2 ids[g // 2] + g % 2
         mat = 2 * tl.load(mat_ptr + row // ROWS // 2).to(tl.int64) + (row // ROWS) % 2
     else:
         mat = tl.load(mat_ptr + row // ROWS).to(tl.int64)
@@ -265,13 +315,13 @@ def _hadamard(y):
         pairs = tl.permute(tl.reshape(y, [64 >> stage, 2, 1 << stage]), (0, 2, 1))
         a, b = tl.split(pairs)
         y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
-    return y * 0.08838834764831845                                   # 1 / sqrt(128), as exl3.rotate
+    return y * 0.08838834764831845  # 1 / sqrt(128), as exl3.rotate
 
 
 @triton.jit
 def _kernel_order(block):
     """Where each input of 128-block `block` goes in the GEMV's input order (each 16-tile as (j&3, l%4))."""
-    k = tl.arange(0, 128) % 16                                       # input row in the tile
+    k = tl.arange(0, 128) % 16  # input row in the tile
     return block * 128 + (tl.arange(0, 128) // 16) * 16 + 4 * ((k & 1) + 2 * (k >> 3)) + (k % 8) // 2
 
 
@@ -285,8 +335,7 @@ def _parts_sum(in_ptr, row, rows, offs, WIDTH: tl.constexpr, PARTS: tl.constexpr
 
 
 @triton.jit
-def _swiglu_between(parts_ptr, out_ptr, expert_ptr, svh_ptr, suh_ptr, limit,
-                    WIDTH: tl.constexpr, PARTS: tl.constexpr):
+def _swiglu_between(parts_ptr, out_ptr, expert_ptr, svh_ptr, suh_ptr, limit, WIDTH: tl.constexpr, PARTS: tl.constexpr):
     """Between the MoE's two GEMVs, one 128-block of pair p: gate / up = H(Σ partials of rows 2p / 2p+1) · svh,
     h = silu(min(gate, limit)) · clamp(up, ±limit), out = H(h · suh_down[expert]) in the GEMV's input order."""
     pair = tl.program_id(0)
@@ -294,7 +343,7 @@ def _swiglu_between(parts_ptr, out_ptr, expert_ptr, svh_ptr, suh_ptr, limit,
     rows = 2 * tl.num_programs(0)
     offs = block * 128 + tl.arange(0, 128)
     expert = tl.load(expert_ptr + pair).to(tl.int64)
-    gate_mat = 2 * expert                                            # the gate/up bank's matrices 2e, 2e+1
+    gate_mat = 2 * expert  # the gate/up bank's matrices 2e, 2e+1
     up_mat = gate_mat + 1
     gate = _hadamard(_parts_sum(parts_ptr, 2 * pair, rows, offs, WIDTH, PARTS))
     gate = gate * tl.load(svh_ptr + gate_mat * WIDTH + offs).to(tl.float32)
@@ -308,8 +357,17 @@ def _swiglu_between(parts_ptr, out_ptr, expert_ptr, svh_ptr, suh_ptr, limit,
 
 
 @triton.jit
-def _weighted_sum(parts_ptr, out_ptr, expert_ptr, svh_ptr, weight_ptr, WIDTH: tl.constexpr, PARTS: tl.constexpr,
-                  K: tl.constexpr, KP: tl.constexpr):
+def _weighted_sum(
+    parts_ptr,
+    out_ptr,
+    expert_ptr,
+    svh_ptr,
+    weight_ptr,
+    WIDTH: tl.constexpr,
+    PARTS: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+):
     """After the down GEMV, one 128-block of row r: Σ_j weight[r, j] · H(Σ partials of pair rK + j) · svh[expert]
     over its K pairs (KP = K rounded up to a power of two), all K at once, then summed in the fixed order of one
     reduction: nothing from other rows enters, so a row's bits do not depend on the batch."""
@@ -319,12 +377,12 @@ def _weighted_sum(parts_ptr, out_ptr, expert_ptr, svh_ptr, weight_ptr, WIDTH: tl
     offs = block * 128 + tl.arange(0, 128)
     j = tl.arange(0, KP)[:, None]
     live = j < K
-    pair = row * K + j                                               # [KP, 1]
+    pair = row * K + j  # [KP, 1]
     expert = tl.load(expert_ptr + pair, mask=live, other=0).to(tl.int64)
     y = tl.zeros([KP, 128], dtype=tl.float32)
     for part in tl.static_range(PARTS):
         y += tl.load(parts_ptr + (part * pairs + pair).to(tl.int64) * WIDTH + offs[None, :], mask=live, other=0.0)
-    for stage in tl.static_range(7):                                 # H of every row, as _hadamard
+    for stage in tl.static_range(7):  # H of every row, as _hadamard
         halves = tl.permute(tl.reshape(y, [KP, 64 >> stage, 2, 1 << stage]), (0, 1, 3, 2))
         a, b = tl.split(halves)
         y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), [KP, 128])
@@ -335,9 +393,18 @@ def _weighted_sum(parts_ptr, out_ptr, expert_ptr, svh_ptr, weight_ptr, WIDTH: tl
 
 
 @triton.jit
-def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BITS2: tl.constexpr,
-                 CODEBOOK: tl.constexpr, BNT: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr,
-                 ASM: tl.constexpr):
+def _exl3_unpack(
+    t_ptr,
+    out_ptr,
+    N_TILES: tl.constexpr,
+    WORDS: tl.constexpr,
+    BITS2: tl.constexpr,
+    CODEBOOK: tl.constexpr,
+    BNT: tl.constexpr,
+    MUL1_SCALE: tl.constexpr,
+    MUL1_BIAS: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """W_q fp16 [K, N] from trellis words: one program per (k tile, BNT n tiles)."""
     kt = tl.program_id(0)
     block = tl.program_id(1)
@@ -348,15 +415,22 @@ def _exl3_unpack(t_ptr, out_ptr, N_TILES: tl.constexpr, WORDS: tl.constexpr, BIT
     base = t_ptr + (kt * N_TILES + tiles).to(tl.int64)[:, None, None] * WORDS
     cur, prev = _tile_words(base, lane_words, BITS2 == 8)
     for j in tl.static_range(8):
-        w = _tile_values(base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS,
-                         ASM).to(tl.float16)
-        row = 2 * lane4 + (j & 1) + 8 * ((j >> 1) & 1)                 # [1, 4]
-        col = quad + 8 * (j >> 2)                                       # [8, 1]
-        ptr = out_ptr + (kt * 16 + row).to(tl.int64)[None, :, :] * (N_TILES * 16) + (tiles * 16)[:, None, None] + col[None, :, :]
+        w = _tile_values(
+            base, quad, lane4, j, WORDS, BITS2, BITS2 == 8, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM
+        ).to(tl.float16)
+        row = 2 * lane4 + (j & 1) + 8 * ((j >> 1) & 1)  # [1, 4]
+        col = quad + 8 * (j >> 2)  # [8, 1]
+        ptr = (
+            out_ptr
+            + (kt * 16 + row).to(tl.int64)[None, :, :] * (N_TILES * 16)
+            + (tiles * 16)[:, None, None]
+            + col[None, :, :]
+        )
         tl.store(ptr, w)
 
 
 # -- host side ---------------------------------------------------------------------------------------------------
+
 
 def _words(trellis: torch.Tensor) -> torch.Tensor:
     """int16 [..., 16*bits] -> int32 [..., 8*bits]: little-endian pairs, the format's 32-bit words."""
@@ -366,8 +440,9 @@ def _words(trellis: torch.Tensor) -> torch.Tensor:
 def _format(trellis: torch.Tensor, codebook: str) -> tuple[int, int]:
     bits = exl3.width_of(trellis.shape[-1])
     if not bits:
-        raise exl3.Exl3FormatError(f"trellis last dimension {trellis.shape[-1]} is not 16*bits for a width in "
-                                   f"{exl3.WIDTHS}")
+        raise exl3.Exl3FormatError(
+            f"trellis last dimension {trellis.shape[-1]} is not 16*bits for a width in {exl3.WIDTHS}"
+        )
     if not float(bits).is_integer() and codebook != "mul1":
         raise exl3.Exl3FormatError(f"{bits}-bit tiles need the mul1 codebook, got {codebook}")
     return int(2 * bits), CODEBOOK_ID[codebook]
@@ -385,9 +460,18 @@ def exl3_unpack(trellis: torch.Tensor, codebook: str, asm: bool | None = None) -
     k_tiles, n_tiles, _ = trellis.shape
     out = torch.empty(k_tiles * 16, n_tiles * 16, dtype=torch.float16, device=trellis.device)
     bnt = math.gcd(8, n_tiles)
-    _exl3_unpack[(k_tiles, n_tiles // bnt)](_words(trellis), out, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
-                                            CODEBOOK=cb, BNT=bnt, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS,
-                                            ASM=_asm(asm))
+    _exl3_unpack[(k_tiles, n_tiles // bnt)](
+        _words(trellis),
+        out,
+        N_TILES=n_tiles,
+        WORDS=bits2 * 4,
+        BITS2=bits2,
+        CODEBOOK=cb,
+        BNT=bnt,
+        MUL1_SCALE=_MUL1_SCALE,
+        MUL1_BIAS=_MUL1_BIAS,
+        ASM=_asm(asm),
+    )
     return out
 
 
@@ -397,8 +481,9 @@ def kernel_order(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], -1, 16)[..., order].reshape(x.shape)
 
 
-def _config(k_tiles: int, n_tiles: int, block_n_tiles: int | None, split: int | None,
-            unroll: int, rows: int = 1) -> tuple[int, int, int]:
+def _config(
+    k_tiles: int, n_tiles: int, block_n_tiles: int | None, split: int | None, unroll: int, rows: int = 1
+) -> tuple[int, int, int]:
     """(BNT, SPLIT, KU): BNT output tiles a program (16 for 1-2 rows: fewer input loads and loop instructions a
     weight, bench/exl3_sass.py; 8 for more, where 16 would need ~128 registers); K split into runs of SPLIT_TILES
     tiles. The split depends on the matrix alone, never on the number of groups: it sets the order of the sums, and
@@ -414,9 +499,19 @@ def _config(k_tiles: int, n_tiles: int, block_n_tiles: int | None, split: int | 
     return bnt, split, unroll
 
 
-def rotate_rows(x: torch.Tensor, rows: int, mats: torch.Tensor, *, pre: torch.Tensor | None = None,
-                post: torch.Tensor | None = None, add: torch.Tensor | None = None, live_rows: int | None = None,
-                to_kernel_order: bool = False, share: int = 1, paired: bool = False) -> torch.Tensor:
+def rotate_rows(
+    x: torch.Tensor,
+    rows: int,
+    mats: torch.Tensor,
+    *,
+    pre: torch.Tensor | None = None,
+    post: torch.Tensor | None = None,
+    add: torch.Tensor | None = None,
+    live_rows: int | None = None,
+    to_kernel_order: bool = False,
+    share: int = 1,
+    paired: bool = False,
+) -> torch.Tensor:
     """x [PARTS, G*rows / share, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
     [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]. `paired`: mats holds
     G/2 ids and group g uses matrix 2 ids[g // 2] + g % 2 (an expert's gate and up)."""
@@ -425,16 +520,38 @@ def rotate_rows(x: torch.Tensor, rows: int, mats: torch.Tensor, *, pre: torch.Te
     out = torch.empty(total, width, dtype=torch.float32, device=x.device)
     dummy = out
     _rotate[(total, width // exl3.HADAMARD_BLOCK)](
-        x.contiguous(), out, mats, dummy if pre is None else pre, dummy if post is None else post,
-        dummy if add is None else add, rows if live_rows is None else live_rows, share, WIDTH=width, ROWS=rows,
-        PARTS=parts, PRE=pre is not None, POST=post is not None, ADD=add is not None,
-        TO_KERNEL_ORDER=to_kernel_order, PAIRED=paired)
+        x.contiguous(),
+        out,
+        mats,
+        dummy if pre is None else pre,
+        dummy if post is None else post,
+        dummy if add is None else add,
+        rows if live_rows is None else live_rows,
+        share,
+        WIDTH=width,
+        ROWS=rows,
+        PARTS=parts,
+        PRE=pre is not None,
+        POST=post is not None,
+        ADD=add is not None,
+        TO_KERNEL_ORDER=to_kernel_order,
+        PAIRED=paired,
+    )
     return out
 
 
-def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor, codebook: str,
-                    block_n_tiles: int | None = None, split: int | None = None, unroll: int | None = None,
-                    num_warps: int | None = None, asm: bool | None = None, paired: bool = False) -> torch.Tensor:
+def exl3_gemv_parts(
+    xp: torch.Tensor,
+    trellis: torch.Tensor,
+    mats: torch.Tensor,
+    codebook: str,
+    block_n_tiles: int | None = None,
+    split: int | None = None,
+    unroll: int | None = None,
+    num_warps: int | None = None,
+    asm: bool | None = None,
+    paired: bool = False,
+) -> torch.Tensor:
     """The kernel alone: xp fp32 [G, ROWS, K] (rotated, in kernel order, ROWS in 1, 2, 4, 8), trellis int16
     [E, K/16, N/16, 16*bits], mats int32 / int64 [G] (`paired`: [G/2], group g uses matrix 2 mats[g // 2] + g % 2)
     -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q).
@@ -452,14 +569,38 @@ def exl3_gemv_parts(xp: torch.Tensor, trellis: torch.Tensor, mats: torch.Tensor,
     bnt, split, unroll = _config(k_tiles, n_tiles, block_n_tiles, split, unroll, rows)
     out = torch.empty(split, groups, rows, 16 * n_tiles, dtype=torch.float32, device=xp.device)
     LAST_LAUNCH["gemv"] = _exl3_gemv[(groups, n_tiles // bnt, split)](
-        xp, _words(trellis), mats, out, K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2,
-        CODEBOOK=cb, ROWS=rows, BNT=bnt, SPLIT=split, KU=unroll, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS,
-        ASM=asm, PAIRED=paired, num_warps=num_warps)
+        xp,
+        _words(trellis),
+        mats,
+        out,
+        K_TILES=k_tiles,
+        N_TILES=n_tiles,
+        WORDS=bits2 * 4,
+        BITS2=bits2,
+        CODEBOOK=cb,
+        ROWS=rows,
+        BNT=bnt,
+        SPLIT=split,
+        KU=unroll,
+        MUL1_SCALE=_MUL1_SCALE,
+        MUL1_BIAS=_MUL1_BIAS,
+        ASM=asm,
+        PAIRED=paired,
+        num_warps=num_warps,
+    )
     return out
 
 
-def exl3_matmul(x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor,
-                mats: torch.Tensor, codebook: str, bias: torch.Tensor | None = None, **kw) -> torch.Tensor:
+def exl3_matmul(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    mats: torch.Tensor,
+    codebook: str,
+    bias: torch.Tensor | None = None,
+    **kw,
+) -> torch.Tensor:
     """y[g] = x[g] @ W[mats[g]] (+ bias[mats[g]]) in fp32: x [G, M, K] (M <= 8); trellis [E, K/16, N/16, 16*bits];
     suh [E, K]; svh [E, N]; bias [E, N] or None; mats [G] (on the device: no host sync). Three launches: rotate the
     input (suh, H, kernel order), the decode GEMV, rotate the output (split partials summed in order, H, svh, bias).
@@ -470,16 +611,22 @@ def exl3_matmul(x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: 
     groups, m, k = x.shape
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"1..{MAX_ROWS} rows a matrix, got {m}")
-    rows = 1 << (m - 1).bit_length()                                 # 1, 2, 4, 8: zero rows pad the rest
+    rows = 1 << (m - 1).bit_length()  # 1, 2, 4, 8: zero rows pad the rest
     mats = mats.to(torch.int32).contiguous()
     xin = x.float()
     if rows != m:
         xin = torch.cat([xin, xin.new_zeros(groups, rows - m, k)], dim=1)
-    xp = rotate_rows(xin.reshape(1, groups * rows, k), rows, mats, pre=suh.contiguous(), live_rows=m,
-                     to_kernel_order=True)
+    xp = rotate_rows(
+        xin.reshape(1, groups * rows, k), rows, mats, pre=suh.contiguous(), live_rows=m, to_kernel_order=True
+    )
     parts = exl3_gemv_parts(xp.view(groups, rows, k), trellis, mats, codebook, **kw)
-    y = rotate_rows(parts.view(parts.shape[0], groups * rows, -1), rows, mats, post=svh.contiguous(),
-                    add=None if bias is None else bias.contiguous())
+    y = rotate_rows(
+        parts.view(parts.shape[0], groups * rows, -1),
+        rows,
+        mats,
+        post=svh.contiguous(),
+        add=None if bias is None else bias.contiguous(),
+    )
     return y.view(groups, rows, -1)[:, :m]
 
 
@@ -494,12 +641,11 @@ def exl3_linear(linear: exl3.Exl3Linear, x: torch.Tensor, **kw) -> torch.Tensor:
         y = y if linear.bias is None else y + linear.bias.float()
     else:
         mats = torch.zeros(1, dtype=torch.int32, device=x.device)
-        y = exl3_matmul(rows[None], linear.trellis, linear.suh, linear.svh, mats, linear.codebook,
-                        linear.bias, **kw)[0]
+        y = exl3_matmul(rows[None], linear.trellis, linear.suh, linear.svh, mats, linear.codebook, linear.bias, **kw)[0]
     return y.reshape(*lead, -1)
 
 
-PAIRS_MAX = 64                  # (row, expert) pairs up to which the routed experts run as sync-free GEMVs
+PAIRS_MAX = 64  # (row, expert) pairs up to which the routed experts run as sync-free GEMVs
 
 
 def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:
@@ -510,8 +656,14 @@ def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:
     return rotate_rows(y[None], 1, mats, post=bank.svh)
 
 
-def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, gate_up: exl3.Exl3Bank,
-                   down: exl3.Exl3Bank, limit: float) -> torch.Tensor:
+def routed_experts(
+    x: torch.Tensor,
+    chosen: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: exl3.Exl3Bank,
+    down: exl3.Exl3Bank,
+    limit: float,
+) -> torch.Tensor:
     """Σ over each row's chosen experts of weight · down(swiglu(gate(x), up(x))) with EXL3 experts: x [T, H] fp32;
     chosen, weights [T, k]; gate_up holds expert e's gate / up as matrices 2e / 2e+1, down expert e as matrix e.
     Returns [T, H] fp32 (this rank's partial sum), as engine/ops/triton_moe.routed_experts does for bf16 experts.
@@ -527,18 +679,26 @@ def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
         # five launches: rotate x for gate and up, their GEMV, (sum, rotate, SwiGLU, rotate for down), the down
         # GEMV, (sum, rotate, weight, add the row's k pairs in order)
         pairs, width, hidden = rows * k, gate_up.svh.shape[-1], down.svh.shape[-1]
-        experts = chosen.reshape(-1)                                 # on the device; gate / up: matrices 2e, 2e+1
+        experts = chosen.reshape(-1)  # on the device; gate / up: matrices 2e, 2e+1
         xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, to_kernel_order=True, share=2 * k, paired=True)
         parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, experts, gate_up.codebook, paired=True)
         hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
-        _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](parts, hp, experts, gate_up.svh, down.suh,
-                                                               float(limit), WIDTH=width, PARTS=parts.shape[0])
+        _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
+            parts, hp, experts, gate_up.svh, down.suh, float(limit), WIDTH=width, PARTS=parts.shape[0]
+        )
         parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook)
         out = torch.empty(rows, hidden, dtype=torch.float32, device=x.device)
-        _weighted_sum[(rows, hidden // exl3.HADAMARD_BLOCK)](parts, out, experts, down.svh,
-                                                             weights.float().contiguous(), WIDTH=hidden,
-                                                             PARTS=parts.shape[0], K=k,
-                                                             KP=1 << (k - 1).bit_length())
+        _weighted_sum[(rows, hidden // exl3.HADAMARD_BLOCK)](
+            parts,
+            out,
+            experts,
+            down.svh,
+            weights.float().contiguous(),
+            WIDTH=hidden,
+            PARTS=parts.shape[0],
+            K=k,
+            KP=1 << (k - 1).bit_length(),
+        )
         return out
     out = torch.zeros(rows, down.svh.shape[-1], dtype=torch.float32, device=x.device)
     for expert in chosen.unique().tolist():

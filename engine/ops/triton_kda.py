@@ -28,29 +28,56 @@ def _conv_silu(proj_ptr, win_ptr, conv_w_ptr, chan, live, taps, KERNEL: tl.const
     past = taps[None, :] < KERNEL - 1
     window = tl.load(win_ptr + chan[:, None] * (KERNEL - 1) + taps[None, :], mask=live[:, None] & past, other=0.0)
     new = tl.load(proj_ptr + chan, mask=live, other=0.0)
-    seq = tl.where(taps[None, :] == KERNEL - 1, new[:, None], window)                   # [D, KP]: K taps in order
-    w = tl.load(conv_w_ptr + chan[:, None] * KERNEL + taps[None, :], mask=live[:, None] & (taps[None, :] < KERNEL),
-                other=0.0)
+    seq = tl.where(taps[None, :] == KERNEL - 1, new[:, None], window)  # [D, KP]: K taps in order
+    w = tl.load(
+        conv_w_ptr + chan[:, None] * KERNEL + taps[None, :], mask=live[:, None] & (taps[None, :] < KERNEL), other=0.0
+    )
     y = tl.sum(seq * w, axis=1)
     # the next window: taps 1..K-1 of seq (the oldest input dropped)
-    nxt = tl.load(win_ptr + chan[:, None] * (KERNEL - 1) + taps[None, :] + 1,
-                  mask=live[:, None] & (taps[None, :] + 1 < KERNEL - 1), other=0.0)
+    nxt = tl.load(
+        win_ptr + chan[:, None] * (KERNEL - 1) + taps[None, :] + 1,
+        mask=live[:, None] & (taps[None, :] + 1 < KERNEL - 1),
+        other=0.0,
+    )
     nxt = tl.where(taps[None, :] == KERNEL - 2, new[:, None], nxt)
     return y * tl.sigmoid(y), nxt
 
 
 @triton.jit
 def _store_window(win_ptr, chan, live, taps, nxt, KERNEL: tl.constexpr):
-    tl.store(win_ptr + chan[:, None] * (KERNEL - 1) + taps[None, :], nxt,
-             mask=live[:, None] & (taps[None, :] < KERNEL - 1))
+    tl.store(
+        win_ptr + chan[:, None] * (KERNEL - 1) + taps[None, :], nxt, mask=live[:, None] & (taps[None, :] < KERNEL - 1)
+    )
 
 
 @triton.jit
-def _kda_decode(proj_ptr, f_ptr, b_ptr, gate_ptr, conv_w_ptr, dt_bias_ptr, a_decay_ptr, o_norm_ptr, lane_ptr,
-                win_all_ptr, state_all_ptr, out_ptr, lower_bound, eps, q_scale, proj_stride, f_stride, b_stride,
-                gate_stride,
-                HEADS: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, KERNEL: tl.constexpr, KP: tl.constexpr,
-                BOUNDED: tl.constexpr):
+def _kda_decode(
+    proj_ptr,
+    f_ptr,
+    b_ptr,
+    gate_ptr,
+    conv_w_ptr,
+    dt_bias_ptr,
+    a_decay_ptr,
+    o_norm_ptr,
+    lane_ptr,
+    win_all_ptr,
+    state_all_ptr,
+    out_ptr,
+    lower_bound,
+    eps,
+    q_scale,
+    proj_stride,
+    f_stride,
+    b_stride,
+    gate_stride,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    KERNEL: tl.constexpr,
+    KP: tl.constexpr,
+    BOUNDED: tl.constexpr,
+):
     row = tl.program_id(0)
     head = tl.program_id(1)
     lane = tl.load(lane_ptr + row).to(tl.int64)
@@ -66,8 +93,9 @@ def _kda_decode(proj_ptr, f_ptr, b_ptr, gate_ptr, conv_w_ptr, dt_bias_ptr, a_dec
     v, v_win = _conv_silu(proj, win, conv_w_ptr, 2 * width + chan, live, taps, KERNEL)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-    raw = tl.load(f_ptr + row * f_stride + chan, mask=live, other=0.0) + tl.load(dt_bias_ptr + chan, mask=live,
-                                                                                 other=0.0)
+    raw = tl.load(f_ptr + row * f_stride + chan, mask=live, other=0.0) + tl.load(
+        dt_bias_ptr + chan, mask=live, other=0.0
+    )
     a = tl.load(a_decay_ptr + head)
     if BOUNDED:
         g = lower_bound * tl.sigmoid(a * raw)
@@ -76,13 +104,13 @@ def _kda_decode(proj_ptr, f_ptr, b_ptr, gate_ptr, conv_w_ptr, dt_bias_ptr, a_dec
     beta = tl.sigmoid(tl.load(b_ptr + row * b_stride + head))
     state_ptr = state_all_ptr + (lane * HEADS + head) * D * D + offs[:, None] * D + offs[None, :]
     both = live[:, None] & live[None, :]
-    s = tl.load(state_ptr, mask=both, other=0.0) * tl.exp(g)[:, None]                     # [k, v]
+    s = tl.load(state_ptr, mask=both, other=0.0) * tl.exp(g)[:, None]  # [k, v]
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
     s = s + k[:, None] * delta[None, :]
     o = tl.sum(s * q[:, None], axis=0)
     o = o / tl.sqrt(tl.sum(o * o, axis=0) / D + eps) * tl.load(o_norm_ptr + offs, mask=live, other=0.0)
     o = o * tl.sigmoid(tl.load(gate_ptr + row * gate_stride + chan, mask=live, other=0.0))
-    tl.debug_barrier()   # every window value is read before any is overwritten
+    tl.debug_barrier()  # every window value is read before any is overwritten
     _store_window(win, chan, live, taps, q_win, KERNEL)
     _store_window(win, width + chan, live, taps, k_win, KERNEL)
     _store_window(win, 2 * width + chan, live, taps, v_win, KERNEL)
@@ -90,9 +118,21 @@ def _kda_decode(proj_ptr, f_ptr, b_ptr, gate_ptr, conv_w_ptr, dt_bias_ptr, a_dec
     tl.store(out_ptr + row * width + chan, o, mask=live)
 
 
-def kda_decode(proj: torch.Tensor, f: torch.Tensor, b: torch.Tensor, gate: torch.Tensor, conv_w: torch.Tensor,
-               dt_bias: torch.Tensor, a_decay: torch.Tensor, o_norm: torch.Tensor, lane_ids: torch.Tensor,
-               windows: torch.Tensor, states: torch.Tensor, lower_bound: float | None, eps: float) -> torch.Tensor:
+def kda_decode(
+    proj: torch.Tensor,
+    f: torch.Tensor,
+    b: torch.Tensor,
+    gate: torch.Tensor,
+    conv_w: torch.Tensor,
+    dt_bias: torch.Tensor,
+    a_decay: torch.Tensor,
+    o_norm: torch.Tensor,
+    lane_ids: torch.Tensor,
+    windows: torch.Tensor,
+    states: torch.Tensor,
+    lower_bound: float | None,
+    eps: float,
+) -> torch.Tensor:
     """One token per stream. proj [B, ≥3·H·d] (the q|k|v projections before the conv), f [B, H·d] (f_b's output),
     b [B, ≥H] (beta logits), gate [B, H·d] (g_b's output): fp32, rows may be strided; conv_w [3·H·d, K], dt_bias
     [H·d], a_decay [H] (e^A_log), o_norm [d]; lane_ids [B]; windows [lanes, 3·H·d, K-1] and states [lanes, H, d, d]
@@ -106,9 +146,31 @@ def kda_decode(proj: torch.Tensor, f: torch.Tensor, b: torch.Tensor, gate: torch
     out = torch.empty(rows, heads * d, dtype=torch.float32, device=proj.device)
     dp = triton.next_power_of_2(d)
     _kda_decode[(rows, heads)](
-        proj, f, b, gate, conv_w, dt_bias, a_decay, o_norm, lane_ids, windows, states, out,
-        0.0 if lower_bound is None else lower_bound, eps, d ** -0.5, proj.stride(0), f.stride(0), b.stride(0),
+        proj,
+        f,
+        b,
+        gate,
+        conv_w,
+        dt_bias,
+        a_decay,
+        o_norm,
+        lane_ids,
+        windows,
+        states,
+        out,
+        0.0 if lower_bound is None else lower_bound,
+        eps,
+        d**-0.5,
+        proj.stride(0),
+        f.stride(0),
+        b.stride(0),
         gate.stride(0),
-        HEADS=heads, D=d, DP=dp, KERNEL=kernel, KP=triton.next_power_of_2(kernel), BOUNDED=lower_bound is not None,
-        num_warps=16 if dp >= 128 else 4)   # 16 warps: the 128×128 state tile without spilling much
+        HEADS=heads,
+        D=d,
+        DP=dp,
+        KERNEL=kernel,
+        KP=triton.next_power_of_2(kernel),
+        BOUNDED=lower_bound is not None,
+        num_warps=16 if dp >= 128 else 4,
+    )  # 16 warps: the 128×128 state tile without spilling much
     return out

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-CHUNK = 128   # hidden columns a `_hc_dots` / `_hc_post` program covers
+CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_post` program covers
 
 
 @triton.jit
@@ -55,8 +55,18 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _hc_dots(streams_ptr, fn_ptr, dots_ptr, gram_ptr, HIDDEN: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
-             R_PAD: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+def _hc_dots(
+    streams_ptr,
+    fn_ptr,
+    dots_ptr,
+    gram_ptr,
+    HIDDEN: tl.constexpr,
+    N: tl.constexpr,
+    R: tl.constexpr,
+    R_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     token = tl.program_id(0)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -64,12 +74,15 @@ def _hc_dots(streams_ptr, fn_ptr, dots_ptr, gram_ptr, HIDDEN: tl.constexpr, N: t
     n_idx = tl.arange(0, N)
     rows = tl.arange(0, R_PAD)
     s = tl.load(streams_ptr + (token * N + n_idx[:, None]) * HIDDEN + cols[None, :], mask=live[None, :], other=0.0)
-    gram = tl.sum(s[:, None, :] * s[None, :, :], axis=2)                       # [N, N]: the streams' dot products
+    gram = tl.sum(s[:, None, :] * s[None, :, :], axis=2)  # [N, N]: the streams' dot products
     dots = tl.zeros([R_PAD], dtype=tl.float32)
     for n in tl.static_range(N):
         x = tl.load(streams_ptr + (token * N + n) * HIDDEN + cols, mask=live, other=0.0)
-        w = tl.load(fn_ptr + rows[:, None] * (N * HIDDEN) + n * HIDDEN + cols[None, :],
-                    mask=(rows[:, None] < R) & live[None, :], other=0.0)
+        w = tl.load(
+            fn_ptr + rows[:, None] * (N * HIDDEN) + n * HIDDEN + cols[None, :],
+            mask=(rows[:, None] < R) & live[None, :],
+            other=0.0,
+        )
         dots += tl.sum(w * x[None, :], axis=1)
     part = token * CHUNKS + chunk
     tl.store(dots_ptr + part * R_PAD + rows, dots)
@@ -77,9 +90,27 @@ def _hc_dots(streams_ptr, fn_ptr, dots_ptr, gram_ptr, HIDDEN: tl.constexpr, N: t
 
 
 @triton.jit
-def _hc_mix(streams_ptr, dots_ptr, gram_ptr, base_ptr, scale_ptr, norm_w_ptr, x_ptr, post_ptr, comb_ptr,
-            hc_eps, norm_eps, sub_eps, HIDDEN: tl.constexpr, N: tl.constexpr, R_PAD: tl.constexpr,
-            CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, ITERS: tl.constexpr, BLOCK: tl.constexpr):
+def _hc_mix(
+    streams_ptr,
+    dots_ptr,
+    gram_ptr,
+    base_ptr,
+    scale_ptr,
+    norm_w_ptr,
+    x_ptr,
+    post_ptr,
+    comb_ptr,
+    hc_eps,
+    norm_eps,
+    sub_eps,
+    HIDDEN: tl.constexpr,
+    N: tl.constexpr,
+    R_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+    ITERS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """One program per (token, hidden chunk); each works the gates out from the partial sums (a few hundred
     flops), the first also stores post and comb."""
     token = tl.program_id(0)
@@ -89,17 +120,31 @@ def _hc_mix(streams_ptr, dots_ptr, gram_ptr, base_ptr, scale_ptr, norm_w_ptr, x_
     first = token * CHUNKS
     n_idx = tl.arange(0, N)
     square = n_idx[:, None] * N + n_idx[None, :]
-    gram = tl.sum(tl.load(gram_ptr + (first + parts)[:, None, None] * N * N + square[None, :, :],
-                          mask=part_live[:, None, None], other=0.0), axis=0)               # [N, N]
-    total = tl.sum(tl.sum(tl.where(n_idx[:, None] == n_idx[None, :], gram, 0.0), axis=1), axis=0)   # Σ s²
+    gram = tl.sum(
+        tl.load(
+            gram_ptr + (first + parts)[:, None, None] * N * N + square[None, :, :],
+            mask=part_live[:, None, None],
+            other=0.0,
+        ),
+        axis=0,
+    )  # [N, N]
+    total = tl.sum(tl.sum(tl.where(n_idx[:, None] == n_idx[None, :], gram, 0.0), axis=1), axis=0)  # Σ s²
     inv = 1.0 / tl.sqrt(total / (N * HIDDEN) + norm_eps)
     part_rows = (first + parts)[:, None] * R_PAD
     # the three groups of logits, each summed over the chunks, then normalised
     pre_l = tl.sum(tl.load(dots_ptr + part_rows + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
-    post_l = tl.sum(tl.load(dots_ptr + part_rows + N + n_idx[None, :], mask=part_live[:, None], other=0.0),
-                    axis=0) * inv
-    comb_l = tl.sum(tl.load(dots_ptr + part_rows[:, :, None] + 2 * N + square[None, :, :],
-                            mask=part_live[:, None, None], other=0.0), axis=0) * inv
+    post_l = (
+        tl.sum(tl.load(dots_ptr + part_rows + N + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
+    )
+    comb_l = (
+        tl.sum(
+            tl.load(
+                dots_ptr + part_rows[:, :, None] + 2 * N + square[None, :, :], mask=part_live[:, None, None], other=0.0
+            ),
+            axis=0,
+        )
+        * inv
+    )
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
     s2 = tl.load(scale_ptr + 2)
@@ -116,34 +161,48 @@ def _hc_mix(streams_ptr, dots_ptr, gram_ptr, base_ptr, scale_ptr, norm_w_ptr, x_
     inv_h = 1.0 / tl.sqrt(h_sq / HIDDEN + sub_eps)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     live = cols < HIDDEN
-    s = tl.load(streams_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :],
-                other=0.0)
+    s = tl.load(
+        streams_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :], other=0.0
+    )
     h = tl.sum(pre[:, None] * s, axis=0)
     w = tl.load(norm_w_ptr + cols, mask=live, other=0.0)
     tl.store(x_ptr + token * HIDDEN + cols, h * inv_h * w, mask=live)
 
 
 @triton.jit
-def _hc_post(streams_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, HIDDEN: tl.constexpr, N: tl.constexpr,
-             BLOCK: tl.constexpr):
+def _hc_post(
+    streams_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, HIDDEN: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr
+):
     token = tl.program_id(0)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     live = cols < HIDDEN
     n_idx = tl.arange(0, N)
-    s = tl.load(streams_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :],
-                other=0.0)                                                                     # [N (m), BLOCK]
-    comb = tl.load(comb_ptr + token * N * N + n_idx[:, None] * N + n_idx[None, :])              # [m, n]
-    mixed = tl.sum(comb[:, :, None] * s[:, None, :], axis=0)                                   # [n, BLOCK]
+    s = tl.load(
+        streams_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :], mask=live[None, :], other=0.0
+    )  # [N (m), BLOCK]
+    comb = tl.load(comb_ptr + token * N * N + n_idx[:, None] * N + n_idx[None, :])  # [m, n]
+    mixed = tl.sum(comb[:, :, None] * s[:, None, :], axis=0)  # [n, BLOCK]
     post = tl.load(post_ptr + token * N + n_idx)
     out = tl.load(out_ptr + token * HIDDEN + cols, mask=live, other=0.0)
-    tl.store(new_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :],
-             post[:, None] * out[None, :] + mixed, mask=live[None, :])
+    tl.store(
+        new_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :],
+        post[:, None] * out[None, :] + mixed,
+        mask=live[None, :],
+    )
 
 
-def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor,
-           hc_eps: float, norm_eps: float, sub_eps: float, iters: int
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def hc_pre(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    norm_weight: torch.Tensor,
+    hc_eps: float,
+    norm_eps: float,
+    sub_eps: float,
+    iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] fp32 -> (the sublayer's input rms_norm(Σ pre·streams) · norm_weight [T, hidden],
     post [T, n], comb [T, n, n]); fn [2n + n², n·hidden], base [2n + n²], scale [3], norm_weight [hidden], fp32."""
     streams = streams.contiguous()
@@ -152,14 +211,33 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     r_pad, chunks = triton.next_power_of_2(rows), triton.cdiv(hidden, CHUNK)
     dots = torch.empty(tokens, chunks, r_pad, dtype=torch.float32, device=streams.device)
     gram = torch.empty(tokens, chunks, n, n, dtype=torch.float32, device=streams.device)
-    _hc_dots[(tokens, chunks)](streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks,
-                               BLOCK=CHUNK)
+    _hc_dots[(tokens, chunks)](
+        streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks, BLOCK=CHUNK
+    )
     x = torch.empty(tokens, hidden, dtype=torch.float32, device=streams.device)
     post = torch.empty(tokens, n, dtype=torch.float32, device=streams.device)
     comb = torch.empty(tokens, n, n, dtype=torch.float32, device=streams.device)
-    _hc_mix[(tokens, chunks)](streams, dots, gram, base, scale, norm_weight, x, post, comb, hc_eps, norm_eps,
-                              sub_eps, HIDDEN=hidden, N=n, R_PAD=r_pad, CHUNKS=chunks,
-                              CHUNKS_PAD=triton.next_power_of_2(chunks), ITERS=iters, BLOCK=CHUNK)
+    _hc_mix[(tokens, chunks)](
+        streams,
+        dots,
+        gram,
+        base,
+        scale,
+        norm_weight,
+        x,
+        post,
+        comb,
+        hc_eps,
+        norm_eps,
+        sub_eps,
+        HIDDEN=hidden,
+        N=n,
+        R_PAD=r_pad,
+        CHUNKS=chunks,
+        CHUNKS_PAD=triton.next_power_of_2(chunks),
+        ITERS=iters,
+        BLOCK=CHUNK,
+    )
     return x, post, comb
 
 

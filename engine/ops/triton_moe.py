@@ -19,9 +19,22 @@ import triton.language as tl
 
 
 @triton.jit
-def _pair_gemv(x_ptr, w_ptr, expert_ptr, scale_ptr, out_ptr, rows_per_pair, stride_expert, limit,
-               K: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SWIGLU: tl.constexpr, SCALED: tl.constexpr):
+def _pair_gemv(
+    x_ptr,
+    w_ptr,
+    expert_ptr,
+    scale_ptr,
+    out_ptr,
+    rows_per_pair,
+    stride_expert,
+    limit,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    SCALED: tl.constexpr,
+):
     pair = tl.program_id(0)
     block = tl.program_id(1)
     expert = tl.load(expert_ptr + pair).to(tl.int64)
@@ -33,23 +46,33 @@ def _pair_gemv(x_ptr, w_ptr, expert_ptr, scale_ptr, out_ptr, rows_per_pair, stri
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         live_k = offs_k < K
-        if SWIGLU:   # the input is the pair's gate‖up output [2K]: silu(min(gate, limit)) · clamp(up, ±limit)
+        if SWIGLU:  # the input is the pair's gate‖up output [2K]: silu(min(gate, limit)) · clamp(up, ±limit)
             gate = tl.minimum(tl.load(x_ptr + row * 2 * K + offs_k, mask=live_k, other=0.0), limit)
             up = tl.load(x_ptr + row * 2 * K + K + offs_k, mask=live_k, other=0.0)
             x = gate * tl.sigmoid(gate) * tl.minimum(tl.maximum(up, -limit), limit)
         else:
             x = tl.load(x_ptr + row * K + offs_k, mask=live_k, other=0.0).to(tl.float32)
-        w = tl.load(weights + offs_n[:, None].to(tl.int64) * K + offs_k[None, :],
-                    mask=live_n[:, None] & live_k[None, :], other=0.0).to(tl.float32)
+        w = tl.load(
+            weights + offs_n[:, None].to(tl.int64) * K + offs_k[None, :],
+            mask=live_n[:, None] & live_k[None, :],
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.sum(w * x[None, :], axis=1)
     if SCALED:
         acc = acc * tl.load(scale_ptr + pair)
     tl.store(out_ptr + pair * N + offs_n, acc, mask=live_n)
 
 
-def pair_gemv(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, rows_per_pair: int,
-              block_n: int = 32, block_k: int = 256, swiglu_limit: float | None = None,
-              scale: torch.Tensor | None = None) -> torch.Tensor:
+def pair_gemv(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    rows_per_pair: int,
+    block_n: int = 32,
+    block_k: int = 256,
+    swiglu_limit: float | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """out[p] = weights[experts[p]] @ x[p // rows_per_pair]; x [R, K] fp32, weights [E, N, K], experts [P] -> [P, N].
     With `swiglu_limit`, x [P, 2K] holds each pair's gate‖up and the product is taken with their clamped SwiGLU;
     with `scale` [P], each pair's output is multiplied by its entry."""
@@ -57,29 +80,57 @@ def pair_gemv(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, row
     pairs, (_, n, k) = experts.numel(), weights.shape
     out = torch.empty(pairs, n, dtype=torch.float32, device=x.device)
     grid = (pairs, triton.cdiv(n, block_n))
-    _pair_gemv[grid](x, weights, experts.contiguous(), out if scale is None else scale.contiguous(), out,
-                     rows_per_pair, weights.stride(0), 0.0 if swiglu_limit is None else swiglu_limit,
-                     K=k, N=n, BLOCK_N=block_n, BLOCK_K=block_k, SWIGLU=swiglu_limit is not None,
-                     SCALED=scale is not None)
+    _pair_gemv[grid](
+        x,
+        weights,
+        experts.contiguous(),
+        out if scale is None else scale.contiguous(),
+        out,
+        rows_per_pair,
+        weights.stride(0),
+        0.0 if swiglu_limit is None else swiglu_limit,
+        K=k,
+        N=n,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SWIGLU=swiglu_limit is not None,
+        SCALED=scale is not None,
+    )
     return out
 
 
-def routed_experts(x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-                   down: torch.Tensor, limit: float) -> torch.Tensor:
+def routed_experts(
+    x: torch.Tensor,
+    chosen: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    limit: float,
+) -> torch.Tensor:
     """Sum over each row's chosen experts of weight · down(swiglu(gate_up(x))). x [T, H] fp32; chosen, weights
     [T, k]; gate_up [E, 2I, H]; down [E, H, I]. Returns [T, H] fp32 (this rank's partial sum)."""
     rows, k = chosen.shape
     experts = chosen.reshape(-1).to(torch.int32)
     gate_up_out = pair_gemv(x, gate_up, experts, rows_per_pair=k)
-    out = pair_gemv(gate_up_out, down, experts, rows_per_pair=1, swiglu_limit=limit,
-                    scale=weights.reshape(-1).float())
+    out = pair_gemv(gate_up_out, down, experts, rows_per_pair=1, swiglu_limit=limit, scale=weights.reshape(-1).float())
     return out.view(rows, k, -1).sum(1)
 
 
 @triton.jit
-def _route(logits_ptr, bias_ptr, chosen_ptr, weights_ptr, scale, shared,
-           E: tl.constexpr, EP: tl.constexpr, TOP: tl.constexpr, WIDTH: tl.constexpr, WP: tl.constexpr,
-           RENORM: tl.constexpr):
+def _route(
+    logits_ptr,
+    bias_ptr,
+    chosen_ptr,
+    weights_ptr,
+    scale,
+    shared,
+    E: tl.constexpr,
+    EP: tl.constexpr,
+    TOP: tl.constexpr,
+    WIDTH: tl.constexpr,
+    WP: tl.constexpr,
+    RENORM: tl.constexpr,
+):
     token = tl.program_id(0)
     offs = tl.arange(0, EP)
     live = offs < E
@@ -88,7 +139,7 @@ def _route(logits_ptr, bias_ptr, chosen_ptr, weights_ptr, scale, shared,
     slot = tl.arange(0, WP)
     chosen = tl.zeros([WP], dtype=tl.int32)
     weight = tl.zeros([WP], dtype=tl.float32)
-    for i in tl.static_range(TOP):   # the largest biased score, TOP times (a tie goes to the lower expert id)
+    for i in tl.static_range(TOP):  # the largest biased score, TOP times (a tie goes to the lower expert id)
         best = tl.argmax(pick, axis=0)
         chosen = tl.where(slot == i, best, chosen)
         weight = tl.where(slot == i, tl.sum(tl.where(offs == best, score, 0.0), axis=0), weight)
@@ -96,15 +147,16 @@ def _route(logits_ptr, bias_ptr, chosen_ptr, weights_ptr, scale, shared,
     if RENORM:
         weight = weight / (tl.sum(weight, axis=0) + 1e-20)
     weight = weight * scale
-    if WIDTH > TOP:   # the shared expert, as one more pair of weight 1
+    if WIDTH > TOP:  # the shared expert, as one more pair of weight 1
         chosen = tl.where(slot == TOP, shared, chosen)
         weight = tl.where(slot == TOP, 1.0, weight)
     tl.store(chosen_ptr + token * WIDTH + slot, chosen, mask=slot < WIDTH)
     tl.store(weights_ptr + token * WIDTH + slot, weight, mask=slot < WIDTH)
 
 
-def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float, renorm: bool,
-          shared: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float, renorm: bool, shared: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The router after its matmul, for logits [T, E] fp32: chosen experts [T, k] int32 and their weights [T, k]
     (sigmoid scores, chosen by score + bias, renormalised when `renorm`, times `scale`), as moe.MoE.route; with
     `shared`, a (k+1)-th column: that expert id with weight 1."""
@@ -112,7 +164,18 @@ def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float, re
     width = top_k + (shared is not None)
     chosen = torch.empty(tokens, width, dtype=torch.int32, device=logits.device)
     weights = torch.empty(tokens, width, dtype=torch.float32, device=logits.device)
-    _route[(tokens,)](logits.contiguous(), bias, chosen, weights, scale, -1 if shared is None else shared,
-                      E=experts, EP=triton.next_power_of_2(experts), TOP=top_k, WIDTH=width,
-                      WP=triton.next_power_of_2(width), RENORM=renorm)
+    _route[(tokens,)](
+        logits.contiguous(),
+        bias,
+        chosen,
+        weights,
+        scale,
+        -1 if shared is None else shared,
+        E=experts,
+        EP=triton.next_power_of_2(experts),
+        TOP=top_k,
+        WIDTH=width,
+        WP=triton.next_power_of_2(width),
+        RENORM=renorm,
+    )
     return chosen, weights

@@ -27,13 +27,13 @@ import torch
 
 CODEBOOKS = ("3inst", "mcg", "mul1")
 MARKERS = {"mcg": 0xCBAC1FED, "mul1": 0x83DCD12D}  # the marker tensors' stored values (as uint32)
-WIDTHS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8)   # every width the format defines; x.5 with mul1 only
+WIDTHS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8)  # every width the format defines; x.5 with mul1 only
 HADAMARD_BLOCK = 128
 TILE = 16
 
 _3INST_MUL, _3INST_ADD = 89226354, 64248484
-_FP16_MASK, _FP16_FLIP = 0x8FFF8FFF, 0x3B603B60    # keeps sign + low exponent bits: |halves| in [1/8, 2)
-_MUL1_SCALE, _MUL1_BIAS = 0x1EEE, 0xC931           # fp16 bit patterns: 1/147.7 and -10.39
+_FP16_MASK, _FP16_FLIP = 0x8FFF8FFF, 0x3B603B60  # keeps sign + low exponent bits: |halves| in [1/8, 2)
+_MUL1_SCALE, _MUL1_BIAS = 0x1EEE, 0xC931  # fp16 bit patterns: 1/147.7 and -10.39
 
 
 class Exl3FormatError(ValueError):
@@ -49,6 +49,7 @@ def width_of(words_per_tile: int) -> float:
 
 
 # -- codebooks --------------------------------------------------------------------------------------------------
+
 
 def _fp16_from_bits(bits: torch.Tensor) -> torch.Tensor:
     """int64 values 0..65535 read as fp16 bit patterns."""
@@ -81,13 +82,14 @@ def codebook(name: str) -> torch.Tensor:
 
 # -- one tile ---------------------------------------------------------------------------------------------------
 
+
 @lru_cache(maxsize=len(WIDTHS))
 def window_ends(bits: float) -> torch.Tensor:
     """E(p) for p = 0..255: the (exclusive) stream bit where value p's 16-bit state ends, [256] int64."""
     step = torch.arange(1, 257, dtype=torch.int64)
     if float(bits).is_integer():
         return step * int(bits)
-    pair = int(2 * bits)                       # bits per two positions: KA + (KA + 1)
+    pair = int(2 * bits)  # bits per two positions: KA + (KA + 1)
     return (step * pair - step % 2) // 2
 
 
@@ -104,27 +106,26 @@ def tile_cells() -> torch.Tensor:
 def tile_states(trellis: torch.Tensor, bits: float) -> torch.Tensor:
     """The 16-bit state of every value: [..., 256] int64 from trellis int16 [..., 16*bits]."""
     words16 = trellis.to(torch.int64) & 0xFFFF
-    words = words16[..., 0::2] | (words16[..., 1::2] << 16)          # [..., 8*bits] 32-bit words
+    words = words16[..., 0::2] | (words16[..., 1::2] << 16)  # [..., 8*bits] 32-bit words
     count = words.shape[-1]
-    start = window_ends(bits) - 16 + 32 * count                       # first bit of each window, kept >= 0
+    start = window_ends(bits) - 16 + 32 * count  # first bit of each window, kept >= 0
     first, offset = (start // 32) % count, start % 32
     lead, follow = words[..., first], words[..., (first + 1) % count]
-    window48 = (lead << 16) | (follow >> 16)                          # the 48 stream bits from `first`'s MSB
+    window48 = (lead << 16) | (follow >> 16)  # the 48 stream bits from `first`'s MSB
     return (window48 >> (32 - offset)) & 0xFFFF
 
 
 def unpack(trellis: torch.Tensor, codebook_name: str) -> torch.Tensor:
     """W_q [K, N] fp16, the weight in the rotated basis, from trellis int16 [K/16, N/16, 16*bits]."""
     if trellis.dtype != torch.int16 or trellis.dim() != 3:
-        raise Exl3FormatError(f"trellis must be int16 [K/16, N/16, 16*bits], got {trellis.dtype} "
-                              f"{list(trellis.shape)}")
+        raise Exl3FormatError(f"trellis must be int16 [K/16, N/16, 16*bits], got {trellis.dtype} {list(trellis.shape)}")
     bits = width_of(trellis.shape[-1])
     if not bits:
         raise Exl3FormatError(f"trellis last dimension {trellis.shape[-1]} is not 16*bits for a width in {WIDTHS}")
     if not float(bits).is_integer() and codebook_name != "mul1":
         raise Exl3FormatError(f"{bits}-bit tiles need the mul1 codebook, got {codebook_name}")
     k_tiles, n_tiles = trellis.shape[:2]
-    values = codebook(codebook_name)[tile_states(trellis, bits)]    # [kt, nt, 256] in stream order
+    values = codebook(codebook_name)[tile_states(trellis, bits)]  # [kt, nt, 256] in stream order
     tiles = torch.empty_like(values)
     tiles[..., tile_cells()] = values
     return tiles.view(k_tiles, n_tiles, TILE, TILE).transpose(1, 2).reshape(k_tiles * TILE, n_tiles * TILE)
@@ -138,6 +139,7 @@ def unpack_signs(packed: torch.Tensor) -> torch.Tensor:
 
 
 # -- the layer --------------------------------------------------------------------------------------------------
+
 
 @lru_cache(maxsize=2)
 def hadamard(dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -170,9 +172,10 @@ def rotate(x: torch.Tensor, dim: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class Exl3Linear:
     """One EXL3 layer's tensors as stored (see the module docstring); `suh`/`svh` already unpacked from signs."""
-    trellis: torch.Tensor          # int16 [K/16, N/16, 16*bits]
-    suh: torch.Tensor              # fp16 [K]
-    svh: torch.Tensor              # fp16 [N]
+
+    trellis: torch.Tensor  # int16 [K/16, N/16, 16*bits]
+    suh: torch.Tensor  # fp16 [K]
+    svh: torch.Tensor  # fp16 [N]
     codebook: str = "3inst"
     bias: torch.Tensor | None = None
 
@@ -204,6 +207,7 @@ class Exl3Linear:
 class Exl3Bank:
     """Matrices of one shape and one format stacked so a kernel picks matrix i by an index read on the device (a
     MoE layer's routed experts): trellis int16 [M, K/16, N/16, 16*bits], suh fp16 [M, K], svh fp16 [M, N]."""
+
     trellis: torch.Tensor
     suh: torch.Tensor
     svh: torch.Tensor

@@ -23,10 +23,10 @@ log = logging.getLogger("engine.runner")
 
 @dataclass
 class StepPlan:
-    releases: list[int] = field(default_factory=list)          # lanes whose sequence ends (slots back to the pool)
-    admits: list[int] = field(default_factory=list)            # lanes that get a fresh sequence
-    prefill: tuple[int, list[int]] | None = None               # (lane, prompt chunk ids)
-    decode: tuple[list[int], list[int]] | None = None          # (lanes, one token id each)
+    releases: list[int] = field(default_factory=list)  # lanes whose sequence ends (slots back to the pool)
+    admits: list[int] = field(default_factory=list)  # lanes that get a fresh sequence
+    prefill: tuple[int, list[int]] | None = None  # (lane, prompt chunk ids)
+    decode: tuple[list[int], list[int]] | None = None  # (lanes, one token id each)
     shutdown: bool = False
 
     @property
@@ -53,8 +53,9 @@ class StepExecutor:
             if seq is not None:
                 seq.release()
         for lane in plan.admits:
-            self.lanes[lane] = (self.decoder.new_sequence(lane) if self.decoder is not None
-                                else self.model.new_sequence(self.pool))
+            self.lanes[lane] = (
+                self.decoder.new_sequence(lane) if self.decoder is not None else self.model.new_sequence(self.pool)
+            )
         if plan.prefill is not None:
             lane, ids = plan.prefill
             return self.model.prefill(self.lanes[lane], list(ids)).cpu()  # sampling runs on the CPU
@@ -76,8 +77,9 @@ def follow_plans(group: Any, executor: StepExecutor) -> int:
         try:
             plan = group.broadcast_object(None)
         except Exception as exc:  # the peer closed the connection or the collective timed out
-            print(f"rank {group.rank}: rank 0 is gone ({type(exc).__name__}: {exc}); exiting", file=sys.stderr,
-                  flush=True)
+            print(
+                f"rank {group.rank}: rank 0 is gone ({type(exc).__name__}: {exc}); exiting", file=sys.stderr, flush=True
+            )
             return 1
         if not isinstance(plan, StepPlan):
             print(f"rank {group.rank}: unexpected message {type(plan).__name__}; exiting", file=sys.stderr, flush=True)
@@ -89,7 +91,10 @@ def follow_plans(group: Any, executor: StepExecutor) -> int:
         try:
             executor.run(plan)
         except Exception as exc:
-            print(f"rank {group.rank}: step {steps} failed ({type(exc).__name__}: {exc}); exiting", file=sys.stderr,
-                  flush=True)
+            print(
+                f"rank {group.rank}: step {steps} failed ({type(exc).__name__}: {exc}); exiting",
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
         steps += 1

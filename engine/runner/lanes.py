@@ -61,8 +61,9 @@ class CapturedStep:
 class LaneDecoder:
     """Sequences bound to lanes, and their decode step (graphs on a GPU, eager elsewhere)."""
 
-    def __init__(self, model: LaneModel, pool: KVPool, num_lanes: int, graphs: bool = True,
-                 min_span: int = MIN_SPAN) -> None:
+    def __init__(
+        self, model: LaneModel, pool: KVPool, num_lanes: int, graphs: bool = True, min_span: int = MIN_SPAN
+    ) -> None:
         """`graphs`: capture and replay where the device allows it (CUDA); with several ranks, only when every rank
         says so (EngineConfig.cuda_graphs is part of the ranks' fingerprint, so they do)."""
         self.model, self.pool = model, pool
@@ -124,8 +125,9 @@ class LaneDecoder:
             if not everyone or captured is None:
                 if not reason:
                     reason = "another rank's capture failed"
-                log.warning("CUDA graph capture failed (batch %d, span %d: %s); decoding without graphs",
-                            batch, span, reason)
+                log.warning(
+                    "CUDA graph capture failed (batch %d, span %d: %s); decoding without graphs", batch, span, reason
+                )
                 self.graphs = None
                 return None
             graphs[key] = captured

@@ -9,7 +9,7 @@ import torch
 
 
 class ServingModel(Protocol):
-    group: Any                                   # engine.parallel.ParallelGroup
+    group: Any  # engine.parallel.ParallelGroup
 
     def new_sequence(self, pool: Any) -> Any: ...
 

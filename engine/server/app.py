@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -32,12 +33,21 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
-async def _reply(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None,
-                 code: str | None = None) -> None:
+async def _reply(
+    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None, code: str | None = None
+) -> None:
     payload = json.dumps(error_body(status, message, code)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -64,8 +74,13 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         if not self._authorised(scope):
-            await _reply(send, 401, "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
-                         [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
+            await _reply(
+                send,
+                401,
+                "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
+                [(b"www-authenticate", b"Bearer")],
+                code="invalid_api_key",
+            )
             return
         limit = self.state.body_limit
         declared = dict(scope.get("headers") or []).get(b"content-length")

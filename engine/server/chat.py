@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.server.template import render_chat
 from engine.server.errors import bad_request
 from engine.server.generation import held_suffix
 from engine.server.protocol import ChatMessage, Tool
+from engine.server.template import render_chat
 from engine.server.tools import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_call
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -50,12 +50,16 @@ def thinking_options(default_on: bool, effort: str | None, kwargs: dict[str, Any
     if effort is not None and not isinstance(effort, str):
         raise bad_request("reasoning_effort must be a string", "reasoning_effort")
     if effort is not None and effort not in EFFORTS and effort != "none":
-        raise bad_request(f"reasoning_effort {effort!r} is not one of none, minimal, low, medium, high, xhigh, max",
-                          "reasoning_effort")
+        raise bad_request(
+            f"reasoning_effort {effort!r} is not one of none, minimal, low, medium, high, xhigh, max",
+            "reasoning_effort",
+        )
     for name in ("enable_thinking", "thinking"):
         if options.get(name) is not None and not isinstance(options[name], bool):
-            raise bad_request(f"chat_template_kwargs.{name} must be true or false, not {options[name]!r}",
-                              f"chat_template_kwargs.{name}")
+            raise bad_request(
+                f"chat_template_kwargs.{name} must be true or false, not {options[name]!r}",
+                f"chat_template_kwargs.{name}",
+            )
     explicit = options.get("enable_thinking") is not None or options.get("thinking") is not None
     if not explicit:
         options["enable_thinking"] = default_on and effort != "none"
@@ -64,15 +68,27 @@ def thinking_options(default_on: bool, effort: str | None, kwargs: dict[str, Any
     return options
 
 
-def render(template: str, messages: list[ChatMessage], tools: list[Tool] | None, default_thinking: bool,
-           effort: str | None, kwargs: dict[str, Any] | None, add_generation_prompt: bool = True) -> str:
+def render(
+    template: str,
+    messages: list[ChatMessage],
+    tools: list[Tool] | None,
+    default_thinking: bool,
+    effort: str | None,
+    kwargs: dict[str, Any] | None,
+    add_generation_prompt: bool = True,
+) -> str:
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
     options = thinking_options(default_thinking, effort, kwargs)
     for reserved in ("messages", "tools", "add_generation_prompt", "template"):
         options.pop(reserved, None)
     try:
-        return render_chat(template_messages(messages), tool_dicts, add_generation_prompt=add_generation_prompt,
-                           template=template, **options)
+        return render_chat(
+            template_messages(messages),
+            tool_dicts,
+            add_generation_prompt=add_generation_prompt,
+            template=template,
+            **options,
+        )
     except Exception as exc:  # a template error is the request's fault (its messages or kwargs)
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
 
@@ -81,10 +97,9 @@ def starts_in_reasoning(prompt: str) -> bool:
     return prompt.rstrip().endswith(THINK_OPEN)
 
 
-
 @dataclass
 class ReplyPiece:
-    kind: str            # "reasoning" | "content" | "tool_call"
+    kind: str  # "reasoning" | "content" | "tool_call"
     text: str = ""
     call: ParsedCall | None = None
 
@@ -92,8 +107,9 @@ class ReplyPiece:
 @dataclass
 class ReplyParser:
     """Feed text deltas, get reasoning / content / tool-call pieces; `finish` flushes what is held back."""
+
     in_reasoning: bool
-    tools: dict[str, dict[str, Any]] = field(default_factory=dict)   # empty: no tool-call parsing
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # empty: no tool-call parsing
     buffer: str = ""
     calls: list[ParsedCall] = field(default_factory=list)
 
@@ -108,8 +124,8 @@ class ReplyParser:
                     self.in_reasoning, self.buffer = False, tail
                     continue
                 keep = held_suffix(self.buffer, (THINK_CLOSE,))
-                self._out(pieces, "reasoning", self.buffer[:len(self.buffer) - keep])
-                self.buffer = self.buffer[len(self.buffer) - keep:]
+                self._out(pieces, "reasoning", self.buffer[: len(self.buffer) - keep])
+                self.buffer = self.buffer[len(self.buffer) - keep :]
                 return pieces
             if self.tools and CALL_OPEN in self.buffer:
                 head, _, tail = self.buffer.partition(CALL_OPEN)
@@ -128,8 +144,8 @@ class ReplyParser:
                 self.buffer = rest
                 continue
             keep = held_suffix(self.buffer, (CALL_OPEN,) if self.tools else ())
-            self._out(pieces, "content", self.buffer[:len(self.buffer) - keep])
-            self.buffer = self.buffer[len(self.buffer) - keep:]
+            self._out(pieces, "content", self.buffer[: len(self.buffer) - keep])
+            self.buffer = self.buffer[len(self.buffer) - keep :]
             return pieces
         return pieces
 

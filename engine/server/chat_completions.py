@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.server.chat import ReplyParser, ReplyPiece, render, starts_in_reasoning
-from engine.server.common import (check_request, collect, new_id, reply_budget, server_state, sse,
-                                  start_generation, stream_error, usage)
+from engine.server.common import (
+    check_request,
+    collect,
+    new_id,
+    reply_budget,
+    server_state,
+    sse,
+    start_generation,
+    stream_error,
+    usage,
+)
 from engine.server.errors import APIError, bad_request
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
@@ -29,14 +39,18 @@ def _tools(body: ChatCompletionRequest) -> tuple[list[Tool] | None, dict[str, di
     tools = body.tools or None
     if body.tool_choice == "none" or not tools:
         if isinstance(body.tool_choice, NamedToolChoice):
-            raise bad_request("tool_choice names a function but no tools were offered", "tool_choice",
-                              code="invalid_tool_choice")
+            raise bad_request(
+                "tool_choice names a function but no tools were offered", "tool_choice", code="invalid_tool_choice"
+            )
         return None, {}
     if isinstance(body.tool_choice, NamedToolChoice):
         chosen = [t for t in tools if t.function.name == body.tool_choice.function.name]
         if not chosen:
-            raise bad_request(f"tool_choice names {body.tool_choice.function.name!r}, which is not among the "
-                              "offered tools", "tool_choice", code="invalid_tool_choice")
+            raise bad_request(
+                f"tool_choice names {body.tool_choice.function.name!r}, which is not among the offered tools",
+                "tool_choice",
+                code="invalid_tool_choice",
+            )
         tools = chosen
     return tools, offered_tools([t.model_dump(exclude_none=True) for t in tools])
 
@@ -54,7 +68,7 @@ def forced_call_prefix(body: ChatCompletionRequest, shown: list[Tool] | None) ->
     return ""
 
 
-def _reasoning_tokens(state: "ServerState", generation: Generation, thinking: bool) -> int:
+def _reasoning_tokens(state: ServerState, generation: Generation, thinking: bool) -> int:
     if not thinking:
         return 0
     close = state.token_id("</think>")
@@ -69,36 +83,53 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     shown, parsed = _tools(body)
     forced = forced_call_prefix(body, shown)
     # A forced call is written into the reply's start, so the reply cannot open with a think block: thinking is off.
-    kwargs = {**(body.chat_template_kwargs or {}), "enable_thinking": False, "thinking": False} if forced \
+    kwargs = (
+        {**(body.chat_template_kwargs or {}), "enable_thinking": False, "thinking": False}
+        if forced
         else body.chat_template_kwargs
+    )
     # rendering and tokenising a long prompt take real time: off the event loop, so streams and /health go on
-    prompt = await run_in_threadpool(render, state.template, body.messages, shown, state.thinking,
-                                     body.reasoning_effort, kwargs)
+    prompt = await run_in_threadpool(
+        render, state.template, body.messages, shown, state.thinking, body.reasoning_effort, kwargs
+    )
     prompt += forced
     prompt_ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
     max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
     generation = start_generation(state, body, prompt_ids, max_tokens)
     thinking = starts_in_reasoning(prompt)
     parser = ReplyParser(thinking, parsed)
-    parser.feed(forced)   # held back until the model closes the call (the prefix alone is never a piece)
+    parser.feed(forced)  # held back until the model closes the call (the prefix alone is never a piece)
     reply = _Reply(state, generation, parser, thinking, new_id("chatcmpl"), bool(body.return_token_ids))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(reply.stream(include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            reply.stream(include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     return await reply.whole(request)
 
 
 class _Reply:
-    def __init__(self, state: "ServerState", generation: Generation, parser: ReplyParser, thinking: bool,
-                 reply_id: str, return_token_ids: bool = False) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        generation: Generation,
+        parser: ReplyParser,
+        thinking: bool,
+        reply_id: str,
+        return_token_ids: bool = False,
+    ) -> None:
         self.state, self.generation, self.parser, self.thinking = state, generation, parser, thinking
         self.return_token_ids = return_token_ids
         self.id, self.created = reply_id, int(time.time())
 
     def _usage(self, end: End) -> dict[str, Any]:
-        return usage(len(self.generation.prompt_ids), end.completion_tokens,
-                     _reasoning_tokens(self.state, self.generation, self.thinking))
+        return usage(
+            len(self.generation.prompt_ids),
+            end.completion_tokens,
+            _reasoning_tokens(self.state, self.generation, self.thinking),
+        )
 
     def _finish_reason(self, end: End) -> str:
         return "tool_calls" if self.parser.calls and end.finish_reason == "stop" else end.finish_reason
@@ -119,21 +150,40 @@ class _Reply:
         end = end or End("stop", len(self.generation.token_ids))
         reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
         content = "".join(p.text for p in pieces if p.kind == "content")
-        message: dict[str, Any] = {"role": "assistant", "content": content or None,
-                                   "reasoning_content": reasoning or None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content or None,
+            "reasoning_content": reasoning or None,
+        }
         if self.parser.calls:
             message["tool_calls"] = [call.as_openai() for call in self.parser.calls]
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                  "finish_reason": self._finish_reason(end)}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": self._finish_reason(end),
+        }
         if self.return_token_ids:
             choice["token_ids"] = list(self.generation.token_ids)
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.state.name,
-                "choices": [choice], "usage": self._usage(end)}
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.state.name,
+            "choices": [choice],
+            "usage": self._usage(end),
+        }
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
-        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.state.name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]})
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.state.name,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            }
+        )
 
     def _deltas(self, pieces: list[ReplyPiece]) -> list[str]:
         out = []
@@ -160,11 +210,16 @@ class _Reply:
                     else:
                         for line in self._deltas(self.parser.finish()):
                             yield line
-                        last = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                                "model": self.state.name,
-                                "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                             "finish_reason": self._finish_reason(event)}],
-                                "usage": self._usage(event)}
+                        last = {
+                            "id": self.id,
+                            "object": "chat.completion.chunk",
+                            "created": self.created,
+                            "model": self.state.name,
+                            "choices": [
+                                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": self._finish_reason(event)}
+                            ],
+                            "usage": self._usage(event),
+                        }
                         yield sse(last)
                         if include_usage:
                             yield sse({**last, "choices": []})

@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import json
 import secrets
-from typing import TYPE_CHECKING, Any, AsyncGenerator
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
@@ -21,11 +22,18 @@ if TYPE_CHECKING:
 
 
 # Fields that would change what the reply may contain, which this engine does not honour yet: refused, never ignored.
-NOT_YET = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-           "guided_decoding_backend")
+NOT_YET = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+)
 
 
-def server_state(request: Request) -> "ServerState":
+def server_state(request: Request) -> ServerState:
     return request.app.state.server
 
 
@@ -33,42 +41,57 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def check_request(state: "ServerState", body: SamplingFields) -> None:
+def check_request(state: ServerState, body: SamplingFields) -> None:
     if body.model is not None and body.model != state.name:
-        raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.name!r}",
-                       code="model_not_found", param="model")
+        raise APIError(
+            404,
+            f"model {body.model!r} is not served here; this server serves {state.name!r}",
+            code="model_not_found",
+            param="model",
+        )
     if body.n is not None and body.n != 1:
         raise bad_request(f"n must be 1 (got {body.n}); send separate requests for more choices", "n")
     extra = body.model_extra or {}
     for name in NOT_YET:
         if extra.get(name) not in (None, {"type": "text"}):
-            raise bad_request(f"{name} is not supported by this engine yet (structured outputs are not built); "
-                              f"leave {name} out", name)
+            raise bad_request(
+                f"{name} is not supported by this engine yet (structured outputs are not built); leave {name} out", name
+            )
     if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
-        raise bad_request("logprobs are not supported by this engine yet; leave logprobs and top_logprobs unset",
-                          "logprobs")
+        raise bad_request(
+            "logprobs are not supported by this engine yet; leave logprobs and top_logprobs unset", "logprobs"
+        )
 
 
-def reply_budget(state: "ServerState", prompt_tokens: int, requested: int | None, param: str) -> int:
+def reply_budget(state: ServerState, prompt_tokens: int, requested: int | None, param: str) -> int:
     """max_tokens for this request: the requested one if prompt + it fits the window, else 400
     context_length_exceeded; an omitted one is capped to what the window leaves."""
     room = state.context - prompt_tokens
     if requested is not None and requested > room or room < 1:
         asked = requested if requested is not None else 1
-        raise APIError(400, f"This server's maximum context length is {state.context} tokens. However, you requested "
-                            f"{prompt_tokens + asked} tokens ({prompt_tokens} in the {param}, {asked} for the "
-                            f"completion). Please reduce the length of the {param} or the completion.",
-                       code="context_length_exceeded", param=param)
+        raise APIError(
+            400,
+            f"This server's maximum context length is {state.context} tokens. However, you requested "
+            f"{prompt_tokens + asked} tokens ({prompt_tokens} in the {param}, {asked} for the "
+            f"completion). Please reduce the length of the {param} or the completion.",
+            code="context_length_exceeded",
+            param=param,
+        )
     return requested if requested is not None else min(state.max_tokens, room)
 
 
-def sampling_params(state: "ServerState", body: SamplingFields, prompt_ids: list[int],
-                    max_tokens: int) -> SamplingParams:
+def sampling_params(state: ServerState, body: SamplingFields, prompt_ids: list[int], max_tokens: int) -> SamplingParams:
     temperature = state.temperature if body.temperature is None else body.temperature
     top_k = state.top_k if body.top_k is None else max(0, body.top_k)
     seed = prompt_seed(prompt_ids) if body.seed is None else body.seed & MASK64
-    return SamplingParams(temperature=temperature, top_p=state.top_p if body.top_p is None else body.top_p,
-                          top_k=top_k, min_p=body.min_p or 0.0, seed=seed, max_tokens=max_tokens)
+    return SamplingParams(
+        temperature=temperature,
+        top_p=state.top_p if body.top_p is None else body.top_p,
+        top_k=top_k,
+        min_p=body.min_p or 0.0,
+        seed=seed,
+        max_tokens=max_tokens,
+    )
 
 
 def stop_strings(body: SamplingFields) -> list[str]:
@@ -76,19 +99,26 @@ def stop_strings(body: SamplingFields) -> list[str]:
     return [s for s in stops if s]
 
 
-def start_generation(state: "ServerState", body: SamplingFields, prompt_ids: list[int],
-                     max_tokens: int) -> Generation:
-    generation = Generation(state, prompt_ids, sampling_params(state, body, prompt_ids, max_tokens),
-                            stop=stop_strings(body), background=body.priority == "background",
-                            ignore_eos=bool(body.ignore_eos))
+def start_generation(state: ServerState, body: SamplingFields, prompt_ids: list[int], max_tokens: int) -> Generation:
+    generation = Generation(
+        state,
+        prompt_ids,
+        sampling_params(state, body, prompt_ids, max_tokens),
+        stop=stop_strings(body),
+        background=body.priority == "background",
+        ignore_eos=bool(body.ignore_eos),
+    )
     generation.start()
     return generation
 
 
 def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                           "total_tokens": prompt_tokens + completion_tokens,
-                           "prompt_tokens_details": {"cached_tokens": 0}}
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     if reasoning_tokens is not None:
         out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return out

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from engine.server.common import (check_request, collect, new_id, reply_budget, server_state, sse,
-                                  start_generation, stream_error, usage)
+from engine.server.common import (
+    check_request,
+    collect,
+    new_id,
+    reply_budget,
+    server_state,
+    sse,
+    start_generation,
+    stream_error,
+    usage,
+)
 from engine.server.errors import APIError, bad_request
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import CompletionRequest
@@ -26,8 +36,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
     if isinstance(body.prompt, str):
-        encoding = await run_in_threadpool(state.tokenizer.encode, body.prompt,
-                                           add_special_tokens=bool(body.add_special_tokens))
+        encoding = await run_in_threadpool(
+            state.tokenizer.encode, body.prompt, add_special_tokens=bool(body.add_special_tokens)
+        )
         prompt_ids = encoding.ids
         if not prompt_ids:
             raise bad_request("the prompt encodes to no tokens", "prompt")
@@ -35,22 +46,31 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         prompt_ids = list(body.prompt)
         too_big = [t for t in prompt_ids if t >= state.vocab_size]
         if too_big:
-            raise bad_request(f"token id {too_big[0]} is outside the vocabulary (0..{state.vocab_size - 1})",
-                              "prompt")
-    max_tokens = reply_budget(state, len(prompt_ids), body.max_tokens if body.max_tokens is not None else None,
-                              "prompt")
+            raise bad_request(f"token id {too_big[0]} is outside the vocabulary (0..{state.vocab_size - 1})", "prompt")
+    max_tokens = reply_budget(
+        state, len(prompt_ids), body.max_tokens if body.max_tokens is not None else None, "prompt"
+    )
     generation = start_generation(state, body, prompt_ids, max_tokens)
     echo = state.tokenizer.decode(prompt_ids, skip_special_tokens=False) if body.echo else ""
     reply_id, created = new_id("cmpl"), int(time.time())
 
     def frame(text: str, finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {"id": reply_id, "object": "text_completion", "created": created, "model": state.name,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **(extra or {})}
+        return {
+            "id": reply_id,
+            "object": "text_completion",
+            "created": created,
+            "model": state.name,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            **(extra or {}),
+        }
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_stream(generation, frame, echo, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            _stream(generation, frame, echo, include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
     text, end = echo, None
     try:
         async with contextlib.aclosing(collect(generation, request)) as events:

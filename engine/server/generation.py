@@ -8,8 +8,9 @@ import asyncio
 import itertools
 import secrets
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncGenerator
+from typing import TYPE_CHECKING
 
 from engine.sampling import SamplingParams
 from engine.scheduler import Failed, Finished, QueueFull, Request, Token, Unavailable
@@ -28,7 +29,7 @@ class Delta:
 
 @dataclass
 class End:
-    finish_reason: str          # stop | length
+    finish_reason: str  # stop | length
     completion_tokens: int
 
 
@@ -50,17 +51,17 @@ class IncrementalDecoder:
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        before = self._decode(self.ids[self.prefix:self.read])
-        after = self._decode(self.ids[self.prefix:])
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
         self.prefix, self.read = self.read, len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]
 
 
 @dataclass
 class Generation:
-    state: "ServerState"
+    state: ServerState
     prompt_ids: list[int]
     params: SamplingParams
     stop: list[str] = field(default_factory=list)
@@ -87,8 +88,12 @@ class Generation:
             self.state.scheduler.submit(request)
         except QueueFull as full:
             self.state.metrics.rejected.inc()
-            raise APIError(429, "the server is at capacity (every lane busy and the queue full); retry later",
-                           code="rate_limit_exceeded", headers={"Retry-After": str(full.retry_after_s)}) from full
+            raise APIError(
+                429,
+                "the server is at capacity (every lane busy and the queue full); retry later",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(full.retry_after_s)},
+            ) from full
         except Unavailable as down:
             raise APIError(503, str(down)) from down
 

@@ -23,6 +23,7 @@ class _Twin:
         def call(*args: Any, **kwargs: Any) -> None:
             for metric in self.metrics:
                 getattr(metric, name)(*args, **kwargs)
+
         return call
 
 
@@ -33,20 +34,32 @@ class Metrics:
         def both(kind: type, ours: str, vllm: str, doc: str, **kw: Any) -> _Twin:
             return _Twin(kind(f"sparks:{ours}", doc, registry=r, **kw), kind(f"vllm:{vllm}", doc, registry=r, **kw))
 
-        self.requests = both(Counter, "requests", "request_success", "finished requests by finish reason",
-                             labelnames=("finish_reason",))
+        self.requests = both(
+            Counter, "requests", "request_success", "finished requests by finish reason", labelnames=("finish_reason",)
+        )
         self.prompt_tokens = both(Counter, "prompt_tokens", "prompt_tokens", "prompt tokens of finished requests")
         self.generation_tokens = both(Counter, "generation_tokens", "generation_tokens", "generated tokens")
-        self.ttft = both(Histogram, "time_to_first_token_seconds", "time_to_first_token_seconds",
-                         "request arrival to its first token", buckets=_LATENCY)
-        self.e2e = both(Histogram, "request_latency_seconds", "e2e_request_latency_seconds",
-                        "request arrival to its last token", buckets=_LATENCY)
+        self.ttft = both(
+            Histogram,
+            "time_to_first_token_seconds",
+            "time_to_first_token_seconds",
+            "request arrival to its first token",
+            buckets=_LATENCY,
+        )
+        self.e2e = both(
+            Histogram,
+            "request_latency_seconds",
+            "e2e_request_latency_seconds",
+            "request arrival to its last token",
+            buckets=_LATENCY,
+        )
         self.running = both(Gauge, "requests_running", "num_requests_running", "requests holding a lane")
         self.waiting = both(Gauge, "requests_waiting", "num_requests_waiting", "requests waiting for a lane")
         self.pool_usage = both(Gauge, "kv_cache_usage_ratio", "kv_cache_usage_perc", "share of the pool in use")
         self.rejected = both(Counter, "requests_rejected", "requests_rejected", "requests refused with 429")
-        self.disconnects = both(Counter, "client_disconnections", "client_disconnections",
-                                "requests cancelled because the client went away")
+        self.disconnects = both(
+            Counter, "client_disconnections", "client_disconnections", "requests cancelled because the client went away"
+        )
 
     def finished(self, generation: Any, reason: str, completion_tokens: int) -> None:
         for metric in self.requests.metrics:
@@ -68,7 +81,7 @@ router = APIRouter()
 @router.get("/metrics")
 @router.get("/v1/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    state = request.app.state.server   # engine.server.state.ServerState, which holds this module's Metrics
+    state = request.app.state.server  # engine.server.state.ServerState, which holds this module's Metrics
     collector: Metrics = state.metrics
     collector.refresh(state.scheduler.stats())
     return Response(generate_latest(collector.registry), media_type=CONTENT_TYPE_LATEST)

@@ -14,8 +14,13 @@ router = APIRouter()
 
 def _card(request: Request) -> dict[str, Any]:
     state = server_state(request)
-    return {"id": state.name, "object": "model", "created": int(state.started), "owned_by": "glm-sparks",
-            "max_model_len": state.context}
+    return {
+        "id": state.name,
+        "object": "model",
+        "created": int(state.started),
+        "owned_by": "glm-sparks",
+        "max_model_len": state.context,
+    }
 
 
 @router.get("/v1/models")

@@ -13,23 +13,38 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 ERROR_SCHEMA = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {
-        "type": "object", "required": ["message", "type"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
 }
-GENERATING = {"/v1/chat/completions", "/v1/completions"}   # may stream, may queue, need the engine
-OPEN = {"/health"}                                          # no API key asked
-WHY = {"400": "invalid request (OpenAI error body)", "401": "a valid API key is required",
-       "404": "not found", "413": "the body exceeds the size limit",
-       "429": "at capacity: every lane busy and the queue full (Retry-After says when to retry)",
-       "503": "the engine is not serving (a rank stopped, or the server is shutting down)"}
+GENERATING = {"/v1/chat/completions", "/v1/completions"}  # may stream, may queue, need the engine
+OPEN = {"/health"}  # no API key asked
+WHY = {
+    "400": "invalid request (OpenAI error body)",
+    "401": "a valid API key is required",
+    "404": "not found",
+    "413": "the body exceeds the size limit",
+    "429": "at capacity: every lane busy and the queue full (Retry-After says when to retry)",
+    "503": "the engine is not serving (a rank stopped, or the server is shutting down)",
+}
 
 
 def _error(code: str) -> dict[str, Any]:
-    response: dict[str, Any] = {"description": WHY[code],
-                                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    response: dict[str, Any] = {
+        "description": WHY[code],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
     if code == "429":
         response["headers"] = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
     return response
@@ -38,7 +53,7 @@ def _error(code: str) -> dict[str, Any]:
 def _statuses(path: str, method: str, op: dict[str, Any]) -> list[str]:
     codes = [] if path in OPEN else ["401"]
     if method == "post":
-        codes += ["400", "404", "413"]   # 404: a `model` this server does not serve
+        codes += ["400", "404", "413"]  # 404: a `model` this server does not serve
     if "parameters" in op:
         codes += ["400", "404"]
     if path in GENERATING:
@@ -55,7 +70,7 @@ def _rewrite(path: str, method: str, op: dict[str, Any]) -> None:
         responses[code] = _error(code)
     if path in GENERATING:
         responses["200"]["description"] = "the reply; with `stream: true` a text/event-stream of `data:` events"
-        responses["200"]["content"]["text/event-stream"] = {"schema": {}}   # each event: a JSON chunk or [DONE]
+        responses["200"]["content"]["text/event-stream"] = {"schema": {}}  # each event: a JSON chunk or [DONE]
     if path == "/health":
         responses["503"]["content"]["application/json"]["schema"] = {"type": "object"}
     if path == "/metrics":
@@ -65,8 +80,9 @@ def _rewrite(path: str, method: str, op: dict[str, Any]) -> None:
 def _bound_token_ids(components: dict[str, Any], vocab: int) -> None:
     """Token ids in bodies stop at the served vocabulary (a larger one is refused with a 400)."""
     lists = [components["DetokenizeRequest"]["properties"]["tokens"]]
-    lists += [alt for alt in components["CompletionRequest"]["properties"]["prompt"]["anyOf"]
-              if alt.get("type") == "array"]
+    lists += [
+        alt for alt in components["CompletionRequest"]["properties"]["prompt"]["anyOf"] if alt.get("type") == "array"
+    ]
     for array in lists:
         array["items"]["maximum"] = vocab - 1
 

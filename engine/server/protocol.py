@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
+
 def _integral(value: Any) -> Any:
     """JSON does not tell 2 from 2.0, and JSON Schema's integer admits both: an integral float counts as its int.
     Everything else (strings, booleans, 2.5) meets the strict integer check that follows."""
@@ -22,7 +23,9 @@ def _integral(value: Any) -> Any:
 # Strict integers (integral floats allowed, see `_integral`); the bounds sit in Field so the schema shows them.
 StrictInt = Annotated[int, Field(strict=True), BeforeValidator(_integral)]
 PositiveInt = Annotated[int, Field(strict=True, ge=1), BeforeValidator(_integral)]
-TokenId = Annotated[int, Field(strict=True, ge=0), BeforeValidator(_integral)]  # schema adds the vocab's top (openapi.py)
+TokenId = Annotated[
+    int, Field(strict=True, ge=0), BeforeValidator(_integral)
+]  # schema adds the vocab's top (openapi.py)
 TopK = Annotated[int, Field(strict=True, ge=-1), BeforeValidator(_integral)]
 ONLY_ONE: JsonDict = {"minimum": 1, "maximum": 1}
 Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0, allow_inf_nan=False)]
@@ -68,13 +71,17 @@ class RequestBody(Body):
     def _valid_unicode(cls, data: Any) -> Any:
         where = lone_surrogate(data)
         if where is not None:
-            raise PydanticCustomError("invalid_unicode", "{where} holds a lone UTF-16 surrogate (such as \\ud800), "
-                                      "which is not valid Unicode; send valid UTF-8 text", {"where": where})
+            raise PydanticCustomError(
+                "invalid_unicode",
+                "{where} holds a lone UTF-16 surrogate (such as \\ud800), "
+                "which is not valid Unicode; send valid UTF-8 text",
+                {"where": where},
+            )
         return data
 
 
 class ContentPart(Body):
-    type: StrictStr = Field(json_schema_extra={"enum": ["text"]})   # other part types: a 400 naming the type
+    type: StrictStr = Field(json_schema_extra={"enum": ["text"]})  # other part types: a 400 naming the type
     text: StrictStr | None = None
 
 
@@ -126,13 +133,14 @@ class StreamOptions(Body):
 
 class SamplingFields(RequestBody):
     """What chat and completions share."""
+
     model: StrictStr | None = None
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
     top_k: TopK | None = None
     min_p: Probability | None = None
-    seed: StrictInt | None = None   # any integer: the sampler keys on its low 64 bits
+    seed: StrictInt | None = None  # any integer: the sampler keys on its low 64 bits
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
@@ -165,8 +173,10 @@ class CompletionRequest(SamplingFields):
 
 class TokenizeRequest(RequestBody):
     """Exactly one of `prompt` and `messages` (null is not a way to leave one out)."""
-    model_config = ConfigDict(extra="allow", json_schema_extra={
-        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+    )
     model: StrictStr | None = None
     prompt: StrictStr = None  # type: ignore[assignment]
     messages: Annotated[list[ChatMessage], Field(min_length=1)] = None  # type: ignore[assignment]

@@ -13,14 +13,14 @@ from engine.server.metrics import Metrics
 @dataclass
 class ServerState:
     name: str
-    tokenizer: Any                      # tokenizers.Tokenizer
-    template: str                       # chat template source (jinja)
+    tokenizer: Any  # tokenizers.Tokenizer
+    template: str  # chat template source (jinja)
     scheduler: Scheduler
-    context: int                        # window per request: prompt + reply tokens
-    max_tokens: int                     # reply limit when a request names none
+    context: int  # window per request: prompt + reply tokens
+    max_tokens: int  # reply limit when a request names none
     eos_ids: frozenset[int]
-    thinking: bool = True               # default for chat requests
-    temperature: float = 1.0            # generation_config.json defaults
+    thinking: bool = True  # default for chat requests
+    temperature: float = 1.0  # generation_config.json defaults
     top_p: float = 1.0
     top_k: int = 0
     api_key: str | None = None
@@ -28,9 +28,9 @@ class ServerState:
     body_limit: int = 32 * 2**20
     metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
-    stopped_reason: str | None = None   # set when the engine can no longer serve (a rank died)
-    peers: Any = None                   # engine.peer_watch.PeerWatch with several ranks: silent ranks
-    weights: str = "fp32"               # element type the dense weights are held in (fp32 on the CPU, bf16 on GPUs)
+    stopped_reason: str | None = None  # set when the engine can no longer serve (a rank died)
+    peers: Any = None  # engine.peer_watch.PeerWatch with several ranks: silent ranks
+    weights: str = "fp32"  # element type the dense weights are held in (fp32 on the CPU, bf16 on GPUs)
 
     def trouble(self) -> str | None:
         """Why the engine cannot serve right now (None when it can): stopped, or a rank silent for seconds."""

@@ -35,8 +35,9 @@ def load_chat_template(checkpoint: str | Path | None = None) -> str:
     return resources.files("engine.checkpoint").joinpath(TEMPLATE_NAME).read_text()
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -46,8 +47,7 @@ def _raise(message: str) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     return env.from_string(source)
@@ -72,10 +72,16 @@ def _normalise(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render_chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                add_generation_prompt: bool = True, template: str | None = None, **kwargs: Any) -> str:
+def render_chat(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    template: str | None = None,
+    **kwargs: Any,
+) -> str:
     """The prompt text for `messages`; `kwargs` are template variables (enable_thinking, reasoning_effort,
     clear_thinking, thinking)."""
     source = template if template is not None else load_chat_template()
-    return _compile(source).render(messages=_normalise(messages), tools=tools,
-                                   add_generation_prompt=add_generation_prompt, **kwargs)
+    return _compile(source).render(
+        messages=_normalise(messages), tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+    )

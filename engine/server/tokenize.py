@@ -20,18 +20,30 @@ router = APIRouter()
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     state = server_state(request)
     if body.model is not None and body.model != state.name:
-        raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.name!r}",
-                       code="model_not_found", param="model")
+        raise APIError(
+            404,
+            f"model {body.model!r} is not served here; this server serves {state.name!r}",
+            code="model_not_found",
+            param="model",
+        )
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("/tokenize takes a JSON body with messages or prompt (exactly one)")
     if body.messages is not None:
-        text = await run_in_threadpool(render, state.template, body.messages, body.tools, state.thinking,
-                                       body.reasoning_effort, body.chat_template_kwargs,
-                                       add_generation_prompt=body.add_generation_prompt is not False)
+        text = await run_in_threadpool(
+            render,
+            state.template,
+            body.messages,
+            body.tools,
+            state.thinking,
+            body.reasoning_effort,
+            body.chat_template_kwargs,
+            add_generation_prompt=body.add_generation_prompt is not False,
+        )
         encoding = await run_in_threadpool(state.tokenizer.encode, text, add_special_tokens=False)
     else:
-        encoding = await run_in_threadpool(state.tokenizer.encode, body.prompt,
-                                           add_special_tokens=body.add_special_tokens is not False)
+        encoding = await run_in_threadpool(
+            state.tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens is not False
+        )
     out: dict[str, Any] = {"count": len(encoding.ids), "tokens": list(encoding.ids), "max_model_len": state.context}
     if body.return_token_strs:
         out["token_strs"] = list(encoding.tokens)

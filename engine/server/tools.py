@@ -16,11 +16,14 @@ from typing import Any
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # a key is plain text; a value may hold anything but the argument markup itself
-_PAIR = re.compile(r"<arg_key>([^<>]*)</arg_key>\s*<arg_value>((?:(?!</?arg_(?:key|value)>).)*)</arg_value>",
-                   re.DOTALL)
+_PAIR = re.compile(r"<arg_key>([^<>]*)</arg_key>\s*<arg_value>((?:(?!</?arg_(?:key|value)>).)*)</arg_value>", re.DOTALL)
 _PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,), "object": (dict,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
     "null": (type(None),),
 }
 
@@ -32,8 +35,11 @@ class ParsedCall:
     arguments: str  # JSON object text
 
     def as_openai(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "type": "function",
-                               "function": {"name": self.name, "arguments": self.arguments}}
+        out: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         if index is not None:
             out["index"] = index
         return out
@@ -105,7 +111,7 @@ def parse_call(block: str, tools: dict[str, dict[str, Any]]) -> ParsedCall | Non
     """A whole `<tool_call>…</tool_call>` block -> a call, or None when it must stay text."""
     if not (block.startswith(CALL_OPEN) and block.endswith(CALL_CLOSE)):
         return None
-    body = block[len(CALL_OPEN):-len(CALL_CLOSE)]
+    body = block[len(CALL_OPEN) : -len(CALL_CLOSE)]
     name, _, rest = body.partition("<arg_key>")
     name = name.strip()
     if name not in tools:

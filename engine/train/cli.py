@@ -18,11 +18,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", type=Path, help="where to write the trained checkpoint (created if missing)")
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed, help="start weights, data order and examples")
     parser.add_argument("--steps", type=int, default=DEFAULTS.steps, help="optimizer steps")
-    parser.add_argument("--tokens-per-step", type=int, default=DEFAULTS.tokens_per_step,
-                        help="padded tokens per batch (short conversations come many to a batch)")
+    parser.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=DEFAULTS.tokens_per_step,
+        help="padded tokens per batch (short conversations come many to a batch)",
+    )
     parser.add_argument("--lr", type=float, default=DEFAULTS.lr, help="peak learning rate (AdamW)")
-    parser.add_argument("--threads", type=int, default=DEFAULTS.threads,
-                        help="torch threads; the weights hash is only stable for the same value")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULTS.threads,
+        help="torch threads; the weights hash is only stable for the same value",
+    )
     parser.add_argument("--every", type=int, default=25, help="print the loss every this many steps")
 
 
@@ -35,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from engine.train.export import weights_hash, write_trained
     from engine.train.trainer import train
 
-    settings = TrainSettings(seed=args.seed, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr,
-                             threads=args.threads)
+    settings = TrainSettings(
+        seed=args.seed, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr, threads=args.threads
+    )
     window: list[float] = []
 
     def report(step: int, loss: float) -> None:
@@ -47,11 +56,18 @@ def run(args: argparse.Namespace) -> int:
 
     result = train(settings, report)
     out = write_trained(result.model, args.directory, seed=settings.seed, preset=PRESET)
-    print(f"trained {settings.steps} steps ({result.tokens} padded tokens) in "
-          f"{result.seconds:.0f} s on {settings.threads} thread(s); final loss {result.losses[-1]:.4f}")
+    print(
+        f"trained {settings.steps} steps ({result.tokens} padded tokens) in "
+        f"{result.seconds:.0f} s on {settings.threads} thread(s); final loss {result.losses[-1]:.4f}"
+    )
     digest = weights_hash(out)
-    record = dict(dataclasses.asdict(settings), seconds=round(result.seconds), tokens=result.tokens,
-                  final_loss=round(result.losses[-1], 4), weights_sha256=digest)
+    record = dict(
+        dataclasses.asdict(settings),
+        seconds=round(result.seconds),
+        tokens=result.tokens,
+        final_loss=round(result.losses[-1], 4),
+        weights_sha256=digest,
+    )
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}; weights sha256 {digest}")
     return 0

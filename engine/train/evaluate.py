@@ -25,8 +25,14 @@ from engine.train import synthetic
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _PAIR = re.compile(r"<arg_key>(.*?)</arg_key><arg_value>(.*?)</arg_value>", re.DOTALL)
-_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
-                                       "boolean": (bool,), "array": (list,), "object": (dict,)}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,10 @@ class Report:
             if not n:
                 continue
             valid = self.fraction("call_valid", kind)
-            rows.append(f"{kind or 'all':<12} {n:>4} {self.fraction('well_formed', kind):>12.1%} "
-                        f"{self.fraction('correct', kind):>8.1%} {'' if valid != valid else f'{valid:.1%}':>11}")
+            rows.append(
+                f"{kind or 'all':<12} {n:>4} {self.fraction('well_formed', kind):>12.1%} "
+                f"{self.fraction('correct', kind):>8.1%} {'' if valid != valid else f'{valid:.1%}':>11}"
+            )
         return "\n".join(rows)
 
 
@@ -159,7 +167,7 @@ def evaluate(checkpoint: str | Path, count: int = 140, seed: int = 0, batch: int
     examples = synthetic.examples("eval", seed, count)
     report = Report()
     for start in range(0, count, batch):
-        chunk = examples[start:start + batch]
+        chunk = examples[start : start + batch]
         replies = generate(model, tokenizer, [synthetic.prompt(e) for e in chunk])
         report.scores += [score(e, r) for e, r in zip(chunk, replies)]
     report.seconds = time.perf_counter() - began

@@ -22,9 +22,9 @@ import math
 import random
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
@@ -72,8 +72,9 @@ def batches(settings: TrainSettings, group: int = 512) -> Iterator[tuple[torch.T
     rng = random.Random(f"glm5-demo-batches/{settings.seed}")
     for number, start in enumerate(itertools.count(0, group)):
         weights = COPY_FIRST if number < COPY_FIRST_POOLS else synthetic.KIND_WEIGHTS
-        pool = [encode(e, tokenizer) for e in synthetic.examples("train", settings.seed * 1_000_003 + start, group,
-                                                                  weights)]
+        pool = [
+            encode(e, tokenizer) for e in synthetic.examples("train", settings.seed * 1_000_003 + start, group, weights)
+        ]
         pool.sort(key=lambda pc: len(pc[0]) + len(pc[1]))
         chunks: list[list[tuple[list[int], list[int]]]] = [[]]
         for item in pool:
@@ -90,8 +91,8 @@ def _pad(chunk: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.
     ids = torch.zeros(len(chunk), width, dtype=torch.long)
     mask = torch.zeros(len(chunk), width, dtype=torch.bool)
     for row, (p, c) in enumerate(chunk):
-        ids[row, :len(p) + len(c)] = torch.tensor(p + c)
-        mask[row, len(p):len(p) + len(c)] = True  # position t is scored on predicting ids[t] from ids[:t]
+        ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+        mask[row, len(p) : len(p) + len(c)] = True  # position t is scored on predicting ids[t] from ids[:t]
     return ids, mask
 
 

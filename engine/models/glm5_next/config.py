@@ -75,13 +75,16 @@ class TextConfig:
         return tuple(i for i, t in enumerate(self.layer_types) if t == KDA)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "TextConfig":
+    def from_dict(cls, raw: dict[str, Any]) -> TextConfig:
         text = dict(raw.get("text_config") or raw)
         known = {f.name for f in fields(cls)}
         linear = text.get("linear_attn_config") or {}
-        for src, dst in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
-                         ("short_conv_kernel_size", "linear_conv_kernel_dim"),
-                         ("gate_lower_bound", "linear_lower_bound")):
+        for src, dst in (
+            ("head_dim", "linear_head_dim"),
+            ("num_heads", "linear_num_heads"),
+            ("short_conv_kernel_size", "linear_conv_kernel_dim"),
+            ("gate_lower_bound", "linear_lower_bound"),
+        ):
             if src in linear and dst not in text:
                 text[dst] = linear[src]
         kwargs = {k: v for k, v in text.items() if k in known}
@@ -95,14 +98,18 @@ class TextConfig:
         indexer_types = kwargs.get("indexer_types") or ["full"] * n
         eos = kwargs.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-        kwargs.update(layer_types=tuple(layer_types[:n]), mlp_layer_types=tuple(mlp_types[:n]),
-                      indexer_types=tuple(indexer_types[:n]), eos_token_id=eos)
+        kwargs.update(
+            layer_types=tuple(layer_types[:n]),
+            mlp_layer_types=tuple(mlp_types[:n]),
+            indexer_types=tuple(indexer_types[:n]),
+            eos_token_id=eos,
+        )
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "TextConfig":
+    def from_file(cls, path: str | Path) -> TextConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -125,6 +132,9 @@ class TextConfig:
         if self.index_topk % self.index_kpool:
             raise ConfigError(f"index_topk {self.index_topk} is not a multiple of index_kpool {self.index_kpool}")
         for i, kind in enumerate(self.indexer_types):
-            if kind == "shared" and self.layer_types[i] == DSA and not any(
-                    self.indexer_types[j] == "full" and self.layer_types[j] == DSA for j in range(i)):
+            if (
+                kind == "shared"
+                and self.layer_types[i] == DSA
+                and not any(self.indexer_types[j] == "full" and self.layer_types[j] == DSA for j in range(i))
+            ):
                 raise ConfigError(f"indexer_types[{i}] is shared but no earlier DSA layer runs a full indexer")

@@ -44,7 +44,7 @@ from engine.parallel import ParallelGroup
 
 
 class SparseMLA:
-    GATHER_ELEMENTS = 1 << 26   # latents gathered at once for a block of prompt queries (256 MiB fp32)
+    GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
     # views into `x_proj`, one per projection of x (set in __init__ by name)
     q_a: torch.Tensor
     kv_a: torch.Tensor
@@ -52,12 +52,19 @@ class SparseMLA:
     pool_gate: torch.Tensor
     head_weights: torch.Tensor
 
-    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
-                 pool_layer: int, runs_indexer: bool) -> None:
+    def __init__(
+        self,
+        cfg: TextConfig,
+        reader: CheckpointReader,
+        prefix: str,
+        group: ParallelGroup,
+        pool_layer: int,
+        runs_indexer: bool,
+    ) -> None:
         self.group, self.pool_layer, self.runs_indexer = group, pool_layer, runs_indexer
         self.eps = cfg.rms_norm_eps
         self.rank_dim, self.nope, self.v_dim = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
-        self.scaling = cfg.qk_head_dim ** -0.5
+        self.scaling = cfg.qk_head_dim**-0.5
         heads = cfg.num_attention_heads
         p = prefix + "self_attn."
         x_proj = {"q_a": reader.get(p + "q_a_proj.weight"), "kv_a": reader.get(p + "kv_a_proj_with_mqa.weight")}
@@ -67,7 +74,7 @@ class SparseMLA:
         kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads).float()  # absorbed: used in einsums
         self.local_heads = kv_b.shape[0] // (self.nope + self.v_dim)
         kv_b = kv_b.view(self.local_heads, self.nope + self.v_dim, self.rank_dim)
-        self.w_k, self.w_v = kv_b[:, : self.nope], kv_b[:, self.nope:]
+        self.w_k, self.w_v = kv_b[:, : self.nope], kv_b[:, self.nope :]
         self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
         self.kpool, self.pick = cfg.index_kpool, cfg.index_topk // cfg.index_kpool
         self.keep_tail = cfg.index_kpool_always_select_tail
@@ -75,8 +82,11 @@ class SparseMLA:
         if runs_indexer:
             i = p + "indexer."
             self.wq_b = reader.get(i + "wq_b.weight")
-            x_proj.update(wk=reader.get(i + "wk.weight"), pool_gate=reader.get(i + "index_kpool_compress_gate"),
-                          head_weights=reader.get(i + "weights_proj.weight"))
+            x_proj.update(
+                wk=reader.get(i + "wk.weight"),
+                pool_gate=reader.get(i + "index_kpool_compress_gate"),
+                head_weights=reader.get(i + "weights_proj.weight"),
+            )
             self.k_norm_w = reader.get(i + "k_norm.weight").float()
             self.k_norm_b = reader.get(i + "k_norm.bias").float()
             self.ape = reader.get(i + "index_kpool_compress_ape").float()
@@ -95,6 +105,7 @@ class SparseMLA:
     def _rows(self, x: torch.Tensor, parts: dict | None = None) -> torch.Tensor:
         """Cache rows [N, row_width] for tokens x [N, hidden]: latent | index key | pool gate score (`parts`: x's
         projections already made, by name)."""
+
         def project(name: str) -> torch.Tensor:
             return parts[name] if parts else ops.linear(x, getattr(self, name))
 
@@ -104,8 +115,9 @@ class SparseMLA:
         key = ops.layer_norm(project("wk"), self.k_norm_w, self.k_norm_b, 1e-6)
         return torch.cat([latent, key, project("pool_gate")], dim=-1)
 
-    def _select(self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _select(
+        self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """What the queries at `positions` (one stream) attend to among its L cached rows: in the dense regime a
         causal mask [T, L]; beyond it the selected tokens as `_select_tokens` gives them."""
         length = rows.shape[0]
@@ -113,8 +125,8 @@ class SparseMLA:
         n_pools = length // self.kpool
         pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
         if n_pools <= self.pick or int((pool_end[None, :] <= positions[:, None]).sum(-1).max()) <= self.pick:
-            return torch.arange(length, device=dev)[None, :] <= positions[:, None]          # dense regime
-        keys = self._pool_keys(rows[:, self.rank_dim:], n_pools)[None]                    # [1, P, d]
+            return torch.arange(length, device=dev)[None, :] <= positions[:, None]  # dense regime
+        keys = self._pool_keys(rows[:, self.rank_dim :], n_pools)[None]  # [1, P, d]
         return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
     def _attend(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -125,17 +137,28 @@ class SparseMLA:
         ctx = torch.einsum("thl,lr->thr", torch.softmax(scores, dim=-1), latents)
         return torch.einsum("thr,hvr->thv", ctx, self.w_v).flatten(1)
 
-    def _attend_selected(self, q: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor
-                         ) -> torch.Tensor:
+    def _attend_selected(
+        self, q: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
         """q [T, Hl, nope] over the latents [L, r] of each query's own selected tokens [T, N] (`counts` [T, N]),
         gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         picked = tokens.clamp(max=latents.shape[0] - 1)
-        return torch.cat([self._attend_lanes(q[i: i + block], latents[picked[i: i + block]], counts[i: i + block])
-                          for i in range(0, q.shape[0], block)])
+        return torch.cat(
+            [
+                self._attend_lanes(q[i : i + block], latents[picked[i : i + block]], counts[i : i + block])
+                for i in range(0, q.shape[0], block)
+            ]
+        )
 
-    def _stream(self, x: torch.Tensor, q_low: torch.Tensor, seq: Sequence, positions: torch.Tensor,
-                shared: torch.Tensor | tuple | None) -> tuple[torch.Tensor, torch.Tensor | tuple]:
+    def _stream(
+        self,
+        x: torch.Tensor,
+        q_low: torch.Tensor,
+        seq: Sequence,
+        positions: torch.Tensor,
+        shared: torch.Tensor | tuple | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | tuple]:
         rows = seq.pool.read(self.pool_layer, seq.slots[: int(positions[-1]) + 1])
         chosen = self._select(x, q_low, rows, positions) if self.runs_indexer else shared
         if chosen is None:
@@ -149,7 +172,7 @@ class SparseMLA:
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict) -> torch.Tensor:
         """x: [T, hidden] for positions seq.length .. seq.length+T-1 (their pool slots already allocated)."""
         start = seq.length
-        seq.pool.write(self.pool_layer, seq.slots[start: start + x.shape[0]], self._rows(x))
+        seq.pool.write(self.pool_layer, seq.slots[start : start + x.shape[0]], self._rows(x))
         q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
         positions = torch.arange(start, start + x.shape[0], device=x.device)
         out, selection[id(seq)] = self._stream(x, q_low, seq, positions, selection.get(id(seq)))
@@ -160,10 +183,11 @@ class SparseMLA:
         q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
         outs = []
         for i, seq in enumerate(seqs):
-            seq.pool.write(self.pool_layer, seq.slots[seq.length: seq.length + 1], rows[i: i + 1])
+            seq.pool.write(self.pool_layer, seq.slots[seq.length : seq.length + 1], rows[i : i + 1])
             positions = torch.tensor([seq.length], device=x.device)
-            out, selection[id(seq)] = self._stream(x[i: i + 1], q_low[i: i + 1], seq, positions,
-                                                   selection.get(id(seq)))
+            out, selection[id(seq)] = self._stream(
+                x[i : i + 1], q_low[i : i + 1], seq, positions, selection.get(id(seq))
+            )
             outs.append(out)
         return self.group.sum_partials(ops.linear(torch.cat(outs), self.o_proj))
 
@@ -173,18 +197,21 @@ class SparseMLA:
         [..., L, 2d] (index key | pool gate score)."""
         lead = index_rows.shape[:-2]
         span = index_rows[..., : n_pools * self.kpool, :].reshape(*lead, n_pools, self.kpool, 2 * self.idx_dim)
-        keys, gates = span[..., : self.idx_dim], span[..., self.idx_dim:]
+        keys, gates = span[..., : self.idx_dim], span[..., self.idx_dim :]
         return (torch.softmax(gates + self.ape, dim=-2) * keys).sum(-2)
 
-    def _select_lanes(self, head_logits: torch.Tensor, q_low: torch.Tensor, index_rows: torch.Tensor,
-                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _select_lanes(
+        self, head_logits: torch.Tensor, q_low: torch.Tensor, index_rows: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_select_tokens` for one query per stream at `positions` [B], given the index columns of each stream's
         padded span [B, S, 2d] (pools past a stream's length are invisible to it)."""
-        return self._select_tokens(head_logits, q_low, self._pool_keys(index_rows, index_rows.shape[1] // self.kpool),
-                                   positions)
+        return self._select_tokens(
+            head_logits, q_low, self._pool_keys(index_rows, index_rows.shape[1] // self.kpool), positions
+        )
 
-    def _select_tokens(self, head_logits: torch.Tensor, q_low: torch.Tensor, pool_keys: torch.Tensor,
-                       positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _select_tokens(
+        self, head_logits: torch.Tensor, q_low: torch.Tensor, pool_keys: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens each query at `positions` [T] attends to, given the pooled index keys [T or 1, P, d] of the
         pools before it (head_logits: x's head_weights projection): positions [T, N] and whether each counts
         [T, N], N = min(pick, P) · kpool + kpool — the chosen pools' tokens, then the unfinished pool's (the tail).
@@ -197,19 +224,19 @@ class SparseMLA:
         batch, n_pools = positions.shape[0], pool_keys.shape[-2]
         dev = pool_keys.device
         pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
-        visible = pool_end[None, :] <= positions[:, None]                              # [T, P]
+        visible = pool_end[None, :] <= positions[:, None]  # [T, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
-        scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim ** -0.5)   # [T, h, P]
-        head_w = head_logits * self.idx_heads ** -0.5
+        scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim**-0.5)  # [T, h, P]
+        head_w = head_logits * self.idx_heads**-0.5
         index = torch.einsum("bh,bhp->bp", head_w, scores).masked_fill(~visible, torch.finfo(torch.float32).min)
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
         within = torch.arange(self.kpool, device=dev)
-        tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)                 # [T, C * kpool]
+        tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)  # [T, C * kpool]
         counts = visible.gather(-1, chosen)[:, :, None].expand(-1, -1, self.kpool).flatten(1)
-        tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within      # [T, kpool]
+        tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within  # [T, kpool]
         tail_counts = tail <= positions[:, None]
         if not self.keep_tail:
-            tail_counts &= (visible.sum(-1) <= self.pick)[:, None]                     # dense regime: all visible
+            tail_counts &= (visible.sum(-1) <= self.pick)[:, None]  # dense regime: all visible
         return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
 
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -233,7 +260,7 @@ class SparseMLA:
             step.selected = self._select_lanes(parts["head_weights"], q_low, index_rows, step.positions)
         tokens, counts = step.selected
         slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
-        latents = pool.read(self.pool_layer, slots, columns=slice(0, self.rank_dim))       # [B, N, r]
+        latents = pool.read(self.pool_layer, slots, columns=slice(0, self.rank_dim))  # [B, N, r]
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
         out = self._attend_lanes(q, latents, counts)
         return self.group.sum_partials(ops.linear(out, self.o_proj))

@@ -14,14 +14,13 @@ on a GPU (engine/ops/fla_kda.py); "chunked" — the torch chunked form (the CPU,
 
 from __future__ import annotations
 
-
 import torch
 
 from engine import ops
-from engine.ops import fla_kda
 from engine.cache import Sequence
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
+from engine.ops import fla_kda
 from engine.parallel import ParallelGroup
 
 
@@ -33,12 +32,13 @@ def prompt_form(device: torch.device, head_dim: int, chunked: bool = True) -> st
     return "fla" if fla_kda.usable(device, head_dim) else "chunked"
 
 
-def kda_steps(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-              beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_steps(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`ops.kda_chunked`'s contract, one `ops.kda_step` per token."""
     state, outputs = state[None], []
     for t in range(q.shape[0]):
-        out, state = ops.kda_step(state, q[t: t + 1], k[t: t + 1], v[t: t + 1], g[t: t + 1], beta[t: t + 1])
+        out, state = ops.kda_step(state, q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1])
         outputs.append(out)
     return torch.cat(outputs), state[0]
 
@@ -47,8 +47,15 @@ PROMPT_FORMS = {"steps": kda_steps, "chunked": ops.kda_chunked, "fla": fla_kda.k
 
 
 class KimiDeltaAttention:
-    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
-                 layer: int, chunked: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TextConfig,
+        reader: CheckpointReader,
+        prefix: str,
+        group: ParallelGroup,
+        layer: int,
+        chunked: bool = True,
+    ) -> None:
         self.layer, self.group = layer, group
         self.head_dim = cfg.linear_head_dim
         self.lower_bound = cfg.linear_lower_bound
@@ -62,16 +69,20 @@ class KimiDeltaAttention:
         # every projection of x in one matrix (a decode token reads them in one launch): q|k|v, f_a, g_a, b; the
         # named weights are views into it (nothing is held twice)
         parts = [column(f"{n}_proj.weight") for n in "qkv"] + [
-            reader.get(p + "f_a_proj.weight"), reader.get(p + "g_a_proj.weight"), column("b_proj.weight")]
-        self.in_proj = torch.cat(parts)                                    # [3*Hl*d + 2*d + Hl, hidden]
+            reader.get(p + "f_a_proj.weight"),
+            reader.get(p + "g_a_proj.weight"),
+            column("b_proj.weight"),
+        ]
+        self.in_proj = torch.cat(parts)  # [3*Hl*d + 2*d + Hl, hidden]
         self.qkv_proj, self.f_a, self.g_a, self.b_proj = self.in_proj.split(
-            [sum(t.shape[0] for t in parts[:3]), parts[3].shape[0], parts[4].shape[0], parts[5].shape[0]])
+            [sum(t.shape[0] for t in parts[:3]), parts[3].shape[0], parts[4].shape[0], parts[5].shape[0]]
+        )
         del parts
-        self.low_b = torch.stack([column("f_b_proj.weight"), column("g_b_proj.weight")])   # [2, Hl*d, d]
+        self.low_b = torch.stack([column("f_b_proj.weight"), column("g_b_proj.weight")])  # [2, Hl*d, d]
         self.f_b, self.g_b = self.low_b[0], self.low_b[1]
         self.conv = torch.cat([column(f"{n}_conv1d.weight") for n in "qkv"]).squeeze(1).float()  # [3*Hl*d, K]
         self.dt_bias = column("dt_bias").float()
-        self.a_decay = column("A_log").float().exp()                                             # [Hl]
+        self.a_decay = column("A_log").float().exp()  # [Hl]
         self.o_norm = reader.get(p + "o_norm.weight").float()
         self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
         self.local_heads = self.b_proj.shape[0]
@@ -93,7 +104,7 @@ class KimiDeltaAttention:
     def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         shape = (mixed.shape[0], self.local_heads, self.head_dim)
         q, k, v = (t.reshape(shape) for t in mixed.split(self.width, dim=-1))
-        return ops.l2norm(q) * self.head_dim ** -0.5, ops.l2norm(k), v
+        return ops.l2norm(q) * self.head_dim**-0.5, ops.l2norm(k), v
 
     def _output(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         normed = ops.rms_norm(core, self.o_norm, self.eps) * torch.sigmoid(gate)
@@ -120,12 +131,13 @@ class KimiDeltaAttention:
         seq.store_state(self.layer, state, conv)
         return self._output(core, gate)
 
-    def _step(self, x: torch.Tensor, windows: torch.Tensor, state: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _step(
+        self, x: torch.Tensor, windows: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token per stream: x [B, hidden], windows [B, C, K-1], state [B, Hl, d, d] -> output [B, hidden],
         new windows, new state."""
         projected = ops.linear(x, self.qkv_proj)
-        seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)                # [B, C, K]
+        seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)  # [B, C, K]
         mixed = torch.nn.functional.silu((seqs_in * self.conv).sum(-1))
         q, k, v = self._split_qkv(mixed)
         g, beta, gate = self._gates(x)
@@ -153,15 +165,29 @@ class KimiDeltaAttention:
         conv[step.lane_ids] = windows
         return out
 
-    def _fused_step(self, x: torch.Tensor, lane_ids: torch.Tensor, windows: torch.Tensor, states: torch.Tensor
-                    ) -> torch.Tensor:
+    def _fused_step(
+        self, x: torch.Tensor, lane_ids: torch.Tensor, windows: torch.Tensor, states: torch.Tensor
+    ) -> torch.Tensor:
         """`decode_lanes` on a GPU: one matmul for every projection of x, one batched matmul for f_b and g_b, then
         the conv, gates, delta rule and gated norm in one kernel (engine/ops/triton_kda.py) that updates the lanes'
         windows and states in place."""
         mixed = ops.linear(x, self.in_proj)
         qkv, d = 3 * self.width, self.f_a.shape[0]
-        low = mixed[:, qkv: qkv + 2 * d].view(-1, 2, d).transpose(0, 1)                 # [2, B, d]: f_a | g_a
-        f, gate = ops.linear_pairs(low, self.low_b)                                     # [2, B, Hl*d]
-        core = ops.kda_decode(mixed, f, mixed[:, qkv + 2 * d:], gate, self.conv, self.dt_bias, self.a_decay, self.o_norm,
-                          lane_ids, windows, states, self.lower_bound, self.eps)
+        low = mixed[:, qkv : qkv + 2 * d].view(-1, 2, d).transpose(0, 1)  # [2, B, d]: f_a | g_a
+        f, gate = ops.linear_pairs(low, self.low_b)  # [2, B, Hl*d]
+        core = ops.kda_decode(
+            mixed,
+            f,
+            mixed[:, qkv + 2 * d :],
+            gate,
+            self.conv,
+            self.dt_bias,
+            self.a_decay,
+            self.o_norm,
+            lane_ids,
+            windows,
+            states,
+            self.lower_bound,
+            self.eps,
+        )
         return self.group.sum_partials(ops.linear(core, self.o_proj))

@@ -15,6 +15,7 @@ from engine import ops
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 
+
 class HyperConnection:
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str) -> None:
         self.n, self.eps, self.iters, self.norm_eps = cfg.hc_mult, cfg.hc_eps, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps
@@ -29,5 +30,6 @@ class HyperConnection:
     def around(self, streams: torch.Tensor, sublayer, norm: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """Run `sublayer` on the mixed-down streams, RMS-normalised with weight `norm`, and fold its output back in
         (`ops.hc_around`: fused kernels for a few tokens on a GPU)."""
-        return ops.hc_around(streams, sublayer, self.fn, self.base, self.scale, norm, self.eps, self.norm_eps,
-                             norm_eps, self.iters)
+        return ops.hc_around(
+            streams, sublayer, self.fn, self.base, self.scale, norm, self.eps, self.norm_eps, norm_eps, self.iters
+        )

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -41,8 +41,16 @@ def _checkpoint_prefix(reader: CheckpointReader) -> str:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup,
-                 index: int, pool_layer: int | None, kda_chunked: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TextConfig,
+        reader: CheckpointReader,
+        prefix: str,
+        group: ParallelGroup,
+        index: int,
+        pool_layer: int | None,
+        kda_chunked: bool = True,
+    ) -> None:
         self.eps = cfg.rms_norm_eps
         self.input_norm = reader.get(prefix + "input_layernorm.weight").float()
         self.post_norm = reader.get(prefix + "post_attention_layernorm.weight").float()
@@ -50,7 +58,7 @@ class DecoderLayer:
         self.ffn_hc = HyperConnection(cfg, reader, prefix + "hc_ffn")
         self.is_dsa = cfg.layer_types[index] == DSA
         self.attn: SparseMLA | KimiDeltaAttention
-        if pool_layer is not None:   # a DSA layer: its rows in the pool
+        if pool_layer is not None:  # a DSA layer: its rows in the pool
             self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, cfg.indexer_types[index] == "full")
         else:
             self.attn = KimiDeltaAttention(cfg, reader, prefix, group, index, kda_chunked)
@@ -63,14 +71,21 @@ class DecoderLayer:
 
 
 class Glm5NextForCausalLM:
-    def __init__(self, cfg: TextConfig, reader: CheckpointReader, group: ParallelGroup,
-                 progress: Callable[[str], None] | None = None, kda_chunked: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TextConfig,
+        reader: CheckpointReader,
+        group: ParallelGroup,
+        progress: Callable[[str], None] | None = None,
+        kda_chunked: bool = True,
+    ) -> None:
         self.cfg, self.group = cfg, group
         prefix = _checkpoint_prefix(reader)
         self.vocab_start, self.vocab_stop = shard_range(cfg.vocab_size, group.rank, group.world)
         # every rank's vocab shard width, fixed at load: the logits gather reads nothing back from the device
-        self.vocab_widths = tuple(stop - start for start, stop in
-                                  (shard_range(cfg.vocab_size, r, group.world) for r in range(group.world)))
+        self.vocab_widths = tuple(
+            stop - start for start, stop in (shard_range(cfg.vocab_size, r, group.world) for r in range(group.world))
+        )
         self.embed = reader.get(prefix + "embed_tokens.weight", dim=0)
         self.norm = reader.get(prefix + "norm.weight").float()
         head = "lm_head.weight" if reader.has("lm_head.weight") else prefix + "embed_tokens.weight"
@@ -78,24 +93,37 @@ class Glm5NextForCausalLM:
         self.layers: list[DecoderLayer] = []
         dsa_seen = 0
         for i in range(cfg.num_hidden_layers):
-            self.layers.append(DecoderLayer(cfg, reader, f"{prefix}layers.{i}.", group, i,
-                                            dsa_seen if cfg.layer_types[i] == DSA else None, kda_chunked))
+            self.layers.append(
+                DecoderLayer(
+                    cfg,
+                    reader,
+                    f"{prefix}layers.{i}.",
+                    group,
+                    i,
+                    dsa_seen if cfg.layer_types[i] == DSA else None,
+                    kda_chunked,
+                )
+            )
             dsa_seen += cfg.layer_types[i] == DSA
             if progress:
                 progress(f"loaded layer {i + 1}/{cfg.num_hidden_layers}")
         self.num_pool_layers = dsa_seen
         self.mtp = self._load_mtp(reader, prefix)
-        if self.kda_prompt_form == "fla":   # autotune fla-core's prompt kernels now, not on the first request
+        if self.kda_prompt_form == "fla":  # autotune fla-core's prompt kernels now, not on the first request
             if progress:
                 progress("tuning the KDA prompt kernels (fla-core; cached after the first start)")
             kda = self.kda_layers[0]
             fla_kda.warm(kda.local_heads, kda.head_dim, group.device)
 
     @classmethod
-    def load(cls, path: str | Path, group: ParallelGroup | None = None,
-             progress: Callable[[str], None] | None = None, dtype: torch.dtype | None = None,
-             kda_chunked: bool = True
-             ) -> "Glm5NextForCausalLM":
+    def load(
+        cls,
+        path: str | Path,
+        group: ParallelGroup | None = None,
+        progress: Callable[[str], None] | None = None,
+        dtype: torch.dtype | None = None,
+        kda_chunked: bool = True,
+    ) -> Glm5NextForCausalLM:
         """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms, gates,
         the router and the hyper-connections are always kept in fp32, and activations are fp32 throughout."""
         group = group or ParallelGroup.single()
@@ -120,7 +148,7 @@ class Glm5NextForCausalLM:
         for name in names:
             plan = split_of(name, raw)
             units = None if plan.dim is None else reader.shape(name)[plan.dim] // plan.unit
-            weights[name[len(mtp_prefix):]] = reader.get(name, plan.dim, units)
+            weights[name[len(mtp_prefix) :]] = reader.get(name, plan.dim, units)
         return weights
 
     @property
@@ -163,8 +191,9 @@ class Glm5NextForCausalLM:
         hidden = ops.rms_norm(streams.mean(dim=1), self.norm, self.cfg.rms_norm_eps)
         return self.group.gather_last_dim(ops.linear(hidden, self.lm_head), self.vocab_widths)
 
-    def _run(self, ids: list[int] | torch.Tensor, attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]
-             ) -> torch.Tensor:
+    def _run(
+        self, ids: list[int] | torch.Tensor, attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(ids, dtype=torch.long, device=self.embed.device)
         x = self._embed(ids)

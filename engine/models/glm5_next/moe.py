@@ -24,8 +24,9 @@ class SwiGLU:
 
     def __init__(self, reader: CheckpointReader, prefix: str, limit: float) -> None:
         # plain .weight or an EXL3 group decoded on load (engine/checkpoint/exl3.py)
-        self.gate_up = torch.cat([read_projection(reader, prefix + "gate_proj", dim=0),
-                                  read_projection(reader, prefix + "up_proj", dim=0)])
+        self.gate_up = torch.cat(
+            [read_projection(reader, prefix + "gate_proj", dim=0), read_projection(reader, prefix + "up_proj", dim=0)]
+        )
         self.down = read_projection(reader, prefix + "down_proj", dim=1)
         self.limit = limit
 
@@ -52,14 +53,20 @@ class MoE:
         # on CUDA, EXL3 routed experts stay EXL3 (engine/checkpoint/exl3.py); elsewhere they are decoded on load
         banks = read_expert_banks(reader, p, cfg.n_routed_experts) if self.router.is_cuda else None
         self.exl3 = ops.Exl3Experts(*banks) if banks is not None else None
-        self.experts = [] if self.exl3 is not None else [
-            SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
+        self.experts = (
+            []
+            if self.exl3 is not None
+            else [SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
+        )
         self.shared = SwiGLU(reader, p + "shared_experts.", cfg.swiglu_limit)
         self.limit = cfg.swiglu_limit
         self.num_routed = cfg.n_routed_experts
         # the shared expert joins the routed experts' bank (as expert E) when it has their shape: one more pair
-        self.shared_in_bank = (self.exl3 is None and self.experts[0].gate_up.shape == self.shared.gate_up.shape
-                               and self.experts[0].down.shape == self.shared.down.shape)
+        self.shared_in_bank = (
+            self.exl3 is None
+            and self.experts[0].gate_up.shape == self.shared.gate_up.shape
+            and self.experts[0].down.shape == self.shared.down.shape
+        )
         self.stacked = self._stack() if self.router.is_cuda and self.exl3 is None else None
 
     def _stack(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,8 +103,14 @@ class MoE:
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing, gate‖up and down as
         sync-free kernels, each chosen expert read once, the shared expert one more pair when it is in the bank."""
-        chosen, weights = ops.moe_route(ops.linear(x, self.router), self.bias, self.top_k, self.scale, self.renorm,
-                                        self.num_routed if self.shared_in_bank else None)
+        chosen, weights = ops.moe_route(
+            ops.linear(x, self.router),
+            self.bias,
+            self.top_k,
+            self.scale,
+            self.renorm,
+            self.num_routed if self.shared_in_bank else None,
+        )
         if self.stacked is None:
             raise RuntimeError("the fused MoE runs over the stacked experts, which this layer does not hold")
         gate_up, down = self.stacked
