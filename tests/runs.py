@@ -6,7 +6,7 @@ from pathlib import Path
 
 from recipe.settings.values import checkout_key
 
-RUN = f"run/{checkout_key()}"   # relative to a LOG_DIR
+RUN = f"run/{checkout_key()}"  # relative to a LOG_DIR
 
 
 def run_dir(log_dir: Path) -> Path:

@@ -120,8 +120,9 @@ def describe(found: list[list[str]]) -> str:
 @pytest.mark.parametrize("package", ["recipe", "engine"])
 def test_no_import_cycles(package: str) -> None:
     found = cycles(import_graph(modules_of(ROOT, package)))
-    assert not found, f"import cycles in {package}/ (move what both sides need into the lower module):\n" \
-                      f"{describe(found)}"
+    assert not found, (
+        f"import cycles in {package}/ (move what both sides need into the lower module):\n{describe(found)}"
+    )
 
 
 def test_the_graph_sees_deferred_and_type_checking_imports(tmp_path: Path) -> None:

@@ -21,11 +21,11 @@ import platform
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -49,18 +49,31 @@ def run_bench(options: BenchOptions, progress: Progress = lambda _: None) -> Ben
     the server cannot be reached or answers wrongly; a spent time budget skips what is left instead."""
     options.check()
     started = time.monotonic()
-    with BenchClient(options.url, options.model, options.api_key, options.seed, options.request_timeout_s,
-                     deadline=started + options.budget_s) as client:
+    with BenchClient(
+        options.url,
+        options.model,
+        options.api_key,
+        options.seed,
+        options.request_timeout_s,
+        deadline=started + options.budget_s,
+    ) as client:
         server = client.server_facts()
-        result = BenchResult(options, datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                             socket.gethostname(), _client_versions(), server)
+        result = BenchResult(
+            options,
+            datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            socket.gethostname(),
+            _client_versions(),
+            server,
+        )
         busy = server.get("requests_running", 0) + server.get("requests_waiting", 0)
         if busy:
             result.warnings.append(f"the server had {busy} request(s) running or waiting when the bench started")
         streams = (server.get("streams") or {}).get("max")
         if streams and max(options.concurrency) > streams:
-            result.warnings.append(f"the server decodes {streams} requests at once: at higher concurrency the others "
-                                   "wait, and their TTFT counts the wait")
+            result.warnings.append(
+                f"the server decodes {streams} requests at once: at higher concurrency the others "
+                "wait, and their TTFT counts the wait"
+            )
         client.check_model()
         before = (server.get("totals") or {}).get("completion_tokens")
         progress(f"warm-up: one {min(options.tokens, 8)}-token reply")
@@ -69,8 +82,10 @@ def run_bench(options: BenchOptions, progress: Progress = lambda _: None) -> Ben
             for n in options.concurrency:
                 row = _decode_row(client, options, kind, n, progress)
                 if len(row.runs) < options.repeats:
-                    result.skipped.append(f"decode {kind} at {n}: {options.repeats - len(row.runs)} of "
-                                          f"{options.repeats} runs, the time budget (--budget) was spent")
+                    result.skipped.append(
+                        f"decode {kind} at {n}: {options.repeats - len(row.runs)} of "
+                        f"{options.repeats} runs, the time budget (--budget) was spent"
+                    )
                 if row.runs:
                     result.decode.append(row)
         result.prefill = _prefill_sweep(client, options, server.get("context_length"), result.skipped, progress)
@@ -89,8 +104,11 @@ def _decode_row(client: BenchClient, options: BenchOptions, kind: str, n: int, p
         if client.out_of_time():
             break
         progress(f"decode {kind}: {n} at once, run {repeat + 1} of {options.repeats}")
-        contents = [f"(bench {kind}, {n} at once, run {repeat + 1}, request {i + 1})\n"
-                    + prompts[(repeat * n + i) % len(prompts)] for i in range(n)]
+        contents = [
+            f"(bench {kind}, {n} at once, run {repeat + 1}, request {i + 1})\n"
+            + prompts[(repeat * n + i) % len(prompts)]
+            for i in range(n)
+        ]
         pool = ThreadPoolExecutor(max_workers=n)
         try:
             futures = [pool.submit(client.stream_chat, text, options.tokens) for text in contents]
@@ -100,8 +118,9 @@ def _decode_row(client: BenchClient, options: BenchOptions, kind: str, n: int, p
     return DecodeRow(kind, n, tuple(runs))
 
 
-def _prefill_sweep(client: BenchClient, options: BenchOptions, context: int | None, skipped: list[str],
-                   progress: Progress) -> list[PrefillRow]:
+def _prefill_sweep(
+    client: BenchClient, options: BenchOptions, context: int | None, skipped: list[str], progress: Progress
+) -> list[PrefillRow]:
     """Prompts grown from the filler text to each target size. Tokens per character are learnt from the server's
     own prompt_tokens (one short probe, then every measured prompt), so no tokenizer is needed on this side."""
     limit = context - max(64, context // 32) if context else None
@@ -146,16 +165,20 @@ def _check_counts(result: BenchResult, before: int | None, after: int | None) ->
     wanted = result.options.tokens
     short = [r for row in result.decode for run in row.runs for r in run.requests if r.completion_tokens != wanted]
     if short:
-        result.warnings.append(f"{len(short)} decode request(s) got other than {wanted} tokens: the server may not "
-                               "honour ignore_eos, so its replies ended early")
+        result.warnings.append(
+            f"{len(short)} decode request(s) got other than {wanted} tokens: the server may not "
+            "honour ignore_eos, so its replies ended early"
+        )
     cached = sum(r.cached_tokens for row in result.prefill for r in row.runs)
     if cached:
         result.warnings.append(f"the server reused {cached} cached prompt tokens in the prefill sweep")
     if before is not None and after is not None:
         result.server_completion_tokens = after - before
         if after - before > result.client_completion_tokens:
-            result.warnings.append(f"the server generated {after - before - result.client_completion_tokens} "
-                                   "tokens for other clients during the bench: its figures may be low")
+            result.warnings.append(
+                f"the server generated {after - before - result.client_completion_tokens} "
+                "tokens for other clients during the bench: its figures may be low"
+            )
 
 
 def _client_versions() -> dict[str, str]:
@@ -163,20 +186,30 @@ def _client_versions() -> dict[str, str]:
         version = metadata.version("glm-sparks")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"sparks": version, "commit": _git_commit(), "python": platform.python_version(),
-            "platform": platform.platform(), "cpus": str(os.cpu_count()), "httpx": httpx.__version__}
+    return {
+        "sparks": version,
+        "commit": _git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": str(os.cpu_count()),
+        "httpx": httpx.__version__,
+    }
 
 
 def _git_commit() -> str:
     """The checkout's commit (with '+changes' when the tree differs from it), or 'unknown' outside a checkout."""
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "recipe", "engine"],
-                               cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "recipe", "engine"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+changes" if dirty else "")
-
-

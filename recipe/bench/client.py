@@ -18,6 +18,7 @@ MAX_CONNECTIONS = 66
 @dataclass(frozen=True)
 class RequestTiming:
     """One streamed request: perf_counter stamps (seconds) and the server's usage counts."""
+
     sent: float
     first_token: float
     last_token: float
@@ -36,25 +37,34 @@ class RequestTiming:
         return (self.completion_tokens - 1) / span if self.completion_tokens > 1 and span > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "cached_tokens": self.cached_tokens, "ttft_s": round(self.ttft_s, 4),
-                "decode_tok_s": _round(self.decode_tok_s), "total_s": round(self.done - self.sent, 4)}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "ttft_s": round(self.ttft_s, 4),
+            "decode_tok_s": _round(self.decode_tok_s),
+            "total_s": round(self.done - self.sent, 4),
+        }
 
 
 class BenchClient:
     """httpx over one connection pool; every request bounded by `request_timeout_s`, the whole bench by
     `deadline` (time.monotonic). `root` is the server's root (/health), `url` its API base (/v1)."""
 
-    def __init__(self, url: str, model: str, api_key: str, seed: int, request_timeout_s: float,
-                 deadline: float) -> None:
+    def __init__(
+        self, url: str, model: str, api_key: str, seed: int, request_timeout_s: float, deadline: float
+    ) -> None:
         self.url, self.root, self.model, self.seed = url, url.removesuffix("/v1"), model, seed
         self.request_timeout_s, self.deadline = request_timeout_s, deadline
-        self.completion_tokens = 0               # what this client's requests got, for the cross-check
+        self.completion_tokens = 0  # what this client's requests got, for the cross-check
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(request_timeout_s, connect=10.0),
-                                 limits=httpx.Limits(max_connections=MAX_CONNECTIONS))
+        self.http = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(request_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=MAX_CONNECTIONS),
+        )
 
-    def __enter__(self) -> "BenchClient":
+    def __enter__(self) -> BenchClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -67,8 +77,9 @@ class BenchClient:
         try:
             return self.http.get(url)
         except httpx.HTTPError as exc:
-            raise RecipeError(f"no answer from {url}: {exc}",
-                              "start the server (./start.sh) or point --url at a running one") from None
+            raise RecipeError(
+                f"no answer from {url}: {exc}", "start the server (./start.sh) or point --url at a running one"
+            ) from None
 
     def server_facts(self) -> dict[str, Any]:
         """GET /health as JSON; {} from servers whose /health is not this engine's."""
@@ -80,8 +91,10 @@ class BenchClient:
         if not isinstance(body, dict):
             return {}
         if reply.status_code != 200 or body.get("ok") is False:
-            raise RecipeError(f"{self.root}/health answers {reply.status_code}: {body.get('error', body)}",
-                              "the server is not serving: read its logs (sparks status), restart it")
+            raise RecipeError(
+                f"{self.root}/health answers {reply.status_code}: {body.get('error', body)}",
+                "the server is not serving: read its logs (sparks status), restart it",
+            )
         return body
 
     def completion_total(self, at_least: int, within_s: float = 3.0) -> int | None:
@@ -99,14 +112,23 @@ class BenchClient:
         _raise_for_status(reply, self.url + "/models")
         served = [m.get("id") for m in reply.json().get("data", [])]
         if self.model not in served:
-            raise RecipeError(f"the server serves {served}, not {self.model!r}",
-                              f"pass --model {served[0]}" if served else "check --url")
+            raise RecipeError(
+                f"the server serves {served}, not {self.model!r}",
+                f"pass --model {served[0]}" if served else "check --url",
+            )
 
     def stream_chat(self, content: str, max_tokens: int) -> RequestTiming:
-        body = {"model": self.model, "messages": [{"role": "user", "content": content}],
-                "max_tokens": max_tokens, "temperature": 0, "seed": self.seed, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True},
-                "chat_template_kwargs": {"enable_thinking": False}}
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "seed": self.seed,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
         url = self.url + "/chat/completions"
         sent = time.perf_counter()
         stop_at = sent + self.request_timeout_s
@@ -117,12 +139,16 @@ class BenchClient:
                     _raise_for_status(reply, url)
                 first, last, usage = _read_stream(reply, stop_at, url)
         except httpx.HTTPError as exc:
-            raise RecipeError(f"the request to {url} failed: {type(exc).__name__}: {exc}",
-                              "is the server still up (sparks status)? raise --timeout if it is slow") from None
+            raise RecipeError(
+                f"the request to {url} failed: {type(exc).__name__}: {exc}",
+                "is the server still up (sparks status)? raise --timeout if it is slow",
+            ) from None
         done = time.perf_counter()
         if first is None or usage is None:
-            raise RecipeError(f"{url} streamed no {'token' if first is None else 'usage'}",
-                              "the server must stream deltas and usage (stream_options.include_usage)")
+            raise RecipeError(
+                f"{url} streamed no {'token' if first is None else 'usage'}",
+                "the server must stream deltas and usage (stream_options.include_usage)",
+            )
         tokens = int(usage.get("completion_tokens") or 0)
         self.completion_tokens += tokens
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -137,7 +163,7 @@ def _read_stream(reply: httpx.Response, stop_at: float, url: str) -> tuple[float
         if time.perf_counter() > stop_at:
             raise RecipeError(f"a request to {url} ran past --timeout", "raise --timeout or lower --tokens")
         if not line.startswith("data:"):
-            continue                                         # keep-alive comments, blank separators
+            continue  # keep-alive comments, blank separators
         payload = line[5:].strip()
         if payload == "[DONE]":
             break
@@ -149,8 +175,9 @@ def _read_stream(reply: httpx.Response, stop_at: float, url: str) -> tuple[float
             delta = choice.get("delta") or {}
             # The closing chunk counts too: a token with no text of its own (held back, or a special token)
             # still ends the reply there.
-            if choice.get("finish_reason") or any(delta.get(k) for k in ("content", "reasoning_content",
-                                                                          "reasoning", "tool_calls")):
+            if choice.get("finish_reason") or any(
+                delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")
+            ):
                 first = first if first is not None else now
                 last = now
         usage = chunk.get("usage") or usage
@@ -160,11 +187,16 @@ def _read_stream(reply: httpx.Response, stop_at: float, url: str) -> tuple[float
 def _raise_for_status(reply: httpx.Response, url: str) -> None:
     if reply.status_code == 200:
         return
-    fixes = {401: "pass --api-key (or set API_KEY)", 404: "check --url (it should end in /v1)",
-             429: "the server's queue is full: lower --concurrency to the server's PARALLEL",
-             400: "lower --tokens or --prompt-sizes to fit the server's window"}
-    raise RecipeError(f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}",
-                      fixes.get(reply.status_code, "read the server's log"))
+    fixes = {
+        401: "pass --api-key (or set API_KEY)",
+        404: "check --url (it should end in /v1)",
+        429: "the server's queue is full: lower --concurrency to the server's PARALLEL",
+        400: "lower --tokens or --prompt-sizes to fit the server's window",
+    }
+    raise RecipeError(
+        f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}",
+        fixes.get(reply.status_code, "read the server's log"),
+    )
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:

@@ -8,20 +8,20 @@ from dataclasses import dataclass, field
 from recipe.bench.client import MAX_CONNECTIONS
 from recipe.errors import RecipeError
 
-MAX_CONCURRENCY = MAX_CONNECTIONS - 2     # spares for /health
+MAX_CONCURRENCY = MAX_CONNECTIONS - 2  # spares for /health
 
 
 @dataclass(frozen=True)
 class BenchOptions:
-    url: str                                   # API base, ending in /v1
+    url: str  # API base, ending in /v1
     model: str
     api_key: str = field(default="", repr=False)
     concurrency: tuple[int, ...] = (1, 2, 3, 4)
-    tokens: int = 256                          # reply length of every decode request
+    tokens: int = 256  # reply length of every decode request
     prompt_sizes: tuple[int, ...] = (512, 2048, 8192, 32768)
     repeats: int = 3
-    request_timeout_s: float = 600.0           # one request, first byte to last
-    budget_s: float = 3600.0                   # the whole bench; what is left then is skipped, not run
+    request_timeout_s: float = 600.0  # one request, first byte to last
+    budget_s: float = 3600.0  # the whole bench; what is left then is skipped, not run
     seed: int = 1234
 
     def check(self) -> None:
@@ -47,8 +47,9 @@ def parse_sizes(text: str, option: str) -> tuple[int, ...]:
         try:
             out.append(int(item[:-1] if scale > 1 else item) * scale)
         except ValueError:
-            raise RecipeError(f"{option} has {item!r}, not a whole number",
-                              f"write a comma-separated list such as {option} 1,2,4") from None
+            raise RecipeError(
+                f"{option} has {item!r}, not a whole number", f"write a comma-separated list such as {option} 1,2,4"
+            ) from None
     return tuple(out)
 
 

@@ -18,10 +18,13 @@ def require_matplotlib() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise RecipeError("--plot needs matplotlib, which is not installed",
-                          "install the bench extra: .venv/bin/pip install -e '.[bench]' (or drop --plot)") from None
+        raise RecipeError(
+            "--plot needs matplotlib, which is not installed",
+            "install the bench extra: .venv/bin/pip install -e '.[bench]' (or drop --plot)",
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -52,8 +55,11 @@ def write_plot(result: BenchResult, path: Path) -> Path:
     prefill.set(title="Prefill", xlabel="prompt tokens", ylabel="tok/s")
     prefill.set_ylim(bottom=0)
     prefill.grid(alpha=0.3)
-    fig.suptitle(f"sparks bench · {result.options.model} · {result.options.tokens}-token replies · "
-                 f"median of {result.options.repeats} · {result.host} · {result.date}", fontsize=10)
+    fig.suptitle(
+        f"sparks bench · {result.options.model} · {result.options.tokens}-token replies · "
+        f"median of {result.options.repeats} · {result.host} · {result.date}",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -18,6 +18,7 @@ SCHEMA = "sparks-bench/1"
 @dataclass(frozen=True)
 class DecodeRun:
     """Requests sent at once, each with its own prompt."""
+
     requests: tuple[RequestTiming, ...]
 
     @property
@@ -33,13 +34,16 @@ class DecodeRun:
         return sum(r.completion_tokens for r in self.requests) / span
 
     def to_dict(self) -> dict[str, Any]:
-        return {"aggregate_tok_s": _round(self.aggregate_tok_s), "end_to_end_tok_s": _round(self.end_to_end_tok_s),
-                "requests": [r.to_dict() for r in self.requests]}
+        return {
+            "aggregate_tok_s": _round(self.aggregate_tok_s),
+            "end_to_end_tok_s": _round(self.end_to_end_tok_s),
+            "requests": [r.to_dict() for r in self.requests],
+        }
 
 
 @dataclass(frozen=True)
 class DecodeRow:
-    kind: str                                  # prose | structured
+    kind: str  # prose | structured
     concurrency: int
     runs: tuple[DecodeRun, ...]
 
@@ -56,9 +60,14 @@ class DecodeRow:
         return _median([r.ttft_s for run in self.runs for r in run.requests])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "concurrency": self.concurrency, "aggregate_tok_s": _round(self.aggregate_tok_s),
-                "per_request_tok_s": _round(self.per_request_tok_s), "ttft_s": _round(self.ttft_s, 4),
-                "runs": [run.to_dict() for run in self.runs]}
+        return {
+            "kind": self.kind,
+            "concurrency": self.concurrency,
+            "aggregate_tok_s": _round(self.aggregate_tok_s),
+            "per_request_tok_s": _round(self.per_request_tok_s),
+            "ttft_s": _round(self.ttft_s, 4),
+            "runs": [run.to_dict() for run in self.runs],
+        }
 
 
 @dataclass(frozen=True)
@@ -79,9 +88,13 @@ class PrefillRow:
         return _median([r.ttft_s for r in self.runs])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target_tokens": self.target_tokens, "prompt_tokens": self.prompt_tokens,
-                "prefill_tok_s": _round(self.prefill_tok_s), "ttft_s": _round(self.ttft_s, 4),
-                "runs": [r.to_dict() for r in self.runs]}
+        return {
+            "target_tokens": self.target_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tok_s": _round(self.prefill_tok_s),
+            "ttft_s": _round(self.ttft_s, 4),
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
 
 @dataclass
@@ -90,25 +103,34 @@ class BenchResult:
     date: str
     host: str
     client: dict[str, str]
-    server: dict[str, Any]                     # /health when the bench started (empty if the server has none)
+    server: dict[str, Any]  # /health when the bench started (empty if the server has none)
     decode: list[DecodeRow] = field(default_factory=list)
     prefill: list[PrefillRow] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    server_completion_tokens: int | None = None   # the server's own count over the bench (from /health totals)
-    client_completion_tokens: int = 0             # what the bench's own requests got, warm-up included
+    server_completion_tokens: int | None = None  # the server's own count over the bench (from /health totals)
+    client_completion_tokens: int = 0  # what the bench's own requests got, warm-up included
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         config = {k: v for k, v in asdict(self.options).items() if k not in ("api_key", "url", "model")}
-        return {"schema": SCHEMA, "date": self.date, "host": self.host, "url": self.options.url,
-                "model": self.options.model, "client": self.client, "server": self.server,
-                "config": {**config, "temperature": 0, "ignore_eos": True, "thinking": False, "stream": True},
-                "decode": [row.to_dict() for row in self.decode],
-                "prefill": [row.to_dict() for row in self.prefill],
-                "skipped": self.skipped, "warnings": self.warnings,
-                "server_completion_tokens": self.server_completion_tokens,
-                "client_completion_tokens": self.client_completion_tokens, "seconds": round(self.seconds, 2)}
+        return {
+            "schema": SCHEMA,
+            "date": self.date,
+            "host": self.host,
+            "url": self.options.url,
+            "model": self.options.model,
+            "client": self.client,
+            "server": self.server,
+            "config": {**config, "temperature": 0, "ignore_eos": True, "thinking": False, "stream": True},
+            "decode": [row.to_dict() for row in self.decode],
+            "prefill": [row.to_dict() for row in self.prefill],
+            "skipped": self.skipped,
+            "warnings": self.warnings,
+            "server_completion_tokens": self.server_completion_tokens,
+            "client_completion_tokens": self.client_completion_tokens,
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def write_json(result: BenchResult, path: Path) -> Path:

@@ -16,8 +16,8 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from recipe.errors import RecipeError
 from recipe.net.nodes import Node, SshNode
@@ -35,7 +35,7 @@ class CheckpointError(RecipeError):
 @dataclass(frozen=True)
 class CopyResult:
     worker: str
-    sent_bytes: int          # what rsync put on the wire (a resumed copy sends only the rest)
+    sent_bytes: int  # what rsync put on the wire (a resumed copy sends only the rest)
     files: int
     total_bytes: int
 
@@ -50,7 +50,7 @@ def head_checkpoint_dir(settings: Settings) -> str | None:
     org, name = settings.model_id.split("/", 1)
     repo = os.path.join(settings.hf_cache, "hub", f"models--{org}--{name}")
     revision = settings.model_revision or "main"
-    if not re.fullmatch(r"[0-9a-f]{40}", revision):     # a branch or tag: the cache names its commit in refs/
+    if not re.fullmatch(r"[0-9a-f]{40}", revision):  # a branch or tag: the cache names its commit in refs/
         try:
             with open(os.path.join(repo, "refs", revision)) as ref:
                 revision = ref.read().strip() or revision
@@ -76,8 +76,7 @@ def read_manifest(node: Node, folder: str) -> Manifest:
     script = 'cd "$1" 2>/dev/null || exit 0; find -L . -type f -printf "%P\\t%s\\n"'
     result = node.run(["sh", "-c", script, "manifest", folder], timeout_s=300)
     if not result.ok:
-        raise CheckpointError(f"cannot list {folder} on {node.name}: {result.last_error_line()}",
-                              node.fix_for(result))
+        raise CheckpointError(f"cannot list {folder} on {node.name}: {result.last_error_line()}", node.fix_for(result))
     return parse_manifest(result.stdout)
 
 
@@ -143,7 +142,7 @@ def layout_of(folder: str) -> Layout:
         for name in sorted(files):
             path = os.path.join(here, name)
             if not os.path.exists(path):
-                continue                       # a broken link: nothing the engine could read
+                continue  # a broken link: nothing the engine could read
             entry = os.path.relpath(path, repo)
             target = _link_target(path)
             if target is not None and target.startswith(blobs_dir):
@@ -187,19 +186,23 @@ def rsync_argv(worker: SshNode, root: str, files_from: str | None = None, follow
     return [*argv, "-e", worker.ssh_command(), root + "/", f"{worker.target}:{root}/"]
 
 
-def copy_to_worker(head: Node, worker: SshNode, folder: str,
-                   on_line: Callable[[str], None] = lambda line: None) -> CopyResult:
+def copy_to_worker(
+    head: Node, worker: SshNode, folder: str, on_line: Callable[[str], None] = lambda line: None
+) -> CopyResult:
     """Copy `folder` to the same path on `worker` (see `Layout`), remove what the head's copy does not hold, then
     prove the copy complete by comparing manifests."""
     want = read_manifest(head, folder)
     if not want:
-        raise CheckpointError(f"{folder} is empty or missing on this machine", "download it first (sparks doctor "
-                              "says what is there), or point CHECKPOINT at the folder")
+        raise CheckpointError(
+            f"{folder} is empty or missing on this machine",
+            "download it first (sparks doctor says what is there), or point CHECKPOINT at the folder",
+        )
     layout = layout_of(folder)
     made = worker.run(["mkdir", "-p", layout.root], timeout_s=60)
     if not made.ok:
-        raise CheckpointError(f"cannot create {layout.root} on {worker.name}: {made.last_error_line()}",
-                              worker.fix_for(made))
+        raise CheckpointError(
+            f"cannot create {layout.root} on {worker.name}: {made.last_error_line()}", worker.fix_for(made)
+        )
     if layout.blobs is None:
         sent = _rsync(rsync_argv(worker, layout.root), worker, layout.root, on_line)
     else:
@@ -210,8 +213,9 @@ def copy_to_worker(head: Node, worker: SshNode, folder: str,
     return CopyResult(worker.name, sent, len(want), sum(size for _, size in want))
 
 
-def _send_list(worker: SshNode, root: str, paths: Sequence[str], follow_links: bool,
-               on_line: Callable[[str], None]) -> int:
+def _send_list(
+    worker: SshNode, root: str, paths: Sequence[str], follow_links: bool, on_line: Callable[[str], None]
+) -> int:
     if not paths:
         return 0
     with tempfile.NamedTemporaryFile("wb", prefix="sparks-files-", suffix=".list") as listing:
@@ -228,18 +232,22 @@ def _remove_extra(worker: Node, folder: str, want: Manifest) -> None:
         return
     removed = worker.run(["sh", "-c", 'cd "$1" && shift && rm -f -- "$@"', "remove", folder, *extra], timeout_s=120)
     if not removed.ok:
-        raise CheckpointError(f"cannot remove {len(extra)} file(s) the head does not have from {folder} on "
-                              f"{worker.name} (first: {extra[0]}): {removed.last_error_line()}", _owner_fix(folder))
+        raise CheckpointError(
+            f"cannot remove {len(extra)} file(s) the head does not have from {folder} on "
+            f"{worker.name} (first: {extra[0]}): {removed.last_error_line()}",
+            _owner_fix(folder),
+        )
 
 
 def _owner_fix(folder: str) -> str:
-    return (f"a container may have left it owned by root: sudo chown -R $USER {folder} on the worker, "
-            "then run the copy again")
+    return (
+        f"a container may have left it owned by root: sudo chown -R $USER {folder} on the worker, "
+        "then run the copy again"
+    )
 
 
 def _rsync(argv: Sequence[str], worker: SshNode, root: str, on_line: Callable[[str], None]) -> int:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     lines: list[str] = []
     for text in proc.stdout or ():
         lines.append(text.rstrip())
@@ -252,9 +260,12 @@ def _rsync(argv: Sequence[str], worker: SshNode, root: str, on_line: Callable[[s
     if code != 0:
         last = next((line for line in reversed(lines) if line.strip()), f"exit code {code}")
         denied = any("Permission denied" in line for line in lines)
-        raise CheckpointError(f"copying to {worker.name} stopped (rsync exit code {code}): {last}",
-                              _owner_fix(root) if denied else
-                              "run the same command again: what arrived is kept and only the rest is sent")
+        raise CheckpointError(
+            f"copying to {worker.name} stopped (rsync exit code {code}): {last}",
+            _owner_fix(root)
+            if denied
+            else "run the same command again: what arrived is kept and only the rest is sent",
+        )
     return _stat(lines, "Total bytes sent")
 
 
@@ -269,9 +280,11 @@ def verify_copy(worker: Node, folder: str, want: Manifest) -> None:
     have = read_manifest(worker, folder)
     if have != want:
         shown = differences(want, have)
-        raise CheckpointError(f"{worker.name}'s copy of {folder} differs from the head's after the copy "
-                              f"(first differences: {'; '.join(shown)})",
-                              "run the copy again (sparks copy); if it keeps differing, check the worker's disk")
+        raise CheckpointError(
+            f"{worker.name}'s copy of {folder} differs from the head's after the copy "
+            f"(first differences: {'; '.join(shown)})",
+            "run the copy again (sparks copy); if it keeps differing, check the worker's disk",
+        )
 
 
 def compare(head: Node, worker: Node, folder: str) -> list[str]:

@@ -15,20 +15,20 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlparse
 
 from recipe.checkpoint.checkpoint import CheckpointError, head_checkpoint_dir
 from recipe.settings import Settings
 
-GIB = 1024 ** 3
-DISK_SPARE_GIB = 5               # kept free beyond what the download needs
-PROGRESS_EVERY_S = 30.0          # a progress line at each tenth of the total, and at least this often
+GIB = 1024**3
+DISK_SPARE_GIB = 5  # kept free beyond what the download needs
+PROGRESS_EVERY_S = 30.0  # a progress line at each tenth of the total, and at least this often
 CONNECT_TIMEOUT_S = 10
 OFFLINE_VALUES = ("1", "true", "yes", "on")
 
-Progress = Callable[[int, int], None]   # (bytes done, bytes in all)
+Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Needed:
 class Fetched:
     folder: str
     downloaded_bytes: int
-    note: str          # one line for the user: what was done (or why the Hub was not asked)
+    note: str  # one line for the user: what was done (or why the Hub was not asked)
 
 
 class HubUnreachable(CheckpointError):
@@ -67,9 +67,13 @@ def offline_by_setting() -> bool:
 
 
 def _hub_args(settings: Settings) -> dict:
-    return {"repo_id": settings.model_id, "revision": settings.model_revision or None,
-            "cache_dir": os.path.join(settings.hf_cache, "hub"), "token": settings.hf_token or None,
-            "endpoint": os.environ.get("HF_ENDPOINT") or None}
+    return {
+        "repo_id": settings.model_id,
+        "revision": settings.model_revision or None,
+        "cache_dir": os.path.join(settings.hf_cache, "hub"),
+        "token": settings.hf_token or None,
+        "endpoint": os.environ.get("HF_ENDPOINT") or None,
+    }
 
 
 def needed(settings: Settings) -> Needed:
@@ -97,9 +101,10 @@ def _reachable(endpoint: str | None) -> None:
     try:
         socket.create_connection((url.hostname or "", port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as error:
-        raise HubUnreachable(f"the Hub ({url.hostname}:{port}) did not answer ({error.strerror or error})",
-                             "check this machine's network, or set HF_HUB_OFFLINE=1 to use the cache as it is") \
-            from None
+        raise HubUnreachable(
+            f"the Hub ({url.hostname}:{port}) did not answer ({error.strerror or error})",
+            "check this machine's network, or set HF_HUB_OFFLINE=1 to use the cache as it is",
+        ) from None
 
 
 def fetch(settings: Settings, on_progress: Progress = lambda done, total: None) -> Fetched:
@@ -117,16 +122,24 @@ def fetch(settings: Settings, on_progress: Progress = lambda done, total: None) 
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(**{**_hub_args(settings), "revision": need.commit},
-                                   tqdm_class=_silent_bar(_throttled(on_progress, need.missing_bytes)))
+        folder = snapshot_download(
+            **{**_hub_args(settings), "revision": need.commit},
+            tqdm_class=_silent_bar(_throttled(on_progress, need.missing_bytes)),
+        )
     except Exception as error:
         raise _hub_error(settings, error) from None
     missing = incomplete_files(folder)
     if missing:
-        raise CheckpointError(f"the download of {settings.model_id} @ {need.commit[:8]} ended without "
-                              f"{', '.join(missing[:3])}", "run it again: what arrived is kept")
-    return Fetched(folder, need.missing_bytes, f"{settings.model_id} @ {need.commit[:8]}: fetched "
-                   f"{need.missing_files} of {need.files} files ({need.missing_bytes / GIB:.2f} GiB)")
+        raise CheckpointError(
+            f"the download of {settings.model_id} @ {need.commit[:8]} ended without {', '.join(missing[:3])}",
+            "run it again: what arrived is kept",
+        )
+    return Fetched(
+        folder,
+        need.missing_bytes,
+        f"{settings.model_id} @ {need.commit[:8]}: fetched "
+        f"{need.missing_files} of {need.files} files ({need.missing_bytes / GIB:.2f} GiB)",
+    )
 
 
 def snapshot_folder(settings: Settings, commit: str) -> str:
@@ -140,13 +153,17 @@ def cached_snapshot(settings: Settings) -> str:
     folder = head_checkpoint_dir(settings) or ""
     revision = settings.model_revision or "main"
     if not os.path.isdir(folder):
-        raise CheckpointError(f"{settings.model_id} @ {revision} is not in {settings.hf_cache} and the Hub cannot "
-                              "be asked", "run it once with network access (sparks download), or copy the snapshot "
-                              "there")
+        raise CheckpointError(
+            f"{settings.model_id} @ {revision} is not in {settings.hf_cache} and the Hub cannot be asked",
+            "run it once with network access (sparks download), or copy the snapshot there",
+        )
     missing = incomplete_files(folder)
     if missing:
-        raise CheckpointError(f"the cached snapshot {folder} is incomplete (missing {', '.join(missing[:3])}) and "
-                              "the Hub cannot be asked", "run the download again with network access")
+        raise CheckpointError(
+            f"the cached snapshot {folder} is incomplete (missing {', '.join(missing[:3])}) and "
+            "the Hub cannot be asked",
+            "run the download again with network access",
+        )
     return folder
 
 
@@ -154,8 +171,9 @@ def incomplete_files(folder: str) -> list[str]:
     """What the engine would miss in `folder`: config.json, and every shard a safetensors index names (links
     followed, so a link to a blob that never arrived counts as missing)."""
     missing = [] if os.path.isfile(os.path.join(folder, "config.json")) else ["config.json"]
-    for index in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors.index.json")) \
-            if os.path.isdir(folder) else []:
+    for index in (
+        sorted(f for f in os.listdir(folder) if f.endswith(".safetensors.index.json")) if os.path.isdir(folder) else []
+    ):
         try:
             with open(os.path.join(folder, index)) as handle:
                 shards = sorted(set(json.load(handle).get("weight_map", {}).values()))
@@ -173,35 +191,57 @@ def check_free_disk(hf_cache: str, missing_bytes: int) -> None:
     free = shutil.disk_usage(path).free
     need = missing_bytes + DISK_SPARE_GIB * GIB
     if free < need:
-        raise CheckpointError(f"only {free / GIB:.1f} GiB free under {hf_cache}; the download needs "
-                              f"{missing_bytes / GIB:.1f} GiB (+{DISK_SPARE_GIB} GiB spare)",
-                              f"free {(need - free) / GIB:.1f} GiB there, or point HF_CACHE at a larger disk")
+        raise CheckpointError(
+            f"only {free / GIB:.1f} GiB free under {hf_cache}; the download needs "
+            f"{missing_bytes / GIB:.1f} GiB (+{DISK_SPARE_GIB} GiB spare)",
+            f"free {(need - free) / GIB:.1f} GiB there, or point HF_CACHE at a larger disk",
+        )
 
 
 def _hub_error(settings: Settings, error: Exception) -> CheckpointError:
-    from huggingface_hub.errors import (DryRunError, GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        DryRunError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     what = f"{settings.model_id} @ {settings.model_revision or 'main'}"
     if isinstance(error, PermissionError):
-        return CheckpointError(f"this user cannot write {error.filename or settings.hf_cache} (permission denied)",
-                               f"a container may have left it owned by root: sudo chown -R $USER {settings.hf_cache}")
+        return CheckpointError(
+            f"this user cannot write {error.filename or settings.hf_cache} (permission denied)",
+            f"a container may have left it owned by root: sudo chown -R $USER {settings.hf_cache}",
+        )
     if isinstance(error, GatedRepoError):
-        return CheckpointError(f"{settings.model_id} is gated and HF_TOKEN may not read it",
-                               f"agree to its terms on huggingface.co/{settings.model_id}, then set HF_TOKEN")
+        return CheckpointError(
+            f"{settings.model_id} is gated and HF_TOKEN may not read it",
+            f"agree to its terms on huggingface.co/{settings.model_id}, then set HF_TOKEN",
+        )
     if isinstance(error, RevisionNotFoundError):
-        return CheckpointError(f"the Hub has no revision {settings.model_revision!r} of {settings.model_id}",
-                               "check MODEL_REVISION (a commit of the model's repository)")
+        return CheckpointError(
+            f"the Hub has no revision {settings.model_revision!r} of {settings.model_id}",
+            "check MODEL_REVISION (a commit of the model's repository)",
+        )
     if isinstance(error, RepositoryNotFoundError):
-        return CheckpointError(f"the Hub has no model {settings.model_id} (or HF_TOKEN may not see it)",
-                               "check MODEL_ID, and HF_TOKEN for a private model")
-    if isinstance(error, (DryRunError, OfflineModeIsEnabled, LocalEntryNotFoundError, ConnectionError,
-                          TimeoutError)) or "connect" in type(error).__name__.lower():
+        return CheckpointError(
+            f"the Hub has no model {settings.model_id} (or HF_TOKEN may not see it)",
+            "check MODEL_ID, and HF_TOKEN for a private model",
+        )
+    if (
+        isinstance(error, (DryRunError, OfflineModeIsEnabled, LocalEntryNotFoundError, ConnectionError, TimeoutError))
+        or "connect" in type(error).__name__.lower()
+    ):
         cause = error.__cause__ or error
-        return HubUnreachable(f"the Hub did not answer about {what} ({type(cause).__name__})",
-                              "check this machine's network, or set HF_HUB_OFFLINE=1 to use the cache as it is")
-    return CheckpointError(f"downloading {what} failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}",
-                           "run it again (what arrived is kept); SPARKS_DEBUG=1 shows the whole error")
+        return HubUnreachable(
+            f"the Hub did not answer about {what} ({type(cause).__name__})",
+            "check this machine's network, or set HF_HUB_OFFLINE=1 to use the cache as it is",
+        )
+    return CheckpointError(
+        f"downloading {what} failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}",
+        "run it again (what arrived is kept); SPARKS_DEBUG=1 shows the whole error",
+    )
 
 
 def _throttled(on_progress: Progress, total: int) -> Progress:
@@ -227,7 +267,7 @@ def _silent_bar(on_bytes: Progress) -> type:
         def __init__(self, *args, **kwargs) -> None:
             kwargs.pop("name", None)
             kwargs["file"] = io.StringIO()
-            kwargs["mininterval"] = 3600.0     # nothing is drawn; StringIO stays small
+            kwargs["mininterval"] = 3600.0  # nothing is drawn; StringIO stays small
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import typer
 
@@ -31,8 +32,12 @@ from recipe.settings.docs import settings_markdown, update_readme
 from recipe.top import view as top_view
 from recipe.top.top import Top, TopClient, server_root
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Serve GLM-5.3-Flash on DGX Sparks, or on this machine when no WORKER is set.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Serve GLM-5.3-Flash on DGX Sparks, or on this machine when no WORKER is set.",
+)
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -54,8 +59,12 @@ def _guarded(command: Callable[..., int | None]) -> Callable[..., None]:
         except Exception as error:  # a defect: say so plainly, keep the traceback for SPARKS_DEBUG=1
             if os.environ.get("SPARKS_DEBUG") == "1":
                 raise
-            ui.show_error(RecipeError(f"unexpected {type(error).__name__}: {error}",
-                                      "run again with SPARKS_DEBUG=1 for the traceback, and report it"))
+            ui.show_error(
+                RecipeError(
+                    f"unexpected {type(error).__name__}: {error}",
+                    "run again with SPARKS_DEBUG=1 for the traceback, and report it",
+                )
+            )
             raise typer.Exit(1) from None
         raise typer.Exit(code)
 
@@ -85,14 +94,18 @@ def stop() -> int:
     if settings.dry_run:
         current = control.status(run_dir)
         ranks = ", ".join(str(r.rank) for r in current.state.ranks) if current.state else "none"
-        ui.say(f"DRY_RUN=1: would stop ranks {ranks} (up to {settings.stop_timeout}s) and save their logs "
-               f"under {settings.log_dir}; nothing is stopped.")
+        ui.say(
+            f"DRY_RUN=1: would stop ranks {ranks} (up to {settings.stop_timeout}s) and save their logs "
+            f"under {settings.log_dir}; nothing is stopped."
+        )
         return 0
-    result = control.stop(run_dir, Path(settings.log_dir), settings.log_keep, settings.stop_timeout,
-                          ui.ConsoleReporter())
-    if not result.found and result.problem:   # never "nothing is running" from a record that cannot be read
-        raise RecipeError(f"the run record {result.problem} and no rank record was found: nothing was stopped",
-                          ui.UNKNOWN_RUN)
+    result = control.stop(
+        run_dir, Path(settings.log_dir), settings.log_keep, settings.stop_timeout, ui.ConsoleReporter()
+    )
+    if not result.found and result.problem:  # never "nothing is running" from a record that cannot be read
+        raise RecipeError(
+            f"the run record {result.problem} and no rank record was found: nothing was stopped", ui.UNKNOWN_RUN
+        )
     ui.show_stop(result)
     return 0
 
@@ -155,10 +168,17 @@ def bench(
     """Measure a running server through its OpenAI API: decode tok/s at each concurrency (prose and JSON
     replies), time to first token, and prefill tok/s over a sweep of prompt sizes."""
     settings = load_settings()
-    options = BenchOptions(url=api_url(url, settings.host, settings.port), model=model or settings.served_name,
-                           api_key=api_key or settings.api_key, concurrency=parse_sizes(concurrency, "--concurrency"),
-                           tokens=tokens, prompt_sizes=parse_sizes(prompt_sizes, "--prompt-sizes"), repeats=repeats,
-                           request_timeout_s=timeout, budget_s=budget)
+    options = BenchOptions(
+        url=api_url(url, settings.host, settings.port),
+        model=model or settings.served_name,
+        api_key=api_key or settings.api_key,
+        concurrency=parse_sizes(concurrency, "--concurrency"),
+        tokens=tokens,
+        prompt_sizes=parse_sizes(prompt_sizes, "--prompt-sizes"),
+        repeats=repeats,
+        request_timeout_s=timeout,
+        budget_s=budget,
+    )
     if plot is not None:
         require_matplotlib()  # before minutes of measuring, not after
     result = run_bench(options, ui.ConsoleReporter().note)
@@ -177,8 +197,13 @@ def top(
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="seconds between polls"),
     once: bool = typer.Option(False, "--once", help="take two samples INTERVAL apart, show them once and exit"),
     as_json: bool = typer.Option(False, "--json", help="print one snapshot as JSON (implies --once)"),
-    api_key: str = typer.Option("", "--api-key", envvar="SPARKS_API_KEY", show_default=False,
-                                help="bearer token for /metrics (default: API_KEY)"),
+    api_key: str = typer.Option(
+        "",
+        "--api-key",
+        envvar="SPARKS_API_KEY",
+        show_default=False,
+        help="bearer token for /metrics (default: API_KEY)",
+    ),
 ) -> int:
     """Live dashboard of a running server's /health and /metrics: streams, queue, decode and prefill tok/s, time
     to first token, the pool, each rank's heartbeat. Ctrl-C quits. With --once, exit code 3 when nothing answers."""
@@ -232,10 +257,13 @@ def copy_command() -> int:
         ui.say("No worker is configured (WORKER): every rank reads this machine's checkpoint; nothing to copy.")
         return 0
     head = LocalNode()
-    ui.say(f"Copying {folder} to {', '.join(settings.workers)} (rsync over ssh, resumable; a Hugging Face "
-           "snapshot goes blobs first, then its links)")
-    outcomes = on_each([SshNode(w) for w in settings.workers],
-                       lambda worker: checkpoint.copy_to_worker(head, worker, folder))
+    ui.say(
+        f"Copying {folder} to {', '.join(settings.workers)} (rsync over ssh, resumable; a Hugging Face "
+        "snapshot goes blobs first, then its links)"
+    )
+    outcomes = on_each(
+        [SshNode(w) for w in settings.workers], lambda worker: checkpoint.copy_to_worker(head, worker, folder)
+    )
     ui.show_copies(outcomes)
     return 1 if any(isinstance(o, BaseException) for o in outcomes.values()) else 0
 
@@ -257,8 +285,10 @@ def patches_check() -> int:
         ui.warn(f"patches/{name} is not listed in patches/series, so it is not applied")
     failed = [o for o in outcomes if o.status == "fails"]
     if failed:
-        raise RecipeError(f"patch {failed[0].name} does not apply to engine/",
-                          f"update patches/{failed[0].name} for the current engine, or remove it from patches/series")
+        raise RecipeError(
+            f"patch {failed[0].name} does not apply to engine/",
+            f"update patches/{failed[0].name} for the current engine, or remove it from patches/series",
+        )
     if outcomes:
         ui.say(f"All {len(outcomes)} patch(es) apply in order.")
     return 0

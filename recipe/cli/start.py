@@ -8,8 +8,9 @@ import contextlib
 import dataclasses
 import functools
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from recipe.checkpoint import download
 from recipe.cli import ui
@@ -25,7 +26,7 @@ from recipe.preflight import preflight
 from recipe.settings import Settings, load_settings
 
 STEPS = 6
-PORT_GRACE_S = 20.0   # how long a restart waits for the stopped ranks' ports to be released
+PORT_GRACE_S = 20.0  # how long a restart waits for the stopped ranks' ports to be released
 
 
 def settings_and_plan(extra: tuple[str, ...] = ()) -> tuple[Settings, Plan]:
@@ -40,9 +41,12 @@ def start_or_restart(restart: bool, extra: tuple[str, ...]) -> int:
     current = control.status(Path(the_plan.run_dir))
     if settings.dry_run:
         return _dry_run(settings, _with_links(settings, the_plan, extra, current, must_pass=False), current, restart)
-    if current.running and not restart:
-        ui.say(f"{current.state.served_name} is already running ({len(current.state.ranks)} ranks, API "
-               f"{current.state.api_url}): nothing to do.")
+    # status() gives a state whenever ranks were found, so a running status always has one
+    if current.running and current.state is not None and not restart:
+        ui.say(
+            f"{current.state.served_name} is already running ({len(current.state.ranks)} ranks, API "
+            f"{current.state.api_url}): nothing to do."
+        )
         ui.say("./start.sh restart restarts it (with new settings, say); ./stop.sh stops it.")
         return 0
     launch.ensure_supported(the_plan)
@@ -81,8 +85,15 @@ def start_or_restart(restart: bool, extra: tuple[str, ...]) -> int:
 
 def _launch(settings: Settings, the_plan: Plan, reporter: ui.ConsoleReporter) -> tuple[Any, dict]:
     with _stop_all_on(launch.RankExited, settings, reporter):
-        state, handles = launch.launch(the_plan, {"API_KEY": settings.api_key}, reporter, image=settings.image,
-                                       cache_dir=settings.cache_dir, log_dir=settings.log_dir, keep=settings.log_keep)
+        state, handles = launch.launch(
+            the_plan,
+            {"API_KEY": settings.api_key},
+            reporter,
+            image=settings.image,
+            cache_dir=settings.cache_dir,
+            log_dir=settings.log_dir,
+            keep=settings.log_keep,
+        )
     for proc in state.ranks:
         reporter.note(f"rank {proc.rank} {proc.where}: {proc.ident}, log {proc.log}")
     return state, handles
@@ -106,27 +117,32 @@ class StepClock:
 
 
 @contextlib.contextmanager
-def _stop_all_on(kind: type[LaunchError], settings: Settings, reporter: ui.ConsoleReporter,
-                 refit: bool = False) -> Iterator[None]:
+def _stop_all_on(
+    kind: type[LaunchError], settings: Settings, reporter: ui.ConsoleReporter, refit: bool = False
+) -> Iterator[None]:
     """A rank that exits before the server is ready takes the others down with it: no rank is left on any node.
     With `refit`, a window that does not fit is raised as it is (after the stop) for one more start."""
     try:
         yield
     except kind as error:
         reporter.warn(f"{error.message}: stopping every rank on every node")
-        result = control.stop(control.run_dir_of(settings), Path(settings.log_dir), settings.log_keep,
-                              settings.stop_timeout, reporter)
+        result = control.stop(
+            control.run_dir_of(settings), Path(settings.log_dir), settings.log_keep, settings.stop_timeout, reporter
+        )
         left = [r for r in result.ranks if r.outcome.startswith("unknown")]
         if refit and not left and isinstance(error, launch.WindowTooLarge):
             raise
-        fix = (f"every rank was stopped and its log saved under {settings.log_dir}; read the last lines above"
-               if not left else f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached to stop: "
-               "./stop.sh tries again")
+        fix = (
+            f"every rank was stopped and its log saved under {settings.log_dir}; read the last lines above"
+            if not left
+            else f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached to stop: ./stop.sh tries again"
+        )
         raise LaunchError(error.message, fix, logs=error.logs) from None
 
 
-def _with_links(settings: Settings, the_plan: Plan, extra: tuple[str, ...], current: control.Status,
-                must_pass: bool) -> Plan:
+def _with_links(
+    settings: Settings, the_plan: Plan, extra: tuple[str, ...], current: control.Status, must_pass: bool
+) -> Plan:
     """With workers configured: check every machine (stopping at the first failure for a real start; only
     reporting under DRY_RUN), then plan with the detected links."""
     if not settings.workers:
@@ -153,8 +169,11 @@ def _dry_run(settings: Settings, the_plan: Plan, current: control.Status, restar
     ui.headline(settings, the_plan)
     ui.say("DRY_RUN=1: printing the plan; nothing is stopped, started or written.")
     if current.running:
-        ui.say("DRY_RUN: the server is running now; a real restart would stop it first"
-               if restart else "DRY_RUN: the server is running now; a real start would do nothing")
+        ui.say(
+            "DRY_RUN: the server is running now; a real restart would stop it first"
+            if restart
+            else "DRY_RUN: the server is running now; a real start would do nothing"
+        )
     elif current.state is not None:
         ui.say("DRY_RUN: a previous run is recorded but not all of its ranks run; a real start would stop it first")
     ui.show_plan(the_plan, settings)
@@ -169,28 +188,41 @@ def _clear_previous(settings: Settings, current: control.Status, reporter: ui.Co
     if current.state is None:
         reporter.note("Nothing running before: starting fresh")
         return
-    why = "restart: stopping the running server" if current.running else (
-        "only some ranks of the last run are running: stopping them first" if current.partly_running
-        else "the last run's ranks have exited: saving their logs")
+    why = (
+        "restart: stopping the running server"
+        if current.running
+        else (
+            "only some ranks of the last run are running: stopping them first"
+            if current.partly_running
+            else "the last run's ranks have exited: saving their logs"
+        )
+    )
     reporter.note(why)
-    result = control.stop(control.run_dir_of(settings), Path(settings.log_dir), settings.log_keep,
-                          settings.stop_timeout, reporter)
+    result = control.stop(
+        control.run_dir_of(settings), Path(settings.log_dir), settings.log_keep, settings.stop_timeout, reporter
+    )
     for rank in result.ranks:
-        reporter.note(f"rank {rank.rank}: {rank.outcome}" + (f", log saved to {rank.saved_log}" if rank.saved_log else ""))
+        reporter.note(
+            f"rank {rank.rank}: {rank.outcome}" + (f", log saved to {rank.saved_log}" if rank.saved_log else "")
+        )
 
 
-def _wait_and_check(settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter,
-                    clock: StepClock) -> int:
+def _wait_and_check(
+    settings: Settings, the_plan: Plan, state: Any, reporter: ui.ConsoleReporter, clock: StepClock
+) -> int:
     ui.step(5, STEPS, f"Loading on every rank (up to {settings.wait_timeout}s, WAIT_TIMEOUT)")
     started = time.monotonic()
     try:
         with _stop_all_on(launch.RankExited, settings, reporter, refit=True):
             health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
-    except launch.WindowTooLarge as error:   # rank 0 named the window that fits: start again with it, once
-        reporter.warn(f"this start's memory holds a {error.fits}-token window, not {settings.context}: "
-                      f"starting again with --context {error.fits}")
-        settings = dataclasses.replace(settings, context=error.fits,
-                                       origins={**settings.origins, "CONTEXT": "the window rank 0 named"})
+    except launch.WindowTooLarge as error:  # rank 0 named the window that fits: start again with it, once
+        reporter.warn(
+            f"this start's memory holds a {error.fits}-token window, not {settings.context}: "
+            f"starting again with --context {error.fits}"
+        )
+        settings = dataclasses.replace(
+            settings, context=error.fits, origins={**settings.origins, "CONTEXT": "the window rank 0 named"}
+        )
         the_plan = the_plan.rebuilt(settings)
         launch.check_ports_free(the_plan, grace_s=PORT_GRACE_S)
         state, _ = _launch(settings, the_plan, reporter)
@@ -214,14 +246,16 @@ def _follow(settings: Settings, the_plan: Plan, state: Any, handles: dict) -> in
     """FOREGROUND=1: print rank 0's log as it grows until rank 0 exits; Ctrl-C or any rank exiting stops all.
     (A worker's rank is watched through rank 0: the engine's peer watch ends rank 0 when a peer dies.)"""
     rank0 = next(r for r in state.ranks if r.rank == 0)
-    if rank0.container:   # a container here: its log through docker, its end through docker inspect
+    follower: ContainerLogFollower | LogFollower
+    if rank0.container:  # a container here: its log through docker, its end through docker inspect
         follower = ContainerLogFollower(rank0.container)
         handles = {0: ContainerWatch(rank0.container)}
     else:
         follower = LogFollower(Path(the_plan.rank0.log))
     reporter = ui.ConsoleReporter()
-    stop_all = functools.partial(control.stop, Path(the_plan.run_dir), Path(settings.log_dir), settings.log_keep,
-                                 settings.stop_timeout, reporter)
+    stop_all = functools.partial(
+        control.stop, Path(the_plan.run_dir), Path(settings.log_dir), settings.log_keep, settings.stop_timeout, reporter
+    )
     ui.say(f"FOREGROUND=1: following rank 0's log ({the_plan.rank0.log}); Ctrl-C stops every rank.")
     try:
         while True:
@@ -236,7 +270,7 @@ def _follow(settings: Settings, the_plan: Plan, state: Any, handles: dict) -> in
         getattr(follower, "close", lambda: None)()
         stop_all()
         return 130
-    time.sleep(0.5)   # the last lines (docker logs -f delivers them a moment after the exit)
+    time.sleep(0.5)  # the last lines (docker logs -f delivers them a moment after the exit)
     for text in follower.new_lines():
         print(text, flush=True)
     getattr(follower, "close", lambda: None)()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from recipe.bench.result import BenchResult
+from recipe.checkpoint.checkpoint import CopyResult
 from recipe.errors import LaunchError, RecipeError
 from recipe.launch.control import Status, StopResult
 from recipe.launch.smoke import SmokeResult
@@ -47,8 +49,10 @@ def warn(text: str) -> None:
     errors.print(f"[yellow]warning:[/] {escape(text)}")
 
 
-UNKNOWN_RUN = ("Ranks may still run: look for them (ps -ef | grep 'engine serve'; docker ps for containers) and "
-               "stop them by PID or name; ./start.sh writes a new record")
+UNKNOWN_RUN = (
+    "Ranks may still run: look for them (ps -ef | grep 'engine serve'; docker ps for containers) and "
+    "stop them by PID or name; ./start.sh writes a new record"
+)
 
 
 def show_error(error: RecipeError) -> None:
@@ -57,27 +61,33 @@ def show_error(error: RecipeError) -> None:
             errors.print(f"[dim]── {escape(source)}: last log lines ──[/]")
             for text in lines or ["(empty)"]:
                 errors.print(f"  [dim]│[/] {escape(text)}")
-    errors.print(f"[bold red]error:[/] {escape(error.message)}" + (f" [dim]→[/] {escape(error.fix)}" if error.fix else ""))
+    errors.print(
+        f"[bold red]error:[/] {escape(error.message)}" + (f" [dim]→[/] {escape(error.fix)}" if error.fix else "")
+    )
 
 
 def headline(settings: Settings, plan: Plan) -> None:
     workers = sorted({r.node for r in plan.ranks if r.node != "local"})
     if plan.runtime == "process" and workers:
-        where = (f"{plan.tp} processes on the {plan.device}: rank 0 here, the rest on {', '.join(workers)}; "
-                 f"checkpoint {plan.checkpoint}")
+        where = (
+            f"{plan.tp} processes on the {plan.device}: rank 0 here, the rest on {', '.join(workers)}; "
+            f"checkpoint {plan.checkpoint}"
+        )
     elif plan.runtime == "process":
-        where = (f"embedded default: {plan.tp} local process(es) on this machine's {plan.device}, "
-                 + ("the trained demo checkpoint (3.8 MB, trained here on synthetic chats; not GLM-5.3-Flash)"
-                    if plan.prepare
-                    else f"checkpoint {plan.checkpoint}"))
+        where = f"embedded default: {plan.tp} local process(es) on this machine's {plan.device}, " + (
+            "the trained demo checkpoint (3.8 MB, trained here on synthetic chats; not GLM-5.3-Flash)"
+            if plan.prepare
+            else f"checkpoint {plan.checkpoint}"
+        )
     else:
-        where = (f"{plan.tp} container(s) on the {plan.device}"
-                 + (f": rank 0 here, the rest on {', '.join(workers)}" if workers else "")
-                 + f"; {settings.checkpoint or settings.model_id}")
+        where = (
+            f"{plan.tp} container(s) on the {plan.device}"
+            + (f": rank 0 here, the rest on {', '.join(workers)}" if workers else "")
+            + f"; {settings.checkpoint or settings.model_id}"
+        )
     console.print(f"[bold]GLM-5.3-Flash on Sparks[/] [dim]· {escape(where)}[/]")
     s = plan.summary
-    console.print(f"[dim]{s['parallel']} at once · {s['context']}-token window · {s['kv']} KV · "
-                  f"port {s['port']}[/]")
+    console.print(f"[dim]{s['parallel']} at once · {s['context']}-token window · {s['kv']} KV · port {s['port']}[/]")
 
 
 def show_plan(plan: Plan, settings: Settings) -> None:
@@ -97,8 +107,9 @@ def show_plan(plan: Plan, settings: Settings) -> None:
         console.print(f"    {escape(shlex.join(rank.argv))}", soft_wrap=True)
         ports = ", ".join(str(p) for p in rank.ports) or "none"
         console.print(f"    [dim]listens on: {ports} · log: {escape(rank.log)}[/]")
-    console.print(f"[dim]start order: ranks {', '.join(str(r.rank) for r in plan.ranks)} · "
-                  f"API {escape(plan.api_url)}[/]")
+    console.print(
+        f"[dim]start order: ranks {', '.join(str(r.rank) for r in plan.ranks)} · API {escape(plan.api_url)}[/]"
+    )
 
 
 def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult) -> None:
@@ -107,8 +118,11 @@ def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult
     console.print(f"\n[bold green]✔ {escape(plan.served_name)} is LIVE[/] on port {settings.port}")
     rows = [
         ("API", f"{plan.api_url}  (model: {plan.served_name}; OpenAI-compatible)"),
-        ("Window", f"{window} tokens · {settings.parallel} at once · {settings.kv} KV · "
-                   f"{health.get('weights', settings.dense)} dense weights · no drafts{extras}"),
+        (
+            "Window",
+            f"{window} tokens · {settings.parallel} at once · {settings.kv} KV · "
+            f"{health.get('weights', settings.dense)} dense weights · no drafts{extras}",
+        ),
         ("Ranks", f"{plan.tp} × {plan.runtime} on the {plan.device}" + (" (demo checkpoint)" if plan.prepare else "")),
         ("Smoke", f"{smoke.text.strip()[:40]!r} in {smoke.seconds:.1f}s"),
         ("Logs", "  ".join(f"rank {r.rank}: {r.log}" for r in sorted(plan.ranks, key=lambda r: r.rank))),
@@ -129,16 +143,24 @@ def show_stop(result: StopResult) -> None:
         say(f"rank {rank.rank} {where} ({rank.ident}): {rank.outcome}{saved}")
     left = [r for r in result.ranks if r.outcome.startswith("unknown")]
     if left:
-        warn(f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached; they are still recorded: "
-             "./stop.sh tries again once the worker answers")
+        warn(
+            f"rank(s) {', '.join(str(r.rank) for r in left)} could not be reached; they are still recorded: "
+            "./stop.sh tries again once the worker answers"
+        )
     else:
         say("Stopped every rank.")
 
 
 def show_status(status: Status) -> None:
     if status.problem:
-        warn(f"the run record {status.problem}: " + ("the ranks below come from their own records (rank<N>.json)"
-             if status.state else "and no rank record was found, so whether ranks run here is unknown"))
+        warn(
+            f"the run record {status.problem}: "
+            + (
+                "the ranks below come from their own records (rank<N>.json)"
+                if status.state
+                else "and no rank record was found, so whether ranks run here is unknown"
+            )
+        )
     if status.state is None:
         say(UNKNOWN_RUN if status.problem else "Not running (no recorded ranks). Start it with ./start.sh")
         return
@@ -149,22 +171,32 @@ def show_status(status: Status) -> None:
         table.add_column(column)
     shown = {True: "[green]running[/]", False: "[red]exited[/]", None: "[yellow]unknown (node not reached)[/]"}
     for proc in sorted(status.state.ranks, key=lambda r: r.rank):
-        table.add_row(str(proc.rank), escape("here" if proc.node == "local" else proc.node),
-                      str(proc.container[:12] or proc.pid),
-                      shown[status.alive.get(proc.rank)], escape(proc.log))
+        table.add_row(
+            str(proc.rank),
+            escape("here" if proc.node == "local" else proc.node),
+            str(proc.container[:12] or proc.pid),
+            shown[status.alive.get(proc.rank)],
+            escape(proc.log),
+        )
     console.print(table)
     for proc in status.exited:
         say(f"rank {proc.rank} {proc.where} ({proc.ident}) has exited")
     if status.said == "not serving":
-        say(f"Health: NOT serving · {(status.health or {}).get('error', 'rank 0 says it cannot serve')} · "
-            f"API {status.state.api_url}")
+        say(
+            f"Health: NOT serving · {(status.health or {}).get('error', 'rank 0 says it cannot serve')} · "
+            f"API {status.state.api_url}"
+        )
     elif status.said == "silent":
-        say("Health: NOT serving · rank 0 takes connections but does not answer (frozen or stuck) · "
-            "./start.sh restart starts again")
+        say(
+            "Health: NOT serving · rank 0 takes connections but does not answer (frozen or stuck) · "
+            "./start.sh restart starts again"
+        )
     elif status.health is not None:
         h = status.health
-        say(f"Health: answering · {h.get('requests_running', '?')} request(s) running · "
-            f"window {h.get('context_length', '?')} tokens · API {status.state.api_url}")
+        say(
+            f"Health: answering · {h.get('requests_running', '?')} request(s) running · "
+            f"window {h.get('context_length', '?')} tokens · API {status.state.api_url}"
+        )
     elif status.running:
         say(f"Health: rank 0 runs but {status.state.health_url} does not answer yet (still loading?)")
     else:
@@ -177,8 +209,9 @@ STATUS_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold 
 def show_check(check: Check) -> None:
     """One check as a line (start prints them as they run)."""
     fix = f" [dim]→ {escape(check.fix)}[/]" if check.fix and check.status != "ok" else ""
-    console.print(f"  {STATUS_STYLE[check.status]} {escape(check.name)} ({escape(check.node)}): "
-                  f"{escape(check.message)}{fix}")
+    console.print(
+        f"  {STATUS_STYLE[check.status]} {escape(check.name)} ({escape(check.node)}): {escape(check.message)}{fix}"
+    )
 
 
 def show_checks(checks: list[Check]) -> None:
@@ -186,24 +219,34 @@ def show_checks(checks: list[Check]) -> None:
     for column in ("check", "node", "status", "found", "what to do"):
         table.add_column(column)
     for check in checks:
-        table.add_row(check.name, escape(check.node), STATUS_STYLE[check.status], escape(check.message),
-                      escape(check.fix) if check.status != "ok" else "")
+        table.add_row(
+            check.name,
+            escape(check.node),
+            STATUS_STYLE[check.status],
+            escape(check.message),
+            escape(check.fix) if check.status != "ok" else "",
+        )
     console.print(table)
     failed = sum(c.status == "fail" for c in checks)
     warned = sum(c.status == "warn" for c in checks)
-    say(f"{len(checks)} checks: {failed} failed, {warned} warning(s)" if failed or warned
-        else f"All {len(checks)} checks passed.")
+    say(
+        f"{len(checks)} checks: {failed} failed, {warned} warning(s)"
+        if failed or warned
+        else f"All {len(checks)} checks passed."
+    )
 
 
-def show_copies(outcomes: "dict[str, object]") -> None:
+def show_copies(outcomes: Mapping[str, CopyResult | BaseException]) -> None:
     for worker, outcome in outcomes.items():
         if isinstance(outcome, RecipeError):
             errors.print(f"[bold red]{escape(worker)}:[/] {escape(outcome.one_line())}")
         elif isinstance(outcome, BaseException):
             errors.print(f"[bold red]{escape(worker)}:[/] unexpected {type(outcome).__name__}: {escape(str(outcome))}")
         else:
-            say(f"{worker}: {outcome.files} files, {outcome.total_bytes / 2**30:.2f} GiB, identical to the head's "
-                f"({outcome.sent_bytes / 2**20:.1f} MiB sent this time)")
+            say(
+                f"{worker}: {outcome.files} files, {outcome.total_bytes / 2**30:.2f} GiB, identical to the head's "
+                f"({outcome.sent_bytes / 2**20:.1f} MiB sent this time)"
+            )
 
 
 def show_settings(settings: Settings) -> None:
@@ -217,8 +260,10 @@ def show_settings(settings: Settings) -> None:
 
 def show_bench(result: BenchResult) -> None:
     """`sparks bench`: the decode table (as the reference recipe publishes it), the prefill table, notes."""
-    decode = Table(title=f"Decode · {result.options.tokens}-token replies · median of {result.options.repeats} · tok/s",
-                   show_edge=False)
+    decode = Table(
+        title=f"Decode · {result.options.tokens}-token replies · median of {result.options.repeats} · tok/s",
+        show_edge=False,
+    )
     decode.add_column("Requests", justify="right")
     for kind in ("Prose", "Structured"):
         for name in (kind, "Per request", "TTFT"):
@@ -227,20 +272,24 @@ def show_bench(result: BenchResult) -> None:
         cells = [str(n)]
         for kind in ("prose", "structured"):
             row = next((r for r in result.decode if r.kind == kind and r.concurrency == n), None)
-            cells += ([_num(row.aggregate_tok_s), _num(row.per_request_tok_s), _ms(row.ttft_s)] if row
-                      else ["-", "-", "-"])
+            cells += (
+                [_num(row.aggregate_tok_s), _num(row.per_request_tok_s), _ms(row.ttft_s)] if row else ["-", "-", "-"]
+            )
         decode.add_row(*cells)
     console.print(decode)
     if result.prefill:
         prefill = Table(title="Prefill (one request, one-token reply)", show_edge=False)
         for name in ("Prompt tokens", "Prefill tok/s", "First token"):
             prefill.add_column(name, justify="right")
-        for row in result.prefill:
-            prefill.add_row(f"{row.prompt_tokens:,}", _num(row.prefill_tok_s), f"{row.ttft_s or 0:.2f} s")
+        for sample in result.prefill:
+            prefill.add_row(f"{sample.prompt_tokens:,}", _num(sample.prefill_tok_s), f"{sample.ttft_s or 0:.2f} s")
         console.print(prefill)
     window = result.server.get("context_length")
-    say(f"{result.options.model} at {result.options.url}" + (f" · window {window} tokens" if window else "")
-        + f" · {result.host} · {result.date} · {result.seconds:.0f}s")
+    say(
+        f"{result.options.model} at {result.options.url}"
+        + (f" · window {window} tokens" if window else "")
+        + f" · {result.host} · {result.date} · {result.seconds:.0f}s"
+    )
     for line in result.skipped:
         say(f"skipped: {line}")
     for line in result.warnings:

@@ -19,9 +19,9 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from recipe.errors import RecipeError
 from recipe.image.patches import PatchOutcome, SeriesError, apply_series, read_series, unlisted
@@ -33,10 +33,10 @@ from recipe.settings import REPO_ROOT, Settings
 LABEL = "glm-sparks.identity"
 SKIPPED_PARTS = ("__pycache__",)
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
-README_STANDIN = b"The GLM-5.3-Flash engine (see the glm-sparks repository).\n"   # pyproject names a readme
+README_STANDIN = b"The GLM-5.3-Flash engine (see the glm-sparks repository).\n"  # pyproject names a readme
 BUILD_TIMEOUT_S = 3600
 BUILD_LOG_TAIL = 30
-ANSI = re.compile(r"\x1b\[[0-9;]*m")   # the classic builder colours the build's stderr
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the classic builder colours the build's stderr
 
 
 class ImageError(RecipeError):
@@ -52,7 +52,11 @@ class ContextFile:
     data: bytes | None = None
 
     def read(self) -> bytes:
-        return self.data if self.data is not None else self.source.read_bytes()
+        if self.data is not None:
+            return self.data
+        if self.source is None:
+            raise RuntimeError(f"context file {self.path} names neither a source file nor its bytes")
+        return self.source.read_bytes()
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class NodeImage:
     """What ensure did on one node."""
 
     node: str
-    action: str                  # "had it", "built", "shipped"
+    action: str  # "had it", "built", "shipped"
     seconds: float = 0.0
     bytes_sent: int = 0
 
@@ -90,11 +94,13 @@ class ImageReport:
 
 def context_files(repo: Path = REPO_ROOT) -> tuple[ContextFile, ...]:
     """Every file the build context holds, sorted by the bytes of its path (no locale can reorder them)."""
-    files = [ContextFile("Dockerfile", repo / "docker" / "Dockerfile"),
-             ContextFile("requirements.txt", repo / "docker" / "requirements.txt"),
-             ContextFile("apply_patches.py", repo / "recipe" / "image" / "patches.py"),
-             ContextFile("src/pyproject.toml", repo / "pyproject.toml"),
-             ContextFile("src/README.md", data=README_STANDIN)]
+    files = [
+        ContextFile("Dockerfile", repo / "docker" / "Dockerfile"),
+        ContextFile("requirements.txt", repo / "docker" / "requirements.txt"),
+        ContextFile("apply_patches.py", repo / "recipe" / "image" / "patches.py"),
+        ContextFile("src/pyproject.toml", repo / "pyproject.toml"),
+        ContextFile("src/README.md", data=README_STANDIN),
+    ]
     files += [ContextFile(f"src/{path}", repo / path) for path in _engine_tree(repo)]
     patches = repo / "patches"
     try:
@@ -102,21 +108,29 @@ def context_files(repo: Path = REPO_ROOT) -> tuple[ContextFile, ...]:
     except SeriesError as error:
         raise ImageError(error.message, error.fix) from None
     # An empty series still needs the folder in the context (the Dockerfile copies it).
-    files.append(ContextFile("patches/series", patches / "series") if (patches / "series").is_file()
-                 else ContextFile("patches/series", data=b""))
+    files.append(
+        ContextFile("patches/series", patches / "series")
+        if (patches / "series").is_file()
+        else ContextFile("patches/series", data=b"")
+    )
     files += [ContextFile(f"patches/{name}", patches / name) for name in names]
     for item in files:
         if item.source is not None and not item.source.is_file():
-            raise ImageError(f"{item.source} is missing, and the engine image is built from it",
-                             "restore it from the repository (git checkout -- <path>)")
+            raise ImageError(
+                f"{item.source} is missing, and the engine image is built from it",
+                "restore it from the repository (git checkout -- <path>)",
+            )
     return tuple(sorted(files, key=lambda f: f.path.encode()))
 
 
 def _engine_tree(repo: Path) -> Iterator[str]:
     for path in (repo / "engine").rglob("*"):
         relative = path.relative_to(repo)
-        if path.is_file() and not any(p in SKIPPED_PARTS for p in relative.parts) \
-                and path.suffix not in SKIPPED_SUFFIXES:
+        if (
+            path.is_file()
+            and not any(p in SKIPPED_PARTS for p in relative.parts)
+            and path.suffix not in SKIPPED_SUFFIXES
+        ):
             yield relative.as_posix()
 
 
@@ -134,22 +148,27 @@ def image_spec(settings: Settings, repo: Path = REPO_ROOT) -> ImageSpec:
     # Read once: the identity and the context written for the build come from the same bytes, even while someone
     # edits engine/.
     files = tuple(ContextFile(f.path, data=f.read()) for f in context_files(repo))
-    return ImageSpec(settings.image, settings.base_image, settings.image_offline,
-                     identity_of(files, settings.base_image), files)
+    return ImageSpec(
+        settings.image, settings.base_image, settings.image_offline, identity_of(files, settings.base_image), files
+    )
 
 
 def identity_on(node: Node, tag: str) -> str | None:
     """The identity label of `tag` on that node; None when the node has no such image ("" when it has no label)."""
-    result = node.run(["docker", "image", "inspect", "--format", f'{{{{ index .Config.Labels "{LABEL}" }}}}', tag],
-                      timeout_s=60)
+    result = node.run(
+        ["docker", "image", "inspect", "--format", f'{{{{ index .Config.Labels "{LABEL}" }}}}', tag], timeout_s=60
+    )
     if result.ok:
         value = result.stdout.strip()
         return "" if value in ("", "<no value>") else value
     if "no such image" in result.stderr.lower():
         return None
-    raise ImageError(f"cannot ask docker on {node.name} about {tag}: {result.last_error_line()}",
-                     node.fix_for(result) if result.code == 255 else
-                     f"check that docker runs there and this user may use it (docker info on {node.name})")
+    raise ImageError(
+        f"cannot ask docker on {node.name} about {tag}: {result.last_error_line()}",
+        node.fix_for(result)
+        if result.code == 255
+        else f"check that docker runs there and this user may use it (docker info on {node.name})",
+    )
 
 
 def write_context(spec: ImageSpec, folder: Path) -> None:
@@ -167,21 +186,43 @@ def build(spec: ImageSpec, note: Callable[[str], None], node: Node | None = None
         _run_build(build_argv(spec, scratch), spec.tag, note)
     found = identity_on(node or LocalNode(), spec.tag)
     if found != spec.identity:
-        raise ImageError(f"the image built as {spec.tag} carries identity {found!r}, not {spec.short}",
-                         "run again; if it persists, report it with the build output above")
+        raise ImageError(
+            f"the image built as {spec.tag} carries identity {found!r}, not {spec.short}",
+            "run again; if it persists, report it with the build output above",
+        )
     return time.monotonic() - started
 
 
 def build_argv(spec: ImageSpec, context: str) -> list[str]:
-    return ["docker", "build", "--tag", spec.tag, "--build-arg", f"BASE_IMAGE={spec.base_image}",
-            "--build-arg", f"IDENTITY={spec.identity}", "--build-arg", f"OFFLINE={int(spec.offline)}", context]
+    return [
+        "docker",
+        "build",
+        "--tag",
+        spec.tag,
+        "--build-arg",
+        f"BASE_IMAGE={spec.base_image}",
+        "--build-arg",
+        f"IDENTITY={spec.identity}",
+        "--build-arg",
+        f"OFFLINE={int(spec.offline)}",
+        context,
+    ]
 
 
 def _run_build(argv: list[str], tag: str, note: Callable[[str], None]) -> None:
     tail: deque[str] = deque(maxlen=BUILD_LOG_TAIL)
     env = {**os.environ, "BUILDKIT_PROGRESS": "plain"}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            stdin=subprocess.DEVNULL, errors="replace")
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        errors="replace",
+    )
+    if proc.stdout is None:
+        raise RuntimeError("docker build's output must be a pipe (stdout=PIPE above)")
     timer = _kill_after(proc, BUILD_TIMEOUT_S)
     try:
         for line in proc.stdout:
@@ -194,18 +235,22 @@ def _run_build(argv: list[str], tag: str, note: Callable[[str], None]) -> None:
         timer.cancel()
     if code == 0:
         return
-    failed = next((l for l in tail if " does not apply: " in l and "patch " in l), "")
+    failed = next((text for text in tail if " does not apply: " in text and "patch " in text), "")
     if failed:
         name = failed.split("patch ", 1)[1].split(" does not apply", 1)[0]
-        raise ImageError(f"patch {name} does not apply to engine/ (listed in patches/series): the image build "
-                         f"stopped. patch said: {failed.split(' does not apply: ', 1)[1]}",
-                         f"update patches/{name} for the current engine, or remove it from patches/series; "
-                         "`sparks patches check` tries the series without building")
+        raise ImageError(
+            f"patch {name} does not apply to engine/ (listed in patches/series): the image build "
+            f"stopped. patch said: {failed.split(' does not apply: ', 1)[1]}",
+            f"update patches/{name} for the current engine, or remove it from patches/series; "
+            "`sparks patches check` tries the series without building",
+        )
     for line in tail:
         note(f"│ {line}")
-    raise ImageError(f"docker build of {tag} failed (exit code {code}): {tail[-1] if tail else 'no output'}",
-                     "read the build's last lines above; with IMAGE_OFFLINE=1 every pin of docker/requirements.txt "
-                     "must already be installed in BASE_IMAGE")
+    raise ImageError(
+        f"docker build of {tag} failed (exit code {code}): {tail[-1] if tail else 'no output'}",
+        "read the build's last lines above; with IMAGE_OFFLINE=1 every pin of docker/requirements.txt "
+        "must already be installed in BASE_IMAGE",
+    )
 
 
 def _is_progress(line: str) -> bool:
@@ -224,8 +269,9 @@ def worker_nodes(settings: Settings) -> list[SshNode]:
     return [SshNode(w) for w in settings.workers]
 
 
-def ensure_image(settings: Settings, reporter: Reporter, head: Node | None = None,
-                 repo: Path = REPO_ROOT) -> ImageReport:
+def ensure_image(
+    settings: Settings, reporter: Reporter, head: Node | None = None, repo: Path = REPO_ROOT
+) -> ImageReport:
     """Make every node hold the image with this checkout's identity: build it on the head when the head's lacks
     it, ship it to each worker that lacks it (all at once). Returns each node's outcome; raises naming every node
     that failed."""
@@ -244,8 +290,10 @@ def ensure_image(settings: Settings, reporter: Reporter, head: Node | None = Non
     for outcome in outcomes:
         reporter.note(_describe(outcome))
     if failed:
-        raise ImageError(f"the image did not reach every worker ({'; '.join(failed)})",
-                         "fix what is named, then start again: workers that already hold it are not sent it twice")
+        raise ImageError(
+            f"the image did not reach every worker ({'; '.join(failed)})",
+            "fix what is named, then start again: workers that already hold it are not sent it twice",
+        )
     return ImageReport(spec.tag, spec.identity, tuple(outcomes))
 
 
@@ -254,8 +302,9 @@ def _ensure_on_head(spec: ImageSpec, head: Node, reporter: Reporter) -> NodeImag
     if found == spec.identity:
         return NodeImage(head.name, "had it")
     why = "not built yet" if found is None else f"has identity {found[:12] or '(none)'}"
-    reporter.note(f"Building {spec.tag} on this machine ({why}); base {spec.base_image}"
-                  + (", offline" if spec.offline else ""))
+    reporter.note(
+        f"Building {spec.tag} on this machine ({why}); base {spec.base_image}" + (", offline" if spec.offline else "")
+    )
     return NodeImage(head.name, "built", build(spec, reporter.note, head))
 
 
@@ -266,8 +315,10 @@ def _ensure_on_worker(spec: ImageSpec, head: Node, worker: SshNode, reporter: Re
     sent = ship(spec.tag, head, worker, lambda text: reporter.note(f"{worker.name}: {text}"))
     found = identity_on(worker, spec.tag)
     if found != spec.identity:
-        raise ImageError(f"{worker.name}'s {spec.tag} has identity {(found or 'none')[:12]} after the copy, not "
-                         f"{spec.short}", f"check docker load there (docker image ls on {worker.name})")
+        raise ImageError(
+            f"{worker.name}'s {spec.tag} has identity {(found or 'none')[:12]} after the copy, not {spec.short}",
+            f"check docker load there (docker image ls on {worker.name})",
+        )
     return NodeImage(worker.name, "shipped", time.monotonic() - started, sent)
 
 
@@ -276,16 +327,21 @@ def _describe(outcome: NodeImage) -> str:
         return f"{outcome.node}: already has it"
     if outcome.action == "built":
         return f"{outcome.node}: built in {outcome.seconds:.1f}s"
-    return (f"{outcome.node}: sent {outcome.bytes_sent / 2**20:.0f} MiB in {outcome.seconds:.1f}s "
-            f"({outcome.bytes_sent / 2**20 / max(outcome.seconds, 1e-3):.0f} MiB/s)")
+    return (
+        f"{outcome.node}: sent {outcome.bytes_sent / 2**20:.0f} MiB in {outcome.seconds:.1f}s "
+        f"({outcome.bytes_sent / 2**20 / max(outcome.seconds, 1e-3):.0f} MiB/s)"
+    )
 
 
 def plan_lines(settings: Settings, head: Node | None = None, repo: Path = REPO_ROOT) -> list[str]:
     """DRY_RUN: what ensure_image would do on each node, asking docker only (nothing is built or sent)."""
     head = head or LocalNode()
     spec = image_spec(settings, repo)
-    lines = [f"Image {spec.tag}, identity {spec.short} (base {spec.base_image}"
-             + (", offline build" if spec.offline else "") + ")"]
+    lines = [
+        f"Image {spec.tag}, identity {spec.short} (base {spec.base_image}"
+        + (", offline build" if spec.offline else "")
+        + ")"
+    ]
     for node, verb in [(head, "build it here"), *((w, "send it there") for w in worker_nodes(settings))]:
         try:
             found = identity_on(node, spec.tag)
@@ -308,7 +364,7 @@ def check_patches(repo: Path = REPO_ROOT) -> tuple[list[PatchOutcome], list[str]
         with tempfile.TemporaryDirectory(prefix="sparks-patches-") as scratch:
             for item in context_files(repo):
                 if item.path.startswith("src/"):
-                    target = Path(scratch) / item.path[len("src/"):]
+                    target = Path(scratch) / item.path[len("src/") :]
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(item.read())
             return apply_series(patches, Path(scratch)), unlisted(patches)

@@ -33,7 +33,7 @@ class SeriesError(Exception):
 @dataclass(frozen=True)
 class PatchOutcome:
     name: str
-    status: str      # "ok", "fails", "not tried" (an earlier patch failed)
+    status: str  # "ok", "fails", "not tried" (an earlier patch failed)
     detail: str = ""  # patch's own words when it fails
 
 
@@ -49,11 +49,15 @@ def read_series(patches_dir: Path) -> list[str]:
             continue
         where = f"{series} line {number}"
         if "/" in name or name in (".", "..") or " " in name:
-            raise SeriesError(f"{where}: {name!r} is not a plain file name",
-                              "list one patch file of patches/ a line, like 0001-engine-fix.patch")
+            raise SeriesError(
+                f"{where}: {name!r} is not a plain file name",
+                "list one patch file of patches/ a line, like 0001-engine-fix.patch",
+            )
         if not (patches_dir / name).is_file():
-            raise SeriesError(f"{where}: {name} is listed but there is no such file in {patches_dir}",
-                              f"add patches/{name} or remove the line")
+            raise SeriesError(
+                f"{where}: {name} is listed but there is no such file in {patches_dir}",
+                f"add patches/{name} or remove the line",
+            )
         if name in names:
             raise SeriesError(f"{where}: {name} is listed twice", "list each patch once")
         names.append(name)
@@ -79,9 +83,23 @@ def apply_series(patches_dir: Path, source_dir: Path) -> list[PatchOutcome]:
             outcomes.append(PatchOutcome(name, "not tried"))
             continue
         done = subprocess.run(
-            ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-r", "-", "-d", str(source_dir),
-             "-i", str((patches_dir / name).resolve())],
-            capture_output=True, text=True, timeout=PATCH_TIMEOUT_S)
+            [
+                "patch",
+                "-p1",
+                "--forward",
+                "--batch",
+                "--no-backup-if-mismatch",
+                "-r",
+                "-",
+                "-d",
+                str(source_dir),
+                "-i",
+                str((patches_dir / name).resolve()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=PATCH_TIMEOUT_S,
+        )
         if done.returncode == 0:
             outcomes.append(PatchOutcome(name, "ok"))
         else:
@@ -102,8 +120,9 @@ def main(argv: list[str]) -> int:
         print(f"patch series: {error.message} ({error.fix})", file=sys.stderr)
         return 1
     for outcome in outcomes:
-        print(f"patch {outcome.name}: {outcome.status}" + (f" ({outcome.detail})" if outcome.detail else ""),
-              flush=True)
+        print(
+            f"patch {outcome.name}: {outcome.status}" + (f" ({outcome.detail})" if outcome.detail else ""), flush=True
+        )
     failures = [o for o in outcomes if o.status == "fails"]
     if failures:
         print(f"patch {failures[0].name} does not apply: {failures[0].detail}", file=sys.stderr)

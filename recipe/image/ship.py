@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from recipe.errors import RecipeError
 from recipe.net.nodes import Node, SshNode
@@ -39,10 +39,12 @@ def ship(tag: str, head: Node, worker: SshNode, note: Callable[[str], None]) -> 
     note(f"sending {tag} (~{total / 2**20:.0f} MiB) by docker save | ssh | docker load")
     # Each end as its node would run it (`_wrap`: as is here, through ssh there), piped through this process.
     with tempfile.TemporaryFile() as save_err, tempfile.TemporaryFile() as load_out:
-        save = subprocess.Popen(head._wrap(["docker", "save", tag]), stdout=subprocess.PIPE, stderr=save_err,
-                                stdin=subprocess.DEVNULL)
-        load = subprocess.Popen(worker._wrap(["docker", "load"]), stdin=subprocess.PIPE, stdout=load_out,
-                                stderr=subprocess.STDOUT)
+        save = subprocess.Popen(
+            head._wrap(["docker", "save", tag]), stdout=subprocess.PIPE, stderr=save_err, stdin=subprocess.DEVNULL
+        )
+        load = subprocess.Popen(
+            worker._wrap(["docker", "load"]), stdin=subprocess.PIPE, stdout=load_out, stderr=subprocess.STDOUT
+        )
         expired = threading.Event()
 
         def stop_both() -> None:
@@ -64,31 +66,39 @@ def ship(tag: str, head: Node, worker: SshNode, note: Callable[[str], None]) -> 
                     proc.kill()
                     proc.wait()
         if expired.is_set():
-            raise ShipError(f"sending {tag} to {worker.name} took longer than {SHIP_TIMEOUT_S}s",
-                            f"check the link to {worker.name}; a start sends only to workers that still lack it")
-        if load_code != 0 or broken:   # first: a load that stopped reading also ends the save
-            raise ShipError(f"docker load on {worker.name} failed after {sent / 2**20:.0f} MiB: "
-                            f"{_last_line(load_out)}",
-                            f"check that {worker.name} answers (ssh {worker.target} true)" if load_code == 255
-                            else f"check docker and free disk on {worker.name} (df -h /var/lib/docker there)")
+            raise ShipError(
+                f"sending {tag} to {worker.name} took longer than {SHIP_TIMEOUT_S}s",
+                f"check the link to {worker.name}; a start sends only to workers that still lack it",
+            )
+        if load_code != 0 or broken:  # first: a load that stopped reading also ends the save
+            raise ShipError(
+                f"docker load on {worker.name} failed after {sent / 2**20:.0f} MiB: {_last_line(load_out)}",
+                f"check that {worker.name} answers (ssh {worker.target} true)"
+                if load_code == 255
+                else f"check docker and free disk on {worker.name} (df -h /var/lib/docker there)",
+            )
         if save_code != 0:
-            raise ShipError(f"docker save {tag} failed here: {_last_line(save_err)}",
-                            "check docker on this machine (docker image ls)")
+            raise ShipError(
+                f"docker save {tag} failed here: {_last_line(save_err)}",
+                "check docker on this machine (docker image ls)",
+            )
     note(f"{sent / 2**20:.0f} MiB sent")
     return sent
 
 
-def _pump(save: subprocess.Popen, load: subprocess.Popen, total: int,
-          note: Callable[[str], None]) -> tuple[int, bool]:
+def _pump(save: subprocess.Popen, load: subprocess.Popen, total: int, note: Callable[[str], None]) -> tuple[int, bool]:
     """Copy save's stdout into load's stdin; (bytes sent, whether load stopped reading early)."""
+    source, sink = save.stdout, load.stdin
+    if source is None or sink is None:
+        raise RuntimeError("_pump needs save's stdout and load's stdin opened as pipes (ship opens them so)")
     sent, last_report = 0, time.monotonic()
     broken = False
     while True:
-        chunk = save.stdout.read(CHUNK)
+        chunk = source.read(CHUNK)
         if not chunk:
             break
         try:
-            load.stdin.write(chunk)
+            sink.write(chunk)
         except BrokenPipeError:
             broken = True
             save.kill()
@@ -99,7 +109,7 @@ def _pump(save: subprocess.Popen, load: subprocess.Popen, total: int,
             share = f" ({100 * sent / total:.0f} %)" if total else ""
             note(f"{sent / 2**20:.0f} MiB sent{share}")
     try:
-        load.stdin.close()
+        sink.close()
     except BrokenPipeError:
         broken = True
     return sent, broken

@@ -20,27 +20,35 @@ from typing import Any
 from recipe.launch import docker, remote
 from recipe.launch.launch import probe_health, read_health
 from recipe.launch.logs import save_log
-from recipe.launch.runstate import (RankProcess, RankStop, RunState, clear_state, has_record, is_alive, read_record,
-                                    save_state)
+from recipe.launch.runstate import (
+    RankProcess,
+    RankStop,
+    RunState,
+    clear_state,
+    has_record,
+    is_alive,
+    read_record,
+    save_state,
+)
 from recipe.net.nodes import node_for, on_each
 from recipe.reporter import Reporter
 
 
 @dataclass(frozen=True)
 class StopResult:
-    found: bool                      # a recorded run existed
-    requests_cut: int                # requests that were running when the stop began
+    found: bool  # a recorded run existed
+    requests_cut: int  # requests that were running when the stop began
     ranks: tuple[RankStop, ...] = ()
-    problem: str = ""                # why state.json could not be read (the ranks then came from their own records)
+    problem: str = ""  # why state.json could not be read (the ranks then came from their own records)
 
 
 @dataclass(frozen=True)
 class Status:
     state: RunState | None
-    alive: dict[int, bool | None]    # None: the rank's node did not answer
+    alive: dict[int, bool | None]  # None: the rank's node did not answer
     health: dict | None
-    problem: str = ""                # why state.json could not be read (the ranks then came from their own records)
-    said: str = "closed"             # launch.read_health's verdict: serving | not serving | silent | closed
+    problem: str = ""  # why state.json could not be read (the ranks then came from their own records)
+    said: str = "closed"  # launch.read_health's verdict: serving | not serving | silent | closed
 
     @property
     def running(self) -> bool:
@@ -98,6 +106,7 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
     cut = requests_running(probe_health(state.health_url)) if any(v is not False for v in before.values()) else 0
     if cut:
         reporter.warn(f"{cut} request(s) still running will be cut off")
+
     def on_node(node: str) -> list[RankStop]:
         ranks = sorted((r for r in state.ranks if r.node == node), key=lambda r: r.rank)
         if ranks and ranks[0].container:
@@ -111,12 +120,17 @@ def stop(run_dir: Path, log_dir: Path, keep: int, timeout_s: float, reporter: Re
     outcomes: list[RankStop] = []
     for node, found in by_node.items():
         if isinstance(found, BaseException):
-            found = [RankStop(r.rank, r.pid, f"unknown: {found}", None, r.node, r.container)
-                     for r in state.ranks if r.node == node]
+            found = [
+                RankStop(r.rank, r.pid, f"unknown: {found}", None, r.node, r.container)
+                for r in state.ranks
+                if r.node == node
+            ]
         outcomes += found
     # A worker's rank that ran when the stop began may exit on its own first (rank 0's shutdown ends it): stopped.
-    outcomes = [dataclasses.replace(s, outcome="stopped") if s.outcome == "was not running" and before.get(s.rank)
-                else s for s in outcomes]
+    outcomes = [
+        dataclasses.replace(s, outcome="stopped") if s.outcome == "was not running" and before.get(s.rank) else s
+        for s in outcomes
+    ]
     outcomes.sort(key=lambda s: s.rank)
     unreached = {s.rank for s in outcomes if s.outcome.startswith("unknown")}
     _clear_run_dir(run_dir, state, keep_ranks=unreached)
@@ -173,7 +187,7 @@ def _kill_leftovers(proc: RankProcess) -> bool:
 
 
 def _clear_run_dir(run_dir: Path, state: RunState, keep_ranks: set[int]) -> None:
-    if keep_ranks:   # a worker did not answer: remember its ranks so the next stop (or start) tries again
+    if keep_ranks:  # a worker did not answer: remember its ranks so the next stop (or start) tries again
         save_state(run_dir, dataclasses.replace(state, ranks=tuple(r for r in state.ranks if r.rank in keep_ranks)))
         return
     (run_dir / "api_key").unlink(missing_ok=True)

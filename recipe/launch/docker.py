@@ -35,7 +35,7 @@ LOG_TIMEOUT_S = 60
 # Arguments: image, identity label, kernel cache root. Prints "image <id12> <uid:gid>", then "container <name> <id>"
 # per container. The image's identity label names the kernel cache (the same build has the same label on every
 # node); an image without one is known by its id there.
-_READY_SH = r'''
+_READY_SH = r"""
 docker info >/dev/null 2>&1 || { echo "docker does not answer on this node: $(docker info 2>&1 | tail -n 1)" >&2; exit 3; }
 id=$(docker image inspect -f "{{index .Config.Labels \"$2\"}} {{.Id}}" "$1" 2>/dev/null) || {
   echo "image $1 is not on this node" >&2; exit 4; }
@@ -44,10 +44,10 @@ id=${id#sha256:}; id=$(printf %.12s "$id")
 mkdir -p "$3/$id" || exit 5
 echo "image $id $(id -u):$(id -g)"
 docker ps -a --no-trunc --format '{{.Names}} {{.ID}}' | sed 's/^/container /'
-'''
+"""
 
 # Arguments: timeout in seconds, then container ids. Prints "ID before running|exited|gone", then "ID after CODE".
-_STOP_SH = r'''
+_STOP_SH = r"""
 T=$1; shift
 for c in "$@"; do
   s=$(docker inspect -f '{{.State.Running}}' "$c" 2>/dev/null) || s=gone
@@ -56,7 +56,7 @@ for c in "$@"; do
 done
 docker stop -t "$T" "$@" >/dev/null 2>&1
 for c in "$@"; do echo "$c after $(docker inspect -f '{{.State.ExitCode}}' "$c" 2>/dev/null || echo gone)"; done
-'''
+"""
 
 
 class ContainerError(RecipeError):
@@ -65,9 +65,9 @@ class ContainerError(RecipeError):
 
 @dataclass(frozen=True)
 class NodeReady:
-    image_id: str          # first 12 hex digits of the image's id on that node
-    user: str              # uid:gid the containers run as
-    leftovers: tuple[tuple[str, str], ...]   # (name, id) of containers a previous run left under our names
+    image_id: str  # first 12 hex digits of the image's id on that node
+    user: str  # uid:gid the containers run as
+    leftovers: tuple[tuple[str, str], ...]  # (name, id) of containers a previous run left under our names
 
 
 def container_names(plan: Plan) -> dict[int, str]:
@@ -79,15 +79,22 @@ def ready_node(node: Node, plan: Plan, image: str, kernel_root: str) -> NodeRead
     result = node.run(["sh", "-c", _READY_SH, "ready", image, LABEL, kernel_root], timeout_s=RUN_TIMEOUT_S)
     if not result.ok:
         where = "here" if node.is_local else f"on {node.name}"
-        fix = (node.fix_for(result) if result.code in (124, 255) else
-               f"build or copy the image there first (docker image ls {image} {where})" if result.code == 4 else
-               "start docker there and let this user use it (sudo usermod -aG docker $USER)")
+        fix = (
+            node.fix_for(result)
+            if result.code in (124, 255)
+            else f"build or copy the image there first (docker image ls {image} {where})"
+            if result.code == 4
+            else "start docker there and let this user use it (sudo usermod -aG docker $USER)"
+        )
         raise ContainerError(f"cannot start containers {where}: {result.last_error_line()}", fix)
     lines = result.stdout.splitlines()
     _, image_id, user = lines[0].split()
     pattern = re.compile(re.escape(_name_prefix(plan)) + r"-rank\d+$")
-    leftovers = tuple((name, cid) for _, name, cid in (line.split() for line in lines[1:] if line.count(" ") == 2)
-                      if pattern.match(name))
+    leftovers = tuple(
+        (name, cid)
+        for _, name, cid in (line.split() for line in lines[1:] if line.count(" ") == 2)
+        if pattern.match(name)
+    )
     return NodeReady(image_id, user, leftovers)
 
 
@@ -110,17 +117,21 @@ def clear_leftovers(node: Node, ready: NodeReady, log_dir: Path, keep: int, repo
         reporter.note(f"Removed the previous container {name} {where}" + (f"; its log: {saved}" if saved else ""))
 
 
-def prepare_nodes(plan: Plan, image: str, kernel_root: str, log_dir: Path, keep: int,
-                  reporter: Reporter) -> dict[str, NodeReady]:
+def prepare_nodes(
+    plan: Plan, image: str, kernel_root: str, log_dir: Path, keep: int, reporter: Reporter
+) -> dict[str, NodeReady]:
     """Every node of the plan made ready at once; the first failure (in plan order) is raised after all answered."""
     nodes = [node_for(n) for n in dict.fromkeys(r.node for r in plan.ranks)]
     found = on_each(nodes, lambda node: ready_node(node, plan, image, kernel_root))
+    ready: dict[str, NodeReady] = {}
     for node in nodes:
-        if isinstance(found[node.name], BaseException):
-            raise found[node.name]
+        outcome = found[node.name]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        ready[node.name] = outcome
     for node in nodes:
-        clear_leftovers(node, found[node.name], log_dir, keep, reporter)
-    return found   # type: ignore[return-value]
+        clear_leftovers(node, ready[node.name], log_dir, keep, reporter)
+    return ready
 
 
 def run_rank(node: Node, rank: RankPlan, ready: NodeReady) -> RankProcess:
@@ -129,9 +140,12 @@ def run_rank(node: Node, rank: RankPlan, ready: NodeReady) -> RankProcess:
     cid = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     if not result.ok or not re.fullmatch(r"[0-9a-f]{64}", cid):
         where = "here" if node.is_local else f"on {node.name}"
-        raise ContainerError(f"could not start rank {rank.rank}'s container {where}: {docker_error(result)}",
-                             node.fix_for(result) if result.code in (124, 255) else
-                             "see docker's message; ./start.sh stops what did start")
+        raise ContainerError(
+            f"could not start rank {rank.rank}'s container {where}: {docker_error(result)}",
+            node.fix_for(result)
+            if result.code in (124, 255)
+            else "see docker's message; ./start.sh stops what did start",
+        )
     return RankProcess(rank.rank, 0, 0, rank.log, node.name, container=cid)
 
 
@@ -139,14 +153,15 @@ def docker_error(result) -> str:
     """docker's own reason ("docker: Error response from daemon: ..."), not its closing "Run 'docker run --help'"."""
     for line in result.stderr.splitlines():
         if line.startswith("docker:"):
-            return line[len("docker:"):].strip()
+            return line[len("docker:") :].strip()
     return result.last_error_line()
 
 
 def tail(proc: RankProcess, count: int = 25) -> list[str]:
     """A container rank's last log lines; one line saying why when they cannot be read."""
-    data = node_for(proc.node).fetch(["sh", "-c", 'docker logs --tail "$1" "$2" 2>&1', "tail", str(count),
-                                      proc.container], timeout_s=LOG_TIMEOUT_S)
+    data = node_for(proc.node).fetch(
+        ["sh", "-c", 'docker logs --tail "$1" "$2" 2>&1', "tail", str(count), proc.container], timeout_s=LOG_TIMEOUT_S
+    )
     if data is None:
         return [f"(could not read the log of container {proc.container[:12]} {proc.where})"]
     return [line.decode(errors="replace") for line in data.splitlines()[-count:]]
@@ -158,11 +173,11 @@ def save_container_log(node: Node, container: str, rank: int, log_dir: Path, kee
     return None if data is None else save_log_data(data, log_dir, rank, keep)
 
 
-def stop_containers(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: Path,
-                    keep: int) -> list[RankStop]:
+def stop_containers(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: Path, keep: int) -> list[RankStop]:
     """Stop one node's containers together (SIGTERM, STOP_TIMEOUT, SIGKILL), save each log here, remove them."""
-    result = node.run(["sh", "-c", _STOP_SH, "stop", str(int(timeout_s)), *(r.container for r in ranks)],
-                      timeout_s=timeout_s + 60)
+    result = node.run(
+        ["sh", "-c", _STOP_SH, "stop", str(int(timeout_s)), *(r.container for r in ranks)], timeout_s=timeout_s + 60
+    )
     if not result.ok:
         why = f"unknown: {result.last_error_line()}"
         return [RankStop(r.rank, 0, why, None, r.node, r.container) for r in ranks]
@@ -173,8 +188,7 @@ def stop_containers(node: Node, ranks: list[RankProcess], timeout_s: float, log_
     outcomes = []
     for proc in ranks:
         before, after = said.get((proc.container, "before"), "gone"), said.get((proc.container, "after"), "gone")
-        outcome = ("was not running" if before != "running" else
-                   "killed" if after == "137" else "stopped")
+        outcome = "was not running" if before != "running" else "killed" if after == "137" else "stopped"
         saved = save_container_log(node, proc.container, proc.rank, log_dir, keep) if before != "gone" else None
         outcomes.append(RankStop(proc.rank, 0, outcome, saved, proc.node, proc.container))
     present = [p.container for p in ranks if said.get((p.container, "before"), "gone") != "gone"]
@@ -190,9 +204,13 @@ class ContainerLogFollower:
     """New lines of a container here (`docker logs -f`, read by a thread): what rank 0 prints while it loads."""
 
     def __init__(self, container: str) -> None:
-        self._lines: "queue.Queue[str]" = queue.Queue()
-        self._proc = subprocess.Popen(["docker", "logs", "-f", container], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._proc = subprocess.Popen(
+            ["docker", "logs", "-f", container],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -222,9 +240,11 @@ class ContainerWatch:
         self.container = container
 
     def poll(self) -> int | None:
-        result = node_for("local").run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}",
-                                        self.container], timeout_s=RUN_TIMEOUT_S)
+        result = node_for("local").run(
+            ["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", self.container],
+            timeout_s=RUN_TIMEOUT_S,
+        )
         if not result.ok:
-            return 1 if "no such" in result.stderr.lower() else None   # removed: gone; docker not answering: wait
+            return 1 if "no such" in result.stderr.lower() else None  # removed: gone; docker not answering: wait
         running, code = (result.stdout.split() + ["", ""])[:2]
         return None if running == "true" else int(code) if code.lstrip("-").isdigit() else 1

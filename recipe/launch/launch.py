@@ -16,9 +16,9 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Mapping
 
 import httpx
 
@@ -35,7 +35,7 @@ from recipe.reporter import Quiet, Reporter
 from recipe.settings import REPO_ROOT
 
 POLL_S = 0.5
-REMOTE_POLL_S = 2.0   # a worker rank's liveness costs an ssh round trip: asked less often than rank 0's /health
+REMOTE_POLL_S = 2.0  # a worker rank's liveness costs an ssh round trip: asked less often than rank 0's /health
 SECRET_NAMES = ("HF_TOKEN", "API_KEY")
 
 
@@ -52,8 +52,14 @@ def prepare(plan: Plan, reporter: Reporter, timeout_s: float = 1800) -> None:
 def _run_step(step: PrepareStep, reporter: Reporter, timeout_s: float) -> None:
     shutil.rmtree(step.output, ignore_errors=True)
     Path(step.output).parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, env=scrubbed_environ({}))
+    proc = subprocess.Popen(
+        step.argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=scrubbed_environ({}),
+    )
     lines: list[str] = []
 
     def relay() -> None:
@@ -70,9 +76,11 @@ def _run_step(step: PrepareStep, reporter: Reporter, timeout_s: float) -> None:
         code = proc.wait()
     reader.join(timeout=5)
     if code != 0:
-        raise LaunchError(f"{step.description} failed (exit code {code})",
-                          f"see the lines above; the command was: {' '.join(step.argv)}",
-                          logs={"make-demo": lines[-25:]})
+        raise LaunchError(
+            f"{step.description} failed (exit code {code})",
+            f"see the lines above; the command was: {' '.join(step.argv)}",
+            logs={"make-demo": lines[-25:]},
+        )
     shutil.rmtree(step.final, ignore_errors=True)
     os.replace(step.output, step.final)
 
@@ -98,8 +106,10 @@ def sync_checkpoint(plan: Plan, reporter: Reporter) -> None:
         if not differ:
             return f"{worker.name}: its copy of {folder} matches the head's"
         copied = copy_to_worker(head, worker, folder)
-        return (f"{worker.name}: copied {folder} ({copied.files} files, "
-                f"{copied.sent_bytes / 2**20:.1f} MiB sent), now identical to the head's")
+        return (
+            f"{worker.name}: copied {folder} ({copied.files} files, "
+            f"{copied.sent_bytes / 2**20:.1f} MiB sent), now identical to the head's"
+        )
 
     outcomes = on_each(workers, one)
     for outcome in outcomes.values():
@@ -124,8 +134,10 @@ def check_ports_free(plan: Plan, grace_s: float = 0.0) -> None:
                 time.sleep(0.2)
             if not port_is_free(port):
                 name = "PORT" if port == rank.ports[0] else "MASTER_PORT"
-                raise RecipeError(f"port {port} ({name}) is already in use on this machine by another program",
-                                  f"stop that program, or write {name}=<a free port>")
+                raise RecipeError(
+                    f"port {port} ({name}) is already in use on this machine by another program",
+                    f"stop that program, or write {name}=<a free port>",
+                )
 
 
 def ensure_supported(plan: Plan) -> None:
@@ -134,9 +146,15 @@ def ensure_supported(plan: Plan) -> None:
         raise RecipeError(f"RUNTIME={plan.runtime} cannot be started", "write RUNTIME=docker or RUNTIME=process")
 
 
-def launch(plan: Plan, secrets: Mapping[str, str], reporter: Reporter | None = None,
-           image: str = "", cache_dir: str = "", log_dir: str = "", keep: int = 10,
-           ) -> tuple[RunState, dict[int, subprocess.Popen]]:
+def launch(
+    plan: Plan,
+    secrets: Mapping[str, str],
+    reporter: Reporter | None = None,
+    image: str = "",
+    cache_dir: str = "",
+    log_dir: str = "",
+    keep: int = 10,
+) -> tuple[RunState, dict[int, subprocess.Popen]]:
     """Start every rank in the plan's order; returns the recorded state and the (local process) handles.
     The Docker runtime needs `image`, `cache_dir` (kernel caches) and `log_dir`/`keep` (a leftover's log)."""
     ensure_supported(plan)
@@ -149,26 +167,38 @@ def launch(plan: Plan, secrets: Mapping[str, str], reporter: Reporter | None = N
     started_at = time.time()
 
     def record() -> RunState:
-        state = RunState(runtime=plan.runtime, served_name=plan.served_name, api_url=plan.api_url,
-                         health_url=plan.health_url, started_at=started_at, ranks=tuple(recorded),
-                         ports=tuple(p for r in plan.ranks if r.node == "local" for p in r.ports),
-                         checkout=str(REPO_ROOT))
+        state = RunState(
+            runtime=plan.runtime,
+            served_name=plan.served_name,
+            api_url=plan.api_url,
+            health_url=plan.health_url,
+            started_at=started_at,
+            ranks=tuple(recorded),
+            ports=tuple(p for r in plan.ranks if r.node == "local" for p in r.ports),
+            checkout=str(REPO_ROOT),
+        )
         save_state(run_dir, state)
         return state
 
     ready = {}
     if plan.runtime == "docker":
-        ready = docker.prepare_nodes(plan, image, os.path.join(cache_dir, "kernels"), Path(log_dir), keep,
-                                            reporter or Quiet())
+        ready = docker.prepare_nodes(
+            plan, image, os.path.join(cache_dir, "kernels"), Path(log_dir), keep, reporter or Quiet()
+        )
     for rank in plan.ranks:
         try:
             if plan.runtime == "docker":
                 recorded.append(docker.run_rank(node_for(rank.node), rank, ready[rank.node]))
             elif rank.node == "local":
                 with open(rank.log, "wb") as log:
-                    proc = subprocess.Popen(rank.argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=scrubbed_environ(rank.env),
-                                            start_new_session=True)
+                    proc = subprocess.Popen(
+                        rank.argv,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=scrubbed_environ(rank.env),
+                        start_new_session=True,
+                    )
                 handles[rank.rank] = proc
                 recorded.append(RankProcess(rank.rank, proc.pid, start_ticks(proc.pid) or 0, rank.log))
             else:
@@ -187,11 +217,13 @@ def _write_secret(path: Path, value: str) -> None:
         handle.write(value)
 
 
-def wait_ready(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter,
-               tick_s: float = 15.0) -> dict:
+def wait_ready(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter, tick_s: float = 15.0) -> dict:
     """Follow the rank logs until rank 0's /health answers 200; fail early when a rank exits."""
-    followers = {r.rank: docker.ContainerLogFollower(r.container) if r.container else LogFollower(Path(r.log))
-                 for r in state.ranks if r.node == "local"}
+    followers = {
+        r.rank: docker.ContainerLogFollower(r.container) if r.container else LogFollower(Path(r.log))
+        for r in state.ranks
+        if r.node == "local"
+    }
     try:
         return _wait(plan, state, timeout_s, reporter, tick_s, followers)
     finally:
@@ -199,8 +231,7 @@ def wait_ready(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter
             getattr(follower, "close", lambda: None)()
 
 
-def _wait(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter, tick_s: float,
-          followers: dict) -> dict:
+def _wait(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter, tick_s: float, followers: dict) -> dict:
     started = time.monotonic()
     next_tick = started + tick_s
     next_remote = started
@@ -217,8 +248,11 @@ def _wait(plan: Plan, state: RunState, timeout_s: float, reporter: Reporter, tic
             return health
         now = time.monotonic()
         if now - started > timeout_s:
-            raise LaunchError(f"the server did not answer within {timeout_s:.0f}s (WAIT_TIMEOUT)",
-                              "the ranks are still running: follow their logs, or ./stop.sh", logs=last_lines(state))
+            raise LaunchError(
+                f"the server did not answer within {timeout_s:.0f}s (WAIT_TIMEOUT)",
+                "the ranks are still running: follow their logs, or ./stop.sh",
+                logs=last_lines(state),
+            )
         if now >= next_tick:
             reporter.note(f"⋯ {now - started:.0f}s elapsed, waiting for rank 0 to answer {plan.health_url}")
             next_tick = now + tick_s
@@ -230,14 +264,19 @@ def _fail_if_a_rank_exited(state: RunState, remote_too: bool = True) -> None:
     for node in state.nodes:
         if node == "local" or remote_too:
             alive.update(ranks_alive([r for r in state.ranks if r.node == node]))
-    dead = [r for r in state.ranks if alive.get(r.rank) is False]   # None: the node did not answer this time
+    dead = [r for r in state.ranks if alive.get(r.rank) is False]  # None: the node did not answer this time
     if dead:
         names = ", ".join(f"rank {r.rank} {r.where} ({r.ident})" for r in dead)
         logs = last_lines(state)
         fits = fitting_window(logs)
         if fits is not None:
-            raise WindowTooLarge(f"{names} exited before the server was ready: the window does not fit; "
-                                 f"the largest that does is {fits} tokens", "lower CONTEXT", logs=logs, fits=fits)
+            raise WindowTooLarge(
+                f"{names} exited before the server was ready: the window does not fit; "
+                f"the largest that does is {fits} tokens",
+                "lower CONTEXT",
+                logs=logs,
+                fits=fits,
+            )
         raise RankExited(f"{names} exited before the server was ready", "read the last log lines above", logs=logs)
 
 
@@ -271,6 +310,7 @@ def fitting_window(logs: Mapping[str, list[str]]) -> int | None:
 
 def last_lines(state: RunState, count: int = 25) -> dict[str, list[str]]:
     """Every rank's last log lines, a worker's fetched over ssh (all nodes at once)."""
+
     def one(proc: RankProcess) -> list[str]:
         if proc.container:
             return docker.tail(proc, count)
@@ -280,7 +320,10 @@ def last_lines(state: RunState, count: int = 25) -> dict[str, list[str]]:
 
     with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
         lines = list(pool.map(one, state.ranks))
-    return {f"rank {r.rank} {r.where} ({r.container[:12] if r.container else r.log})": found for r, found in zip(state.ranks, lines)}
+    return {
+        f"rank {r.rank} {r.where} ({r.container[:12] if r.container else r.log})": found
+        for r, found in zip(state.ranks, lines)
+    }
 
 
 def probe_health(url: str, timeout_s: float = 3.0) -> dict | None:

@@ -33,7 +33,7 @@ def check_settings_here(settings: Settings, plan: Plan, current: Status) -> None
     """The folders, HOST and the ports: before the checkpoint step (LOG_DIR first: with a LOG_DIR that cannot be
     read, the running server's record is not found and its port would look like another program's)."""
     check_folder("LOG_DIR", settings.log_dir)
-    if plan.runtime == "docker" or not settings.checkpoint:   # the demo checkpoint, the kernel caches
+    if plan.runtime == "docker" or not settings.checkpoint:  # the demo checkpoint, the kernel caches
         check_folder("CACHE_DIR", settings.cache_dir)
     check_host(settings.host)
     check_ports(plan, current)
@@ -45,9 +45,10 @@ def check_folder(name: str, path: str) -> None:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as error:
-        raise SettingError(f"{name}={path} cannot be written ({error.strerror})",
-                           f"write {name}=<a folder this user can write>, or remove {name} for its default; "
-                           "nothing was stopped") from None
+        raise SettingError(
+            f"{name}={path} cannot be written ({error.strerror})",
+            f"write {name}=<a folder this user can write>, or remove {name} for its default; nothing was stopped",
+        ) from None
 
 
 def check_host(host: str) -> None:
@@ -57,9 +58,11 @@ def check_host(host: str) -> None:
         try:
             probe.bind((host, 0))
         except OSError as error:
-            raise SettingError(f"HOST={host} is not an address of this machine ({error.strerror})",
-                               "write HOST=0.0.0.0 (every interface), HOST=127.0.0.1 (this machine only) or one of "
-                               "this machine's addresses (ip -brief addr); nothing was stopped") from None
+            raise SettingError(
+                f"HOST={host} is not an address of this machine ({error.strerror})",
+                "write HOST=0.0.0.0 (every interface), HOST=127.0.0.1 (this machine only) or one of "
+                "this machine's addresses (ip -brief addr); nothing was stopped",
+            ) from None
 
 
 def ports_of_run(plan: Plan, current: Status) -> set[int]:
@@ -75,10 +78,12 @@ def check_ports(plan: Plan, current: Status) -> None:
     for rank in plan.ranks:
         for port, name in zip(rank.ports, ("PORT", "MASTER_PORT")):
             if port not in ours and not port_is_free(port):
-                raise RecipeError(f"port {port} ({name}) is already in use on this machine by another program",
-                                  "stop that program (ss -ltnp names it; a server of ours started with another "
-                                  f"LOG_DIR stops with LOG_DIR=<that folder> ./stop.sh), or write {name}=<a free "
-                                  "port>; nothing was stopped")
+                raise RecipeError(
+                    f"port {port} ({name}) is already in use on this machine by another program",
+                    "stop that program (ss -ltnp names it; a server of ours started with another "
+                    f"LOG_DIR stops with LOG_DIR=<that folder> ./stop.sh), or write {name}=<a free "
+                    "port>; nothing was stopped",
+                )
 
 
 def check_checkpoint(settings: Settings, plan: Plan) -> None:
@@ -114,8 +119,11 @@ def _shards(folder: Path) -> list[str] | str:
     """The weight files model.safetensors.index.json lists (or the single model.safetensors), or why not."""
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
-        return ["model.safetensors"] if (folder / "model.safetensors").is_file() else \
-            "no weights (neither model.safetensors.index.json nor model.safetensors)"
+        return (
+            ["model.safetensors"]
+            if (folder / "model.safetensors").is_file()
+            else "no weights (neither model.safetensors.index.json nor model.safetensors)"
+        )
     try:
         return sorted(set(json.loads(index.read_text())["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
@@ -128,9 +136,11 @@ def _named(settings: Settings, folder: str) -> str:
 
 def _fix(settings: Settings, folder: str) -> str:
     if settings.checkpoint:
-        return ("write CHECKPOINT=<a folder with config.json, tokenizer.json and the safetensors files>, or remove "
-                "CHECKPOINT to serve the default; nothing was stopped")
-    if settings.effective_runtime == "process":   # the embedded default's demo checkpoint, made by a start
+        return (
+            "write CHECKPOINT=<a folder with config.json, tokenizer.json and the safetensors files>, or remove "
+            "CHECKPOINT to serve the default; nothing was stopped"
+        )
+    if settings.effective_runtime == "process":  # the embedded default's demo checkpoint, made by a start
         return f"delete {folder}: the next start makes it again; nothing was stopped"
     return "./start.sh fetches what is missing (or: sparks download); nothing was stopped"
 
@@ -143,23 +153,43 @@ def check_window(settings: Settings, plan: Plan, reporter: Reporter) -> None:
     if answer is None:
         return
     if "error" in answer:
-        raise RecipeError(f"{_named(settings, plan.checkpoint)} cannot be served: {answer['error']}",
-                          _fix(settings, plan.checkpoint))
+        raise RecipeError(
+            f"{_named(settings, plan.checkpoint)} cannot be served: {answer['error']}", _fix(settings, plan.checkpoint)
+        )
     if not answer["fits"] or (settings.context == 0 and answer["largest_window"] < min_context()):
         raise window_refusal(settings, answer)
-    reporter.note(f"Window: {settings.context or 'the largest'} tokens can fit this machine "
-                  f"(up to {answer['largest_window']} once no other program holds memory)")
+    reporter.note(
+        f"Window: {settings.context or 'the largest'} tokens can fit this machine "
+        f"(up to {answer['largest_window']} once no other program holds memory)"
+    )
 
 
 def ask_fit(settings: Settings, plan: Plan, reporter: Reporter) -> dict | None:
     """`engine fit`'s answer through the interpreter the local ranks run under; None (noted) when it gives none."""
-    argv = [plan.rank0.argv[0], "-m", "engine", "fit", plan.checkpoint, "--tp", str(plan.tp),
-            "--context", str(settings.context), "--kv", settings.kv]
+    argv = [
+        plan.rank0.argv[0],
+        "-m",
+        "engine",
+        "fit",
+        plan.checkpoint,
+        "--tp",
+        str(plan.tp),
+        "--context",
+        str(settings.context),
+        "--kv",
+        settings.kv,
+    ]
     if settings.memory_reserve_gib is not None:
         argv += ["--memory-reserve-gib", str(settings.memory_reserve_gib)]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=FIT_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, env=scrubbed_environ(plan.rank0.env))
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=FIT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            env=scrubbed_environ(plan.rank0.env),
+        )
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as error:
         reporter.warn(f"the window was not checked ahead ({type(error).__name__}); the engine checks it at load")
@@ -169,7 +199,10 @@ def ask_fit(settings: Settings, plan: Plan, reporter: Reporter) -> dict | None:
 
 def min_context() -> int:
     """The smallest window CONTEXT accepts (config/settings.yaml): a chat template's prompt and a short reply."""
-    return int(load_specs()["CONTEXT"].range[0])
+    bounds = load_specs()["CONTEXT"].range
+    if bounds is None:
+        raise RuntimeError("config/settings.yaml must give CONTEXT a range (its low end is the smallest window)")
+    return int(bounds[0])
 
 
 def _size(count: int) -> str:
@@ -181,16 +214,21 @@ def window_refusal(settings: Settings, fit: dict) -> RecipeError:
     largest, ranks = fit["largest_window"], fit["ranks_on_memory"]
     machine = f"this machine's {fit['device'].upper()} memory ({_size(memory)} in all)"
     if reserve >= memory:
-        return SettingError(f"MEMORY_RESERVE_GIB={reserve / GIB:g} leaves nothing of {machine} for the model",
-                            f"write MEMORY_RESERVE_GIB=<less than {memory / GIB:.0f}>, or remove it for the "
-                            "engine's estimate; nothing was stopped")
+        return SettingError(
+            f"MEMORY_RESERVE_GIB={reserve / GIB:g} leaves nothing of {machine} for the model",
+            f"write MEMORY_RESERVE_GIB=<less than {memory / GIB:.0f}>, or remove it for the "
+            "engine's estimate; nothing was stopped",
+        )
     if largest < min_context():
-        return SettingError(f"{machine} holds a window of {largest} tokens at most, after a {_size(reserve)} "
-                            f"reserve and {_size(weights)} of weights; a chat needs {min_context()}",
-                            "lower MEMORY_RESERVE_GIB, serve a smaller checkpoint, or use a larger machine; "
-                            "nothing was stopped")
+        return SettingError(
+            f"{machine} holds a window of {largest} tokens at most, after a {_size(reserve)} "
+            f"reserve and {_size(weights)} of weights; a chat needs {min_context()}",
+            "lower MEMORY_RESERVE_GIB, serve a smaller checkpoint, or use a larger machine; nothing was stopped",
+        )
     need = settings.context * fit["bytes_per_token"] * ranks
-    return SettingError(f"CONTEXT={settings.context} needs {_size(need)} of cache ({ranks} rank(s)), more than "
-                        f"{machine} can ever hold after a {_size(reserve)} reserve and {_size(weights)} of weights: "
-                        f"{largest} tokens at most",
-                        f"write CONTEXT={largest} or less (CONTEXT=0: the largest that fits); nothing was stopped")
+    return SettingError(
+        f"CONTEXT={settings.context} needs {_size(need)} of cache ({ranks} rank(s)), more than "
+        f"{machine} can ever hold after a {_size(reserve)} reserve and {_size(weights)} of weights: "
+        f"{largest} tokens at most",
+        f"write CONTEXT={largest} or less (CONTEXT=0: the largest that fits); nothing was stopped",
+    )

@@ -21,7 +21,9 @@ from recipe.plan.parts import RankPlan
 SPAWN_TIMEOUT_S = 30
 TAIL_BYTES = 256 << 10
 
-_SPAWN_SH = TICKS_SH + r'''
+_SPAWN_SH = (
+    TICKS_SH
+    + r"""
 log=$1; shift
 mkdir -p "$(dirname "$log")" && cd / || exit 1
 setsid "$@" >"$log" 2>&1 </dev/null &
@@ -29,10 +31,13 @@ pid=$!
 t=$(ticks $pid) && sleep 0.2 && [ "$(ticks $pid)" = "$t" ] || {
   echo "the rank exited at once; its log: $log" >&2; tail -n 5 "$log" >&2; exit 1; }
 echo "$pid $t"
-'''
+"""
+)
 
 # Arguments: the timeout in seconds, then PID:TICKS of each rank. Prints "PID:TICKS signalled|gone|killed" lines.
-_STOP_SH = TICKS_SH + r'''
+_STOP_SH = (
+    TICKS_SH
+    + r"""
 T=$1; shift
 ours() { [ "$(ticks "${1%%:*}")" = "${1#*:}" ]; }
 for e in "$@"; do
@@ -50,7 +55,8 @@ for e in "$@"; do
   p=${e%%:*}
   if ours "$e"; then kill -KILL -$p 2>/dev/null || kill -KILL $p; echo "$e killed"; fi
 done
-'''
+"""
+)
 
 
 class RemoteError(RecipeError):
@@ -63,9 +69,12 @@ def spawn(node: Node, rank: RankPlan) -> RankProcess:
     result = node.run(["sh", "-c", _SPAWN_SH, "spawn", rank.log, "env", *env, *rank.argv], timeout_s=SPAWN_TIMEOUT_S)
     words = result.stdout.split()
     if not result.ok or len(words) != 2 or not all(w.isdigit() for w in words):
-        raise RemoteError(f"could not start rank {rank.rank} on {node.name}: {result.last_error_line()}",
-                          node.fix_for(result) if result.code == 255 else
-                          f"run it by hand to see why: ssh {node.name} {shlex.join(rank.argv[:4])} ...")
+        raise RemoteError(
+            f"could not start rank {rank.rank} on {node.name}: {result.last_error_line()}",
+            node.fix_for(result)
+            if result.code == 255
+            else f"run it by hand to see why: ssh {node.name} {shlex.join(rank.argv[:4])} ...",
+        )
     return RankProcess(rank.rank, int(words[0]), int(words[1]), rank.log, node.name)
 
 
@@ -82,8 +91,16 @@ def stop_ranks(node: Node, ranks: list[RankProcess], timeout_s: float, log_dir: 
         pair, _, word = line.partition(" ")
         said[pair] = "killed" if word == "killed" or said.get(pair) == "killed" else word
     outcome = {"signalled": "stopped", "killed": "killed", "gone": "was not running"}
-    return [RankStop(r.rank, r.pid, outcome.get(said.get(f"{r.pid}:{r.start_ticks}", ""), "unknown"),
-                     fetch_log(node, r, log_dir, keep), r.node) for r in ranks]
+    return [
+        RankStop(
+            r.rank,
+            r.pid,
+            outcome.get(said.get(f"{r.pid}:{r.start_ticks}", ""), "unknown"),
+            fetch_log(node, r, log_dir, keep),
+            r.node,
+        )
+        for r in ranks
+    ]
 
 
 def fetch_log(node: Node, rank: RankProcess, log_dir: Path, keep: int) -> Path | None:

@@ -34,10 +34,10 @@ def rank_ident(container: str, pid: int) -> str:
 class RankProcess:
     rank: int
     pid: int
-    start_ticks: int   # field 22 of /proc/PID/stat: when the process started, in clock ticks since boot
-    log: str           # on its node
-    node: str = "local"   # "local" or the worker's ssh target
-    container: str = ""   # the container id when the rank runs in Docker (pid and start_ticks are then 0)
+    start_ticks: int  # field 22 of /proc/PID/stat: when the process started, in clock ticks since boot
+    log: str  # on its node
+    node: str = "local"  # "local" or the worker's ssh target
+    container: str = ""  # the container id when the rank runs in Docker (pid and start_ticks are then 0)
 
     @property
     def where(self) -> str:
@@ -52,9 +52,10 @@ class RankProcess:
 @dataclass(frozen=True)
 class RankStop:
     """How stopping one rank went (any runtime, any node)."""
+
     rank: int
     pid: int
-    outcome: str             # "stopped" | "killed" | "was not running" | "unknown: <why>" (worker not reached)
+    outcome: str  # "stopped" | "killed" | "was not running" | "unknown: <why>" (worker not reached)
     saved_log: Path | None
     node: str = "local"
     container: str = ""
@@ -72,8 +73,8 @@ class RunState:
     health_url: str
     started_at: float
     ranks: tuple[RankProcess, ...]
-    ports: tuple[int, ...] = ()   # what the ranks on the head listen on (PORT, MASTER_PORT)
-    checkout: str = ""            # the checkout that started the run (its path)
+    ports: tuple[int, ...] = ()  # what the ranks on the head listen on (PORT, MASTER_PORT)
+    checkout: str = ""  # the checkout that started the run (its path)
 
     def alive(self) -> dict[int, bool | None]:
         """Per rank: True while it runs, False once it exited, None when its node does not answer."""
@@ -122,8 +123,10 @@ def is_alive(pid: int, ticks: int) -> bool:
 
 # `ticks PID` prints a live process's start time (field 22 of /proc/PID/stat; a zombie counts as gone). The command
 # name in (...) may hold spaces, so fields are counted after the last ") ".
-TICKS_SH = ('ticks() { s=$(cat /proc/$1/stat 2>/dev/null) || return 1; s=${s##*") "}; set -- $s; '
-            '[ "$1" != Z ] || return 1; shift 19; echo "$1"; }')
+TICKS_SH = (
+    'ticks() { s=$(cat /proc/$1/stat 2>/dev/null) || return 1; s=${s##*") "}; set -- $s; '
+    '[ "$1" != Z ] || return 1; shift 19; echo "$1"; }'
+)
 PROBE_TIMEOUT_S = 20
 
 
@@ -136,8 +139,9 @@ def ranks_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
     if ranks[0].node == "local":
         return {r.rank: is_alive(r.pid, r.start_ticks) for r in ranks}
     script = TICKS_SH + '; for p in "$@"; do echo "$p $(ticks $p || echo -)"; done'
-    result = node_for(ranks[0].node).run(["sh", "-c", script, "alive", *(str(r.pid) for r in ranks)],
-                                         timeout_s=PROBE_TIMEOUT_S)
+    result = node_for(ranks[0].node).run(
+        ["sh", "-c", script, "alive", *(str(r.pid) for r in ranks)], timeout_s=PROBE_TIMEOUT_S
+    )
     if not result.ok:
         return {r.rank: None for r in ranks}
     seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
@@ -145,20 +149,21 @@ def ranks_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
 
 
 # Arguments: container ids. Prints "ID running|exited|gone" per container; exit 3 when docker does not answer.
-_INSPECT_SH = r'''
+_INSPECT_SH = r"""
 docker info >/dev/null 2>&1 || { echo "docker does not answer" >&2; exit 3; }
 for c in "$@"; do
   s=$(docker inspect -f '{{.State.Running}}' "$c" 2>/dev/null) || s=gone
   case $s in true) s=running;; false) s=exited;; esac
   echo "$c $s"
 done
-'''
+"""
 
 
 def containers_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
     """Liveness of container ranks on one node: one `docker inspect` per container, one command per node."""
-    result = node_for(ranks[0].node).run(["sh", "-c", _INSPECT_SH, "inspect", *(r.container for r in ranks)],
-                                         timeout_s=PROBE_TIMEOUT_S)
+    result = node_for(ranks[0].node).run(
+        ["sh", "-c", _INSPECT_SH, "inspect", *(r.container for r in ranks)], timeout_s=PROBE_TIMEOUT_S
+    )
     if not result.ok:
         return {r.rank: None for r in ranks}
     seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
@@ -168,6 +173,7 @@ def containers_alive(ranks: list[RankProcess]) -> dict[int, bool | None]:
 @dataclass(frozen=True)
 class Record:
     """What the run folder says: the run (None: nothing recorded) and, when state.json could not be read, why."""
+
     state: RunState | None
     problem: str = ""
 
@@ -195,7 +201,7 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
     folder = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(folder)   # the rename itself
+        os.fsync(folder)  # the rename itself
     finally:
         os.close(folder)
 

@@ -13,17 +13,19 @@ import os
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from recipe.errors import RecipeError
 
 CONNECT_TIMEOUT_S = 10
-KEEPALIVE_S = 5          # ServerAliveInterval; three missed answers end the connection
-CONTROL_PERSIST_S = 60   # how long an idle master connection stays open after the last command
+KEEPALIVE_S = 5  # ServerAliveInterval; three missed answers end the connection
+CONTROL_PERSIST_S = 60  # how long an idle master connection stays open after the last command
 
 T = TypeVar("T")
+N = TypeVar("N", bound="Node")  # the node kind a group call hands each action (workers are SshNode)
 
 
 class NodeError(RecipeError):
@@ -34,7 +36,7 @@ class NodeError(RecipeError):
 class Result:
     node: str
     argv: tuple[str, ...]
-    code: int            # exit code; 255 from ssh means the connection itself failed
+    code: int  # exit code; 255 from ssh means the connection itself failed
     stdout: str
     stderr: str
 
@@ -58,8 +60,14 @@ class Node:
 
     def run(self, argv: Sequence[str], timeout_s: float = 60, input: str | None = None) -> Result:
         try:
-            done = subprocess.run(self._wrap(argv), capture_output=True, text=True, timeout=timeout_s,
-                                  input=input, stdin=None if input is not None else subprocess.DEVNULL)
+            done = subprocess.run(
+                self._wrap(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             return Result(self.name, tuple(argv), 124, "", f"no answer within {timeout_s:.0f}s")
         except OSError as error:
@@ -78,8 +86,9 @@ class Node:
         """stdout of a command that must succeed."""
         result = self.run(argv, timeout_s)
         if not result.ok:
-            raise NodeError(f"`{shlex.join(argv)}` failed on {self.name}: {result.last_error_line()}",
-                            self.fix_for(result))
+            raise NodeError(
+                f"`{shlex.join(argv)}` failed on {self.name}: {result.last_error_line()}", self.fix_for(result)
+            )
         return result.stdout
 
     def fix_for(self, result: Result) -> str:
@@ -108,10 +117,22 @@ class SshNode(Node):
         return self.target.rpartition("@")[2]
 
     def ssh_options(self) -> list[str]:
-        return ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-                "-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", "ServerAliveCountMax=3",
-                "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
-                "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+        return [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o",
+            f"ServerAliveInterval={KEEPALIVE_S}",
+            "-o",
+            "ServerAliveCountMax=3",
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={self.control_dir}/%C",
+            "-o",
+            f"ControlPersist={CONTROL_PERSIST_S}",
+        ]
 
     def ssh_command(self) -> str:
         """The `-e` value for rsync: the same options as every other command to this node."""
@@ -126,16 +147,22 @@ class SshNode(Node):
 
     def close(self) -> None:
         """End the shared master connection (it would otherwise linger for ControlPersist seconds)."""
-        subprocess.run(["ssh", *self.ssh_options(), "-O", "exit", self.target], capture_output=True, timeout=10,
-                       stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["ssh", *self.ssh_options(), "-O", "exit", self.target],
+            capture_output=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def ssh_fix(target: str, result: Result) -> str:
     """What to do about a failed ssh call, from ssh's own last words."""
     text = result.stderr.lower()
     if "host key verification failed" in text or "remote host identification has changed" in text:
-        return (f"ssh does not know (or no longer trusts) {target}'s host key: connect once by hand "
-                f"(ssh {target}) and check the fingerprint it shows")
+        return (
+            f"ssh does not know (or no longer trusts) {target}'s host key: connect once by hand "
+            f"(ssh {target}) and check the fingerprint it shows"
+        )
     if "permission denied" in text:
         return f"set up key-based login: ssh-copy-id {target}"
     if "could not resolve" in text or "name or service not known" in text:
@@ -159,9 +186,10 @@ def node_for(target: str) -> Node:
     return LocalNode() if target in ("", "local") else SshNode(target)
 
 
-def on_each(nodes: Sequence[Node], action: Callable[[Node], T]) -> dict[str, T | BaseException]:
+def on_each(nodes: Sequence[N], action: Callable[[N], T]) -> dict[str, T | BaseException]:
     """Run `action` on every node at once; each node's return value, or the exception it raised."""
-    def guarded(node: Node) -> T | BaseException:
+
+    def guarded(node: N) -> T | BaseException:
         try:
             return action(node)
         except Exception as error:  # reported per node, never just the first

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Mapping
+from collections.abc import Mapping
 
 from recipe.plan.host import HostFacts, LinkEnd
 from recipe.plan.parts import Mount, SecretFile
 from recipe.settings import Settings
 
-CONTAINER_HF = "/hf"                 # not under /root: the container runs as the node's user, who cannot enter /root
+CONTAINER_HF = "/hf"  # not under /root: the container runs as the node's user, who cannot enter /root
 CONTAINER_CHECKPOINT = "/checkpoint"
 CONTAINER_KERNELS = "/cache"
 NCCL_CHANNELS = 4
-IMAGE_ID = "<image id>"              # filled per node at launch: the first 12 hex digits of the image's id there
-NODE_USER = "<uid:gid>"              # filled per node at launch: `id -u`:`id -g` of the ssh user there
+IMAGE_ID = "<image id>"  # filled per node at launch: the first 12 hex digits of the image's id there
+NODE_USER = "<uid:gid>"  # filled per node at launch: `id -u`:`id -g` of the ssh user there
 
 
 def container_name(settings: Settings, rank: int) -> str:
@@ -49,10 +49,13 @@ def kernel_cache(settings: Settings) -> str:
 
 def docker_mounts(settings: Settings, secret_files: tuple[SecretFile, ...], rank: int) -> tuple[Mount, ...]:
     """Read-only checkpoint (or HF cache), the writable kernel cache, and on rank 0 the secret files."""
-    mounts = [Mount(settings.checkpoint, CONTAINER_CHECKPOINT) if settings.checkpoint
-              else Mount(settings.hf_cache, CONTAINER_HF),
-              Mount(kernel_cache(settings), CONTAINER_KERNELS, read_only=False)]
-    if rank == 0:   # only rank 0 serves HTTP; the files exist only on the head
+    mounts = [
+        Mount(settings.checkpoint, CONTAINER_CHECKPOINT)
+        if settings.checkpoint
+        else Mount(settings.hf_cache, CONTAINER_HF),
+        Mount(kernel_cache(settings), CONTAINER_KERNELS, read_only=False),
+    ]
+    if rank == 0:  # only rank 0 serves HTTP; the files exist only on the head
         mounts += [Mount(f.path, "/run/secrets/" + os.path.basename(f.path)) for f in secret_files]
     return tuple(mounts)
 
@@ -75,9 +78,15 @@ def docker_env(settings: Settings, link: LinkEnd) -> dict[str, str]:
 
 def container_env(settings: Settings, host: HostFacts, link: LinkEnd) -> dict[str, str]:
     """What a rank's container adds: the link's NCCL settings, gloo on the same netdev (the CPU path), caches."""
-    env = {**docker_env(settings, link), "GLOO_SOCKET_IFNAME": link.ifname, "PYTHONUNBUFFERED": "1",
-           "HOME": "/tmp", "HF_HOME": CONTAINER_HF, "TRITON_CACHE_DIR": f"{CONTAINER_KERNELS}/triton",
-           "TORCHINDUCTOR_CACHE_DIR": f"{CONTAINER_KERNELS}/inductor"}
+    env = {
+        **docker_env(settings, link),
+        "GLOO_SOCKET_IFNAME": link.ifname,
+        "PYTHONUNBUFFERED": "1",
+        "HOME": "/tmp",
+        "HF_HOME": CONTAINER_HF,
+        "TRITON_CACHE_DIR": f"{CONTAINER_KERNELS}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CONTAINER_KERNELS}/inductor",
+    }
     if not host.gpu:
         # Without GPUs the ranks compute on the CPU; on one machine (the test bed) they share its cores.
         env["OMP_NUM_THREADS"] = str(max(1, host.cpu_count // settings.tp))
@@ -88,18 +97,40 @@ def device_flags(host: HostFacts) -> list[str]:
     """GPUs and the RDMA devices when this kind of machine has them; nothing otherwise (without RDMA, raising the
     locked-memory limit is pointless, and a machine whose own hard limit is lower refuses to start the container)."""
     flags = ["--gpus", "all"] if host.gpu else []
-    if host.rdma:   # RDMA registers (pins) memory: unlimited locked memory, and the right to lock it
+    if host.rdma:  # RDMA registers (pins) memory: unlimited locked memory, and the right to lock it
         flags += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
     return flags
 
 
-def docker_argv(settings: Settings, host: HostFacts, rank: int, env: Mapping[str, str],
-                mounts: tuple[Mount, ...], serve: tuple[str, ...]) -> tuple[str, ...]:
+def docker_argv(
+    settings: Settings,
+    host: HostFacts,
+    rank: int,
+    env: Mapping[str, str],
+    mounts: tuple[Mount, ...],
+    serve: tuple[str, ...],
+) -> tuple[str, ...]:
     # --init: the engine is not PID 1, so `docker stop`'s SIGTERM reaches it (PID 1 ignores signals it has no
     # handler for, and ranks > 0 have none: they would sit out STOP_TIMEOUT and be killed).
-    argv = ["docker", "run", "-d", "--init", "--name", container_name(settings, rank), "--user", NODE_USER,
-            "--network", "host", "--ipc", "host", "--shm-size", "16g",
-            "--ulimit", "stack=67108864", *device_flags(host)]
+    argv = [
+        "docker",
+        "run",
+        "-d",
+        "--init",
+        "--name",
+        container_name(settings, rank),
+        "--user",
+        NODE_USER,
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--shm-size",
+        "16g",
+        "--ulimit",
+        "stack=67108864",
+        *device_flags(host),
+    ]
     for name, value in env.items():
         argv += ["-e", f"{name}={value}"]
     for mount in mounts:
@@ -108,4 +139,4 @@ def docker_argv(settings: Settings, host: HostFacts, rank: int, env: Mapping[str
 
 
 def extra_docker_args(settings: Settings) -> list[str]:
-    return shlex.split(settings.docker_args)   # checked when the settings were read (type args)
+    return shlex.split(settings.docker_args)  # checked when the settings were read (type args)

@@ -9,8 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
 
 from recipe.net.link import Link
 
@@ -46,16 +46,16 @@ class LinkFacts:
         return cls.from_links([link])
 
     @classmethod
-    def from_links(cls, links: Sequence[Link],
-                   worker_links: Sequence[tuple[int, int, Link]] = ()) -> LinkFacts:
+    def from_links(cls, links: Sequence[Link], worker_links: Sequence[tuple[int, int, Link]] = ()) -> LinkFacts:
         """Rank i+1 sits at the far end of links[i]; rank 0 uses every link's head-side ports. With three Sparks,
         `worker_links` (rank a, rank b, their link) add each worker's ports to the other worker."""
         ends: dict[int, LinkEnd] = {}
         head_hcas: list[str] = []
         for rank, link in enumerate(links, start=1):
             p = link.primary
-            ends[rank] = LinkEnd(p.head_ip, p.worker_ifname, ",".join(r.worker_hca for r in link.rails),
-                                 str(p.gid_index))
+            ends[rank] = LinkEnd(
+                p.head_ip, p.worker_ifname, ",".join(r.worker_hca for r in link.rails), str(p.gid_index)
+            )
             head_hcas += [r.head_hca for r in link.rails if r.head_hca not in head_hcas]
         if links:
             p = links[0].primary
@@ -69,18 +69,21 @@ class LinkFacts:
                 have = end.hcas.split(",")
                 ends[rank] = replace(end, hcas=",".join(have + [h for h in hcas if h not in have]))
             notes += link.all_notes()
-        return cls(ends=ends, notes=tuple(notes),
-                   summaries=tuple(link.summary() for link in links) +
-                   tuple(f"rank {a} <-> rank {b}: {link.summary()}" for a, b, link in worker_links))
+        return cls(
+            ends=ends,
+            notes=tuple(notes),
+            summaries=tuple(link.summary() for link in links)
+            + tuple(f"rank {a} <-> rank {b}: {link.summary()}" for a, b, link in worker_links),
+        )
 
 
 @dataclass(frozen=True)
 class HostFacts:
-    python: str                # the interpreter local ranks run under
-    gpu: bool                  # an NVIDIA GPU answers here (the engine then picks CUDA itself)
+    python: str  # the interpreter local ranks run under
+    gpu: bool  # an NVIDIA GPU answers here (the engine then picks CUDA itself)
     cpu_count: int
     link: LinkFacts = field(default_factory=LinkFacts)
-    rdma: bool = False         # RDMA devices exist here (/dev/infiniband): containers get them
+    rdma: bool = False  # RDMA devices exist here (/dev/infiniband): containers get them
 
     @property
     def device(self) -> str:
@@ -104,5 +107,6 @@ def has_rdma_devices() -> bool:
 
 
 def detect_host() -> HostFacts:
-    return HostFacts(python=sys.executable, gpu=has_nvidia_gpu(), cpu_count=os.cpu_count() or 1,
-                     rdma=has_rdma_devices())
+    return HostFacts(
+        python=sys.executable, gpu=has_nvidia_gpu(), cpu_count=os.cpu_count() or 1, rdma=has_rdma_devices()
+    )

@@ -4,8 +4,8 @@ side of a rank."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -18,13 +18,13 @@ class Mount:
 @dataclass(frozen=True)
 class RankPlan:
     rank: int
-    node: str                      # "local" or the ssh target it runs on
-    runtime: str                   # "process" or "docker"
-    argv: tuple[str, ...]          # the full command
-    env: Mapping[str, str]         # added on top of the node's environment
+    node: str  # "local" or the ssh target it runs on
+    runtime: str  # "process" or "docker"
+    argv: tuple[str, ...]  # the full command
+    env: Mapping[str, str]  # added on top of the node's environment
     mounts: tuple[Mount, ...] = ()
-    ports: tuple[int, ...] = ()    # what this rank listens on
-    log: str = ""                  # where its output goes
+    ports: tuple[int, ...] = ()  # what this rank listens on
+    log: str = ""  # where its output goes
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class PrepareStep:
 
     description: str
     argv: tuple[str, ...]
-    output: str                    # argv writes here ...
-    final: str                     # ... and it is renamed here when it succeeds, so half a result never counts
+    output: str  # argv writes here ...
+    final: str  # ... and it is renamed here when it succeeds, so half a result never counts
     done: bool
 
 

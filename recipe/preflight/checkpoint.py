@@ -12,7 +12,7 @@ from recipe.net.nodes import Node
 from recipe.preflight.check import FAIL, GIB, OK, WARN, Check, Context, where
 
 CHECKPOINT_ESTIMATE_GIB = 170  # the pinned checkpoint's size, when none of it is here yet
-DISK_SPARE_GIB = 5           # kept free beyond what the checkpoint needs
+DISK_SPARE_GIB = 5  # kept free beyond what the checkpoint needs
 
 
 def free_bytes(node: Node, path: str) -> int:
@@ -34,8 +34,13 @@ def check_disk(ctx: Context, node: Node) -> Check:
     spare = DISK_SPARE_GIB * GIB if need else 0
     text = f"{free / GIB:.0f} GiB free under {folder}, {need / GIB:.1f} GiB of checkpoint still to come ({how})"
     if free < need + spare:
-        return Check("disk", where(node), FAIL, text, f"free {(need + spare - free) / GIB:.0f} GiB there, or point "
-                     "HF_CACHE (CHECKPOINT) at a larger disk")
+        return Check(
+            "disk",
+            where(node),
+            FAIL,
+            text,
+            f"free {(need + spare - free) / GIB:.0f} GiB there, or point HF_CACHE (CHECKPOINT) at a larger disk",
+        )
     return Check("disk", where(node), OK, text)
 
 
@@ -82,12 +87,19 @@ def check_head_checkpoint(ctx: Context) -> Check:
         return Check("checkpoint", "head", OK, f"{folder} is complete here")
     need, why = ask_hub(ctx)
     if need is not None:
-        return Check("checkpoint", "head", OK, f"{need / GIB:.1f} GiB still to download (start fetches it; or "
-                     "sparks download)")
-    return Check("checkpoint", "head", FAIL, f"{ctx.settings.model_id} @ {ctx.settings.model_revision or 'main'} "
-                 f"is not complete here (missing {', '.join(missing[:3])}) and {why.message if why else '?'}",
-                 why.fix if why and why.fix and not isinstance(why, download.HubUnreachable) else
-                 "connect this machine to the network (or unset HF_HUB_OFFLINE), or copy the snapshot into HF_CACHE")
+        return Check(
+            "checkpoint", "head", OK, f"{need / GIB:.1f} GiB still to download (start fetches it; or sparks download)"
+        )
+    return Check(
+        "checkpoint",
+        "head",
+        FAIL,
+        f"{ctx.settings.model_id} @ {ctx.settings.model_revision or 'main'} "
+        f"is not complete here (missing {', '.join(missing[:3])}) and {why.message if why else '?'}",
+        why.fix
+        if why and why.fix and not isinstance(why, download.HubUnreachable)
+        else "connect this machine to the network (or unset HF_HUB_OFFLINE), or copy the snapshot into HF_CACHE",
+    )
 
 
 # For each path: the nearest folder that exists must be writable (what a copy or download creates goes there).
@@ -104,19 +116,25 @@ def check_cache_writable(ctx: Context, node: Node) -> Check:
     if node.is_local:
         if os.path.isdir(folder) and not download.incomplete_files(folder):
             return Check("cache", at, OK, f"{folder} is complete here: the download writes nothing")
-        repo = os.path.dirname(os.path.dirname(folder))
+        repo: str | None = os.path.dirname(os.path.dirname(folder))
     else:
         repo = hf_repo_of(folder)
     paths = [folder] if repo is None else [os.path.join(repo, "blobs"), folder, os.path.join(repo, "refs")]
     result = node.run(["sh", "-c", WRITABLE_SCRIPT, "writable", *paths], timeout_s=30)
     if not result.ok:
-        return Check("cache", at, FAIL, f"cannot check {folder} there: {result.last_error_line()}",
-                     node.fix_for(result))
+        return Check(
+            "cache", at, FAIL, f"cannot check {folder} there: {result.last_error_line()}", node.fix_for(result)
+        )
     locked = list(dict.fromkeys(result.stdout.split()))
     if locked:
-        return Check("cache", at, FAIL, f"this user cannot write {', '.join(locked)}",
-                     f"a container may have left it owned by root: sudo chown -R $USER {locked[0]}"
-                     f"{' (on this machine)' if node.is_local else ' on ' + node.name}")
+        return Check(
+            "cache",
+            at,
+            FAIL,
+            f"this user cannot write {', '.join(locked)}",
+            f"a container may have left it owned by root: sudo chown -R $USER {locked[0]}"
+            f"{' (on this machine)' if node.is_local else ' on ' + node.name}",
+        )
     return Check("cache", at, OK, f"{repo or folder} can be written")
 
 
@@ -133,5 +151,10 @@ def check_copy(ctx: Context, worker: Node) -> Check:
     if not theirs:
         return Check("checkpoint", worker.name, WARN, f"{folder} is not there yet", "start copies it (or sparks copy)")
     shown = "; ".join(differences(head, theirs, limit=3))
-    return Check("checkpoint", worker.name, WARN, f"its copy differs from the head's: {shown}",
-                 "sparks copy repairs it (only what differs is sent)")
+    return Check(
+        "checkpoint",
+        worker.name,
+        WARN,
+        f"its copy differs from the head's: {shown}",
+        "sparks copy repairs it (only what differs is sent)",
+    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import socket
-from typing import Iterator
+from collections.abc import Iterator
+from typing import cast
 
 from recipe.net.link import Link, LinkError, detect_link
 from recipe.net.nodes import NodeError
@@ -18,8 +19,9 @@ def check_links(ctx: Context) -> Iterator[Check]:
     found: dict[int, Link | Check] = {}
     for rank, worker in enumerate(ctx.workers, start=1):
         try:
-            found[rank] = detect_link(ctx.head, worker, _peer(ctx.settings, rank), bool(_explicit(ctx.settings, rank)),
-                                      ctx.sysfs_root)
+            found[rank] = detect_link(
+                ctx.head, worker, _peer(ctx.settings, rank), bool(_explicit(ctx.settings, rank)), ctx.sysfs_root
+            )
         except (LinkError, NodeError) as error:
             found[rank] = Check("link", worker.name, FAIL, error.message, error.fix)
     links = {rank: link for rank, link in found.items() if isinstance(link, Link)}
@@ -28,7 +30,7 @@ def check_links(ctx: Context) -> Iterator[Check]:
         if isinstance(link, Check):
             yield link
             continue
-        other_ports = {r.head_ifname for other, l in links.items() if other != rank for r in l.rails}
+        other_ports = {r.head_ifname for other, other_link in links.items() if other != rank for r in other_link.rails}
         link = link.sharing(other_ports)
         ctx.links.append(link)
         yield _link_check(worker.name, link)
@@ -46,12 +48,17 @@ def _worker_pair_links(ctx: Context, links: dict[int, Link]) -> Iterator[Check]:
         except (LinkError, NodeError) as error:
             yield Check("link", where, FAIL, error.message, error.fix)
             continue
-        link = link.sharing({r.worker_ifname for r in links[a].rails})   # rank a's ports to the head
+        link = link.sharing({r.worker_ifname for r in links[a].rails})  # rank a's ports to the head
         towards_head = {links[a].primary.gid_index, links[b].primary.gid_index}
         if towards_head != {link.primary.gid_index}:
-            yield Check("link", where, FAIL, f"{link.summary()}, but GID {'/'.join(map(str, sorted(towards_head)))} "
-                        "towards the head", "NCCL takes one RoCE v2 GID index per rank: give every ConnectX-7 port "
-                        "its IPv4 address the same way on all three Sparks")
+            yield Check(
+                "link",
+                where,
+                FAIL,
+                f"{link.summary()}, but GID {'/'.join(map(str, sorted(towards_head)))} towards the head",
+                "NCCL takes one RoCE v2 GID index per rank: give every ConnectX-7 port "
+                "its IPv4 address the same way on all three Sparks",
+            )
             continue
         ctx.worker_links.append((a, b, link))
         yield _link_check(where, link)
@@ -73,7 +80,10 @@ def _peer(settings: Settings, rank: int) -> str:
 
 def resolve_ipv4(host: str) -> str:
     try:
-        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        # AF_INET: the address is (ip, port) with ip a str; typeshed types every family's sockaddr together
+        return cast(str, socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
     except (socket.gaierror, IndexError):
-        raise LinkError(f"cannot resolve {host} to an IPv4 address",
-                        "write the worker's address instead of its name (WORKER, FABRIC_PEER)") from None
+        raise LinkError(
+            f"cannot resolve {host} to an IPv4 address",
+            "write the worker's address instead of its name (WORKER, FABRIC_PEER)",
+        ) from None

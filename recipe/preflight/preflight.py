@@ -9,7 +9,7 @@ nodes and a sysfs root of their own. Nothing here prints.
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from recipe.checkpoint import download
 from recipe.errors import RecipeError
@@ -20,8 +20,21 @@ from recipe.preflight.checkpoint import check_cache_writable, check_copy, check_
 from recipe.preflight.link import check_links, resolve_ipv4
 from recipe.settings import Settings
 
-__all__ = ["Check", "Context", "OK", "WARN", "FAIL", "PreflightError", "context_for", "run_checks", "first_failure",
-           "check_cache_writable", "check_links", "free_bytes", "resolve_ipv4"]
+__all__ = [
+    "Check",
+    "Context",
+    "OK",
+    "WARN",
+    "FAIL",
+    "PreflightError",
+    "context_for",
+    "run_checks",
+    "first_failure",
+    "check_cache_writable",
+    "check_links",
+    "free_bytes",
+    "resolve_ipv4",
+]
 
 
 class PreflightError(RecipeError):
@@ -29,9 +42,14 @@ class PreflightError(RecipeError):
 
 
 def context_for(settings: Settings, api_port_ours: bool = False) -> Context:
-    return Context(settings=settings, head=LocalNode(), workers=[SshNode(w) for w in settings.workers],
-                   sysfs_root=os.environ.get("SPARKS_SYSFS_ROOT", "/sys"), api_port_ours=api_port_ours,
-                   hub_need=lambda s: download.needed(s).missing_bytes)
+    return Context(
+        settings=settings,
+        head=LocalNode(),
+        workers=[SshNode(w) for w in settings.workers],
+        sysfs_root=os.environ.get("SPARKS_SYSFS_ROOT", "/sys"),
+        api_port_ours=api_port_ours,
+        hub_need=lambda s: download.needed(s).missing_bytes,
+    )
 
 
 def run_checks(ctx: Context) -> Iterator[Check]:
@@ -59,7 +77,7 @@ def run_checks(ctx: Context) -> Iterator[Check]:
         yield check_cache_writable(ctx, worker)
         yield check_copy(ctx, worker)
     yield check_port(ctx)
-    if ctx.workers and len(reachable) == len(ctx.workers):   # every runtime across nodes meets on the link
+    if ctx.workers and len(reachable) == len(ctx.workers):  # every runtime across nodes meets on the link
         yield from check_links(ctx)
 
 
@@ -84,8 +102,13 @@ def check_tp(ctx: Context) -> Check:
         return Check("ranks", "head", OK, f"TP={s.tp}: every rank on this machine ({s.effective_runtime})")
     where = ", ".join(f"rank {i} on {w}" for i, w in enumerate(s.workers, start=1))
     if len(s.workers) != s.tp - 1:
-        return Check("ranks", "head", FAIL, f"TP={s.tp} needs {s.tp - 1} worker(s), {len(s.workers)} set",
-                     "set TP to the number of Sparks (./start-tp3.sh for three)")
+        return Check(
+            "ranks",
+            "head",
+            FAIL,
+            f"TP={s.tp} needs {s.tp - 1} worker(s), {len(s.workers)} set",
+            "set TP to the number of Sparks (./start-tp3.sh for three)",
+        )
     return Check("ranks", "head", OK, f"TP={s.tp}: rank 0 here, {where}")
 
 
@@ -93,8 +116,13 @@ def check_ssh(worker: Node) -> Check:
     result = worker.run(["true"], timeout_s=30)
     if result.ok:
         return Check("ssh", worker.name, OK, "key-based login works")
-    return Check("ssh", worker.name, FAIL, f"cannot log in without a password: {result.last_error_line()}",
-                 ssh_fix(worker.name, result))
+    return Check(
+        "ssh",
+        worker.name,
+        FAIL,
+        f"cannot log in without a password: {result.last_error_line()}",
+        ssh_fix(worker.name, result),
+    )
 
 
 def mem_available_gib(meminfo: str) -> float:
@@ -114,8 +142,13 @@ def check_memory(ctx: Context, node: Node) -> Check:
         return Check("memory", where(node), OK, f"{text} (the embedded default needs a few GiB)")
     threshold = ctx.settings.memory_warn_gib
     if available < threshold:
-        return Check("memory", where(node), WARN, f"only {text}; GLM-5.3-Flash needs ~{threshold:.0f} GiB free "
-                     "(MEMORY_WARN_GIB)", "stop other GPU work there (docker ps; nvidia-smi), or lower CONTEXT")
+        return Check(
+            "memory",
+            where(node),
+            WARN,
+            f"only {text}; GLM-5.3-Flash needs ~{threshold:.0f} GiB free (MEMORY_WARN_GIB)",
+            "stop other GPU work there (docker ps; nvidia-smi), or lower CONTEXT",
+        )
     return Check("memory", where(node), OK, text)
 
 
@@ -130,17 +163,37 @@ def check_docker(node: Node) -> Check:
     result = node.run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout_s=30)
     error = result.stderr.lower()
     if result.code == 127 or "not found" in error:
-        return Check("docker", where(node), FAIL, "docker is not installed", "install Docker with the NVIDIA "
-                     "Container Toolkit (DGX OS ships both)")
+        return Check(
+            "docker",
+            where(node),
+            FAIL,
+            "docker is not installed",
+            "install Docker with the NVIDIA Container Toolkit (DGX OS ships both)",
+        )
     if not result.ok and "permission denied" in error:
-        return Check("docker", where(node), FAIL, "the docker daemon refuses this user (permission denied on its "
-                     "socket)", "add the user to the docker group: sudo usermod -aG docker $USER, then log in again")
+        return Check(
+            "docker",
+            where(node),
+            FAIL,
+            "the docker daemon refuses this user (permission denied on its socket)",
+            "add the user to the docker group: sudo usermod -aG docker $USER, then log in again",
+        )
     if not result.ok:
-        return Check("docker", where(node), FAIL, f"the docker daemon does not answer: {result.last_error_line()}",
-                     "start it: sudo systemctl enable --now docker")
+        return Check(
+            "docker",
+            where(node),
+            FAIL,
+            f"the docker daemon does not answer: {result.last_error_line()}",
+            "start it: sudo systemctl enable --now docker",
+        )
     if "nvidia" not in result.stdout:
-        return Check("docker", where(node), WARN, "docker answers, but lists no nvidia runtime; --gpus may fail",
-                     "install the NVIDIA Container Toolkit (nvidia-ctk runtime configure --runtime=docker)")
+        return Check(
+            "docker",
+            where(node),
+            WARN,
+            "docker answers, but lists no nvidia runtime; --gpus may fail",
+            "install the NVIDIA Container Toolkit (nvidia-ctk runtime configure --runtime=docker)",
+        )
     return Check("docker", where(node), OK, "docker answers this user and lists the nvidia runtime")
 
 
@@ -150,7 +203,10 @@ def check_port(ctx: Context) -> Check:
         return Check("port", "head", OK, f"{port} is held by the running server, which a restart stops first")
     if port_is_free(port):
         return Check("port", "head", OK, f"{port} (PORT) is free")
-    return Check("port", "head", FAIL, f"{port} (PORT) is already in use on this machine",
-                 "stop the program holding it (ss -ltnp), or write PORT=<a free port>")
-
-
+    return Check(
+        "port",
+        "head",
+        FAIL,
+        f"{port} (PORT) is already in use on this machine",
+        "stop the program holding it (ss -ltnp), or write PORT=<a free port>",
+    )

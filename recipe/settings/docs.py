@@ -29,7 +29,9 @@ def settings_markdown() -> str:
     for spec in load_specs().values():
         default = spec.default_text()
         shown = default if default.startswith("derived:") or default == "(empty)" else f"`{default}`"
-        rows.append(f"| `{spec.name}` | {_cell(shown)} | {_kind(spec)} | {_cell(spec.meaning)} | {_cell(spec.consumer)} |")
+        rows.append(
+            f"| `{spec.name}` | {_cell(shown)} | {_kind(spec)} | {_cell(spec.meaning)} | {_cell(spec.consumer)} |"
+        )
     return "\n".join(rows)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from recipe.errors import SettingError
 from recipe.settings.schema import REPO_ROOT, SettingSpec, expand_path, load_specs, parse_value
@@ -24,8 +25,7 @@ def config_root(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("SPARKS_CONFIG_ROOT") or REPO_ROOT)
 
 
-def load_settings(root: Path | None = None, environ: Mapping[str, str] | None = None,
-                  rules: bool = True) -> Settings:
+def load_settings(root: Path | None = None, environ: Mapping[str, str] | None = None, rules: bool = True) -> Settings:
     """Read every source, parse each value against config/settings.yaml, derive, validate. `rules=False` skips the
     rules between settings (stop and status act on what the state file recorded, whatever TP says now)."""
     environ = os.environ if environ is None else environ
@@ -34,8 +34,9 @@ def load_settings(root: Path | None = None, environ: Mapping[str, str] | None = 
     raw, origins, warnings = _collect(root, environ, specs)
     values = {name: _typed(specs[name], text, origins[name], environ) for name, text in raw.items()}
     _derive(values, origins, specs)
-    settings = Settings(**{k.lower(): v for k, v in values.items()}, origins=MappingProxyType(origins),
-                        warnings=tuple(warnings))
+    settings = Settings(
+        **{k.lower(): v for k, v in values.items()}, origins=MappingProxyType(origins), warnings=tuple(warnings)
+    )
     if rules:
         validate(settings)
     return settings
@@ -67,9 +68,11 @@ def _refuse_references(spec: SettingSpec, item: Assignment) -> None:
     the exception (their `$HOME` and `~` are expanded on purpose); a single-quoted value keeps a literal $."""
     reference = re.search(r"\$\{?[A-Za-z_]", item.value)
     if reference and spec.type != "path" and not item.literal:
-        raise SettingError(f"{item.origin}: {spec.name} refers to a variable ({item.value[reference.start():][:20]!r}), "
-                           "but settings files are read as data, not run",
-                           f"write the value itself, or single-quote it to keep a literal $: {spec.name}='...'")
+        raise SettingError(
+            f"{item.origin}: {spec.name} refers to a variable ({item.value[reference.start() :][:20]!r}), "
+            "but settings files are read as data, not run",
+            f"write the value itself, or single-quote it to keep a literal $: {spec.name}='...'",
+        )
 
 
 def _put(raw: dict[str, str], origins: dict[str, str], spec: SettingSpec, value: str, origin: str) -> None:
@@ -100,13 +103,13 @@ def _as_text(value: Any) -> str:
     return str(value)
 
 
-DEMO_NAME = "GLM-5.3-Flash-demo"   # the served name says it is the demo: a client asking for the real model is told
+DEMO_NAME = "GLM-5.3-Flash-demo"  # the served name says it is the demo: a client asking for the real model is told
 
 
 def _derive(values: dict[str, Any], origins: dict[str, str], specs: dict[str, SettingSpec]) -> None:
     """Fill the settings whose default depends on others (their `derived` text in settings.yaml says how)."""
     embedded = values["RUNTIME"] == "process" or (values["RUNTIME"] == "auto" and not values["WORKER"])
-    demo = embedded and not values["CHECKPOINT"]   # the ranks serve the trained demo (plan: _local_checkpoint)
+    demo = embedded and not values["CHECKPOINT"]  # the ranks serve the trained demo (plan: _local_checkpoint)
     derived = {
         "SERVED_NAME": DEMO_NAME if demo else "GLM-5.3-Flash-EXL3",
         "HOST": "0.0.0.0" if values["WORKER"] else "127.0.0.1",

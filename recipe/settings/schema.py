@@ -9,23 +9,28 @@ import ipaddress
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
 from recipe.errors import SettingError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]     # the checkout: recipe/settings/schema.py is two folders down
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: recipe/settings/schema.py is two folders down
 SETTINGS_YAML = REPO_ROOT / "config" / "settings.yaml"
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$", re.IGNORECASE)
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
-_IMAGE = re.compile(r"^[a-z0-9]+([._/-][a-z0-9]+)*(:[0-9]+)?([a-z0-9._/-]*)(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+_IMAGE = re.compile(
+    r"^[a-z0-9]+([._/-][a-z0-9]+)*(:[0-9]+)?([a-z0-9._/-]*)(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
 # What to write, per type: the tail of every error message.
@@ -57,8 +62,8 @@ class SettingSpec:
     range: tuple[float, float] | None = None
     derived: str = ""
     empty_ok: bool = False
-    zero_ok: bool = False      # 0 is accepted besides the range (CONTEXT=0: the largest window that fits)
-    example: str = ""          # what an error suggests writing, when the default is derived
+    zero_ok: bool = False  # 0 is accepted besides the range (CONTEXT=0: the largest window that fits)
+    example: str = ""  # what an error suggests writing, when the default is derived
 
     @property
     def is_secret(self) -> bool:
@@ -112,7 +117,9 @@ def bad_value(spec: SettingSpec, raw: str, origin: str, why: str = "") -> Settin
     where = f" (from {origin})" if origin and origin != "default" else ""
     detail = f" ({why})" if why else ""
     shown = f"a value of {len(raw)} characters" if spec.is_secret else repr(raw)
-    return SettingError(f"{spec.name} is {spec.hint()}, not {shown}{where}{detail}", f"write {spec.name}={_example(spec)}")
+    return SettingError(
+        f"{spec.name} is {spec.hint()}, not {shown}{where}{detail}", f"write {spec.name}={_example(spec)}"
+    )
 
 
 def _example(spec: SettingSpec) -> str:
@@ -122,8 +129,14 @@ def _example(spec: SettingSpec) -> str:
         return spec.choices[0]
     if spec.default not in (None, ""):
         return str(spec.default)
-    return {"ssh": "user@spark2", "host": "192.168.100.2", "secret": "<value>", "path": "/absolute/path",
-            "float": "4", "int": "1"}.get(spec.type, "<value>")
+    return {
+        "ssh": "user@spark2",
+        "host": "192.168.100.2",
+        "secret": "<value>",
+        "path": "/absolute/path",
+        "float": "4",
+        "int": "1",
+    }.get(spec.type, "<value>")
 
 
 def parse_value(spec: SettingSpec, raw: str, origin: str) -> Any:
@@ -241,7 +254,7 @@ def _parse_text(spec: SettingSpec, raw: str) -> str:
 
 
 def _parse_args(spec: SettingSpec, raw: str) -> str:
-    shlex.split(raw)   # ValueError on unbalanced quotes; kept as text, split where it is used
+    shlex.split(raw)  # ValueError on unbalanced quotes; kept as text, split where it is used
     return raw
 
 

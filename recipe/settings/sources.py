@@ -74,8 +74,10 @@ def _quoted(text: str, quote: str, origin: str) -> str:
         if char == quote:
             rest = text[index + 1 :].strip()
             if rest and not rest.startswith("#"):
-                raise SettingError(f"{origin} has text after the closing quote: {_clip(rest)!r}",
-                                   "end the line after the quote, or start a # comment")
+                raise SettingError(
+                    f"{origin} has text after the closing quote: {_clip(rest)!r}",
+                    "end the line after the quote, or start a # comment",
+                )
             return "".join(chars)
         chars.append(char)
         index += 1

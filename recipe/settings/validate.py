@@ -38,32 +38,43 @@ def _origin(settings: Settings, name: str) -> str:
 
 def _vision_urls(s: Settings) -> None:
     if s.vision_urls and not s.vision:
-        raise SettingError(f"VISION_URLS=1{_origin(s, 'VISION_URLS')} fetches images, but VISION=0 accepts none",
-                           "write VISION=1 too, or VISION_URLS=0")
+        raise SettingError(
+            f"VISION_URLS=1{_origin(s, 'VISION_URLS')} fetches images, but VISION=0 accepts none",
+            "write VISION=1 too, or VISION_URLS=0",
+        )
 
 
 def _ports(s: Settings) -> None:
     if s.port == s.master_port:
-        raise SettingError(f"PORT and MASTER_PORT are both {s.port}{_origin(s, 'PORT')}; the API and the rank "
-                           "rendezvous need a port each", f"write PORT=8888 and MASTER_PORT=29551 (or two other ports)")
+        raise SettingError(
+            f"PORT and MASTER_PORT are both {s.port}{_origin(s, 'PORT')}; the API and the rank "
+            "rendezvous need a port each",
+            "write PORT=8888 and MASTER_PORT=29551 (or two other ports)",
+        )
 
 
 def _workers_for_runtime(s: Settings) -> None:
     if s.worker2 and not s.worker:
-        raise SettingError(f"WORKER2={s.worker2}{_origin(s, 'WORKER2')} is set but WORKER is not; rank 1 runs on WORKER",
-                           "write WORKER=user@<second Spark> first")
+        raise SettingError(
+            f"WORKER2={s.worker2}{_origin(s, 'WORKER2')} is set but WORKER is not; rank 1 runs on WORKER",
+            "write WORKER=user@<second Spark> first",
+        )
     if s.effective_runtime == "process" and not s.workers:
-        return   # the embedded default: every rank a local process
+        return  # the embedded default: every rank a local process
     needed = s.tp - 1
     if len(s.workers) < needed:
         missing = "WORKER" if not s.worker else "WORKER2"
-        raise SettingError(f"TP={s.tp}{_origin(s, 'TP')} needs {needed} worker(s), but {missing} is empty",
-                           f"write {missing}=user@<address of rank {len(s.workers) + 1}> in scripts/local.sh "
-                           "(see scripts/local.sh.example)")
+        raise SettingError(
+            f"TP={s.tp}{_origin(s, 'TP')} needs {needed} worker(s), but {missing} is empty",
+            f"write {missing}=user@<address of rank {len(s.workers) + 1}> in scripts/local.sh "
+            "(see scripts/local.sh.example)",
+        )
     if len(s.workers) > needed:
         extra = "WORKER2" if s.worker2 else "WORKER"
-        raise SettingError(f"TP={s.tp}{_origin(s, 'TP')} uses {needed} worker(s), but {extra} is set too",
-                           f"write TP={len(s.workers) + 1} (./start-tp3.sh for three Sparks), or remove {extra}")
+        raise SettingError(
+            f"TP={s.tp}{_origin(s, 'TP')} uses {needed} worker(s), but {extra} is set too",
+            f"write TP={len(s.workers) + 1} (./start-tp3.sh for three Sparks), or remove {extra}",
+        )
 
 
 def _host_of(target: str) -> str:
@@ -72,15 +83,20 @@ def _host_of(target: str) -> str:
 
 def _distinct_workers(s: Settings) -> None:
     if s.worker and s.worker2 and _host_of(s.worker) == _host_of(s.worker2):
-        raise SettingError(f"WORKER and WORKER2 are the same node ({_host_of(s.worker)})",
-                           "write a different Spark for each rank")
+        raise SettingError(
+            f"WORKER and WORKER2 are the same node ({_host_of(s.worker)})", "write a different Spark for each rank"
+        )
 
 
 def _fabric_peers(s: Settings) -> None:
     for peer, worker in (("FABRIC_PEER", "WORKER"), ("FABRIC_PEER2", "WORKER2")):
         if s.value(peer) and not s.value(worker):
-            raise SettingError(f"{peer}={s.value(peer)}{_origin(s, peer)} is set but {worker} is not",
-                               f"write {worker}=user@<that Spark> too, or remove {peer}")
+            raise SettingError(
+                f"{peer}={s.value(peer)}{_origin(s, peer)} is set but {worker} is not",
+                f"write {worker}=user@<that Spark> too, or remove {peer}",
+            )
     if s.fabric_peer and s.fabric_peer == s.fabric_peer2:
-        raise SettingError(f"FABRIC_PEER and FABRIC_PEER2 are the same address ({s.fabric_peer})",
-                           "write each worker's own ConnectX-7 address")
+        raise SettingError(
+            f"FABRIC_PEER and FABRIC_PEER2 are the same address ({s.fabric_peer})",
+            "write each worker's own ConnectX-7 address",
+        )

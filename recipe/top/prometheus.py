@@ -19,15 +19,19 @@ Labels = tuple[tuple[str, str], ...]
 @dataclass(frozen=True)
 class Histogram:
     """Cumulative bucket counts by upper bound (ascending, the last one +Inf), the observations' count and sum."""
+
     buckets: tuple[tuple[float, float], ...]
     count: float
     total: float
 
-    def minus(self, earlier: "Histogram") -> "Histogram":
+    def minus(self, earlier: Histogram) -> Histogram:
         """The observations made since `earlier` (same bucket bounds)."""
         then = dict(earlier.buckets)
-        return Histogram(tuple((le, n - then.get(le, 0.0)) for le, n in self.buckets),
-                         self.count - earlier.count, self.total - earlier.total)
+        return Histogram(
+            tuple((le, n - then.get(le, 0.0)) for le, n in self.buckets),
+            self.count - earlier.count,
+            self.total - earlier.total,
+        )
 
 
 def parse_samples(text: str) -> dict[str, list[tuple[Labels, float]]]:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 from recipe.errors import RecipeError
 from recipe.top.prometheus import Histogram, histogram, parse_samples, quantile
 
-HISTORY_S = 60.0            # the "last minute" of rates and time to first token
-TTFT_MIN_WINDOW = 10        # first tokens in the last minute before its quantiles replace the since-start ones
-SILENT_S = 3.0              # engine/serve.py SILENT_S: a rank silent this long turns /health 503
+HISTORY_S = 60.0  # the "last minute" of rates and time to first token
+TTFT_MIN_WINDOW = 10  # first tokens in the last minute before its quantiles replace the since-start ones
+SILENT_S = 3.0  # engine/serve.py SILENT_S: a rank silent this long turns /health 503
 TTFT_NAMES = ("sparks:time_to_first_token_seconds", "vllm:time_to_first_token_seconds")
 
 
@@ -42,6 +43,7 @@ def server_root(url: str, host: str, port: int) -> str:
 class Sample:
     """One poll: /health's JSON (None when the server did not answer: `problem` says why) and the TTFT histogram
     (None when /metrics could not be read: `metrics_problem` says why). `at` is time.monotonic()."""
+
     at: float
     health: dict[str, Any] | None
     ttft: Histogram | None = None
@@ -100,6 +102,7 @@ class TopClient:
 @dataclass(frozen=True)
 class Rate:
     """Tokens per second over the last second and over the kept history (`minute_span_s` long, up to a minute)."""
+
     last_second: float | None
     last_minute: float | None
     minute_span_s: float
@@ -108,10 +111,11 @@ class Rate:
 @dataclass(frozen=True)
 class Ttft:
     """Time-to-first-token quantiles (seconds) over `observations` first tokens in `window`."""
+
     p50_s: float | None
     p95_s: float | None
     observations: int
-    window: str             # "last minute" (or "last N s" in the first minute), or "since start"
+    window: str  # "last minute" (or "last N s" in the first minute), or "since start"
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class RankBeat:
 class TopSnapshot:
     """What the dashboard shows at one moment. Every field but `url`, `answering` and `problem` is None when the
     server did not answer; `ranks` is None when /health does not report them."""
+
     url: str
     answering: bool
     problem: str | None = None
@@ -135,7 +140,7 @@ class TopSnapshot:
     error: str | None = None
     model: str | None = None
     uptime_s: float | None = None
-    streams: dict[str, int] | None = None          # decoding, prefilling, max (as /health), busy, free
+    streams: dict[str, int] | None = None  # decoding, prefilling, max (as /health), busy, free
     requests_running: int | None = None
     requests_waiting: int | None = None
     decode: Rate | None = None
@@ -155,21 +160,43 @@ class TopSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         def rate(r: Rate | None) -> dict[str, Any] | None:
-            return None if r is None else {"last_second": _round(r.last_second), "last_minute": _round(r.last_minute),
-                                           "minute_span_s": round(r.minute_span_s, 2)}
+            return (
+                None
+                if r is None
+                else {
+                    "last_second": _round(r.last_second),
+                    "last_minute": _round(r.last_minute),
+                    "minute_span_s": round(r.minute_span_s, 2),
+                }
+            )
+
         return {
-            "schema": "sparks-top/1", "url": self.url, "answering": self.answering, "problem": self.problem,
-            "ok": self.ok, "error": self.error, "model": self.model, "uptime_s": self.uptime_s,
+            "schema": "sparks-top/1",
+            "url": self.url,
+            "answering": self.answering,
+            "problem": self.problem,
+            "ok": self.ok,
+            "error": self.error,
+            "model": self.model,
+            "uptime_s": self.uptime_s,
             "streams": self.streams,
             "requests": {"running": self.requests_running, "waiting": self.requests_waiting},
-            "decode_tok_s": rate(self.decode), "prefill_tok_s": rate(self.prefill),
-            "ttft_s": None if self.ttft is None else {
-                "p50": _round(self.ttft.p50_s, 4), "p95": _round(self.ttft.p95_s, 4),
-                "observations": self.ttft.observations, "window": self.ttft.window},
+            "decode_tok_s": rate(self.decode),
+            "prefill_tok_s": rate(self.prefill),
+            "ttft_s": None
+            if self.ttft is None
+            else {
+                "p50": _round(self.ttft.p50_s, 4),
+                "p95": _round(self.ttft.p95_s, 4),
+                "observations": self.ttft.observations,
+                "window": self.ttft.window,
+            },
             "pool_tokens": {"used": self.pool_used_tokens, "free": self.pool_free_tokens, "total": self.pool_tokens},
-            "ranks": None if self.ranks is None else [
-                {"rank": r.rank, "silent_s": r.silent_s, "live": r.live} for r in self.ranks],
-            "totals": self.totals, "metrics_problem": self.metrics_problem,
+            "ranks": None
+            if self.ranks is None
+            else [{"rank": r.rank, "silent_s": r.silent_s, "live": r.live} for r in self.ranks],
+            "totals": self.totals,
+            "metrics_problem": self.metrics_problem,
         }
 
 
@@ -187,15 +214,18 @@ class History:
             self.samples.clear()
         self.samples.append(sample)
         while len(self.samples) > 2 and sample.at - self.samples[1].at >= self.keep_s:
-            self.samples.popleft()   # keep one sample at least keep_s old: the minute's base
+            self.samples.popleft()  # keep one sample at least keep_s old: the minute's base
 
     def rate(self, total: str) -> Rate | None:
         newest = self.samples[-1] if self.samples else None
         if newest is None or newest.total(total) is None:
             return None
         second, minute = self._base(1.0), self._base(self.keep_s)
-        return Rate(_per_second(newest, second, total), _per_second(newest, minute, total),
-                    newest.at - minute.at if minute else 0.0)
+        return Rate(
+            _per_second(newest, second, total),
+            _per_second(newest, minute, total),
+            newest.at - minute.at if minute else 0.0,
+        )
 
     def ttft(self) -> Ttft | None:
         newest = self.samples[-1] if self.samples else None
@@ -234,8 +264,10 @@ class Top:
             time.sleep(gap_s)
         shot = self.poll()
         if not shot.answering:
-            raise NotAnswering(f"{shot.url} is not answering ({shot.problem})",
-                               "start the server (./start.sh), or point --url at a running one")
+            raise NotAnswering(
+                f"{shot.url} is not answering ({shot.problem})",
+                "start the server (./start.sh), or point --url at a running one",
+            )
         return shot
 
 
@@ -247,20 +279,34 @@ def snapshot(url: str, sample: Sample, history: History) -> TopSnapshot:
     streams = health.get("streams") or {}
     busy = int(streams.get("decoding", 0)) + int(streams.get("prefilling", 0))
     return TopSnapshot(
-        url, answering=True, ok=health.get("ok"), error=health.get("error"), model=health.get("model"),
+        url,
+        answering=True,
+        ok=health.get("ok"),
+        error=health.get("error"),
+        model=health.get("model"),
         uptime_s=health.get("uptime_s"),
         streams={**streams, "busy": busy, "free": max(0, int(streams.get("max", busy)) - busy)} if streams else None,
-        requests_running=health.get("requests_running"), requests_waiting=health.get("requests_waiting"),
-        decode=history.rate("completion_tokens"), prefill=history.rate("prompt_tokens"), ttft=history.ttft(),
-        pool_tokens=health.get("pool_tokens"), pool_free_tokens=health.get("pool_free_tokens"),
-        ranks=_ranks(health.get("ranks")), totals=health.get("totals"), metrics_problem=sample.metrics_problem)
+        requests_running=health.get("requests_running"),
+        requests_waiting=health.get("requests_waiting"),
+        decode=history.rate("completion_tokens"),
+        prefill=history.rate("prompt_tokens"),
+        ttft=history.ttft(),
+        pool_tokens=health.get("pool_tokens"),
+        pool_free_tokens=health.get("pool_free_tokens"),
+        ranks=_ranks(health.get("ranks")),
+        totals=health.get("totals"),
+        metrics_problem=sample.metrics_problem,
+    )
 
 
 def _ranks(reported: Any) -> tuple[RankBeat, ...] | None:
     if not isinstance(reported, list):
         return None
-    beats = [RankBeat(int(r["rank"]), float(r.get("silent_s") or 0.0))
-             for r in reported if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    beats = [
+        RankBeat(int(r["rank"]), float(r.get("silent_s") or 0.0))
+        for r in reported
+        if isinstance(r, dict) and isinstance(r.get("rank"), int)
+    ]
     return tuple(sorted(beats, key=lambda b: b.rank))
 
 
@@ -278,8 +324,9 @@ def _per_second(newest: Sample, base: Sample | None, total: str) -> float | None
 def _restarted(last: Sample, new: Sample) -> bool:
     went_back = any((new.total(k) or 0) < (last.total(k) or 0) for k in ("completion_tokens", "prompt_tokens"))
     uptime_now, uptime_then = (new.health or {}).get("uptime_s"), (last.health or {}).get("uptime_s")
-    return went_back or (isinstance(uptime_now, (int, float)) and isinstance(uptime_then, (int, float))
-                         and uptime_now < uptime_then)
+    return went_back or (
+        isinstance(uptime_now, (int, float)) and isinstance(uptime_then, (int, float)) and uptime_now < uptime_then
+    )
 
 
 def _json_dict(reply: httpx.Response) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -22,8 +22,13 @@ def render(shot: TopSnapshot, interval_s: float, live: bool = True) -> Renderabl
     when = f"every {interval_s:g} s · Ctrl-C quits" if live else f"two samples {interval_s:g} s apart"
     title = Text.from_markup(f"[bold]sparks top[/] [dim]· {escape(shot.url)} · {when}[/]")
     if not shot.answering:
-        return Group(title, Text.from_markup(f"[bold red]not answering[/] ({escape(shot.problem or '?')}) "
-                                             f"[dim]· trying again every {interval_s:g} s[/]"))
+        return Group(
+            title,
+            Text.from_markup(
+                f"[bold red]not answering[/] ({escape(shot.problem or '?')}) "
+                f"[dim]· trying again every {interval_s:g} s[/]"
+            ),
+        )
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -57,9 +62,12 @@ def _rows(shot: TopSnapshot) -> list[tuple[str, str]]:
     streams = shot.streams or {}
     rows = [
         ("Engine", f"{engine} [dim]· {who}[/]"),
-        ("Streams", f"{streams.get('busy', '?')} busy ({streams.get('decoding', '?')} decoding, "
-                    f"{streams.get('prefilling', '?')} prefilling) · {streams.get('free', '?')} free · "
-                    f"{streams.get('max', '?')} max"),
+        (
+            "Streams",
+            f"{streams.get('busy', '?')} busy ({streams.get('decoding', '?')} decoding, "
+            f"{streams.get('prefilling', '?')} prefilling) · {streams.get('free', '?')} free · "
+            f"{streams.get('max', '?')} max",
+        ),
         ("Requests", f"{_int(shot.requests_running)} running · {_int(shot.requests_waiting)} waiting"),
         ("Decode", _rate(shot.decode)),
         ("Prefill", _rate(shot.prefill) + " [dim](prompt tokens admitted)[/]"),
@@ -69,15 +77,20 @@ def _rows(shot: TopSnapshot) -> list[tuple[str, str]]:
     ]
     totals = shot.totals or {}
     if totals:
-        rows.append(("Served", f"{_int(totals.get('requests'))} requests · {_int(totals.get('prompt_tokens'))} "
-                               f"prompt tokens · {_int(totals.get('completion_tokens'))} tokens generated"))
+        rows.append(
+            (
+                "Served",
+                f"{_int(totals.get('requests'))} requests · {_int(totals.get('prompt_tokens'))} "
+                f"prompt tokens · {_int(totals.get('completion_tokens'))} tokens generated",
+            )
+        )
     return rows
 
 
 def _rate(rate: Rate | None) -> str:
     if rate is None:
         return DASH
-    if rate.minute_span_s < 1.5:     # no longer history yet (the first poll, or --once)
+    if rate.minute_span_s < 1.5:  # no longer history yet (the first poll, or --once)
         return f"{_tok_s(rate.last_second)} last second"
     span = "last minute" if rate.minute_span_s >= 54 else f"last {rate.minute_span_s:.0f} s"
     return f"{_tok_s(rate.last_second)} last second · {_tok_s(rate.last_minute)} {span}"
@@ -88,8 +101,9 @@ def _ttft(ttft: Ttft | None) -> str:
         return DASH
     if ttft.p50_s is None:
         return f"{DASH} [dim](no first token yet)[/]"
-    return (f"p50 {_seconds(ttft.p50_s)} · p95 {_seconds(ttft.p95_s)} "
-            f"[dim]({ttft.window}, {ttft.observations} requests)[/]")
+    return (
+        f"p50 {_seconds(ttft.p50_s)} · p95 {_seconds(ttft.p95_s)} [dim]({ttft.window}, {ttft.observations} requests)[/]"
+    )
 
 
 def _pool(shot: TopSnapshot) -> str:
@@ -102,8 +116,12 @@ def _pool(shot: TopSnapshot) -> str:
 def _ranks(shot: TopSnapshot) -> str:
     if not shot.ranks:
         return DASH
-    return " · ".join(f"rank {r.rank} " + ("[green]live[/]" if r.live else "[bold red]silent[/]")
-                      + f" [dim]({r.silent_s:.1f} s since heartbeat)[/]" for r in shot.ranks)
+    return " · ".join(
+        f"rank {r.rank} "
+        + ("[green]live[/]" if r.live else "[bold red]silent[/]")
+        + f" [dim]({r.silent_s:.1f} s since heartbeat)[/]"
+        for r in shot.ranks
+    )
 
 
 def _tok_s(value: float | None) -> str:

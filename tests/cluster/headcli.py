@@ -27,8 +27,10 @@ print("REPLY", repr(reply.choices[0].message.content), reply.usage.completion_to
 def run_on_head(bed, argv: list[str], env: dict, timeout_s: float = 180) -> subprocess.CompletedProcess:
     """A command in the head's namespace, echoed with its output (pytest -s shows the CLI's own lines)."""
     done = bed.on_head(argv, env, timeout_s=timeout_s)
-    print(f"$ {' '.join(Path(a).name if a.startswith('/') else a for a in argv[:2])} → {done.returncode}\n"
-          f"{done.stdout}{done.stderr}")
+    print(
+        f"$ {' '.join(Path(a).name if a.startswith('/') else a for a in argv[:2])} → {done.returncode}\n"
+        f"{done.stdout}{done.stderr}"
+    )
     return done
 
 
@@ -36,8 +38,12 @@ def demo_on_head(bed) -> str:
     """The trained demo checkpoint in the head's data folder (made once), as the nodes see its path."""
     demo = bed.path_on("head", "data/demo")
     if not (demo / "config.json").is_file():
-        subprocess.run([PYTHON, "-m", "engine", "make-demo", str(demo), "--size", "trained"], check=True,
-                       capture_output=True, timeout=180)
+        subprocess.run(
+            [PYTHON, "-m", "engine", "make-demo", str(demo), "--size", "trained"],
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
     return str(bed.root / "node" / "data" / "demo")
 
 

@@ -45,11 +45,11 @@ CACHE = Path(os.environ.get("SPARKS_TESTBED_CACHE", "/var/cache/sparks-testbed")
 BASE_TAG = "sparks-base:test"
 KEY_LABEL = "sparks-testbed.base-key"
 SUITE = "bookworm"
-PYTHON = "3.11"                     # bookworm's python3
+PYTHON = "3.11"  # bookworm's python3
 INCLUDE = ("python3", "patch")
 MIRROR = os.environ.get("SPARKS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-STRIPPED = ("torch/test", "torch/include", "bin")   # under dist-packages: not needed to serve on the CPU
-BUILD_VERSION = 1   # raise it when the way the base is made changes (the cache key holds it)
+STRIPPED = ("torch/test", "torch/include", "bin")  # under dist-packages: not needed to serve on the CPU
+BUILD_VERSION = 1  # raise it when the way the base is made changes (the cache key holds it)
 DEBOOTSTRAP_TIMEOUT_S = 900
 PIP_TIMEOUT_S = 1200
 LOCK_WAIT_S = 2400
@@ -79,16 +79,35 @@ def ensure_base_image(bed) -> str:
     rootfs = base_rootfs()
     key = rootfs.name.rsplit("-", 1)[1]
     docker = ["docker", "-H", f"unix://{bed.path_on('head', 'run/docker.sock')}"]
-    found = subprocess.run([*docker, "image", "inspect", "--format", f'{{{{ index .Config.Labels "{KEY_LABEL}" }}}}',
-                            BASE_TAG], capture_output=True, text=True, timeout=60)
+    found = subprocess.run(
+        [*docker, "image", "inspect", "--format", f'{{{{ index .Config.Labels "{KEY_LABEL}" }}}}', BASE_TAG],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if found.returncode == 0 and found.stdout.strip() == key:
         return BASE_TAG
     started = time.monotonic()
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
     try:
-        subprocess.run([*docker, "import", "--change", f"LABEL {KEY_LABEL}={key}",
-                        "--change", "ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1", "--change", 'CMD ["python3"]',
-                        "-", BASE_TAG], stdin=tar.stdout, check=True, capture_output=True, timeout=IMPORT_TIMEOUT_S)
+        subprocess.run(
+            [
+                *docker,
+                "import",
+                "--change",
+                f"LABEL {KEY_LABEL}={key}",
+                "--change",
+                "ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1",
+                "--change",
+                'CMD ["python3"]',
+                "-",
+                BASE_TAG,
+            ],
+            stdin=tar.stdout,
+            check=True,
+            capture_output=True,
+            timeout=IMPORT_TIMEOUT_S,
+        )
     finally:
         tar.stdout.close()
         if tar.wait(timeout=IMPORT_TIMEOUT_S) != 0:
@@ -123,7 +142,7 @@ def base_rootfs() -> Path:
     if final.is_dir():
         return final
     with _locked(CACHE / ".lock"):
-        if final.is_dir():   # another session made it while we waited
+        if final.is_dir():  # another session made it while we waited
             return final
         started = time.monotonic()
         with tempfile.TemporaryDirectory(dir=CACHE, prefix="build-") as scratch:
@@ -131,7 +150,7 @@ def base_rootfs() -> Path:
             _unpack(_minbase_tarball(), rootfs)
             _install_packages(rootfs)
             _strip(rootfs)
-            rootfs.rename(final)   # whole or not at all: a half-made rootfs is never taken for a cached one
+            rootfs.rename(final)  # whole or not at all: a half-made rootfs is never taken for a cached one
         _timed("base image built (cold)", started)
         for old in CACHE.glob("sparks-base-*"):
             if old != final:
@@ -147,8 +166,12 @@ def _minbase_tarball() -> Path:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(dir=CACHE, prefix="debootstrap-") as scratch:
         rootfs = Path(scratch) / "rootfs"
-        done = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE,
-                               str(rootfs), MIRROR], capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
+        done = subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(rootfs), MIRROR],
+            capture_output=True,
+            text=True,
+            timeout=DEBOOTSTRAP_TIMEOUT_S,
+        )
         if done.returncode != 0:
             words = (done.stdout + done.stderr).strip().splitlines()[-3:]
             raise BaseImageUnavailable(f"debootstrap {SUITE} from {MIRROR} failed: {' / '.join(words)}")
@@ -162,12 +185,34 @@ def _install_packages(rootfs: Path) -> None:
     started = time.monotonic()
     target = rootfs / "usr" / "local" / "lib" / f"python{PYTHON}" / "dist-packages"
     machine = platform.machine()
-    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-            "--no-warn-script-location", "--target", str(target), "--python-version", PYTHON, "--implementation", "cp",
-            "--abi", f"cp{PYTHON.replace('.', '')}", "--only-binary=:all:",
-            "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux_2_17_{machine}",
-            f"torch=={cpu_torch()}", "numpy>=1.26,<3", "-r", str(REPO / "docker" / "requirements.txt"),
-            "pip", "setuptools>=77"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-warn-script-location",
+        "--target",
+        str(target),
+        "--python-version",
+        PYTHON,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{PYTHON.replace('.', '')}",
+        "--only-binary=:all:",
+        "--platform",
+        f"manylinux_2_28_{machine}",
+        "--platform",
+        f"manylinux_2_17_{machine}",
+        f"torch=={cpu_torch()}",
+        "numpy>=1.26,<3",
+        "-r",
+        str(REPO / "docker" / "requirements.txt"),
+        "pip",
+        "setuptools>=77",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     if done.returncode != 0:
         words = (done.stdout + done.stderr).strip().splitlines()[-3:]
@@ -190,9 +235,10 @@ def _unpack(tarball: Path, rootfs: Path) -> None:
 
 def _tar(rootfs: Path, tarball: Path) -> None:
     partial = tarball.with_suffix(".partial")
-    subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True,
-                   timeout=IMPORT_TIMEOUT_S)
-    partial.rename(tarball)   # a half-written tarball is never taken for a cached one
+    subprocess.run(
+        ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True, timeout=IMPORT_TIMEOUT_S
+    )
+    partial.rename(tarball)  # a half-written tarball is never taken for a cached one
 
 
 class _locked:
@@ -225,5 +271,5 @@ def _timed(what: str, started: float) -> None:
     print(f"[images] {what}: {seconds:.1f}s", file=sys.stderr, flush=True)
 
 
-if __name__ == "__main__":   # build (or find) the cached tarball by hand: python tests/cluster/images.py
+if __name__ == "__main__":  # build (or find) the cached tarball by hand: python tests/cluster/images.py
     print(base_rootfs())

@@ -68,7 +68,7 @@ def test_doctor_passes_over_ssh_and_detects_the_link(bed) -> None:
         assert (check, w1) in table, check
     assert table[("ssh", w1)] == "ok" and table[("link", w1)] == "ok"
     assert "10.77.0.1 (eth0) <-> 10.77.0.2 (eth0), RoCE rocep1s0f1 / rocep1s0f1, GID 3" in done.stdout
-    assert table[("checkpoint", w1)] == "warn"   # not copied yet
+    assert table[("checkpoint", w1)] == "warn"  # not copied yet
 
 
 def test_unreachable_worker_is_named_with_a_fix(bed) -> None:
@@ -87,21 +87,22 @@ def test_unreachable_worker_is_named_with_a_fix(bed) -> None:
 
 def test_copy_then_interrupted_copy_resumes_then_corruption_is_repaired(bed) -> None:
     folder = make_checkpoint(bed, {"model-00001.safetensors": 3 * MIB, "big.safetensors": 24 * MIB})
-    blob = bed.path_on("head", "data/blob-outside")            # an HF-xet-style link out of the folder
+    blob = bed.path_on("head", "data/blob-outside")  # an HF-xet-style link out of the folder
     blob.write_bytes(os.urandom(MIB))
     (folder / "linked.safetensors").symlink_to(blob)
     worker_copy = bed.path_on("w1", "data/ckpt")
 
     # Interrupted: the worker's side of the cable slowed to ~24 Mbit/s, the copy stopped partway by SIGTERM.
-    bed.in_switch("tc", "qdisc", "add", "dev", "v-w1", "root", "tbf", "rate", "24mbit", "burst", "32kb",
-                  "latency", "400ms")
+    bed.in_switch(
+        "tc", "qdisc", "add", "dev", "v-w1", "root", "tbf", "rate", "24mbit", "burst", "32kb", "latency", "400ms"
+    )
     try:
         proc = bed.on_head([SPARKS, "copy"], bed.environ(), wait=False)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and _partial_bytes(worker_copy) < 6 * MIB:
             time.sleep(0.2)
         assert _partial_bytes(worker_copy) >= 6 * MIB, "the copy did not get going"
-        os.killpg(proc.pid, signal.SIGTERM)      # our own process group: the CLI, rsync, ssh
+        os.killpg(proc.pid, signal.SIGTERM)  # our own process group: the CLI, rsync, ssh
         proc.communicate(timeout=30)
         assert proc.returncode != 0
     finally:
@@ -162,8 +163,11 @@ def make_hf_cache(bed) -> tuple[Path, Path]:
     (repo / "blobs").mkdir()
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(REV)
-    contents = {"config.json": b'{"model_type": "glm5_next"}\n', "model-00001.safetensors": os.urandom(3 * MIB),
-                "model-00002.safetensors": os.urandom(24 * MIB)}
+    contents = {
+        "config.json": b'{"model_type": "glm5_next"}\n',
+        "model-00001.safetensors": os.urandom(3 * MIB),
+        "model-00002.safetensors": os.urandom(24 * MIB),
+    }
     for i, (name, data) in enumerate(contents.items()):
         (repo / "blobs" / f"blob{i}").write_bytes(data)
         (snap / name).symlink_to(f"../../blobs/blob{i}")
@@ -182,8 +186,9 @@ def test_hf_cache_copy_sends_blobs_then_links_resumes_and_repairs(bed) -> None:
     w1 = "root@" + bed.nodes["w1"].address
 
     # Interrupted while the blobs travel: what arrived stays, and no snapshot link points at half a blob yet.
-    bed.in_switch("tc", "qdisc", "add", "dev", "v-w1", "root", "tbf", "rate", "24mbit", "burst", "32kb",
-                  "latency", "400ms")
+    bed.in_switch(
+        "tc", "qdisc", "add", "dev", "v-w1", "root", "tbf", "rate", "24mbit", "burst", "32kb", "latency", "400ms"
+    )
     try:
         proc = bed.on_head([SPARKS, "copy"], bed.environ(**HF), wait=False)
         deadline = time.monotonic() + 30
@@ -238,8 +243,19 @@ def second_rail(bed):
     bed.in_switch("ip", "link", "set", "br1", "up")
     try:
         for name, octet in (("head", 1), ("w1", 2)):
-            bed.in_switch("ip", "link", "add", f"r2-{name}", "type", "veth", "peer", "name", "eth1", "netns",
-                          bed.nodes[name].netns)
+            bed.in_switch(
+                "ip",
+                "link",
+                "add",
+                f"r2-{name}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth1",
+                "netns",
+                bed.nodes[name].netns,
+            )
             bed.in_switch("ip", "link", "set", f"r2-{name}", "master", "br1", "up")
             bed.in_node(name, "ip", "addr", "add", f"10.77.1.{octet}/24", "dev", "eth1")
             bed.in_node(name, "ip", "link", "set", "eth1", "up")
@@ -249,8 +265,9 @@ def second_rail(bed):
     finally:
         trees(1)
         for name in ("head", "w1"):
-            subprocess.run(["ip", "netns", "exec", bed.switch, "ip", "link", "del", f"r2-{name}"], capture_output=True,
-                           timeout=10)
+            subprocess.run(
+                ["ip", "netns", "exec", bed.switch, "ip", "link", "del", f"r2-{name}"], capture_output=True, timeout=10
+            )
         subprocess.run(["ip", "netns", "exec", bed.switch, "ip", "link", "del", "br1"], capture_output=True, timeout=10)
 
 
@@ -261,7 +278,7 @@ def test_second_rail_is_probed_and_left_out_when_it_does_not_carry(bed, second_r
     assert rows(done.stdout)[("link", w1)] == "ok", done.stdout
     assert "RoCE rocep1s0f1,roceP2p1s0f1 / rocep1s0f1,roceP2p1s0f1, GID 3, 2 rail(s)" in found(done.stdout, "link", w1)
 
-    bed.in_switch("ip", "link", "set", "r2-w1", "down")      # the second cable pulled at w1's end
+    bed.in_switch("ip", "link", "set", "r2-w1", "down")  # the second cable pulled at w1's end
     done = sparks(bed, "doctor")
     assert rows(done.stdout)[("link", w1)] == "warn"
     text = found(done.stdout, "link", w1)
@@ -297,26 +314,29 @@ def test_nodes_over_ssh_quote_reuse_one_connection_and_report_each_node(bed, tmp
     """SshNode against real sshd: arguments arrive as given, commands share one master connection, a group call
     returns every node's own result (a blackholed node within ConnectTimeout, a refused key at once)."""
     w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
-    control = bed.root / "ctl-nodes"          # a fresh master: none of the other tests' connections
+    control = bed.root / "ctl-nodes"  # a fresh master: none of the other tests' connections
     control.mkdir(mode=0o700, exist_ok=True)
-    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]      # w2 is switched off, as seen from the head
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]  # w2 is switched off, as seen from the head
     bed.in_node("w2", "iptables", "-A", *rule)
     try:
-        done = bed.on_head([str(Path(SPARKS).parent / "python"), "-c", NODES_SCRIPT, w1, w2],
-                           bed.environ(SPARKS_SSH_CONTROL_DIR=str(control)), timeout_s=60)
+        done = bed.on_head(
+            [str(Path(SPARKS).parent / "python"), "-c", NODES_SCRIPT, w1, w2],
+            bed.environ(SPARKS_SSH_CONTROL_DIR=str(control)),
+            timeout_s=60,
+        )
     finally:
         bed.in_node("w2", "iptables", "-D", *rule)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["first"] == "two words|it's|$HOME|a;b|"
-    assert "Master running" in result["before"] and result["before"] == result["after"]   # same master PID
+    assert "Master running" in result["before"] and result["before"] == result["after"]  # same master PID
     group = result["group"]
     assert group[w1][:2] == [0, "w1"]
     code, _, error, fix = group[w2]
     assert code == 255 and "timed out" in error and "reachable" in fix
     code, _, error, fix = group["ghost@" + bed.nodes["w1"].address]
     assert code == 255 and "Permission denied" in error and "ssh-copy-id" in fix
-    assert result["group_s"] < 10 + 5      # the silent node took ConnectTimeout, the others did not wait for it
+    assert result["group_s"] < 10 + 5  # the silent node took ConnectTimeout, the others did not wait for it
 
 
 def test_a_changed_host_key_is_refused_not_accepted(bed, tmp_path: Path) -> None:
@@ -326,8 +346,12 @@ def test_a_changed_host_key_is_refused_not_accepted(bed, tmp_path: Path) -> None
     other_key = (bed.nodes["w2"].dir / "ssh_host_ed25519_key.pub").read_text().split()
     control = bed.root / "ctl-hostkey"
     control.mkdir(mode=0o700, exist_ok=True)
-    known.write_text("".join(line + "\n" if not line.startswith(w1.address + " ") else
-                             f"{w1.address} {other_key[0]} {other_key[1]}\n" for line in saved.splitlines()))
+    known.write_text(
+        "".join(
+            line + "\n" if not line.startswith(w1.address + " ") else f"{w1.address} {other_key[0]} {other_key[1]}\n"
+            for line in saved.splitlines()
+        )
+    )
     try:
         done = sparks(bed, "doctor", SPARKS_SSH_CONTROL_DIR=str(control))
     finally:
@@ -350,5 +374,6 @@ def test_three_nodes_doctor_and_copy_reach_both_workers(bed) -> None:
     assert done.returncode == 0
     for worker, node in ((w1, "w1"), (w2, "w2")):
         assert re.search(rf"^{re.escape(worker)}: \d+ files, .* identical to the head's", done.stdout, re.M), worker
-        assert (bed.path_on(node, "data/ckpt/model.safetensors")).read_bytes() == \
-            (folder / "model.safetensors").read_bytes()
+        assert (bed.path_on(node, "data/ckpt/model.safetensors")).read_bytes() == (
+            folder / "model.safetensors"
+        ).read_bytes()

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from headcli import CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head, start_with_a_refusing_worker
 from runs import RUN
-from headcli import (CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head,
-                     start_with_a_refusing_worker)
 
 START_TIMEOUT_S = 420
 
@@ -28,10 +27,11 @@ START_TIMEOUT_S = 420
 @pytest.fixture(scope="module")
 def serving(bed):
     """The settings of a TP=2 process run across head and w1, with the trained demo checkpoint on the head only."""
-    env = bed.environ(COLUMNS="200", RUNTIME="process", TP="2", CHECKPOINT=demo_on_head(bed),
-                      WAIT_TIMEOUT="300", STOP_TIMEOUT="15")
+    env = bed.environ(
+        COLUMNS="200", RUNTIME="process", TP="2", CHECKPOINT=demo_on_head(bed), WAIT_TIMEOUT="300", STOP_TIMEOUT="15"
+    )
     yield env
-    bed.on_head([str(REPO / "stop.sh")], env, timeout_s=120)   # whatever happened, leave no rank anywhere
+    bed.on_head([str(REPO / "stop.sh")], env, timeout_s=120)  # whatever happened, leave no rank anywhere
 
 
 def state(bed) -> list[dict]:
@@ -57,7 +57,7 @@ def test_start_chat_stop_across_two_nodes(bed, serving) -> None:
     done = run_on_head(bed, [str(REPO / "start.sh")], serving, timeout_s=START_TIMEOUT_S)
     print(f"[cold TP=2 start on the test bed: {time.monotonic() - started:.1f}s wall]")
     assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
-    assert f"{w1}: copied" in done.stdout                       # the worker lacked the checkpoint
+    assert f"{w1}: copied" in done.stdout  # the worker lacked the checkpoint
     assert re.search(r"Started in [0-9.]+s \(checks .*smoke [0-9.]+s\)", done.stdout)
     ranks = {r["rank"]: r for r in state(bed)}
     assert ranks[1]["node"] == w1 and ranks[0]["node"] == "local"
@@ -65,11 +65,12 @@ def test_start_chat_stop_across_two_nodes(bed, serving) -> None:
     assert netns_of(ranks[1]["pid"]) == netns_of(bed.nodes["w1"].pids["sshd"])
     assert netns_of(ranks[1]["pid"]) != netns_of(ranks[0]["pid"])
     assert (bed.path_on("w1", "data/demo") / "model.safetensors").is_file() or any(
-        bed.path_on("w1", "data/demo").glob("*.safetensors"))
+        bed.path_on("w1", "data/demo").glob("*.safetensors")
+    )
 
     chat = run_on_head(bed, [PYTHON, "-c", CHAT], serving)
     assert chat.returncode == 0 and "REPLY" in chat.stdout, chat.stdout + chat.stderr
-    assert all(ticks(r["pid"]) == r["start_ticks"] for r in ranks.values())   # the reply needed both
+    assert all(ticks(r["pid"]) == r["start_ticks"] for r in ranks.values())  # the reply needed both
 
     status = run_on_head(bed, [SPARKS, "status"], serving)
     assert status.returncode == 0 and w1 in status.stdout and "running" in status.stdout
@@ -88,7 +89,7 @@ def test_killed_worker_rank_ends_rank_0_and_status_names_it(bed, serving) -> Non
     assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
     ranks = {r["rank"]: r for r in state(bed)}
     assert ticks(ranks[1]["pid"]) == ranks[1]["start_ticks"]
-    os.kill(ranks[1]["pid"], signal.SIGKILL)        # the rank this test bed's start made, checked by start time
+    os.kill(ranks[1]["pid"], signal.SIGKILL)  # the rank this test bed's start made, checked by start time
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and ticks(ranks[0]["pid"]) == ranks[0]["start_ticks"]:
@@ -102,6 +103,7 @@ def test_killed_worker_rank_ends_rank_0_and_status_names_it(bed, serving) -> Non
     assert stopped.returncode == 0 and engines(bed) == []
     rank0_log = sorted(bed.path_on("head", "logs").glob("*-rank0.log.gz"))[-1]
     import gzip
+
     assert b"the engine stopped: a rank stopped answering" in gzip.decompress(rank0_log.read_bytes())
 
 
@@ -115,7 +117,7 @@ def test_rank_exiting_while_loading_stops_every_rank(bed, serving) -> None:
 def test_three_nodes_with_start_tp3(bed, serving) -> None:
     w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
     env = {**serving, "WORKER2": w2}
-    env.pop("TP")                                   # ./start-tp3.sh sets it
+    env.pop("TP")  # ./start-tp3.sh sets it
     done = run_on_head(bed, [str(REPO / "start-tp3.sh")], env, timeout_s=START_TIMEOUT_S)
     assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
     ranks = {r["rank"]: r for r in state(bed)}

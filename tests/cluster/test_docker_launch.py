@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+from headcli import CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head, start_with_a_refusing_worker
 from runs import RUN
-from headcli import (CHAT, PYTHON, REPO, SPARKS, demo_on_head, engines, run_on_head,
-                     start_with_a_refusing_worker)
 
 START_TIMEOUT_S = 480
 
@@ -34,8 +33,11 @@ def on_node(bed, name: str, script: str, timeout_s: float = 300) -> subprocess.C
     """A shell line on a node: the head's own, or a worker's over ssh from the head (never from here)."""
     if name == "head":
         return bed.on_head(["sh", "-c", script], os.environ.copy(), timeout_s=timeout_s)
-    return bed.on_head([str(bed.root / "bin" / "ssh"), f"root@{bed.nodes[name].address}", script],
-                       os.environ.copy(), timeout_s=timeout_s)
+    return bed.on_head(
+        [str(bed.root / "bin" / "ssh"), f"root@{bed.nodes[name].address}", script],
+        os.environ.copy(),
+        timeout_s=timeout_s,
+    )
 
 
 def containers(bed, name: str) -> list[str]:
@@ -65,11 +67,21 @@ def docker_env(bed):
         print(f"[docker] base image {base['BASE_IMAGE']} on the head in {time.monotonic() - started:.1f}s")
     except BaseImageUnavailable as why:
         pytest.skip(f"test bed base image: {why}")
-    env = bed.environ(COLUMNS="200", RUNTIME="docker", TP="2", CHECKPOINT=demo_on_head(bed),
-                      CONTEXT="8192", MAX_TOKENS="1024", KV_POOL_GIB="1", PARALLEL="4",
-                      WAIT_TIMEOUT="300", STOP_TIMEOUT="15", **base)
+    env = bed.environ(
+        COLUMNS="200",
+        RUNTIME="docker",
+        TP="2",
+        CHECKPOINT=demo_on_head(bed),
+        CONTEXT="8192",
+        MAX_TOKENS="1024",
+        KV_POOL_GIB="1",
+        PARALLEL="4",
+        WAIT_TIMEOUT="300",
+        STOP_TIMEOUT="15",
+        **base,
+    )
     yield env
-    bed.on_head([str(REPO / "stop.sh")], env, timeout_s=180)   # whatever happened, leave no container anywhere
+    bed.on_head([str(REPO / "stop.sh")], env, timeout_s=180)  # whatever happened, leave no container anywhere
 
 
 def test_docker_start_chat_stop_across_two_nodes(bed, docker_env) -> None:
@@ -86,9 +98,9 @@ def test_docker_start_chat_stop_across_two_nodes(bed, docker_env) -> None:
     assert all(len(r["container"]) == 64 for r in ranks.values())
     assert containers(bed, "head") == ["glm-sparks-rank0 running"]
     assert containers(bed, "w1") == ["glm-sparks-rank1 running"]
-    assert len(engines(bed)) >= 2                                # what assert_nothing_left looks for, seen running
+    assert len(engines(bed)) >= 2  # what assert_nothing_left looks for, seen running
     kernels = list(bed.path_on("w1", "cache/kernels").iterdir())
-    assert len(kernels) == 1 and len(kernels[0].name) == 12      # one kernel cache, named by the image
+    assert len(kernels) == 1 and len(kernels[0].name) == 12  # one kernel cache, named by the image
 
     chat = run_on_head(bed, [PYTHON, "-c", CHAT], docker_env)
     assert chat.returncode == 0 and "REPLY" in chat.stdout, chat.stdout + chat.stderr
@@ -101,7 +113,7 @@ def test_docker_start_chat_stop_across_two_nodes(bed, docker_env) -> None:
     assert f"rank 1 on {w1} (container {ranks[1]['container'][:12]}): stopped" in stopped.stdout
     assert_nothing_left(bed)
     rank1_log = sorted(bed.path_on("head", "logs").glob("*-rank1.log.gz"))[-1]
-    assert b"following rank 0" in gzip.decompress(rank1_log.read_bytes())   # the worker's log, brought home
+    assert b"following rank 0" in gzip.decompress(rank1_log.read_bytes())  # the worker's log, brought home
 
 
 def test_killed_worker_container_ends_rank_0_and_status_names_it(bed, docker_env) -> None:
@@ -139,10 +151,14 @@ def test_partial_set_is_stopped_then_started(bed, docker_env) -> None:
     done = run_on_head(bed, [SPARKS, "start"], env, timeout_s=START_TIMEOUT_S)
     assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
     head_netns = os.stat(f"/run/netns/{bed.nodes['head'].netns}").st_ino
-    rank0 = [p for p in engines(bed) if os.stat(f"/proc/{p}/ns/net").st_ino == head_netns
-             and b"docker-init" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    rank0 = [
+        p
+        for p in engines(bed)
+        if os.stat(f"/proc/{p}/ns/net").st_ino == head_netns
+        and b"docker-init" not in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
     assert len(rank0) == 1
-    os.kill(rank0[0], signal.SIGSTOP)              # an engine process this test bed's dockerd started
+    os.kill(rank0[0], signal.SIGSTOP)  # an engine process this test bed's dockerd started
     assert on_node(bed, "w1", "docker kill glm-sparks-rank1").returncode == 0
     status = run_on_head(bed, [SPARKS, "status"], env)
     assert status.returncode == 3 and "has exited" in status.stdout and "running" in status.stdout
@@ -150,9 +166,11 @@ def test_partial_set_is_stopped_then_started(bed, docker_env) -> None:
     again = run_on_head(bed, [SPARKS, "start"], env, timeout_s=START_TIMEOUT_S)
     assert again.returncode == 0 and "is LIVE" in again.stdout, again.stdout + again.stderr
     assert "only some ranks of the last run are running: stopping them first" in again.stdout
-    assert "rank 0: killed" in again.stdout          # frozen, it outlived STOP_TIMEOUT
+    assert "rank 0: killed" in again.stdout  # frozen, it outlived STOP_TIMEOUT
     assert sorted(containers(bed, "head") + containers(bed, "w1")) == [
-        "glm-sparks-rank0 running", "glm-sparks-rank1 running"]
+        "glm-sparks-rank0 running",
+        "glm-sparks-rank1 running",
+    ]
     stopped = run_on_head(bed, [str(REPO / "stop.sh")], env)
     assert stopped.returncode == 0
     assert_nothing_left(bed)
@@ -168,12 +186,12 @@ def test_foreground_follows_rank_0_and_stops_every_rank_when_a_worker_dies(bed, 
         while time.monotonic() < deadline and not any("ready: serving" in line for line in lines):
             assert cli.poll() is None, "".join(lines)
             time.sleep(0.5)
-        assert any("ready: serving" in line for line in lines), "".join(lines)   # rank 0's own log, followed
+        assert any("ready: serving" in line for line in lines), "".join(lines)  # rank 0's own log, followed
         assert on_node(bed, "w1", "docker kill glm-sparks-rank1").returncode == 0
         code = cli.wait(timeout=120)
     finally:
         if cli.poll() is None:
-            os.killpg(cli.pid, signal.SIGTERM)     # the session this test started
+            os.killpg(cli.pid, signal.SIGTERM)  # the session this test started
             cli.wait(timeout=60)
     reader.join(timeout=10)
     output = "".join(lines)
@@ -185,7 +203,7 @@ def test_foreground_follows_rank_0_and_stops_every_rank_when_a_worker_dies(bed, 
 def test_rank_exiting_while_loading_stops_every_container(bed, docker_env) -> None:
     # Same-size edit of the worker's config.json: start does not copy, rank 1 refuses to join, rank 0 is stopped.
     done = start_with_a_refusing_worker(bed, docker_env, START_TIMEOUT_S)
-    assert "refused" in done.stderr                 # the ranks' own last lines, read with docker logs
+    assert "refused" in done.stderr  # the ranks' own last lines, read with docker logs
     assert state(bed) == {}
     assert_nothing_left(bed)
 
@@ -201,7 +219,7 @@ def test_unreachable_worker_is_refused_before_anything_stops(bed, docker_env) ->
     try:
         restart = run_on_head(bed, [SPARKS, "restart"], docker_env, timeout_s=120)
         assert restart.returncode != 0 and "ssh" in restart.stderr
-        assert containers(bed, "head") == ["glm-sparks-rank0 running"]      # nothing was stopped
+        assert containers(bed, "head") == ["glm-sparks-rank0 running"]  # nothing was stopped
         assert state(bed) == before
     finally:
         bed.in_node("w1", "iptables", "-D", *rule)
@@ -215,7 +233,7 @@ def test_three_nodes_with_start_tp3_and_a_refit_window(bed, docker_env) -> None:
     w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
     # 210 KiB of cache per rank (~128 bytes a token) cannot hold an 8192-token window: rank 0 names the largest that fits.
     env = {**docker_env, "WORKER2": w2, "KV_POOL_GIB": "0.0002"}
-    env.pop("TP")                                   # ./start-tp3.sh sets it
+    env.pop("TP")  # ./start-tp3.sh sets it
     done = run_on_head(bed, [str(REPO / "start-tp3.sh")], env, timeout_s=START_TIMEOUT_S)
     assert done.returncode == 0 and "is LIVE" in done.stdout, done.stdout + done.stderr
     assert "starting again with --context" in done.stdout + done.stderr

@@ -19,7 +19,7 @@ from images import BaseImageUnavailable, image_settings
 REPO = Path(__file__).resolve().parents[2]
 SPARKS = str(REPO / ".venv" / "bin" / "sparks")
 LABEL = "glm-sparks.identity"
-TAG = "sparks-image-test:1"   # its own tag: other cluster tests on this bed may hold the default IMAGE already
+TAG = "sparks-image-test:1"  # its own tag: other cluster tests on this bed may hold the default IMAGE already
 
 # Runs on the head: ensure_image for the settings in the environment, from the repository given (a scratch copy
 # for the patch tests); prints each node's outcome as JSON, or the error's message and fix.
@@ -62,9 +62,21 @@ def ensure(bed, env: dict[str, str], repo: Path = REPO, **settings: str) -> tupl
 
 def identity_on(bed, node: str, tag: str) -> str:
     """Asked of that node's dockerd through its socket (a file; no network is used)."""
-    done = subprocess.run(["docker", "-H", f"unix://{bed.path_on(node, 'run/docker.sock')}", "image", "inspect",
-                           "--format", f'{{{{ index .Config.Labels "{LABEL}" }}}}', tag],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            "docker",
+            "-H",
+            f"unix://{bed.path_on(node, 'run/docker.sock')}",
+            "image",
+            "inspect",
+            "--format",
+            f'{{{{ index .Config.Labels "{LABEL}" }}}}',
+            tag,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
@@ -73,13 +85,15 @@ def dry_run_image_lines(bed, env: dict[str, str]) -> list[str]:
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"Image {TAG}, identity "))
-    return [line.strip() for line in lines[start + 1:start + 3]]
+    return [line.strip() for line in lines[start + 1 : start + 3]]
 
 
 def test_dry_run_says_what_would_be_built_and_sent(bed, env):
     worker = env["WORKER"]
-    assert dry_run_image_lines(bed, env) == ["local: no such image; would build it here",
-                                             f"{worker}: no such image; would send it there"]
+    assert dry_run_image_lines(bed, env) == [
+        "local: no such image; would build it here",
+        f"{worker}: no such image; would send it there",
+    ]
     assert identity_on(bed, "head", TAG) == "", "DRY_RUN builds nothing"
 
 
@@ -100,17 +114,33 @@ def test_build_on_head_then_ship_to_worker_once(bed, env):
     assert code == 0, second
     assert [o["action"] for o in second["outcomes"]] == ["had it", "had it"]
     assert all(o["bytes_sent"] == 0 for o in second["outcomes"])
-    print(f"\n[image] ensure (build on head + ship to one worker): {build_ship_s:.1f}s; "
-          f"{'; '.join(n for n in first['notes'] if n.startswith(('local:', worker + ':')) and ' in ' in n)}; "
-          f"second ensure: {again_s:.1f}s")
+    print(
+        f"\n[image] ensure (build on head + ship to one worker): {build_ship_s:.1f}s; "
+        f"{'; '.join(n for n in first['notes'] if n.startswith(('local:', worker + ':')) and ' in ' in n)}; "
+        f"second ensure: {again_s:.1f}s"
+    )
 
     assert dry_run_image_lines(bed, env) == ["local: has it; nothing to do", f"{worker}: has it; nothing to do"]
 
     # the shipped image runs the engine on the worker (its dockerd, no network inside)
-    ran = subprocess.run(["docker", "-H", f"unix://{bed.path_on('w1', 'run/docker.sock')}", "run", "--rm",
-                          "--network", "none", TAG, "python3", "-c",
-                          "import engine.serve, torch; print('ok', torch.__version__)"],
-                         capture_output=True, text=True, timeout=300)
+    ran = subprocess.run(
+        [
+            "docker",
+            "-H",
+            f"unix://{bed.path_on('w1', 'run/docker.sock')}",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            TAG,
+            "python3",
+            "-c",
+            "import engine.serve, torch; print('ok', torch.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.returncode == 0 and ran.stdout.startswith("ok 2."), ran.stderr[-1500:]
 
 
@@ -124,7 +154,7 @@ def test_a_second_worker_gets_it_while_the_first_is_left_alone(bed, env):
 
 
 def test_an_unreachable_worker_is_named_and_the_others_still_reported(bed, env):
-    gone = "root@10.77.0.99"   # in the test bed's subnet, inside its namespaces: no such node answers
+    gone = "root@10.77.0.99"  # in the test bed's subnet, inside its namespaces: no such node answers
     code, result, _ = ensure(bed, env, TP="3", WORKER2=gone)
     assert code == 3, result
     assert result["error"].startswith("the image did not reach every worker") and gone in result["error"]
@@ -175,8 +205,22 @@ def test_applied_patches_are_in_the_image(bed, env, tmp_path):
     repo = scratch_repo(tmp_path, {"0001-good.patch": GOOD})
     code, result, _ = ensure(bed, env, repo, IMAGE="sparks-patch-test:2", WORKER="", TP="1")
     assert code == 0, result
-    ran = subprocess.run(["docker", "-H", f"unix://{bed.path_on('head', 'run/docker.sock')}", "run", "--rm",
-                          "--network", "none", "sparks-patch-test:2", "python3", "-c",
-                          "from engine.patched_marker import PATCHED_BY_SERIES as p; print(p)"],
-                         capture_output=True, text=True, timeout=300)
+    ran = subprocess.run(
+        [
+            "docker",
+            "-H",
+            f"unix://{bed.path_on('head', 'run/docker.sock')}",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "sparks-patch-test:2",
+            "python3",
+            "-c",
+            "from engine.patched_marker import PATCHED_BY_SERIES as p; print(p)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.stdout.strip() == "True", ran.stderr[-1500:]

@@ -56,27 +56,29 @@ class Node:
     address: str
     netns: str
     dir: Path
-    pids: dict[str, int] = field(default_factory=dict)   # what we started for it: "sshd", "dockerd"
+    pids: dict[str, int] = field(default_factory=dict)  # what we started for it: "sshd", "dockerd"
 
 
 class TestBed:
     __test__ = False
 
     def __init__(self, workers: int = 2, docker: bool = True, subnet: str = "10.77.0") -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="sparks-tb-"))   # short: ssh control sockets live under it
+        self.root = Path(tempfile.mkdtemp(prefix="sparks-tb-"))  # short: ssh control sockets live under it
         self.tag = f"sptb{os.getpid() % 100000}"
         self.subnet = subnet
         self.docker = docker
         names = ["head"] + [f"w{i}" for i in range(1, workers + 1)]
-        self.nodes = {n: Node(n, f"{subnet}.{i}", f"{self.tag}-{n}", self.root / "nodes" / n)
-                      for i, n in enumerate(names, start=1)}
+        self.nodes = {
+            n: Node(n, f"{subnet}.{i}", f"{self.tag}-{n}", self.root / "nodes" / n)
+            for i, n in enumerate(names, start=1)
+        }
         self.switch = f"{self.tag}-sw"
         self.timings: dict[str, float] = {}
         self._made_netns: list[str] = []
 
     # ------------------------------------------------------------ up
 
-    def up(self) -> "TestBed":
+    def up(self) -> TestBed:
         started = time.monotonic()
         try:
             self._network()
@@ -113,8 +115,20 @@ class TestBed:
             self._made_netns.append(node.netns)
             # The veth is made inside the switch namespace with its peer moved straight into the node's: the root
             # namespace never holds either end.
-            self._ip("-n", self.switch, "link", "add", f"v-{node.name}", "type", "veth", "peer", "name", "eth0",
-                     "netns", node.netns)
+            self._ip(
+                "-n",
+                self.switch,
+                "link",
+                "add",
+                f"v-{node.name}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                node.netns,
+            )
             self._ip("-n", self.switch, "link", "set", f"v-{node.name}", "master", "br0", "up")
             self._ip("-n", node.netns, "link", "set", "lo", "up")
             self._ip("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", "eth0")
@@ -123,40 +137,53 @@ class TestBed:
 
     def assert_no_default_route(self) -> None:
         for netns in self._made_netns:
-            routes = subprocess.run(["ip", "-n", netns, "route", "show", "default"], capture_output=True,
-                                    text=True, timeout=WAIT_S, check=True).stdout
+            routes = subprocess.run(
+                ["ip", "-n", netns, "route", "show", "default"],
+                capture_output=True,
+                text=True,
+                timeout=WAIT_S,
+                check=True,
+            ).stdout
             if routes.strip():
-                raise RuntimeError(f"test namespace {netns} has a default route ({routes.strip()}): refusing to "
-                                   "send anything")
+                raise RuntimeError(
+                    f"test namespace {netns} has a default route ({routes.strip()}): refusing to send anything"
+                )
 
     def _keys(self) -> None:
         keys = self.root / "keys"
         keys.mkdir()
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id_ed25519"),
-                        "-C", "sparks-testbed"], check=True, timeout=WAIT_S)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id_ed25519"), "-C", "sparks-testbed"],
+            check=True,
+            timeout=WAIT_S,
+        )
         shutil.copy(keys / "id_ed25519.pub", keys / "authorized_keys")
         known = []
         for node in self.nodes.values():
             node.dir.mkdir(parents=True)
             host_key = node.dir / "ssh_host_ed25519_key"
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True,
-                           timeout=WAIT_S)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True, timeout=WAIT_S
+            )
             # Host keys are known in advance: ssh checks them strictly, as it should on real Sparks.
-            known.append(f"{node.address} {(node.dir / 'ssh_host_ed25519_key.pub').read_text().split(' ', 2)[0]} "
-                         f"{(node.dir / 'ssh_host_ed25519_key.pub').read_text().split()[1]}")
+            known.append(
+                f"{node.address} {(node.dir / 'ssh_host_ed25519_key.pub').read_text().split(' ', 2)[0]} "
+                f"{(node.dir / 'ssh_host_ed25519_key.pub').read_text().split()[1]}"
+            )
         (keys / "known_hosts").write_text("\n".join(known) + "\n")
         (self.root / "ssh_config").write_text(
             "Host *\n  User root\n"
             f"  IdentityFile {keys / 'id_ed25519'}\n  IdentitiesOnly yes\n"
             f"  UserKnownHostsFile {keys / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n"
-            "  StrictHostKeyChecking yes\n")
+            "  StrictHostKeyChecking yes\n"
+        )
         bin_dir = self.root / "bin"
         bin_dir.mkdir()
-        wrapper = bin_dir / "ssh"   # so rsync's and the recipe's `ssh` read the test bed's client config
-        wrapper.write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {self.root / 'ssh_config'} \"$@\"\n")
+        wrapper = bin_dir / "ssh"  # so rsync's and the recipe's `ssh` read the test bed's client config
+        wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {self.root / "ssh_config"} "$@"\n')
         wrapper.chmod(0o755)
         (self.root / "ctl").mkdir(mode=0o700)
-        (self.root / "node").mkdir()   # each node's own folder is mounted here, in its mount namespace
+        (self.root / "node").mkdir()  # each node's own folder is mounted here, in its mount namespace
 
     def _node_dirs(self, node: Node) -> None:
         for sub in ("run/sshd", "data", "docker"):
@@ -167,8 +194,10 @@ class TestBed:
 
     def _mounts(self, node: Node) -> str:
         """Shell that gives the current (fresh) mount namespace this node's private folders."""
-        return (f"mount --bind {node.dir} {self.root / 'node'} && mount --bind {node.dir / 'run'} /run && "
-                f"hostname {node.name} 2>/dev/null; ")
+        return (
+            f"mount --bind {node.dir} {self.root / 'node'} && mount --bind {node.dir / 'run'} /run && "
+            f"hostname {node.name} 2>/dev/null; "
+        )
 
     def _start_sshd(self, node: Node) -> None:
         config = node.dir / "sshd_config"
@@ -176,14 +205,29 @@ class TestBed:
             f"ListenAddress {node.address}\nPort 22\nHostKey {node.dir / 'ssh_host_ed25519_key'}\n"
             f"PidFile {node.dir / 'sshd.pid'}\nAuthorizedKeysFile {self.root / 'keys' / 'authorized_keys'}\n"
             "StrictModes no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\nUsePAM no\nUseDNS no\n"
-            "PrintMotd no\nPrintLastLog no\nMaxStartups 100:30:200\nSubsystem sftp /usr/lib/openssh/sftp-server\n")
+            "PrintMotd no\nPrintLastLog no\nMaxStartups 100:30:200\nSubsystem sftp /usr/lib/openssh/sftp-server\n"
+        )
         log = open(node.dir / "sshd.log", "ab")
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", node.netns, "unshare", "--mount", "--uts", "sh", "-c",
-             self._mounts(node) + f"exec /usr/sbin/sshd -D -e -f {config}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            [
+                "ip",
+                "netns",
+                "exec",
+                node.netns,
+                "unshare",
+                "--mount",
+                "--uts",
+                "sh",
+                "-c",
+                self._mounts(node) + f"exec /usr/sbin/sshd -D -e -f {config}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
-        node.pids["sshd"] = proc.pid   # ip, unshare and sh exec in turn: this PID is sshd's
+        node.pids["sshd"] = proc.pid  # ip, unshare and sh exec in turn: this PID is sshd's
         self._wait_listening(node, 22, proc)
 
     def _wait_listening(self, node: Node, port: int, proc: subprocess.Popen) -> None:
@@ -191,8 +235,12 @@ class TestBed:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{node.name}'s daemon exited: {(node.dir / 'sshd.log').read_text()[-500:]}")
-            listening = subprocess.run(["ip", "netns", "exec", node.netns, "ss", "-Hltn", f"sport = :{port}"],
-                                       capture_output=True, text=True, timeout=WAIT_S).stdout
+            listening = subprocess.run(
+                ["ip", "netns", "exec", node.netns, "ss", "-Hltn", f"sport = :{port}"],
+                capture_output=True,
+                text=True,
+                timeout=WAIT_S,
+            ).stdout
             if listening.strip():
                 return
             time.sleep(0.05)
@@ -205,13 +253,26 @@ class TestBed:
         (d / "etc" / "daemon.json").write_text("{}\n")
         log = open(d / "dockerd.log", "ab")
         proc = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--uts", "--propagation", "slave",
-             "sh", "-c",
-             self._mounts(node) + f"mount --bind {d / 'etc'} /etc/docker && exec /usr/sbin/dockerd "
-             f"--config-file /etc/docker/daemon.json --data-root {d / 'root'} --exec-root /run/docker "
-             "--pidfile /run/docker.pid --host unix:///run/docker.sock --storage-driver overlay2 "
-             "--iptables=false --ip-masq=false --bridge=none"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            [
+                "nsenter",
+                f"--net=/run/netns/{node.netns}",
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "slave",
+                "sh",
+                "-c",
+                self._mounts(node) + f"mount --bind {d / 'etc'} /etc/docker && exec /usr/sbin/dockerd "
+                f"--config-file /etc/docker/daemon.json --data-root {d / 'root'} --exec-root /run/docker "
+                "--pidfile /run/docker.pid --host unix:///run/docker.sock --storage-driver overlay2 "
+                "--iptables=false --ip-masq=false --bridge=none",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         node.pids["dockerd"] = proc.pid
         deadline = time.monotonic() + 20
@@ -229,27 +290,55 @@ class TestBed:
         env = {k: v for k, v in os.environ.items() if k not in load_specs() and not k.startswith("SPARKS_")}
         (self.root / "config" / "scripts").mkdir(parents=True, exist_ok=True)
         node = self.root / "node"
-        env.update({
-            "PATH": f"{self.root / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
-            "SPARKS_CONFIG_ROOT": str(self.root / "config"), "SPARKS_SYSFS_ROOT": str(node / "sys"),
-            "SPARKS_SSH_CONTROL_DIR": str(self.root / "ctl"),
-            "LOG_DIR": str(node / "logs"), "CACHE_DIR": str(node / "cache"), "HF_CACHE": str(node / "hf"),
-            "CHECKPOINT": str(node / "data" / "ckpt"),
-            "WORKER": f"root@{self.nodes['w1'].address}", "TP": "2", **settings,
-        })
+        env.update(
+            {
+                "PATH": f"{self.root / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+                "SPARKS_CONFIG_ROOT": str(self.root / "config"),
+                "SPARKS_SYSFS_ROOT": str(node / "sys"),
+                "SPARKS_SSH_CONTROL_DIR": str(self.root / "ctl"),
+                "LOG_DIR": str(node / "logs"),
+                "CACHE_DIR": str(node / "cache"),
+                "HF_CACHE": str(node / "hf"),
+                "CHECKPOINT": str(node / "data" / "ckpt"),
+                "WORKER": f"root@{self.nodes['w1'].address}",
+                "TP": "2",
+                **settings,
+            }
+        )
         return env
 
-    def on_head(self, argv: list[str], env: dict[str, str], timeout_s: float = 120,
-                wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
+    def on_head(
+        self, argv: list[str], env: dict[str, str], timeout_s: float = 120, wait: bool = True
+    ) -> subprocess.CompletedProcess | subprocess.Popen:
         """Run a command in the head's namespace (with its private folders); never from the root namespace."""
         head = self.nodes["head"]
-        wrapped = ["ip", "netns", "exec", head.netns, "unshare", "--mount", "--uts", "sh", "-c",
-                   self._mounts(head) + 'exec "$@"', "head", *argv]
+        wrapped = [
+            "ip",
+            "netns",
+            "exec",
+            head.netns,
+            "unshare",
+            "--mount",
+            "--uts",
+            "sh",
+            "-c",
+            self._mounts(head) + 'exec "$@"',
+            "head",
+            *argv,
+        ]
         if not wait:
-            return subprocess.Popen(wrapped, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        return subprocess.run(wrapped, env=env, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
+            return subprocess.Popen(
+                wrapped,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return subprocess.run(
+            wrapped, env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
 
     def path_on(self, node: str, relative: str) -> Path:
         """Where `<bed>/node/<relative>` of that node lies in the shared filesystem (for the test to inspect)."""
@@ -260,14 +349,28 @@ class TestBed:
         if not (self.root / "ctl").exists() or "head" not in self.nodes or not self._made_netns:
             return
         for node in self.workers:
-            subprocess.run(["ip", "netns", "exec", self.nodes["head"].netns, str(self.root / "bin" / "ssh"),
-                            "-o", f"ControlPath={self.root / 'ctl'}/%C", "-O", "exit", f"root@{node.address}"],
-                           capture_output=True, timeout=WAIT_S)
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.nodes["head"].netns,
+                    str(self.root / "bin" / "ssh"),
+                    "-o",
+                    f"ControlPath={self.root / 'ctl'}/%C",
+                    "-O",
+                    "exit",
+                    f"root@{node.address}",
+                ],
+                capture_output=True,
+                timeout=WAIT_S,
+            )
 
     def in_node(self, node: str, *args: str) -> None:
         """A command inside a node's network namespace (fault injection: firewall rules)."""
-        subprocess.run(["ip", "netns", "exec", self.nodes[node].netns, *args], check=True, capture_output=True,
-                       timeout=WAIT_S)
+        subprocess.run(
+            ["ip", "netns", "exec", self.nodes[node].netns, *args], check=True, capture_output=True, timeout=WAIT_S
+        )
 
     def in_switch(self, *args: str) -> None:
         """Fault injection on the bridge side of a node's cable (link down, rate limits)."""
@@ -283,7 +386,7 @@ class TestBed:
                 if pid:
                     sessions = _children(pid) if what == "sshd" else []
                     _end(pid, 20 if what == "dockerd" else 5)
-                    for child in sessions:   # a session sshd outlives its listener while its client is connected
+                    for child in sessions:  # a session sshd outlives its listener while its client is connected
                         _end(child, 2)
         for netns in reversed(self._made_netns):
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=WAIT_S)

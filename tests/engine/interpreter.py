@@ -22,7 +22,8 @@ def figures_of(script: str, timeout_s: float = 300) -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed (scripts/bootstrap.sh adds it to the dev set-up on a CPU machine)")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, script], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_s)
+    proc = subprocess.run(
+        [sys.executable, script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -14,25 +14,52 @@ from pathlib import Path
 import torch
 
 TINY_BASE = dict(
-    vocab_size=97, hidden_size=48, intermediate_size=80, moe_intermediate_size=24, num_attention_heads=6,
-    num_key_value_heads=6, kv_lora_rank=16, q_lora_rank=20, qk_nope_head_dim=12, v_head_dim=10,
-    index_topk=8, index_head_dim=8, index_n_heads=16, index_kpool=4, linear_head_dim=8, linear_num_heads=6,
-    n_routed_experts=8, num_experts_per_tok=2, pad_token_id=0, rms_norm_eps=1e-5,
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=80,
+    moe_intermediate_size=24,
+    num_attention_heads=6,
+    num_key_value_heads=6,
+    kv_lora_rank=16,
+    q_lora_rank=20,
+    qk_nope_head_dim=12,
+    v_head_dim=10,
+    index_topk=8,
+    index_head_dim=8,
+    index_n_heads=16,
+    index_kpool=4,
+    linear_head_dim=8,
+    linear_num_heads=6,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    pad_token_id=0,
+    rms_norm_eps=1e-5,
 )
 
 CONFIGS = {
     # 3 KDA + 1 DSA, one dense layer, 8 experts top-2
-    "kda3_dsa1": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-                      mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
+    "kda3_dsa1": dict(
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+    ),
     # DSA first, two DSA layers, 6 experts top-3
-    "dsa_heavy": dict(num_hidden_layers=4, n_routed_experts=6, num_experts_per_tok=3,
-                      layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention"],
-                      mlp_layer_types=["dense", "dense", "sparse", "sparse"]),
+    "dsa_heavy": dict(
+        num_hidden_layers=4,
+        n_routed_experts=6,
+        num_experts_per_tok=3,
+        layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention"],
+        mlp_layer_types=["dense", "dense", "sparse", "sparse"],
+    ),
     # 16 experts top-4, larger pool budget, KDA-heavy
-    "moe16": dict(num_hidden_layers=5, n_routed_experts=16, num_experts_per_tok=4, index_topk=12,
-                  layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention",
-                               "full_attention"],
-                  mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"]),
+    "moe16": dict(
+        num_hidden_layers=5,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        index_topk=12,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"],
+    ),
 }
 
 
@@ -48,7 +75,7 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
             elif name.endswith("scale") and "hc" in name:
                 param.copy_(1 + torch.randn(param.shape, generator=gen) * 0.3)
-            elif param.dim() == 1:   # norms
+            elif param.dim() == 1:  # norms
                 param.copy_(1 + torch.randn(param.shape, generator=gen) * 0.2)
             else:
                 fan_in = param.shape[-1]
@@ -61,8 +88,14 @@ def make_reference(path: Path, name: str, seed: int = 0, **overrides):
     from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
     text = dict(TINY_BASE, **CONFIGS[name]) | overrides
-    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=text["hidden_size"],
-                  projection_intermediate_size=16)
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        num_heads=2,
+        intermediate_size=16,
+        out_hidden_size=text["hidden_size"],
+        projection_intermediate_size=16,
+    )
     config = Glm5NextConfig(text_config=text, vision_config=vision)
     torch.manual_seed(seed)
     model = Glm5NextForConditionalGeneration(config).eval()

@@ -5,32 +5,50 @@ must be idle and healthy afterwards. Bounded: a fixed number of examples per rou
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from test_api_live import KEY, LiveServer, wait_idle
+
 from engine.checkpoint.demo import write_demo
 
 pytestmark = pytest.mark.slow
 EXAMPLES_PER_ROUTE = 40
 ROUTE_BUDGET_S = 45.0
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                          max_size=3), max_leaves=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     checkpoint = tmp_path_factory.mktemp("demo")
     write_demo(checkpoint, seed=1, size="tiny")
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"),
-                      ["--parallel", "2", "--max-queued", "4", "--context", "256", "--max-tokens", "4",
-                       "--name", "demo", "--keepalive-s", "1"])
+    live = LiveServer(
+        checkpoint,
+        tmp_path_factory.mktemp("logs"),
+        [
+            "--parallel",
+            "2",
+            "--max-queued",
+            "4",
+            "--context",
+            "256",
+            "--max-tokens",
+            "4",
+            "--name",
+            "demo",
+            "--keepalive-s",
+            "1",
+        ],
+    )
     yield live
     live.stop()
 
@@ -107,8 +125,9 @@ def test_openapi_routes_never_answer_5xx(server: LiveServer) -> None:
         for path, schema in routes:
             deadline = time.monotonic() + ROUTE_BUDGET_S
 
-            @settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=EXAMPLES_PER_ROUTE, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            )
             @given(body=st.one_of(from_schema(schema, spec), json_values))
             def probe(body: Any) -> None:
                 if time.monotonic() > deadline:

@@ -11,21 +11,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
 
 from engine.checkpoint.demo import write_demo
-from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-123"
 pytestmark = pytest.mark.slow
-
-
 
 
 class LiveServer:
@@ -36,12 +35,29 @@ class LiveServer:
         env.pop("SPARKS_API_KEY", None)
         if key:
             env["SPARKS_API_KEY"] = key
-        common = [sys.executable, "-m", "engine", "serve", str(checkpoint), "--tp", "2", "--master",
-                  f"127.0.0.1:{master}", "--port", str(self.port), "--host", "127.0.0.1", *flags]
+        common = [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            str(checkpoint),
+            "--tp",
+            "2",
+            "--master",
+            f"127.0.0.1:{master}",
+            "--port",
+            str(self.port),
+            "--host",
+            "127.0.0.1",
+            *flags,
+        ]
         self.logs = [logs / "rank1.log", logs / "rank0.log"]
-        self.procs = [subprocess.Popen([*common, "--rank", str(rank)], cwd=ROOT, env=env,
-                                       stdout=open(log, "w"), stderr=subprocess.STDOUT)
-                      for rank, log in ((1, self.logs[0]), (0, self.logs[1]))]
+        self.procs = [
+            subprocess.Popen(
+                [*common, "--rank", str(rank)], cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT
+            )
+            for rank, log in ((1, self.logs[0]), (0, self.logs[1]))
+        ]
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 120.0) -> None:
@@ -67,8 +83,22 @@ class LiveServer:
                 proc.wait(5)
 
 
-SERVER_FLAGS = ["--parallel", "3", "--max-queued", "2", "--context", "384", "--max-tokens", "48",
-                "--prefill-chunk", "16", "--name", "demo", "--keepalive-s", "1"]
+SERVER_FLAGS = [
+    "--parallel",
+    "3",
+    "--max-queued",
+    "2",
+    "--context",
+    "384",
+    "--max-tokens",
+    "48",
+    "--prefill-chunk",
+    "16",
+    "--name",
+    "demo",
+    "--keepalive-s",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +125,10 @@ def wait_idle(http: httpx.Client, within_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + within_s
     while True:
         health = http.get("/health").json()
-        if (health["requests_running"] == health["requests_waiting"] == 0
-                and health["pool_free_tokens"] == health["pool_tokens"]):
+        if (
+            health["requests_running"] == health["requests_waiting"] == 0
+            and health["pool_free_tokens"] == health["pool_tokens"]
+        ):
             return health
         if time.monotonic() > deadline:
             return health
@@ -105,20 +137,23 @@ def wait_idle(http: httpx.Client, within_s: float) -> dict[str, Any]:
 
 def test_models_and_chat_with_the_openai_client(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == ["demo"]
-    reply = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hello!"}],
-                                           max_tokens=12, seed=5)
+    reply = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=12, seed=5
+    )
     choice = reply.choices[0]
     assert choice.finish_reason in ("stop", "length") and reply.usage.completion_tokens <= 12
     assert reply.usage.completion_tokens_details.reasoning_tokens == reply.usage.completion_tokens
     assert choice.message.model_extra.get("reasoning_content")  # thinking is on: the reply starts in <think>
-    again = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hello!"}],
-                                           max_tokens=12, seed=5)
+    again = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=12, seed=5
+    )
     assert again.choices[0].message.model_extra == choice.message.model_extra
 
 
 def test_streaming_matches_the_whole_reply(client: openai.OpenAI) -> None:
-    kwargs: dict[str, Any] = dict(model="demo", messages=[{"role": "user", "content": "Tell me a story."}],
-                                  max_tokens=20, reasoning_effort="none")
+    kwargs: dict[str, Any] = dict(
+        model="demo", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=20, reasoning_effort="none"
+    )
     whole = client.chat.completions.create(**kwargs)
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -129,21 +164,47 @@ def test_streaming_matches_the_whole_reply(client: openai.OpenAI) -> None:
 
 
 def test_tool_call_round_trip(client: openai.OpenAI, http: httpx.Client) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-    messages = [{"role": "user", "content": "Weather in Paris?"},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_abc", "type": "function",
-                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-                {"role": "tool", "tool_call_id": "call_abc", "content": "sunny"}]
-    reply = client.chat.completions.create(model="demo", messages=messages, tools=tools, max_tokens=8,
-                                           tool_choice="auto")
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_abc",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_abc", "content": "sunny"},
+    ]
+    reply = client.chat.completions.create(
+        model="demo", messages=messages, tools=tools, max_tokens=8, tool_choice="auto"
+    )
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
     rendered = http.post("/tokenize", json={"messages": messages, "tools": tools}).json()
     text = http.post("/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
     assert "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>" in text
-    assert "<|observation|><tool_response>sunny</tool_response>" in text and rendered["count"] == reply.usage.prompt_tokens
-    named = client.chat.completions.create(model="demo", messages=messages[:1], tools=tools, max_tokens=4,
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert (
+        "<|observation|><tool_response>sunny</tool_response>" in text and rendered["count"] == reply.usage.prompt_tokens
+    )
+    named = client.chat.completions.create(
+        model="demo",
+        messages=messages[:1],
+        tools=tools,
+        max_tokens=4,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     assert named.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
@@ -158,8 +219,16 @@ PROMPTS = [list(range(10, 14)), list(range(100, 140)), [300] * 25, list(range(20
 
 
 def _completion(http: httpx.Client, i: int) -> list[int]:
-    body = {"model": "demo", "prompt": PROMPTS[i], "max_tokens": 16 + i, "temperature": 0.9, "top_p": 0.95,
-            "seed": 100 + i, "ignore_eos": True, "return_token_ids": True}
+    body = {
+        "model": "demo",
+        "prompt": PROMPTS[i],
+        "max_tokens": 16 + i,
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "seed": 100 + i,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     response = http.post("/v1/completions", json=body)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["token_ids"]
@@ -184,8 +253,13 @@ def test_concurrent_equals_serial_staggered_and_burst(http: httpx.Client) -> Non
 
 
 def _open_stream(http: httpx.Client, stack: contextlib.ExitStack, max_tokens: int = 300) -> httpx.Response:
-    body = {"model": "demo", "messages": [{"role": "user", "content": "Go on and on."}], "stream": True,
-            "max_tokens": max_tokens, "ignore_eos": True}
+    body = {
+        "model": "demo",
+        "messages": [{"role": "user", "content": "Go on and on."}],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
     return stack.enter_context(http.stream("POST", "/v1/chat/completions", json=body))
 
 
@@ -220,9 +294,12 @@ def test_context_length_exceeded_and_bad_requests(http: httpx.Client) -> None:
     assert error["code"] == "context_length_exceeded" and "384" in error["message"] and "400" in error["message"]
     capped = http.post("/v1/completions", json={"prompt": [1] * 370, "ignore_eos": True})
     assert capped.status_code == 200 and capped.json()["usage"]["completion_tokens"] == 14
-    for body in ({"messages": []}, {"messages": [{"role": "user", "content": "x"}], "n": 2},
-                 {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
-                 {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}):
+    for body in (
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "x"}], "n": 2},
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+    ):
         response = http.post("/v1/chat/completions", json=body)
         assert response.status_code == 400 and "message" in response.json()["error"], body
     unknown = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "model": "other"})
@@ -246,7 +323,13 @@ def test_health_and_metrics(http: httpx.Client) -> None:
     assert health["ok"] and health["streams"]["max"] == 3 and health["context_length"] == 384
     assert health["totals"]["requests"] > 0 and health["pool_tokens"] == 3 * 384
     metrics = http.get("/metrics").text
-    for name in ("sparks:requests_total", "vllm:num_requests_running", "vllm:time_to_first_token_seconds_bucket",
-                 "sparks:generation_tokens_total", "vllm:kv_cache_usage_perc", "vllm:e2e_request_latency_seconds"):
+    for name in (
+        "sparks:requests_total",
+        "vllm:num_requests_running",
+        "vllm:time_to_first_token_seconds_bucket",
+        "sparks:generation_tokens_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:e2e_request_latency_seconds",
+    ):
         assert name in metrics, name
     assert json.loads(http.post("/tokenize", json={"prompt": "hello"}).text)["count"] > 0

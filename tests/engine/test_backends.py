@@ -14,7 +14,7 @@ TRITON_MODULES = ("triton", "engine.ops.triton_", "fla")
 
 def _imports(path: Path) -> list[str]:
     names = []
-    for node in ast.walk(ast.parse(path.read_text())):   # deferred imports inside functions count too
+    for node in ast.walk(ast.parse(path.read_text())):  # deferred imports inside functions count too
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -36,7 +36,8 @@ def test_building_the_model_on_the_cpu_loads_no_triton_module(tmp_path: Path) ->
         f"write_demo({str(tmp_path)!r}, seed=0, size='tiny')\n"
         f"model = Glm5NextForCausalLM.load({str(tmp_path)!r})\n"
         "model.prefill(model.new_sequence(model.make_pool(64)), [1, 2, 3])\n"
-        "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith(('triton.', 'engine.ops.triton_'))))\n")
+        "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith(('triton.', 'engine.ops.triton_'))))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -13,13 +13,27 @@ from engine.checkpoint.demo import write_demo
 from engine.checkpoint.tokenizer_build import SPECIAL_TOKENS, build_tokenizer
 from engine.server.template import load_chat_template, render_chat
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 CALL_TURN = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "reasoning_content": "I need the tool.",
-     "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "I need the tool.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
+        ],
+    },
     {"role": "tool", "content": "sunny"},
     {"role": "tool", "content": "22 C"},
 ]
@@ -64,13 +78,15 @@ def test_transformers_loads_every_weight_and_gives_finite_logits(tiny: Path) -> 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     model, loading = transformers.Glm5NextForConditionalGeneration.from_pretrained(
-        tiny, dtype=torch.float32, output_loading_info=True)
+        tiny, dtype=torch.float32, output_loading_info=True
+    )
     assert loading["missing_keys"] == set() or not loading["missing_keys"]
     assert all(".layers.6." in k for k in loading["unexpected_keys"])  # only the MTP layer is skipped
     assert model.model.language_model.layers[0].self_attn.forget_gate.dt_bias.dtype == torch.float32
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny)
-    ids = tokenizer("The server reads the prompt and the scheduler waits for the next batch " * 3,
-                    return_tensors="pt")["input_ids"]
+    ids = tokenizer("The server reads the prompt and the scheduler waits for the next batch " * 3, return_tensors="pt")[
+        "input_ids"
+    ]
     assert ids.shape[1] > 19  # longer than index_topk + kpool - 1: the sparse selection runs
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0]
@@ -103,11 +119,13 @@ def test_template_thinking_effort_and_generation_prompt() -> None:
 def test_template_tools_calls_observations_and_none_content() -> None:
     text = render_chat(CALL_TURN, tools=TOOLS)
     assert "<|system|>\n# Tools\n" in text and json.dumps(TOOLS[0]["function"]) in text
-    assert ("<|system|>Be brief.<|user|>Weather in Paris?<|assistant|><think>I need the tool.</think>"
-            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
-            "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
-            "<|observation|><tool_response>sunny</tool_response><tool_response>22 C</tool_response>"
-            "<|assistant|><think>") in text
+    assert (
+        "<|system|>Be brief.<|user|>Weather in Paris?<|assistant|><think>I need the tool.</think>"
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+        "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
+        "<|observation|><tool_response>sunny</tool_response><tool_response>22 C</tool_response>"
+        "<|assistant|><think>"
+    ) in text
     assert "None" not in text
     as_string = json.loads(json.dumps(CALL_TURN))
     as_string[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"city": "Paris", "days": 2})
@@ -115,15 +133,20 @@ def test_template_tools_calls_observations_and_none_content() -> None:
 
 
 def test_template_drops_reasoning_before_the_last_user_turn_unless_told_not_to() -> None:
-    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning_content": "r1"},
-            {"role": "user", "content": "c"}, {"role": "assistant", "content": "<think>r2</think>d"}]
+    chat = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b", "reasoning_content": "r1"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "<think>r2</think>d"},
+    ]
     text = render_chat(chat, add_generation_prompt=False)
     assert "<|assistant|><think></think>b<|user|>c<|assistant|><think>r2</think>d" in text
     assert "<think>r1</think>b" in render_chat(chat, add_generation_prompt=False, clear_thinking=False)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"reasoning_effort": "high"},
-                                    {"clear_thinking": False}])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"enable_thinking": False}, {"reasoning_effort": "high"}, {"clear_thinking": False}]
+)
 def test_transformers_apply_chat_template_matches_the_jinja_file(tiny: Path, kwargs: dict) -> None:
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(tiny)

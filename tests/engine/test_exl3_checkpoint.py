@@ -48,7 +48,7 @@ def test_demo_stores_routed_experts_as_4bit_mcg_groups_and_the_rest_plain(demo: 
     assert headers[EXPERT + "up_proj.mcg"] == ("I32", [])
     assert EXPERT + "gate_proj.weight" not in headers
     assert headers["model.language_model.layers.1.mlp.shared_experts.gate_proj.weight"][0] == "BF16"
-    assert headers["model.language_model.layers.0.mlp.gate_proj.weight"][0] == "BF16"     # dense MLP stays bf16
+    assert headers["model.language_model.layers.0.mlp.gate_proj.weight"][0] == "BF16"  # dense MLP stays bf16
     reader = CheckpointReader(demo, ParallelGroup.single())
     index = Exl3Index.of(reader)
     assert {(g.bits, g.codebook) for g in index.groups.values()} == {(4, "mcg")}
@@ -61,15 +61,20 @@ def _dense_twin(demo: Path, out: Path) -> Path:
     for file in sorted(out.glob("*.safetensors")):
         tensors = load_file(str(file))
         for prefix in sorted({n.rsplit(".", 1)[0] for n in tensors if n.endswith(".trellis")}):
-            linear = exl3.Exl3Linear(tensors.pop(prefix + ".trellis"), tensors.pop(prefix + ".suh"),
-                                     tensors.pop(prefix + ".svh"), "mcg")
+            linear = exl3.Exl3Linear(
+                tensors.pop(prefix + ".trellis"), tensors.pop(prefix + ".suh"), tensors.pop(prefix + ".svh"), "mcg"
+            )
             tensors.pop(prefix + ".mcg")
             tensors[prefix + ".weight"] = linear.dequantize(torch.float32).t().contiguous()
         save_file(tensors, str(file))
-        index["weight_map"] = {n: file.name if n.rsplit(".", 1)[0] + ".weight" in tensors else f
-                               for n, f in index["weight_map"].items()}
-    index["weight_map"] = {n.rsplit(".", 1)[0] + ".weight" if n.endswith(".trellis") else n: f
-                           for n, f in index["weight_map"].items() if not n.endswith((".suh", ".svh", ".mcg"))}
+        index["weight_map"] = {
+            n: file.name if n.rsplit(".", 1)[0] + ".weight" in tensors else f for n, f in index["weight_map"].items()
+        }
+    index["weight_map"] = {
+        n.rsplit(".", 1)[0] + ".weight" if n.endswith(".trellis") else n: f
+        for n, f in index["weight_map"].items()
+        if not n.endswith((".suh", ".svh", ".mcg"))
+    }
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     config = json.loads((out / "config.json").read_text())
     del config["quantization_config"]
@@ -98,8 +103,10 @@ def test_engine_serves_the_exl3_checkpoint_as_its_decoded_dense_twin(demo: Path,
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_tensor_parallel_parts_are_whole_blocks_that_rebuild_the_weight(demo: Path, world: int) -> None:
-    full = {p: read_projection(CheckpointReader(demo, ParallelGroup.single()), EXPERT + p, None)
-            for p in ("gate_proj", "down_proj")}
+    full = {
+        p: read_projection(CheckpointReader(demo, ParallelGroup.single()), EXPERT + p, None)
+        for p in ("gate_proj", "down_proj")
+    }
     parts = {p: [] for p in full}
     for rank in range(world):
         reader = CheckpointReader(demo, ParallelGroup(rank, world))
@@ -107,8 +114,8 @@ def test_tensor_parallel_parts_are_whole_blocks_that_rebuild_the_weight(demo: Pa
         assert gate.out_features % exl3.HADAMARD_BLOCK == 0 and gate.in_features == full["gate_proj"].shape[1]
         parts["gate_proj"].append(read_projection(reader, EXPERT + "gate_proj", 0))
         parts["down_proj"].append(read_projection(reader, EXPERT + "down_proj", 1))
-    assert torch.equal(torch.cat(parts["gate_proj"], 0), full["gate_proj"])     # outputs: rows of [out, in]
-    assert torch.equal(torch.cat(parts["down_proj"], 1), full["down_proj"])     # inputs: columns
+    assert torch.equal(torch.cat(parts["gate_proj"], 0), full["gate_proj"])  # outputs: rows of [out, in]
+    assert torch.equal(torch.cat(parts["down_proj"], 1), full["down_proj"])  # inputs: columns
 
 
 # -- refusals: small hand-made checkpoints ------------------------------------------------------------------------
@@ -117,10 +124,13 @@ MLP = "model.language_model.layers.1.mlp.experts.0."
 
 
 def _group(prefix: str, k: int = 128, n: int = 128, words: int = 64, marker: int | None = 0xCBAC1FED) -> dict:
-    out = {prefix + ".trellis": torch.zeros(k // 16, n // 16, words, dtype=torch.int16),
-           prefix + ".suh": torch.ones(k, dtype=torch.float16), prefix + ".svh": torch.ones(n, dtype=torch.float16)}
+    out = {
+        prefix + ".trellis": torch.zeros(k // 16, n // 16, words, dtype=torch.int16),
+        prefix + ".suh": torch.ones(k, dtype=torch.float16),
+        prefix + ".svh": torch.ones(n, dtype=torch.float16),
+    }
     if marker is not None:
-        out[prefix + ".mcg"] = torch.tensor(marker - 2 ** 32 if marker >= 2 ** 31 else marker, dtype=torch.int32)
+        out[prefix + ".mcg"] = torch.tensor(marker - 2**32 if marker >= 2**31 else marker, dtype=torch.int32)
     return out
 
 
@@ -146,21 +156,39 @@ def test_a_well_formed_checkpoint_is_accepted(tmp_path: Path) -> None:
     assert sorted(index.groups) == [MLP + p for p in ("down_proj", "gate_proj", "up_proj")]
 
 
-@pytest.mark.parametrize("tensors, quant, message", [
-    (_experts(up_proj=dict(marker=None)), QUANT, rf"{MLP}up_proj\.trellis: .*codebook mcg.*no marker \(3inst\)"),
-    (_experts(gate_proj=dict(words=72)), QUANT, rf"{MLP}gate_proj\.trellis: last dimension 72 is 4\.5 bits"),
-    (_experts(down_proj=dict(marker=0x12345678)), QUANT, rf"{MLP}down_proj\.mcg: holds 0x12345678"),
-    (_experts(gate_proj=dict(words=40)), None, rf"{MLP}gate_proj\.trellis: 2\.5-bit tiles need the mul1 codebook"),
-    (_experts(gate_proj=dict(k=96)), None, rf"{MLP}gate_proj\.trellis: K=96 and N=128 must be multiples of 128"),
-    (_experts() | _group("model.language_model.layers.1.self_attn.q_proj"), None,
-     r"layers\.1\.self_attn\.q_proj\.trellis: this engine reads EXL3 only for MLP projections"),
-    ({k: v for k, v in _experts().items() if not k.endswith("down_proj.svh")}, None,
-     rf"{MLP}down_proj: neither \.svh nor \.sv"),
-    ({k: v for k, v in _experts().items() if "down_proj" not in k} | {MLP + "down_proj.weight": torch.zeros(128, 128)},
-     None, r"experts\.0: gate_proj is EXL3 but down_proj\.weight is plain"),
-    ({"model.language_model.norm.weight": torch.ones(128)}, QUANT, r"quant_method exl3 but no tensor ends in \.trellis"),
-])
-def test_what_cannot_be_served_is_refused_naming_the_tensor(tmp_path: Path, tensors: dict, quant: dict | None,
-                                                           message: str) -> None:
+@pytest.mark.parametrize(
+    "tensors, quant, message",
+    [
+        (_experts(up_proj=dict(marker=None)), QUANT, rf"{MLP}up_proj\.trellis: .*codebook mcg.*no marker \(3inst\)"),
+        (_experts(gate_proj=dict(words=72)), QUANT, rf"{MLP}gate_proj\.trellis: last dimension 72 is 4\.5 bits"),
+        (_experts(down_proj=dict(marker=0x12345678)), QUANT, rf"{MLP}down_proj\.mcg: holds 0x12345678"),
+        (_experts(gate_proj=dict(words=40)), None, rf"{MLP}gate_proj\.trellis: 2\.5-bit tiles need the mul1 codebook"),
+        (_experts(gate_proj=dict(k=96)), None, rf"{MLP}gate_proj\.trellis: K=96 and N=128 must be multiples of 128"),
+        (
+            _experts() | _group("model.language_model.layers.1.self_attn.q_proj"),
+            None,
+            r"layers\.1\.self_attn\.q_proj\.trellis: this engine reads EXL3 only for MLP projections",
+        ),
+        (
+            {k: v for k, v in _experts().items() if not k.endswith("down_proj.svh")},
+            None,
+            rf"{MLP}down_proj: neither \.svh nor \.sv",
+        ),
+        (
+            {k: v for k, v in _experts().items() if "down_proj" not in k}
+            | {MLP + "down_proj.weight": torch.zeros(128, 128)},
+            None,
+            r"experts\.0: gate_proj is EXL3 but down_proj\.weight is plain",
+        ),
+        (
+            {"model.language_model.norm.weight": torch.ones(128)},
+            QUANT,
+            r"quant_method exl3 but no tensor ends in \.trellis",
+        ),
+    ],
+)
+def test_what_cannot_be_served_is_refused_naming_the_tensor(
+    tmp_path: Path, tensors: dict, quant: dict | None, message: str
+) -> None:
     with pytest.raises((CheckpointError, exl3.Exl3FormatError), match=message):
         Exl3Index.of(_checkpoint(tmp_path, tensors, quant))

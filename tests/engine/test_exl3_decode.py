@@ -28,7 +28,7 @@ def _codebook(case: str) -> str:
 
 
 def test_every_width_and_codebook_decodes_bit_for_bit_like_exllamav3(tiles: dict[str, torch.Tensor]) -> None:
-    cases = sorted(name[:-len(".trellis")] for name in tiles if name.endswith(".trellis"))
+    cases = sorted(name[: -len(".trellis")] for name in tiles if name.endswith(".trellis"))
     assert len(cases) == 27  # 1..8 bits x 3 codebooks + 1.5 / 2.5 / 3.5 with mul1
     for case in cases:
         ours = exl3.unpack(tiles[case + ".trellis"], _codebook(case))
@@ -42,11 +42,12 @@ def test_full_weight_matches_exllamav3_up_to_its_fp16_rotations(layers: dict[str
     linear = exl3.Exl3Linear(layers[case + ".trellis"], layers[case + ".suh"], layers[case + ".svh"], _codebook(case))
     ours, theirs = linear.dequantize(torch.float64), layers[case + ".w_had"].double()
     scale = theirs.abs().max()
-    assert (ours - theirs).abs().max() <= 3e-3 * scale           # see tests/fixtures/exl3/README.md (1.4e-3 seen)
+    assert (ours - theirs).abs().max() <= 3e-3 * scale  # see tests/fixtures/exl3/README.md (1.4e-3 seen)
     assert (ours - theirs).abs().mean() <= 3e-4 * scale
-    swapped = exl3.Exl3Linear(linear.trellis, layers[case + ".svh"][:1].expand(linear.in_features).contiguous(),
-                              linear.svh, linear.codebook).dequantize(torch.float64)
-    assert (swapped - theirs).abs().max() > 0.1 * scale          # the comparison does see a wrong scale
+    swapped = exl3.Exl3Linear(
+        linear.trellis, layers[case + ".svh"][:1].expand(linear.in_features).contiguous(), linear.svh, linear.codebook
+    ).dequantize(torch.float64)
+    assert (swapped - theirs).abs().max() > 0.1 * scale  # the comparison does see a wrong scale
 
 
 def test_forward_equals_x_times_the_dequantized_weight_plus_bias(layers: dict[str, torch.Tensor]) -> None:
@@ -61,7 +62,7 @@ def test_codebooks_have_the_formats_value_range_and_spread() -> None:
     for name, std in (("3inst", 1.2437), ("mcg", 1.2437), ("mul1", 1.0)):
         values = exl3.codebook(name).float()
         assert values.shape == (65536,) and values.abs().max() < 4
-        assert abs(values.std().item() - std) < 2e-3, name      # exllamav3's codebook_scale is 1.24371088
+        assert abs(values.std().item() - std) < 2e-3, name  # exllamav3's codebook_scale is 1.24371088
 
 
 def test_window_ends_follow_the_width() -> None:

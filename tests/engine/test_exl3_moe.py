@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYER = "model.language_model.layers.1.mlp."
-TOLERANCE = 2e-6   # of max |y|: fp32 sums of a few hundred products against fp64
+TOLERANCE = 2e-6  # of max |y|: fp32 sums of a few hundred products against fp64
 
 
 def _cases(tmp: str) -> dict:
@@ -29,9 +29,9 @@ def _cases(tmp: str) -> dict:
 
     from engine.checkpoint.demo import write_demo
     from engine.checkpoint.exl3 import read_expert_banks
-    from engine.ops import Exl3Experts
     from engine.checkpoint.loader import CheckpointReader
     from engine.models.glm5_next.moe import SwiGLU
+    from engine.ops import Exl3Experts
     from engine.ops import triton_exl3 as tx
     from engine.ops.reference import swiglu_clamped
     from engine.parallel import ParallelGroup
@@ -43,7 +43,7 @@ def _cases(tmp: str) -> dict:
 
     def bank(matrices: int, k: int, n: int) -> exl3.Exl3Bank:
         trellis = torch.randint(-32768, 32768, (matrices, k // 16, n // 16, 64), generator=gen).to(torch.int16)
-        suh = torch.sign(torch.randn(matrices, k, generator=gen)) / (1.2437 * k ** 0.5)
+        suh = torch.sign(torch.randn(matrices, k, generator=gen)) / (1.2437 * k**0.5)
         svh = (torch.rand(matrices, n, generator=gen) + 0.5) * torch.sign(torch.randn(matrices, n, generator=gen))
         return exl3.Exl3Bank(trellis, suh.half(), svh.half(), "mcg")
 
@@ -54,8 +54,9 @@ def _cases(tmp: str) -> dict:
             for j, e in enumerate(chosen[t].tolist()):
                 gate = x[t].double() @ gate_up.linear(2 * e).dequantize(torch.float64)
                 up = x[t].double() @ gate_up.linear(2 * e + 1).dequantize(torch.float64)
-                y[t] += float(weights[t, j]) * (swiglu_clamped(gate, up, limit) @ down.linear(e).dequantize(
-                    torch.float64))
+                y[t] += float(weights[t, j]) * (
+                    swiglu_clamped(gate, up, limit) @ down.linear(e).dequantize(torch.float64)
+                )
         return y
 
     def error(y, exact) -> float:
@@ -69,16 +70,22 @@ def _cases(tmp: str) -> dict:
     weights = torch.rand(3, 3, generator=gen) + 0.2
     y = tx.routed_experts(x, chosen, weights, gate_up, down, limit)
     out["decode_error"] = error(y, reference(x, chosen, weights, gate_up, down))
-    out["decode_rows_alone_differ"] = int(sum(
-        (tx.routed_experts(x[t:t + 1], chosen[t:t + 1], weights[t:t + 1], gate_up, down, limit)[0] != y[t]).sum()
-        for t in range(3)))
+    out["decode_rows_alone_differ"] = int(
+        sum(
+            (
+                tx.routed_experts(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], gate_up, down, limit)[0] != y[t]
+            ).sum()
+            for t in range(3)
+        )
+    )
     # a prompt chunk: 24 rows x top-3 = 72 pairs > PAIRS_MAX, experts decoded per chunk
     x = torch.randn(24, hidden, generator=gen) * 2
     chosen = torch.stack([torch.randperm(experts, generator=gen)[:3] for _ in range(24)])
     weights = torch.rand(24, 3, generator=gen) + 0.2
     assert chosen.numel() > tx.PAIRS_MAX
-    out["prompt_error"] = error(tx.routed_experts(x, chosen, weights, gate_up, down, limit),
-                                reference(x, chosen, weights, gate_up, down))
+    out["prompt_error"] = error(
+        tx.routed_experts(x, chosen, weights, gate_up, down, limit), reference(x, chosen, weights, gate_up, down)
+    )
 
     # the demo checkpoint's layer, loaded as a bank (names, gate/up interleave, order) and TP=2 whole-block parts,
     # against the CPU model's dense experts (decoded on load)
@@ -93,12 +100,14 @@ def _cases(tmp: str) -> dict:
     expected = torch.zeros(2, config["hidden_size"], dtype=torch.float64)
     for t in range(2):
         for j, e in enumerate(chosen[t].tolist()):
-            expected[t] += float(weights[t, j]) * dense[e].partial(x[t:t + 1])[0].double()
+            expected[t] += float(weights[t, j]) * dense[e].partial(x[t : t + 1])[0].double()
     whole = Exl3Experts(*read_expert_banks(reader, LAYER, n_experts))
     out["demo_bank_sizes"] = [len(whole.gate_up), len(whole.down)]
     out["demo_error"] = error(whole(x, chosen, weights, limit), expected)
-    parts = [Exl3Experts(*read_expert_banks(CheckpointReader(demo, ParallelGroup(rank, 2)), LAYER, n_experts))
-             for rank in (0, 1)]
+    parts = [
+        Exl3Experts(*read_expert_banks(CheckpointReader(demo, ParallelGroup(rank, 2)), LAYER, n_experts))
+        for rank in (0, 1)
+    ]
     out["demo_tp2_widths"] = [p.down.trellis.shape[1] * 16 for p in parts]
     out["demo_tp2_error"] = error(sum(p(x, chosen, weights, limit) for p in parts), expected)
     out["shared_expert_not_banked"] = read_expert_banks(reader, "model.language_model.layers.0.mlp.", 1) is None
@@ -110,8 +119,14 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed (scripts/bootstrap.sh adds it to the dev set-up on a CPU machine)")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__, str(tmp_path_factory.mktemp("exl3moe"))], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path_factory.mktemp("exl3moe"))],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -129,13 +144,13 @@ def test_prompt_chunk_path_equals_the_dense_reference(results: dict) -> None:
 
 
 def test_demo_layer_banked_equals_its_experts_decoded_on_load(results: dict) -> None:
-    assert results["demo_bank_sizes"] == [16, 8]             # gate and up of 8 experts; down of 8
+    assert results["demo_bank_sizes"] == [16, 8]  # gate and up of 8 experts; down of 8
     assert results["demo_error"] <= 1e-5
     assert results["shared_expert_not_banked"]
 
 
 def test_tensor_parallel_parts_sum_to_the_whole(results: dict) -> None:
-    assert results["demo_tp2_widths"] == [128, 128]          # expert width 256: one Hadamard block a rank
+    assert results["demo_tp2_widths"] == [128, 128]  # expert width 256: one Hadamard block a rank
     assert results["demo_tp2_error"] <= 1e-5
 
 

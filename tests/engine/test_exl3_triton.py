@@ -30,7 +30,7 @@ FORWARD_CASES = [
     (2.5, "mul1", 128, 128, 5, False),
     (6, "mcg", 128, 128, 1, False),
 ]
-TOLERANCE = 2e-6   # of max |y|: fp32 sums over K <= 256 products differ from fp64 by ~2e-7 of it
+TOLERANCE = 2e-6  # of max |y|: fp32 sums over K <= 256 products differ from fp64 by ~2e-7 of it
 
 
 def _cases() -> dict:
@@ -47,8 +47,10 @@ def _cases() -> dict:
     def error(y: torch.Tensor, linear: exl3.Exl3Linear, x: torch.Tensor) -> dict:
         exact = linear.forward(x.double())
         scale = float(exact.abs().max())
-        return {"kernel": float((y.double() - exact).abs().max()) / scale,
-                "reference_fp32": float((linear.forward(x.float()).double() - exact).abs().max()) / scale}
+        return {
+            "kernel": float((y.double() - exact).abs().max()) / scale,
+            "reference_fp32": float((linear.forward(x.float()).double() - exact).abs().max()) / scale,
+        }
 
     def random_linear(bits, codebook, k, n, bias, experts=None):
         lead = () if experts is None else (experts,)
@@ -63,24 +65,28 @@ def _cases() -> dict:
     for name in sorted(n for n in tiles if n.endswith(".trellis")):
         case = name[: -len(".trellis")]
         ours = tx.exl3_unpack(tiles[name], case.split("_", 1)[1])
-        out.setdefault("tiles", {})[case] = int((ours.view(torch.int16) != tiles[case + ".wq"].view(torch.int16))
-                                                .sum())
+        out.setdefault("tiles", {})[case] = int((ours.view(torch.int16) != tiles[case + ".wq"].view(torch.int16)).sum())
     trellis = random_linear(4, "mcg", 128, 256, False)[0]
-    out["unpack_random_4bit_differ"] = int((tx.exl3_unpack(trellis, "mcg").view(torch.int16)
-                                            != exl3.unpack(trellis, "mcg").view(torch.int16)).sum())
+    out["unpack_random_4bit_differ"] = int(
+        (tx.exl3_unpack(trellis, "mcg").view(torch.int16) != exl3.unpack(trellis, "mcg").view(torch.int16)).sum()
+    )
 
     # forward against Exl3Linear.forward
     for bits, codebook, k, n, m, bias in FORWARD_CASES:
-        linear = exl3.Exl3Linear(*random_linear(bits, codebook, k, n, False)[:3], codebook,
-                                 torch.randn(n, generator=gen).half() if bias else None)
+        linear = exl3.Exl3Linear(
+            *random_linear(bits, codebook, k, n, False)[:3],
+            codebook,
+            torch.randn(n, generator=gen).half() if bias else None,
+        )
         x = torch.randn(m, k, generator=gen)
         out.setdefault("forward", {})[f"{bits}-{codebook}-{m}"] = error(tx.exl3_linear(linear, x), linear, x)
 
     # exllamav3's layers (suh / svh as it made them)
     layers = load_file(str(FIXTURES / "layers.safetensors"))
     for case in ("l4_mcg", "l3_3inst", "l2.5_mul1"):
-        linear = exl3.Exl3Linear(layers[case + ".trellis"], layers[case + ".suh"], layers[case + ".svh"],
-                                 case.split("_", 1)[1])
+        linear = exl3.Exl3Linear(
+            layers[case + ".trellis"], layers[case + ".suh"], layers[case + ".svh"], case.split("_", 1)[1]
+        )
         x = torch.randn(2, linear.in_features, generator=gen)
         out.setdefault("fixture_layers", {})[case] = error(tx.exl3_linear(linear, x), linear, x)
 
@@ -100,13 +106,13 @@ def _cases() -> dict:
     linear = exl3.Exl3Linear(*random_linear(4, "mcg", 256, 128, False)[:3], "mcg")
     x = torch.randn(8, 256, generator=gen)
     together = tx.exl3_linear(linear, x)
-    out["rows_alone_differ"] = int(sum((tx.exl3_linear(linear, x[i:i + 1])[0] != together[i]).sum()
-                                       for i in (0, 5)))
+    out["rows_alone_differ"] = int(sum((tx.exl3_linear(linear, x[i : i + 1])[0] != together[i]).sum() for i in (0, 5)))
 
     # the Hadamard kernel gives exl3.rotate's bits
     x = torch.randn(3, 256, generator=gen)
-    out["rotate_differ"] = int((tx.rotate_rows(x[None], 1, torch.zeros(3, dtype=torch.int32))
-                                != exl3.rotate(x, -1)).sum())
+    out["rotate_differ"] = int(
+        (tx.rotate_rows(x[None], 1, torch.zeros(3, dtype=torch.int32)) != exl3.rotate(x, -1)).sum()
+    )
 
     # a prompt chunk (more than 8 rows): exact fp16 W_q, torch matmul
     linear = exl3.Exl3Linear(*random_linear(4, "mcg", 128, 128, False)[:3], "mcg")

@@ -19,7 +19,7 @@ import pytest
 from interpreter import figures_of
 
 ROOT = Path(__file__).resolve().parents[2]
-TOLERANCE = 2e-5   # of the largest magnitude: fp32 sums in another order
+TOLERANCE = 2e-5  # of the largest magnitude: fp32 sums in another order
 
 
 def _relative(a, b) -> float:
@@ -46,25 +46,31 @@ def _cases() -> dict:
 
     # hyper-connection: the sublayer's input, post and comb, and the new streams, for 3 tokens
     hc = layer.attn_hc
-    hc.base = torch.randn(hc.base.shape, generator=gen) * 0.5   # the checkpoint's are zeros: make every gate count
+    hc.base = torch.randn(hc.base.shape, generator=gen) * 0.5  # the checkpoint's are zeros: make every gate count
     streams = torch.randn(3, n, hidden, generator=gen)
     seen = {}
 
     def sublayer(x):
         seen.setdefault("x", []).append(x)
-        return torch.tanh(x @ torch.ones(hidden, hidden) / hidden ** 0.5)
+        return torch.tanh(x @ torch.ones(hidden, hidden) / hidden**0.5)
 
     reference = hc.around(streams, sublayer, layer.input_norm, layer.eps)
-    x, post, comb = triton_mhc.hc_pre(streams, hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps,
-                                      layer.eps, hc.iters)
+    x, post, comb = triton_mhc.hc_pre(
+        streams, hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters
+    )
     _, ref_post, ref_comb = hc.weights(streams)
     fused = triton_mhc.hc_post(streams, sublayer(x), post, comb)
-    out["hc"] = {"input": _relative(x, seen["x"][0]), "post": _relative(post, ref_post),
-                 "comb": _relative(comb, ref_comb), "streams": _relative(fused, reference),
-                 "comb_row_sums": float((comb.sum(-1) - 1).abs().max())}
+    out["hc"] = {
+        "input": _relative(x, seen["x"][0]),
+        "post": _relative(post, ref_post),
+        "comb": _relative(comb, ref_comb),
+        "streams": _relative(fused, reference),
+        "comb_row_sums": float((comb.sum(-1) - 1).abs().max()),
+    }
     # a token's result does not depend on the others
-    alone, _, _ = triton_mhc.hc_pre(streams[1:2], hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps,
-                                    layer.eps, hc.iters)
+    alone, _, _ = triton_mhc.hc_pre(
+        streams[1:2], hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters
+    )
     out["hc"]["batch_independent"] = bool(torch.equal(alone[0], x[1]))
 
     # KDA: three decode tokens on lanes [2, 0] of 4, fused against the torch step, bounded and softplus gates
@@ -86,24 +92,33 @@ def _cases() -> dict:
             worst["out"] = max(worst["out"], _relative(got, ref_out))
             worst["state"] = max(worst["state"], _relative(states, ref_states))
             worst["window"] = max(worst["window"], _relative(windows, ref_windows))
-        worst["untouched_lanes_equal"] = bool(torch.equal(states[[1, 3]], ref_states[[1, 3]])
-                                              and torch.equal(windows[[1, 3]], ref_windows[[1, 3]]))
+        worst["untouched_lanes_equal"] = bool(
+            torch.equal(states[[1, 3]], ref_states[[1, 3]]) and torch.equal(windows[[1, 3]], ref_windows[[1, 3]])
+        )
         out[f"kda_{bound}"] = worst
 
     # MoE: route + gate‖up + down with the SwiGLU and routing weights fused, the shared expert in the bank
     moe = layer.mlp
     x = torch.randn(3, hidden, generator=gen)
-    reference = moe(x)                      # CPU: the torch route and per-expert loop
-    moe.stacked = moe._stack()              # what a GPU load does
+    reference = moe(x)  # CPU: the torch route and per-expert loop
+    moe.stacked = moe._stack()  # what a GPU load does
     chosen, weights = moe.route(x)
     from engine.ops import triton_moe
-    got_chosen, got_weights = triton_moe.route(x @ moe.router.t(), moe.bias, moe.top_k, moe.scale, moe.renorm,
-                                               moe.num_routed)
-    out["moe"] = {"shared_in_bank": moe.shared_in_bank, "output": _relative(moe(x), reference),
-                  "same_experts": got_chosen[:, :-1].long().sort(-1).values.tolist() == chosen.sort(-1).values.tolist(),
-                  "shared_column": got_chosen[:, -1].tolist(), "shared_weight": got_weights[:, -1].tolist(),
-                  "weights": _relative(got_weights[:, :-1].gather(-1, got_chosen[:, :-1].long().argsort(-1)),
-                                       weights.gather(-1, chosen.argsort(-1)))}
+
+    got_chosen, got_weights = triton_moe.route(
+        x @ moe.router.t(), moe.bias, moe.top_k, moe.scale, moe.renorm, moe.num_routed
+    )
+    out["moe"] = {
+        "shared_in_bank": moe.shared_in_bank,
+        "output": _relative(moe(x), reference),
+        "same_experts": got_chosen[:, :-1].long().sort(-1).values.tolist() == chosen.sort(-1).values.tolist(),
+        "shared_column": got_chosen[:, -1].tolist(),
+        "shared_weight": got_weights[:, -1].tolist(),
+        "weights": _relative(
+            got_weights[:, :-1].gather(-1, got_chosen[:, :-1].long().argsort(-1)),
+            weights.gather(-1, chosen.argsort(-1)),
+        ),
+    }
     return out
 
 
@@ -116,7 +131,7 @@ def test_hyper_connection_kernels_match_the_torch_path(results: dict) -> None:
     hc = results["hc"]
     for figure in ("input", "post", "comb", "streams"):
         assert hc[figure] <= TOLERANCE, (figure, hc)
-    assert hc["comb_row_sums"] < 1e-3   # Sinkhorn ran: comb is (nearly) doubly stochastic
+    assert hc["comb_row_sums"] < 1e-3  # Sinkhorn ran: comb is (nearly) doubly stochastic
     assert hc["batch_independent"]
 
 

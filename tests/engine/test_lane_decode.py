@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import make_reference
+from test_parity import ours_greedy, prompt
 
 from engine import ops
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.runner.lanes import LaneDecoder
-from reference import make_reference
-from test_parity import ours_greedy, prompt
 
 TOKENS = 10
 # (prompt seed, prompt length, lane, the step at which it joins); lane 0 is used twice: its first stream leaves
@@ -33,8 +33,8 @@ def run_schedule(model, kv: str = "fp32", min_span: int = 8):
     """Every stream of SCHEDULE through one LaneDecoder; per stream its greedy tokens and logits, and the pool."""
     pool = model.make_pool(256, kv)
     decoder = LaneDecoder(model, pool, num_lanes=3, graphs=False)
-    decoder.min_span, decoder.pad_spans = min_span, min_span > 0   # padded spans as under graphs (0: exact spans)
-    live: dict[int, tuple[int, object]] = {}   # lane -> (stream index, sequence)
+    decoder.min_span, decoder.pad_spans = min_span, min_span > 0  # padded spans as under graphs (0: exact spans)
+    live: dict[int, tuple[int, object]] = {}  # lane -> (stream index, sequence)
     out = {i: ([], []) for i in range(len(SCHEDULE))}
     for step in range(60):
         for i, (seed, length, lane, start) in enumerate(SCHEDULE):
@@ -47,7 +47,7 @@ def run_schedule(model, kv: str = "fp32", min_span: int = 8):
                 live[lane] = (i, seq)
         if not live:
             break
-        lanes = sorted(live, reverse=step % 2 == 1)    # the batch order changes too
+        lanes = sorted(live, reverse=step % 2 == 1)  # the batch order changes too
         logits = decoder.decode([live[lane][1] for lane in lanes], [out[live[lane][0]][0][-1] for lane in lanes])
         for row, lane in enumerate(lanes):
             i, seq = live[lane]
@@ -111,15 +111,19 @@ def test_static_selection_equals_the_plain_one(model, keep_tail, monkeypatch):
     x = torch.randn(length, model.cfg.hidden_size, generator=gen)
     q_low = torch.randn(length, model.cfg.q_lora_rank, generator=gen)
     positions = torch.arange(length)
-    width = span + layer.kpool   # wide enough for a tail past the span
-    static = selected_mask(layer._select_lanes(ops.linear(x, layer.head_weights), q_low,
-                                               rows[:, layer.rank_dim:].expand(length, -1, -1), positions), width)
-    whole = selected_mask(layer._select(x, q_low, rows[:length], positions), width)   # the prompt-chunk form
+    width = span + layer.kpool  # wide enough for a tail past the span
+    static = selected_mask(
+        layer._select_lanes(
+            ops.linear(x, layer.head_weights), q_low, rows[:, layer.rank_dim :].expand(length, -1, -1), positions
+        ),
+        width,
+    )
+    whole = selected_mask(layer._select(x, q_low, rows[:length], positions), width)  # the prompt-chunk form
     assert torch.equal(static, whole)
     for pos in range(length):
-        plain = layer._select(x[pos: pos + 1], q_low[pos: pos + 1], rows[: pos + 1], positions[pos: pos + 1])
+        plain = layer._select(x[pos : pos + 1], q_low[pos : pos + 1], rows[: pos + 1], positions[pos : pos + 1])
         assert torch.equal(static[pos], selected_mask(plain, width)[0]), f"position {pos}"
-        assert not static[pos, pos + 1:].any()
+        assert not static[pos, pos + 1 :].any()
 
 
 def selected_mask(selection, width: int) -> torch.Tensor:
@@ -143,7 +147,7 @@ def test_bf16_pool_and_a_one_bucket_span(model):
         step = model.prefill(seq, ids)
         for t in range(TOKENS - 1):
             assert int(step.argmax()) == got[i][0][t]
-            assert (got[i][1][t] - step).abs().max() < 1e-3   # bf16 rows: summation order shows in the last bits
+            assert (got[i][1][t] - step).abs().max() < 1e-3  # bf16 rows: summation order shows in the last bits
             step = model.decode([seq], [got[i][0][t]])[0]
 
 
@@ -180,7 +184,7 @@ def sync_free_moe(self, x):
     dense = torch.zeros(x.shape[0], len(self.experts)).scatter(1, chosen, weights)
     out = self.shared.partial(x)
     for e, expert in enumerate(self.experts):
-        out = out + expert.partial(x) * dense[:, e: e + 1]
+        out = out + expert.partial(x) * dense[:, e : e + 1]
     return self.group.sum_partials(out)
 
 
@@ -198,6 +202,6 @@ def test_the_static_step_never_reads_the_device_from_the_host(model, monkeypatch
     with host.mode:
         model.decode_step(decoder.state, inputs, 64)
     assert host.found == []
-    with host.mode:   # the plain path does read (this is what the check catches)
+    with host.mode:  # the plain path does read (this is what the check catches)
         model.decode(seqs, [5, 6])
     assert "aten._local_scalar_dense.default" in host.found

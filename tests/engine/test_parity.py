@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import CONFIGS, make_reference
 
 from engine.models.glm5_next.model import Glm5NextForCausalLM
-from reference import CONFIGS, make_reference
 
 PROMPT_LEN, NEW_TOKENS, TOL, NEAR_TIE = 40, 32, 1e-3, 0.05
 
@@ -47,7 +47,7 @@ def ours_greedy(model, ids: list[int], n: int, chunk: int | None = None) -> tupl
     seq = model.new_sequence(model.make_pool(len(ids) + n + 8))
     chunk = chunk or len(ids)
     for start in range(0, len(ids), chunk):
-        step = model.prefill(seq, ids[start: start + chunk])
+        step = model.prefill(seq, ids[start : start + chunk])
     tokens, logits = [], []
     for _ in range(n):
         logits.append(step)

@@ -8,8 +8,16 @@ from collections import Counter
 import pytest
 import torch
 
-from engine.sampling import (SamplingParams, gumbel, prompt_seed, row_key, sample, splitmix64, splitmix64_tensor,
-                             uniforms)
+from engine.sampling import (
+    SamplingParams,
+    gumbel,
+    prompt_seed,
+    row_key,
+    sample,
+    splitmix64,
+    splitmix64_tensor,
+    uniforms,
+)
 
 
 def test_torch_hash_matches_reference_bits() -> None:
@@ -58,13 +66,15 @@ def test_draws_follow_the_softmax() -> None:
 
 def test_filters_limit_the_candidates() -> None:
     logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+
     def drawn(**kw: float) -> set[int]:
         return {sample(logits, SamplingParams(seed=s, **kw), 0) for s in range(400)}
+
     assert drawn() == {0, 1, 2, 3}
     assert drawn(top_k=2) == {0, 1}
-    assert drawn(top_p=0.6) == {0, 1}          # 0.5 alone is below 0.6, so the second token is needed
+    assert drawn(top_p=0.6) == {0, 1}  # 0.5 alone is below 0.6, so the second token is needed
     assert drawn(top_p=0.5) == {0}
-    assert drawn(min_p=0.35) == {0, 1}         # 0.15 < 0.35 * 0.5
+    assert drawn(min_p=0.35) == {0, 1}  # 0.15 < 0.35 * 0.5
     assert drawn(temperature=0.05) == {0}
 
 
@@ -91,13 +101,15 @@ def _full_sort_sample(logits: torch.Tensor, params: SamplingParams, position: in
     return int(ids[int(torch.argmax(values[:keep] + gumbel(params.seed, position, ids)))])
 
 
-@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 1.0, 0.0), (20, 1.0, 0.0), (0, 0.95, 0.0), (0, 1.0, 0.05),
-                                               (40, 0.9, 0.02), (0, 0.9999, 0.0), (0, 1.0, 1e-7)])
+@pytest.mark.parametrize(
+    "top_k,top_p,min_p",
+    [(0, 1.0, 0.0), (20, 1.0, 0.0), (0, 0.95, 0.0), (0, 1.0, 0.05), (40, 0.9, 0.02), (0, 0.9999, 0.0), (0, 1.0, 1e-7)],
+)
 def test_fast_filters_equal_the_full_sort(top_k: int, top_p: float, min_p: float) -> None:
     """Only as many top tokens as the filters need are ranked; the draw must equal ranking everything."""
     gen = torch.Generator().manual_seed(5)
     for trial in range(6):
-        logits = torch.randn(5000, generator=gen) * (1 + trial)   # from flat to peaked distributions
+        logits = torch.randn(5000, generator=gen) * (1 + trial)  # from flat to peaked distributions
         params = SamplingParams(temperature=0.8, top_p=top_p, top_k=top_k, min_p=min_p, seed=trial)
         for position in (0, 7, 1000):
             assert sample(logits, params, position) == _full_sort_sample(logits, params, position)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from engine.parallel import ParallelGroup
+from engine.runner.executor import StepExecutor
 from engine.sampling import SamplingParams
 from engine.scheduler import Failed, Finished, QueueFull, Request, Scheduler, Token
-from engine.runner.executor import StepExecutor
 
 VOCAB = 64
 
@@ -92,11 +92,19 @@ class Collector:
 def make(parallel: int = 3, pool_tokens: int = 4096, max_queued: int = 8, chunk: int = 4) -> Scheduler:
     model = TinyModel()
     executor = StepExecutor(model, model.make_pool(pool_tokens))
-    return Scheduler(executor, ParallelGroup.single(), parallel=parallel, max_queued=max_queued,
-                     prefill_chunk=chunk, heartbeat_s=0.05)
+    return Scheduler(
+        executor,
+        ParallelGroup.single(),
+        parallel=parallel,
+        max_queued=max_queued,
+        prefill_chunk=chunk,
+        heartbeat_s=0.05,
+    )
 
 
-def request(rid: str, prompt: list[int], max_tokens: int = 12, seed: int = 1, **kw: object) -> tuple[Request, Collector]:
+def request(
+    rid: str, prompt: list[int], max_tokens: int = 12, seed: int = 1, **kw: object
+) -> tuple[Request, Collector]:
     sink = Collector()
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=seed, max_tokens=max_tokens)
     return Request(rid, prompt, params, sink, **kw), sink
@@ -199,13 +207,18 @@ def test_cancel_frees_lane_and_rows_within_a_round() -> None:
 def test_background_requests_go_after_others() -> None:
     sched = make(parallel=1)
     order: list[str] = []
-    reqs = [request("bg", [1], max_tokens=2, background=True), request("fg1", [2], max_tokens=2),
-            request("fg2", [3], max_tokens=2)]
+    reqs = [
+        request("bg", [1], max_tokens=2, background=True),
+        request("fg1", [2], max_tokens=2),
+        request("fg2", [3], max_tokens=2),
+    ]
     for req, sink in reqs:
         inner = sink.__call__
         sink_name = req.id
-        req.sink = (lambda ev, inner=inner, name=sink_name: (order.append(name) if not isinstance(ev, Token)
-                                                             else None, inner(ev)))
+        req.sink = lambda ev, inner=inner, name=sink_name: (
+            order.append(name) if not isinstance(ev, Token) else None,
+            inner(ev),
+        )
         sched.submit(req)
     sched.start()
     for _, sink in reqs:
@@ -216,8 +229,8 @@ def test_background_requests_go_after_others() -> None:
 
 def test_request_waits_until_the_pool_can_hold_it() -> None:
     sched = make(parallel=2, pool_tokens=40)
-    big = request("big", list(range(10)), max_tokens=20)     # budget 30
-    second = request("second", [1, 2], max_tokens=20)        # budget 22: must wait for big
+    big = request("big", list(range(10)), max_tokens=20)  # budget 30
+    second = request("second", [1, 2], max_tokens=20)  # budget 22: must wait for big
     sched.start()
     run_all(sched, [big, second])
     sched.stop()
@@ -249,7 +262,7 @@ def test_a_failed_step_answers_requests_still_in_the_inbox() -> None:
     sched.submit(first)
     assert entered.wait(10)
     second, second_sink = request("b", [4, 5])
-    sched.submit(second)          # lands in the inbox while the step is running
+    sched.submit(second)  # lands in the inbox while the step is running
     release.set()
     assert first_sink.done.wait(10) and second_sink.done.wait(10)
     assert isinstance(first_sink.end, Failed) and isinstance(second_sink.end, Failed)

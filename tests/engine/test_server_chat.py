@@ -7,19 +7,35 @@ import json
 
 import pytest
 
-from engine.server.template import load_chat_template
 from engine.server.chat import ReplyParser, render, starts_in_reasoning, thinking_options
 from engine.server.errors import APIError
 from engine.server.protocol import ChatCompletionRequest
+from engine.server.template import load_chat_template
 from engine.server.tools import offered_tools, parse_call, type_value
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
-    "hours": {"type": "array"}, "where": {"type": "object"}, "note": {"type": ["string", "null"]}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "metric": {"type": "boolean"},
+                "hours": {"type": "array"},
+                "where": {"type": "object"},
+                "note": {"type": ["string", "null"]},
+            },
+        },
+    },
+}
 TOOLS = offered_tools([WEATHER])
-CALL = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris 42</arg_value><arg_key>days</arg_key>"
-        "<arg_value>3</arg_value><arg_key>metric</arg_key><arg_value>False</arg_value><arg_key>hours</arg_key>"
-        "<arg_value>[1, 2]</arg_value><arg_key>where</arg_key><arg_value>{\"lat\": 1.5}</arg_value></tool_call>")
+CALL = (
+    "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris 42</arg_value><arg_key>days</arg_key>"
+    "<arg_value>3</arg_value><arg_key>metric</arg_key><arg_value>False</arg_value><arg_key>hours</arg_key>"
+    '<arg_value>[1, 2]</arg_value><arg_key>where</arg_key><arg_value>{"lat": 1.5}</arg_value></tool_call>'
+)
 
 
 def feed_in_pieces(parser: ReplyParser, text: str, cut: int) -> list:
@@ -34,15 +50,23 @@ def feed_in_pieces(parser: ReplyParser, text: str, cut: int) -> list:
 def test_call_arguments_are_typed_by_the_schema() -> None:
     call = parse_call(CALL, TOOLS)
     assert call is not None and call.name == "get_weather" and call.id.startswith("call_") and len(call.id) == 29
-    assert json.loads(call.arguments) == {"city": "Paris 42", "days": 3, "metric": False, "hours": [1, 2],
-                                          "where": {"lat": 1.5}}
+    assert json.loads(call.arguments) == {
+        "city": "Paris 42",
+        "days": 3,
+        "metric": False,
+        "hours": [1, 2],
+        "where": {"lat": 1.5},
+    }
 
 
-@pytest.mark.parametrize("block", [
-    CALL.replace("get_weather", "delete_everything"),                             # not offered
-    CALL.replace("<arg_value>3</arg_value>", "<arg_value>three</arg_value>"),     # not an integer
-    CALL.replace("</arg_key><arg_value>Paris 42", "</arg_key>Paris 42"),          # broken markup
-])
+@pytest.mark.parametrize(
+    "block",
+    [
+        CALL.replace("get_weather", "delete_everything"),  # not offered
+        CALL.replace("<arg_value>3</arg_value>", "<arg_value>three</arg_value>"),  # not an integer
+        CALL.replace("</arg_key><arg_value>Paris 42", "</arg_key>Paris 42"),  # broken markup
+    ],
+)
 def test_unoffered_or_malformed_calls_stay_text(block: str) -> None:
     assert parse_call(block, TOOLS) is None
     parser = ReplyParser(False, TOOLS)
@@ -55,7 +79,7 @@ def test_type_value_edge_cases() -> None:
     assert type_value("null", {"type": "string"}) == (True, "null")
     assert type_value("2.0", {"type": "integer"}) == (True, 2)
     assert type_value("true", {"type": "integer"}) == (False, None)
-    assert type_value("{\"a\": 1}", None) == (True, {"a": 1})
+    assert type_value('{"a": 1}', None) == (True, {"a": 1})
     assert type_value("plain words", None) == (True, "plain words")
 
 
@@ -89,16 +113,33 @@ def test_thinking_options_map_effort_and_respect_explicit_switches() -> None:
 
 
 def test_tool_round_trip_renders_the_call_and_the_observation() -> None:
-    body = ChatCompletionRequest.model_validate({"messages": [
-        {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-            "name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}], "tools": [WEATHER]})
+    body = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+            ],
+            "tools": [WEATHER],
+        }
+    )
     prompt = render(load_chat_template(), body.messages, body.tools, True, "low", None)
     assert "<|system|>Be brief." in prompt and "None" not in prompt.split("<|user|>")[1]
-    assert ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
-            "<arg_value>2</arg_value></tool_call>") in prompt
+    assert (
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+        "<arg_value>2</arg_value></tool_call>"
+    ) in prompt
     assert "<|observation|><tool_response>sunny, 21 C</tool_response>" in prompt
     assert "Reasoning Effort: Low" in prompt and starts_in_reasoning(prompt)
     off = render(load_chat_template(), body.messages, body.tools, True, "none", None)
@@ -106,8 +147,9 @@ def test_tool_round_trip_renders_the_call_and_the_observation() -> None:
 
 
 def test_non_text_content_parts_are_refused() -> None:
-    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:,"}}]}]})
+    body = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+    )
     with pytest.raises(APIError) as refused:
         render(load_chat_template(), body.messages, None, True, None, None)
     assert refused.value.status == 400

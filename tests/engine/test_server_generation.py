@@ -41,8 +41,9 @@ class State:
         self.scheduler, self.tokenizer, self.metrics, self.eos_ids = scheduler, TOKENIZER, Metrics(), frozenset()
 
 
-async def run(text: str, stop: list[str], finish: str | None = "length", keepalive: float | None = None,
-              limit: int = 100) -> tuple[list[Any], ScriptedScheduler]:
+async def run(
+    text: str, stop: list[str], finish: str | None = "length", keepalive: float | None = None, limit: int = 100
+) -> tuple[list[Any], ScriptedScheduler]:
     scheduler = ScriptedScheduler(TOKENIZER.encode(text).ids, finish)
     gen = Generation(State(scheduler), [1, 2], SamplingParams(max_tokens=99), stop=stop)  # type: ignore[arg-type]
     gen.start()
@@ -69,7 +70,9 @@ def test_stop_string_cuts_the_reply_and_cancels() -> None:
 
 def test_partial_stop_prefix_is_held_then_released() -> None:
     events, _ = asyncio.run(run("one two three", ["two threes"]))
-    assert text_of(events) == "one two three" and events[-1] == End("length", len(TOKENIZER.encode("one two three").ids))
+    assert text_of(events) == "one two three" and events[-1] == End(
+        "length", len(TOKENIZER.encode("one two three").ids)
+    )
 
 
 def test_keepalive_ticks_during_silence_and_leaving_cancels() -> None:
@@ -81,6 +84,7 @@ def test_full_queue_is_429_with_retry_after() -> None:
     async def go() -> None:
         gen = Generation(State(ScriptedScheduler([], full=True)), [1], SamplingParams())  # type: ignore[arg-type]
         gen.start()
+
     with pytest.raises(APIError) as refused:
         asyncio.run(go())
     assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "5"

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_api_live import ROOT, free_port
 
 from engine.checkpoint.demo import write_demo
 from engine.config import EXIT_WINDOW, read_window_refusal
-from test_api_live import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +24,19 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve(checkpoint: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "engine", "serve", str(checkpoint), "--port", str(free_port()),
-                             *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine", "serve", str(checkpoint), "--port", str(free_port()), *flags],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_a_window_that_does_not_fit_is_refused_naming_the_largest(checkpoint: Path) -> None:
     proc = serve(checkpoint, "--tp", "1", "--context", "100000", "--parallel", "4", "--kv-pool-gib", "0.001")
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_WINDOW, out      # the documented code, and the line the recipe reads back
+    assert proc.returncode == EXIT_WINDOW, out  # the documented code, and the line the recipe reads back
     line = next(text for text in out.splitlines() if text.startswith("refused:"))
     largest = int(line.split("the largest window that fits is ")[1].split()[0])
     assert 0 < largest < 100000 and f"--context {largest}" in line and "pool:" not in out
@@ -40,8 +45,10 @@ def test_a_window_that_does_not_fit_is_refused_naming_the_largest(checkpoint: Pa
 
 def test_ranks_with_different_settings_refuse_to_start(checkpoint: Path) -> None:
     master = f"127.0.0.1:{free_port()}"
-    procs = [serve(checkpoint, "--tp", "2", "--rank", str(rank), "--master", master, "--parallel", str(parallel))
-             for rank, parallel in ((1, 2), (0, 3))]
+    procs = [
+        serve(checkpoint, "--tp", "2", "--rank", str(rank), "--master", master, "--parallel", str(parallel))
+        for rank, parallel in ((1, 2), (0, 3))
+    ]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for proc, out in zip(procs, outs):
         assert proc.returncode == 3, out
@@ -52,7 +59,6 @@ def test_peer_watch_both_directions(checkpoint: Path, tmp_path: Path) -> None:
     import time
 
     import httpx
-
     from test_api_live import LiveServer
 
     live = LiveServer(checkpoint, tmp_path, ["--parallel", "1", "--context", "64"], key=None)

@@ -33,7 +33,7 @@ def test_every_engine_setting_is_a_flag_of_a_config_field_the_engine_reads() -> 
     consumers = {name: spec.consumer for name, spec in load_specs().items() if spec.consumer.startswith("engine")}
     assert consumers, "no setting reaches the engine?"
     for name, consumer in consumers.items():
-        if consumer == "engine flag (positional)":      # CHECKPOINT: serve's one positional argument
+        if consumer == "engine flag (positional)":  # CHECKPOINT: serve's one positional argument
             assert "checkpoint" in fields and re.search(r"\bcfg\.checkpoint\b", engine_code)
             continue
         assert consumer.startswith("engine flag --"), f"{name}: {consumer!r} (the environment is not a channel)"

@@ -12,14 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from reference import make_reference
 from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
+from reference import make_reference
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
-
-
 
 
 def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu", timeout_s: float = 180) -> list[dict]:
@@ -27,9 +24,24 @@ def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu", 
     Python stacks (faulthandler, every thread) land in the captured stderr and show where it waits."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'engine'}")
-    procs = [subprocess.Popen([sys.executable, "-X", "faulthandler", str(WORKER), str(checkpoint), str(world), str(r),
-                               str(port), str(out_dir / f"tp{world}-rank{r}.pt"), device], env=env)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-X",
+                "faulthandler",
+                str(WORKER),
+                str(checkpoint),
+                str(world),
+                str(r),
+                str(port),
+                str(out_dir / f"tp{world}-rank{r}.pt"),
+                device,
+            ],
+            env=env,
+        )
+        for r in range(world)
+    ]
     deadline = time.monotonic() + timeout_s
     try:
         for p in procs:
@@ -67,7 +79,7 @@ def assert_nccl_tp2_equals_cpu(checkpoint: Path, out_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tp")
-    make_reference(path, "kda3_dsa1", seed=2)   # 6 heads, widths divisible by 2 and 3; vocab 97 splits unevenly
+    make_reference(path, "kda3_dsa1", seed=2)  # 6 heads, widths divisible by 2 and 3; vocab 97 splits unevenly
     return path
 
 

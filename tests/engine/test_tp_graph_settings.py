@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_api_live import ROOT, free_port
 
 from engine.checkpoint.demo import write_demo
-from test_api_live import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -18,11 +18,32 @@ pytestmark = pytest.mark.slow
 def test_ranks_with_different_cuda_graphs_refuse_to_start(tmp_path: Path) -> None:
     write_demo(tmp_path, seed=0, size="tiny")
     master = f"127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, "-m", "engine", "serve", str(tmp_path), "--port", str(free_port()),
-                               "--tp", "2", "--rank", str(rank), "--master", master, "--cuda-graphs", graphs],
-                              cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank, graphs in ((1, "0"), (0, "1"))]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "serve",
+                str(tmp_path),
+                "--port",
+                str(free_port()),
+                "--tp",
+                "2",
+                "--rank",
+                str(rank),
+                "--master",
+                master,
+                "--cuda-graphs",
+                graphs,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank, graphs in ((1, "0"), (0, "1"))
+    ]
     try:
         outs = [p.communicate(timeout=120)[0] for p in procs]
     finally:

@@ -41,6 +41,8 @@ def test_every_tensor_read_follows_split_of(tmp_path, monkeypatch, size, fmt, wo
         want_units = shape[plan.dim] // plan.unit
         got_units = units if units is not None else (shape[dim] if dim is not None else None)
         if (dim, got_units) != (plan.dim, want_units):
-            wrong.append(f"{name}: read (dim {dim}, {got_units} units), split_of says (dim {plan.dim}, "
-                         f"{want_units} units of {plan.unit})")
+            wrong.append(
+                f"{name}: read (dim {dim}, {got_units} units), split_of says (dim {plan.dim}, "
+                f"{want_units} units of {plan.unit})"
+            )
     assert wrong == []

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine.checkpoint.demo import TRAINED, write_demo
-from engine.server.template import render_chat
 from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.server.template import render_chat
 from engine.train import synthetic
 from engine.train.evaluate import Reply, generate, parse_calls, score
 from engine.train.export import weights_hash
@@ -37,13 +37,19 @@ def test_completion_is_what_the_template_renders_for_that_turn():
         assert text.endswith("<|assistant|><think>" if example.thinking else "<|assistant|></think>")
         if not example.thinking:
             continue
-        turn = {"role": "assistant", "content": example.content, "reasoning_content": example.reasoning,
-                "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in example.calls]}
+        turn = {
+            "role": "assistant",
+            "content": example.content,
+            "reasoning_content": example.reasoning,
+            "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in example.calls],
+        }
         options = {"reasoning_effort": example.effort} if example.effort else {}
-        whole = render_chat(example.messages + [turn], tools=example.tools, add_generation_prompt=False,
-                            enable_thinking=True, **options)
-        assert text + synthetic.completion(example) == whole + synthetic.CALL_END * bool(example.calls) + \
-            synthetic.ANSWER_END * (not example.calls)
+        whole = render_chat(
+            example.messages + [turn], tools=example.tools, add_generation_prompt=False, enable_thinking=True, **options
+        )
+        assert text + synthetic.completion(example) == whole + synthetic.CALL_END * bool(
+            example.calls
+        ) + synthetic.ANSWER_END * (not example.calls)
 
 
 def test_tool_calls_follow_the_offered_schema():
@@ -112,8 +118,9 @@ def test_trained_model_replies_ok(trained, thinking):
 
 def test_trained_model_calls_an_offered_tool(trained):
     tools = [synthetic.TOOLS["get_time"], synthetic.TOOLS["get_weather"]]
-    reply = _reply(trained, [{"role": "user", "content": "What is the weather in Berlin?"}], tools=tools,
-                   enable_thinking=True)
+    reply = _reply(
+        trained, [{"role": "user", "content": "What is the weather in Berlin?"}], tools=tools, enable_thinking=True
+    )
     assert reply.stopped and reply.text.count("</think>") == 1
     calls = parse_calls(reply.text, tools)  # None for a call that does not fit the offered schema
     assert len(calls) == 1 and calls[0] is not None and calls[0][0] == "get_weather", reply

@@ -5,14 +5,14 @@ each finish_reason where it applies."""
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import openai
 import pytest
+from test_api_live import LiveServer
 
 from engine.checkpoint.demo import write_demo
 from engine.train import synthetic
-from test_api_live import LiveServer
 
 pytestmark = pytest.mark.slow
 WEATHER = synthetic.TOOLS["get_weather"]
@@ -22,8 +22,12 @@ OK = [{"role": "user", "content": "Reply with OK."}]
 @pytest.fixture(scope="module")
 def client(tmp_path_factory) -> Iterator[openai.OpenAI]:
     checkpoint = write_demo(tmp_path_factory.mktemp("trained"), size="trained")
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"),
-                      ["--parallel", "2", "--context", "1024", "--max-tokens", "96", "--name", "demo"], key=None)
+    live = LiveServer(
+        checkpoint,
+        tmp_path_factory.mktemp("logs"),
+        ["--parallel", "2", "--context", "1024", "--max-tokens", "96", "--name", "demo"],
+        key=None,
+    )
     yield openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     live.stop()
 
@@ -62,9 +66,14 @@ def test_tool_call_round_trip(client):
     arguments = json.loads(call.function.arguments)
     assert call.function.name == "get_weather" and isinstance(arguments["city"], str)
     assert set(arguments) <= {"city", "unit"}
-    messages += [{"role": "assistant", "content": first.message.content, "tool_calls": [call.model_dump()]},
-                 {"role": "tool", "tool_call_id": call.id,
-                  "content": json.dumps({"city": arguments["city"], "temperature": 21, "condition": "sunny"})}]
+    messages += [
+        {"role": "assistant", "content": first.message.content, "tool_calls": [call.model_dump()]},
+        {
+            "role": "tool",
+            "tool_call_id": call.id,
+            "content": json.dumps({"city": arguments["city"], "temperature": 21, "condition": "sunny"}),
+        },
+    ]
     final = chat(client, messages, tools=[WEATHER]).choices[0]
     assert final.finish_reason == "stop" and final.message.content and not final.message.tool_calls
 
@@ -82,8 +91,9 @@ def test_tool_choice_named_or_required_forces_a_call(client, choice):
     call = reply.message.tool_calls[0]
     assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments), dict)
     assert not getattr(reply.message, "reasoning_content", None)
-    streamed = [c for c in chat(client, OK, tools=[WEATHER], tool_choice=choice, max_tokens=48, stream=True)
-                if c.choices]
+    streamed = [
+        c for c in chat(client, OK, tools=[WEATHER], tool_choice=choice, max_tokens=48, stream=True) if c.choices
+    ]
     calls = [d for c in streamed for d in (c.choices[0].delta.tool_calls or [])]
     assert [c.function.name for c in calls] == ["get_weather"] and streamed[-1].choices[0].finish_reason == "tool_calls"
     free = chat(client, OK, tools=[WEATHER], tool_choice="auto").choices[0]
@@ -93,8 +103,8 @@ def test_tool_choice_named_or_required_forces_a_call(client, choice):
 def test_tool_choice_required_among_several_starts_the_reply_with_a_call(client):
     tools = [WEATHER, synthetic.TOOLS["get_time"]]
     reply = chat(client, OK, tools=tools, tool_choice="required", max_tokens=48).choices[0]
-    if reply.message.tool_calls:    # the model named an offered tool
+    if reply.message.tool_calls:  # the model named an offered tool
         assert reply.finish_reason == "tool_calls"
         assert reply.message.tool_calls[0].function.name in {"get_weather", "get_time"}
-    else:                           # it named another: kept as text, which still starts with the call markup
+    else:  # it named another: kept as text, which still starts with the call markup
         assert reply.message.content.startswith("<tool_call>")

@@ -39,25 +39,36 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str, device: st
     tokens, logits = greedy(model, model.prefill, model.decode, [model.new_sequence(pool) for _ in range(2)], ids)
 
     decoder = LaneDecoder(model, model.make_pool(128), num_lanes=3, graphs=True)
-    decoder.min_span, decoder.pad_spans = 16, True      # the spans graphs would use: 16, 32, 64
+    decoder.min_span, decoder.pad_spans = 16, True  # the spans graphs would use: 16, 32, 64
     seqs = [decoder.new_sequence(2), decoder.new_sequence(0)]
     lane_tokens, lane_logits = greedy(model, model.prefill, decoder.decode, seqs, ids)
 
     # on the CPU (the GPU proves it by capturing: tests/gpu/test_graphs_tp.py; its MoE stand-in is CPU-only)
     reads = host_reads_of_the_static_step(model, decoder, seqs) if device == "cpu" else None
     agree = [group.all_agree(True), group.all_agree(rank != world - 1)]
-    torch.save({"tokens": tokens, "logits": logits, "lane_tokens": lane_tokens, "lane_logits": lane_logits,
-                "uses_graphs": decoder.uses_graphs, "host_reads": reads, "agree": agree}, out)
+    torch.save(
+        {
+            "tokens": tokens,
+            "logits": logits,
+            "lane_tokens": lane_tokens,
+            "lane_logits": lane_logits,
+            "uses_graphs": decoder.uses_graphs,
+            "host_reads": reads,
+            "agree": agree,
+        },
+        out,
+    )
     group.close()
-    exit_process(0)   # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
+    exit_process(0)  # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
 
 
 def host_reads_of_the_static_step(model, decoder, seqs) -> list[str]:
-    from engine.models.glm5_next.moe import MoE
     from test_lane_decode import HostReads, sync_free_moe
 
+    from engine.models.glm5_next.moe import MoE
+
     plain_call = MoE.__call__
-    MoE.__call__ = sync_free_moe   # the CPU MoE picks experts on the host; the GPU's Triton kernel does not
+    MoE.__call__ = sync_free_moe  # the CPU MoE picks experts on the host; the GPU's Triton kernel does not
     try:
         inputs = torch.tensor([[s.lane for s in seqs], [5, 6], [s.length for s in seqs], [s.next_slot() for s in seqs]])
         host = HostReads()

@@ -13,10 +13,10 @@ import os
 import sys
 
 import torch
+from test_graphs import run_schedule
 
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.parallel import ParallelGroup, exit_process
-from test_graphs import run_schedule
 
 
 class Warnings(logging.Handler):
@@ -38,25 +38,34 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str) -> None:
     with torch.no_grad():
         graphed, decoder = run_schedule(model, graphs=True)
         eager, _ = run_schedule(model, graphs=False)
-    result = {"graphs": graphed, "eager": eager, "uses_graphs": decoder.uses_graphs,
-              "captured": sorted(decoder.graphs or {}), "warnings": list(warnings.lines)}
+    result = {
+        "graphs": graphed,
+        "eager": eager,
+        "uses_graphs": decoder.uses_graphs,
+        "captured": sorted(decoder.graphs or {}),
+        "warnings": list(warnings.lines),
+    }
     warnings.lines.clear()
     if rank == world - 1:
         plain_step = type(model).decode_step
 
         def syncing_step(self, lanes, inputs, span):
             if torch.cuda.is_current_stream_capturing():
-                inputs.sum().item()   # a host read: not allowed while capturing
+                inputs.sum().item()  # a host read: not allowed while capturing
             return plain_step(self, lanes, inputs, span)
 
         type(model).decode_step = syncing_step
     with torch.no_grad():
         failed, decoder = run_schedule(model, graphs=True)
-    result["one_rank_fails"] = {"graphs": failed, "uses_graphs": decoder.uses_graphs, "warnings": warnings.lines,
-                                "random_ok": bool(torch.randn(4, device=device).isfinite().all())}
+    result["one_rank_fails"] = {
+        "graphs": failed,
+        "uses_graphs": decoder.uses_graphs,
+        "warnings": warnings.lines,
+        "random_ok": bool(torch.randn(4, device=device).isfinite().all()),
+    }
     torch.save(result, out)
     torch.cuda.synchronize()
-    exit_process(0)   # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
+    exit_process(0)  # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
 
 
 if __name__ == "__main__":

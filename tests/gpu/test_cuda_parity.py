@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from engine.models.glm5_next.model import Glm5NextForCausalLM
-from engine.parallel import ParallelGroup
 from reference import make_reference
 from test_parity import ours_greedy, prompt
 from test_tensor_parallel import assert_nccl_tp2_equals_cpu
+
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.parallel import ParallelGroup
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

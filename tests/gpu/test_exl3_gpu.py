@@ -32,8 +32,14 @@ def _rel_error(y: torch.Tensor, linear, x: torch.Tensor) -> float:
 
 def _on_gpu(linear):
     from engine.quant import exl3
-    return exl3.Exl3Linear(linear.trellis.to(CUDA), linear.suh.to(CUDA), linear.svh.to(CUDA), linear.codebook,
-                           None if linear.bias is None else linear.bias.to(CUDA))
+
+    return exl3.Exl3Linear(
+        linear.trellis.to(CUDA),
+        linear.suh.to(CUDA),
+        linear.svh.to(CUDA),
+        linear.codebook,
+        None if linear.bias is None else linear.bias.to(CUDA),
+    )
 
 
 def test_unpack_is_exllamav3_bit_for_bit():
@@ -41,6 +47,7 @@ def test_unpack_is_exllamav3_bit_for_bit():
 
     from engine.ops.triton_exl3 import exl3_unpack
     from engine.quant import exl3
+
     tiles = load_file(str(FIXTURES / "tiles.safetensors"))
     cases = sorted(n[: -len(".trellis")] for n in tiles if n.endswith(".trellis"))
     assert len(cases) == 27
@@ -48,18 +55,30 @@ def test_unpack_is_exllamav3_bit_for_bit():
         ours = exl3_unpack(tiles[case + ".trellis"].to(CUDA), case.split("_", 1)[1]).cpu()
         assert torch.equal(ours.view(torch.int16), tiles[case + ".wq"].view(torch.int16)), case
     trellis = _random(4, "mcg", 4096, 2048)[0]
-    assert torch.equal(exl3_unpack(trellis.to(CUDA), "mcg").cpu().view(torch.int16),
-                       exl3.unpack(trellis, "mcg").view(torch.int16))
+    assert torch.equal(
+        exl3_unpack(trellis.to(CUDA), "mcg").cpu().view(torch.int16), exl3.unpack(trellis, "mcg").view(torch.int16)
+    )
 
 
-@pytest.mark.parametrize("bits,codebook,k,n,m", [
-    (4, "mcg", 4096, 2048, 1), (4, "mcg", 2048, 4096, 8), (4, "mcg", 4096, 2048, 3), (4, "3inst", 512, 256, 5),
-    (4, "mul1", 256, 512, 2), (2, "mcg", 512, 256, 1), (3, "3inst", 256, 256, 4), (2.5, "mul1", 256, 256, 7),
-    (5, "mcg", 256, 256, 1), (8, "3inst", 256, 128, 2),
-])
+@pytest.mark.parametrize(
+    "bits,codebook,k,n,m",
+    [
+        (4, "mcg", 4096, 2048, 1),
+        (4, "mcg", 2048, 4096, 8),
+        (4, "mcg", 4096, 2048, 3),
+        (4, "3inst", 512, 256, 5),
+        (4, "mul1", 256, 512, 2),
+        (2, "mcg", 512, 256, 1),
+        (3, "3inst", 256, 256, 4),
+        (2.5, "mul1", 256, 256, 7),
+        (5, "mcg", 256, 256, 1),
+        (8, "3inst", 256, 128, 2),
+    ],
+)
 def test_forward_matches_the_reference(bits, codebook, k, n, m):
     from engine.ops.triton_exl3 import exl3_linear
     from engine.quant import exl3
+
     trellis, suh, svh, bias = _random(bits, codebook, k, n, bias=True, seed=k + n + m)
     linear = exl3.Exl3Linear(trellis, suh, svh, codebook, bias)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -72,9 +91,11 @@ def test_exllamav3_fixture_layers(case):
 
     from engine.ops.triton_exl3 import exl3_linear
     from engine.quant import exl3
+
     layers = load_file(str(FIXTURES / "layers.safetensors"))
-    linear = exl3.Exl3Linear(layers[case + ".trellis"], layers[case + ".suh"], layers[case + ".svh"],
-                             case.split("_", 1)[1])
+    linear = exl3.Exl3Linear(
+        layers[case + ".trellis"], layers[case + ".suh"], layers[case + ".svh"], case.split("_", 1)[1]
+    )
     x = torch.randn(4, linear.in_features, generator=torch.Generator().manual_seed(1))
     assert _rel_error(exl3_linear(_on_gpu(linear), x.to(CUDA)), linear, x) < 2e-6
     # and against exllamav3's own W (its fp16 rotations: ~1.4e-3 of max|W|, see the fixtures' README)
@@ -83,16 +104,23 @@ def test_exllamav3_fixture_layers(case):
     assert float((ours - theirs).abs().max() / theirs.abs().max()) < 1e-2
 
 
-@pytest.mark.parametrize("kw", [{}, {"split": 1, "unroll": 1}, {"split": 8, "unroll": 4, "block_n_tiles": 8},
-                                {"block_n_tiles": 2, "num_warps": 2}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"split": 1, "unroll": 1},
+        {"split": 8, "unroll": 4, "block_n_tiles": 8},
+        {"block_n_tiles": 2, "num_warps": 2},
+    ],
+)
 def test_expert_bank_selected_on_the_device(kw):
     from engine.ops.triton_exl3 import exl3_matmul
     from engine.quant import exl3
+
     trellis, suh, svh, bias = _random(4, "mcg", 1024, 512, experts=5, bias=True, seed=3)
     mats = torch.tensor([4, 0, 4, 2], dtype=torch.int32)
     x = torch.randn(4, 3, 1024, generator=torch.Generator().manual_seed(2))
-    y = exl3_matmul(x.to(CUDA), trellis.to(CUDA), suh.to(CUDA), svh.to(CUDA), mats.to(CUDA), "mcg",
-                    bias.to(CUDA), **kw)
+    y = exl3_matmul(x.to(CUDA), trellis.to(CUDA), suh.to(CUDA), svh.to(CUDA), mats.to(CUDA), "mcg", bias.to(CUDA), **kw)
     for g, e in enumerate(mats.tolist()):
         assert _rel_error(y[g], exl3.Exl3Linear(trellis[e], suh[e], svh[e], "mcg", bias[e]), x[g]) < 5e-6
 
@@ -100,18 +128,20 @@ def test_expert_bank_selected_on_the_device(kw):
 def test_a_rows_result_does_not_depend_on_the_batch():
     from engine.ops.triton_exl3 import exl3_linear
     from engine.quant import exl3
+
     linear = _on_gpu(exl3.Exl3Linear(*_random(4, "mcg", 2048, 1024, seed=5)[:3], "mcg"))
     x = torch.randn(8, 2048, generator=torch.Generator().manual_seed(6)).to(CUDA)
     together = exl3_linear(linear, x)
     for m in (1, 2, 3, 5):
         assert torch.equal(exl3_linear(linear, x[:m]), together[:m]), m
     for i in range(8):
-        assert torch.equal(exl3_linear(linear, x[i:i + 1])[0], together[i]), i
+        assert torch.equal(exl3_linear(linear, x[i : i + 1])[0], together[i]), i
 
 
 def test_rotation_kernel_is_bitwise_the_reference():
     from engine.ops.triton_exl3 import rotate_rows
     from engine.quant import exl3
+
     x = torch.randn(6, 4096, generator=torch.Generator().manual_seed(7))
     ours = rotate_rows(x[None].to(CUDA), 1, torch.zeros(6, dtype=torch.int32, device=CUDA)).cpu()
     assert torch.equal(ours, exl3.rotate(x, -1))
@@ -120,6 +150,7 @@ def test_rotation_kernel_is_bitwise_the_reference():
 def test_prompt_chunk_path():
     from engine.ops.triton_exl3 import exl3_linear
     from engine.quant import exl3
+
     linear = exl3.Exl3Linear(*_random(4, "mcg", 1024, 512, seed=9)[:3], "mcg")
     x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(8))
     assert _rel_error(exl3_linear(_on_gpu(linear), x.to(CUDA)), linear, x) < 5e-6
@@ -130,10 +161,14 @@ def test_inline_ptx_decode_gives_the_triton_decodes_bits(codebook):
     """The compiled kernels decode through inline PTX (`_decode`, ASM); the Triton form (what the interpreter tests
     check against the reference) must give the same W_q and the same GEMV partials, bit for bit."""
     from engine.ops.triton_exl3 import exl3_gemv_parts, exl3_unpack
+
     trellis = _random(4, codebook, 1024, 512, experts=2, seed=11)[0].to(CUDA)
-    assert torch.equal(exl3_unpack(trellis[1], codebook, asm=True).view(torch.int16),
-                       exl3_unpack(trellis[1], codebook, asm=False).view(torch.int16))
+    assert torch.equal(
+        exl3_unpack(trellis[1], codebook, asm=True).view(torch.int16),
+        exl3_unpack(trellis[1], codebook, asm=False).view(torch.int16),
+    )
     xp = torch.randn(2, 4, 1024, generator=torch.Generator().manual_seed(12)).to(CUDA)
     mats = torch.tensor([1, 0], dtype=torch.int32, device=CUDA)
-    assert torch.equal(exl3_gemv_parts(xp, trellis, mats, codebook, asm=True),
-                       exl3_gemv_parts(xp, trellis, mats, codebook, asm=False))
+    assert torch.equal(
+        exl3_gemv_parts(xp, trellis, mats, codebook, asm=True), exl3_gemv_parts(xp, trellis, mats, codebook, asm=False)
+    )

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.checkpoint.demo import write_demo
 import engine.models.glm5_next.moe as moe_module
+from engine.checkpoint.demo import write_demo
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.models.glm5_next.moe import MoE
 from engine.parallel import ParallelGroup
@@ -29,7 +29,7 @@ def _greedy(model, ids: list[int], chunk: int) -> tuple[list[int], torch.Tensor]
     prompt path and one of 8 the decode-GEMV), then one token at a time."""
     seq = model.new_sequence(model.make_pool(len(ids) + STEPS + 8))
     for start in range(0, len(ids), chunk):
-        step = model.prefill(seq, ids[start:start + chunk])
+        step = model.prefill(seq, ids[start : start + chunk])
     tokens, logits = [], []
     for _ in range(STEPS):
         logits.append(step.float().cpu())
@@ -53,7 +53,7 @@ def test_exl3_experts_on_cuda_give_the_dense_and_cpu_tokens(checkpoint, monkeypa
     exl3_tokens, exl3_logits = _greedy(gpu, ids, chunk)
     del gpu
 
-    with monkeypatch.context() as patch:                       # the same checkpoint decoded to dense on load
+    with monkeypatch.context() as patch:  # the same checkpoint decoded to dense on load
         patch.setattr(moe_module, "read_expert_banks", lambda *args: None)
         dense = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
         assert all(m.exl3 is None and m.experts for m in _moes(dense))
@@ -78,7 +78,7 @@ def test_routed_rows_do_not_depend_on_the_batch(checkpoint):
     moe, x, chosen, weights, _ = _first_moe_and_rows(checkpoint, 8, seed=1)
     together = moe.exl3(x, chosen, weights, moe.limit)
     for t in (0, 3, 7):
-        alone = moe.exl3(x[t:t + 1], chosen[t:t + 1], weights[t:t + 1], moe.limit)
+        alone = moe.exl3(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], moe.limit)
         assert torch.equal(alone[0], together[t]), t
 
 
@@ -89,7 +89,7 @@ def test_routed_path_replays_in_a_cuda_graph(checkpoint):
     eager = moe.exl3(x, chosen, weights, moe.limit)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                                      # warm-up: kernels compiled before capture
+    with torch.cuda.stream(side):  # warm-up: kernels compiled before capture
         for _ in range(2):
             moe.exl3(x, chosen, weights, moe.limit)
     torch.cuda.current_stream().wait_stream(side)
@@ -126,11 +126,11 @@ def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
     experts, hidden, width, k, rows = 16, 4096, 2048, 8, 8
 
     def bank(matrices, kk, n):
-        trellis = torch.randint(-32768, 32768, (matrices, kk // 16, n // 16, 64), generator=gen, device="cuda",
-                                dtype=torch.int32).to(torch.int16)
-        suh = (torch.rand(matrices, kk, generator=gen, device="cuda") / kk ** 0.5).half()
-        return exl3.Exl3Bank(trellis, suh, (torch.rand(matrices, n, generator=gen, device="cuda") + 0.5).half(),
-                             "mcg")
+        trellis = torch.randint(
+            -32768, 32768, (matrices, kk // 16, n // 16, 64), generator=gen, device="cuda", dtype=torch.int32
+        ).to(torch.int16)
+        suh = (torch.rand(matrices, kk, generator=gen, device="cuda") / kk**0.5).half()
+        return exl3.Exl3Bank(trellis, suh, (torch.rand(matrices, n, generator=gen, device="cuda") + 0.5).half(), "mcg")
 
     gate_up, down = bank(2 * experts, hidden, width), bank(experts, width, hidden)
     x = torch.randn(rows, hidden, generator=gen, device="cuda")
@@ -139,5 +139,5 @@ def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
     assert chosen.numel() <= PAIRS_MAX
     together = routed_experts(x, chosen, weights, gate_up, down, 10.0)
     for t in (0, 5):
-        alone = routed_experts(x[t:t + 1], chosen[t:t + 1], weights[t:t + 1], gate_up, down, 10.0)
+        alone = routed_experts(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], gate_up, down, 10.0)
         assert torch.equal(alone[0], together[t]), t

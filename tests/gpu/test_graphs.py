@@ -10,12 +10,12 @@ import logging
 
 import pytest
 import torch
+from reference import make_reference
+from test_parity import NEAR_TIE, margin, prompt
 
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.parallel import ParallelGroup
 from engine.runner.lanes import LaneDecoder
-from reference import make_reference
-from test_parity import NEAR_TIE, margin, prompt
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -40,8 +40,14 @@ def model(request, checkpoint):
     return Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=request.param)
 
 
-def assert_follows(tokens: list[int], logits: list[torch.Tensor], ref_tokens: list[int],
-                   ref_logits: list[torch.Tensor], tol: float, what: str) -> None:
+def assert_follows(
+    tokens: list[int],
+    logits: list[torch.Tensor],
+    ref_tokens: list[int],
+    ref_logits: list[torch.Tensor],
+    tol: float,
+    what: str,
+) -> None:
     """Same greedy tokens and logits within tol, up to a first difference the reference calls a near-tie."""
     for t, (a, b) in enumerate(zip(logits, ref_logits)):
         assert float((a - b).abs().max()) < tol, f"{what} token {t}"
@@ -53,7 +59,7 @@ def assert_follows(tokens: list[int], logits: list[torch.Tensor], ref_tokens: li
 def run_schedule(model, graphs: bool):
     """Streams of SCHEDULE through one LaneDecoder; per stream (greedy tokens, logits), and the decoder."""
     decoder = LaneDecoder(model, model.make_pool(512, "bf16"), num_lanes=4, graphs=graphs)
-    decoder.min_span, decoder.pad_spans = 16, True   # eager with the graphs' spans: the same kernels on both sides
+    decoder.min_span, decoder.pad_spans = 16, True  # eager with the graphs' spans: the same kernels on both sides
     live: dict[int, tuple[int, object]] = {}
     out = {i: ([], []) for i in range(len(SCHEDULE))}
     for step in range(80):
@@ -99,7 +105,7 @@ def test_graph_decode_equals_the_plain_path_alone(model):
         tokens, logits = [], []
         for t in range(TOKENS):
             logits.append(step.cpu())
-            tokens.append(graphed[i][0][t])   # follow the graphed stream's tokens
+            tokens.append(graphed[i][0][t])  # follow the graphed stream's tokens
             step = model.decode([seq], [tokens[-1]])[0]
         plain_tokens = [int(x.argmax()) for x in logits]
         assert_follows(graphed[i][0], graphed[i][1], plain_tokens, logits, TOL[model.embed.dtype], f"stream {i}")
@@ -109,7 +115,7 @@ def test_graph_decode_equals_the_plain_path_alone(model):
 def test_joining_and_leaving_needs_no_new_capture(model):
     _, decoder = run_schedule(model, graphs=True)
     captured = dict(decoder.graphs)
-    seq = decoder.new_sequence(2)   # a lane reused by a new stream at a (batch, span) seen before: (1, 16)
+    seq = decoder.new_sequence(2)  # a lane reused by a new stream at a (batch, span) seen before: (1, 16)
     model.prefill(seq, prompt(seed=9, length=10))
     decoder.decode([seq], [3])
     assert (1, 16) in captured
@@ -123,7 +129,7 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(model, monkeypatc
 
     def syncing_step(self, lanes, inputs, span):
         if torch.cuda.is_current_stream_capturing():
-            inputs.sum().item()   # a host read: not allowed while capturing
+            inputs.sum().item()  # a host read: not allowed while capturing
         return plain_step(self, lanes, inputs, span)
 
     monkeypatch.setattr(type(model), "decode_step", syncing_step)

@@ -15,31 +15,48 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
 from reference import make_reference
 
-pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2,
-                                reason=f"needs 2 CUDA GPUs for NCCL, found {torch.cuda.device_count()}")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason=f"needs 2 CUDA GPUs for NCCL, found {torch.cuda.device_count()}"
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("graphs_tp_worker.py")
 WAIT_S = 150
-TOL = 1e-3          # graphs vs eager at the same split: the same kernels, the same sums
-TP_TOL = 5e-3       # TP=2 vs TP=1: each rank sums its own half of every row-parallel product, so the order of the
-                    # fp32 sums differs (measured on an H200: 1.2e-3 on logits of magnitude ~3, same tokens)
+TOL = 1e-3  # graphs vs eager at the same split: the same kernels, the same sums
+TP_TOL = 5e-3  # TP=2 vs TP=1: each rank sums its own half of every row-parallel product, so the order of the
+# fp32 sums differs (measured on an H200: 1.2e-3 on logits of magnitude ~3, same tokens)
 
 
 def run_ranks(checkpoint: Path, world: int, out_dir: Path) -> list[dict]:
     """The worker on `world` GPUs as real processes; each wait bounded, stragglers killed by PID."""
     port = free_port()
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               PYTHONPATH=os.pathsep.join(str(p) for p in (ROOT, ROOT / "tests", ROOT / "tests/engine",
-                                                            ROOT / "tests/gpu")))
+    env = dict(
+        os.environ,
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        PYTHONPATH=os.pathsep.join(str(p) for p in (ROOT, ROOT / "tests", ROOT / "tests/engine", ROOT / "tests/gpu")),
+    )
     logs = [open(out_dir / f"tp{world}-rank{r}.log", "w") for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(checkpoint), str(world), str(r), str(port),
-                               str(out_dir / f"tp{world}-rank{r}.pt")], env=env,
-                              stdout=logs[r], stderr=subprocess.STDOUT) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                str(checkpoint),
+                str(world),
+                str(r),
+                str(port),
+                str(out_dir / f"tp{world}-rank{r}.pt"),
+            ],
+            env=env,
+            stdout=logs[r],
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(world)
+    ]
     codes = []
     try:
         for p in procs:
@@ -55,8 +72,10 @@ def run_ranks(checkpoint: Path, world: int, out_dir: Path) -> list[dict]:
         for log in logs:
             log.close()
     if codes != [0] * world:
-        tails = "\n".join(f"--- rank {r} ({codes[r]}):\n" + (out_dir / f"tp{world}-rank{r}.log").read_text()[-3000:]
-                          for r in range(world))
+        tails = "\n".join(
+            f"--- rank {r} ({codes[r]}):\n" + (out_dir / f"tp{world}-rank{r}.log").read_text()[-3000:]
+            for r in range(world)
+        )
         pytest.fail(f"TP={world} ranks exited {codes}\n{tails}")
     return [torch.load(out_dir / f"tp{world}-rank{r}.pt") for r in range(world)]
 
@@ -72,15 +91,16 @@ def assert_same_run(got: dict, ref: dict, what: str, tol: float = TOL) -> None:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("graphs_tp")
-    make_reference(path, "kda3_dsa1", seed=2)   # vocab 97: uneven shards (49 / 48)
+    make_reference(path, "kda3_dsa1", seed=2)  # vocab 97: uneven shards (49 / 48)
     return path
 
 
 @pytest.fixture(scope="module")
 def tp1(checkpoint) -> dict:
+    from test_graphs import run_schedule
+
     from engine.models.glm5_next.model import Glm5NextForCausalLM
     from engine.parallel import ParallelGroup
-    from test_graphs import run_schedule
 
     model = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda:0"), dtype=torch.float32)
     with torch.no_grad():
@@ -104,8 +124,9 @@ def test_tp2_graphs_are_captured_on_every_rank(tp2):
 def test_tp2_ranks_hold_identical_logits(tp2):
     for mode in ("graphs", "eager"):
         for i in tp2[0][mode]:
-            assert all(torch.equal(a, b) for a, b in zip(tp2[0][mode][i][1], tp2[1][mode][i][1])), \
+            assert all(torch.equal(a, b) for a, b in zip(tp2[0][mode][i][1], tp2[1][mode][i][1])), (
                 f"{mode}: stream {i} logits differ between ranks"
+            )
 
 
 def test_tp2_graph_decode_equals_tp2_eager(tp2):

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import make_reference
+from test_parity import ours_greedy, prompt
 
 from engine import ops
 from engine.models.glm5_next.kda import kda_steps
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.ops import fla_kda
 from engine.parallel import ParallelGroup
-from reference import make_reference
-from test_parity import ours_greedy, prompt
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not fla_kda.usable(torch.device("cuda"), 16),
-                                reason="needs a CUDA GPU and fla-core")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or not fla_kda.usable(torch.device("cuda"), 16),
+    reason="needs a CUDA GPU and fla-core",
+)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -30,9 +32,9 @@ def inputs(tokens: int, heads: int, dim: int, seed: int) -> tuple[torch.Tensor, 
     def draw(*shape):
         return torch.randn(*shape, device="cuda", generator=gen)
 
-    q = ops.l2norm(draw(tokens, heads, dim)) * dim ** -0.5
+    q = ops.l2norm(draw(tokens, heads, dim)) * dim**-0.5
     k = ops.l2norm(draw(tokens, heads, dim))
-    g = -5.0 * torch.sigmoid(draw(tokens, heads, dim))   # the bounded gate's range (lower_bound -5)
+    g = -5.0 * torch.sigmoid(draw(tokens, heads, dim))  # the bounded gate's range (lower_bound -5)
     return draw(heads, dim, dim) * 0.1, q, k, draw(tokens, heads, dim), g, torch.sigmoid(draw(tokens, heads))
 
 
@@ -54,7 +56,7 @@ def test_chunk_kda_equals_token_steps(tokens):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("kda16")
-    make_reference(path, "kda3_dsa1", seed=2, linear_head_dim=16)   # a width fla-core's tiles take
+    make_reference(path, "kda3_dsa1", seed=2, linear_head_dim=16)  # a width fla-core's tiles take
     return path
 
 
@@ -63,9 +65,9 @@ def test_cuda_greedy_with_fla_prompts_equals_cpu(checkpoint):
     cpu = Glm5NextForCausalLM.load(checkpoint)
     gpu = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=torch.float32)
     assert (cpu.kda_prompt_form, gpu.kda_prompt_form) == ("chunked", "fla")
-    ids = prompt(seed=4, length=150)   # past two 64-token chunks
+    ids = prompt(seed=4, length=150)  # past two 64-token chunks
     cpu_tokens, cpu_logits = ours_greedy(cpu, ids, 24)
-    for chunk in (None, 7, 64):        # whole, and prompts that carry the state from chunk to chunk
+    for chunk in (None, 7, 64):  # whole, and prompts that carry the state from chunk to chunk
         gpu_tokens, gpu_logits = ours_greedy(gpu, ids, 24, chunk=chunk)
         assert gpu_tokens == cpu_tokens, f"chunk {chunk}"
         assert max(float((a - b.cpu()).abs().max()) for a, b in zip(cpu_logits, gpu_logits)) < 1e-3

@@ -16,7 +16,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-
 LIFETIME_S = 300
 
 
@@ -39,8 +38,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         reply = os.environ.get("FAKE_REPLY", "OK")
-        self._send({"choices": [{"message": {"role": "assistant", "content": reply}}],
-                    "usage": {"completion_tokens": 2}})
+        self._send(
+            {"choices": [{"message": {"role": "assistant", "content": reply}}], "usage": {"completion_tokens": 2}}
+        )
 
 
 def main() -> int:

@@ -20,9 +20,9 @@ class FakeHub:
     def __init__(self, repo: str, commit: str, files: dict[str, bytes]) -> None:
         self.repo, self.commit, self.files = repo, commit, files
         self.requests: list[str] = []
-        self.cut_after: int | None = None      # the next large GET stops after this many bytes (once)
+        self.cut_after: int | None = None  # the next large GET stops after this many bytes (once)
         self.bytes_sent = 0
-        self.advertised_size: dict[str, int] = {}   # a size the tree and HEAD claim instead of the real one
+        self.advertised_size: dict[str, int] = {}  # a size the tree and HEAD claim instead of the real one
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,7 +41,7 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         self.thread.start()
         return self
 
@@ -51,10 +51,16 @@ class FakeHub:
         self.thread.join(timeout=5)
 
     def _tree(self) -> list[dict]:
-        return [{"type": "file", "path": path, "size": self.advertised_size.get(path, len(data)),
-                 "oid": hashlib.sha1(data).hexdigest(),
-                 "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
-                for path, data in sorted(self.files.items())]
+        return [
+            {
+                "type": "file",
+                "path": path,
+                "size": self.advertised_size.get(path, len(data)),
+                "oid": hashlib.sha1(data).hexdigest(),
+                "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134},
+            }
+            for path, data in sorted(self.files.items())
+        ]
 
     def _answer(self, handler: BaseHTTPRequestHandler, body: bool) -> None:
         path = unquote(urlparse(handler.path).path)
@@ -63,19 +69,33 @@ class FakeHub:
         resolve_prefix = f"/{self.repo}/resolve/{self.commit}/"
         if path.rstrip("/") == tree_prefix:
             self._send(handler, 200, json.dumps(self._tree()).encode(), {"Content-Type": "application/json"}, body)
-        elif path.startswith(resolve_prefix) and path[len(resolve_prefix):] in self.files:
-            self._file(handler, path[len(resolve_prefix):], body)
+        elif path.startswith(resolve_prefix) and path[len(resolve_prefix) :] in self.files:
+            self._file(handler, path[len(resolve_prefix) :], body)
         elif path.startswith(f"/api/models/{self.repo}/") or path.startswith(f"/{self.repo}/resolve/"):
-            self._send(handler, 404, b'{"error":"Revision Not Found"}', {"X-Error-Code": "RevisionNotFound",
-                                                                       "Content-Type": "application/json"}, body)
+            self._send(
+                handler,
+                404,
+                b'{"error":"Revision Not Found"}',
+                {"X-Error-Code": "RevisionNotFound", "Content-Type": "application/json"},
+                body,
+            )
         else:
-            self._send(handler, 404, b'{"error":"Repository Not Found"}', {"X-Error-Code": "RepoNotFound",
-                                                                        "Content-Type": "application/json"}, body)
+            self._send(
+                handler,
+                404,
+                b'{"error":"Repository Not Found"}',
+                {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"},
+                body,
+            )
 
     def _file(self, handler: BaseHTTPRequestHandler, name: str, body: bool) -> None:
         data = self.files[name]
-        headers = {"X-Repo-Commit": self.commit, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-                   "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers = {
+            "X-Repo-Commit": self.commit,
+            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         start = 0
         wanted = handler.headers.get("Range", "")
         if wanted.startswith("bytes=") and body:
@@ -85,8 +105,9 @@ class FakeHub:
             headers["X-Linked-Size"] = str(self.advertised_size[name])
         self._send(handler, 206 if start else 200, data[start:], headers, body)
 
-    def _send(self, handler: BaseHTTPRequestHandler, status: int, data: bytes, headers: dict[str, str],
-              body: bool) -> None:
+    def _send(
+        self, handler: BaseHTTPRequestHandler, status: int, data: bytes, headers: dict[str, str], body: bool
+    ) -> None:
         handler.send_response(status)
         for name, value in headers.items():
             handler.send_header(name, value)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 
-from recipe.settings.schema import load_specs
 from ports import free_port  # noqa: F401 (re-exported: tests/ is on sys.path, tests/conftest.py)
 
+from recipe.settings.schema import load_specs
+
 SETTING_NAMES = tuple(load_specs())
-
-
 
 
 def clean_environ(**overrides: str) -> dict[str, str]:

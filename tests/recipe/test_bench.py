@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from recipe_helpers import SETTING_NAMES
+from test_api_live import LiveServer  # tests/engine is on sys.path (tests/conftest.py)
 from typer.testing import CliRunner
 
 from engine.checkpoint.demo import write_demo
@@ -19,8 +22,6 @@ from recipe.bench.options import BenchOptions, api_url, parse_sizes
 from recipe.bench.result import DecodeRow, DecodeRun
 from recipe.cli import app
 from recipe.errors import RecipeError
-from recipe_helpers import SETTING_NAMES
-from test_api_live import LiveServer  # tests/engine is on sys.path (tests/conftest.py)
 
 KEY = "bench-key-7"
 TOKENS = 8
@@ -31,8 +32,12 @@ CONTEXT = 2048
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     checkpoint = tmp_path_factory.mktemp("demo")
     write_demo(checkpoint, seed=0, size="tiny")
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"),
-                      ["--parallel", "4", "--context", str(CONTEXT), "--name", "demo"], key=KEY)
+    live = LiveServer(
+        checkpoint,
+        tmp_path_factory.mktemp("logs"),
+        ["--parallel", "4", "--context", str(CONTEXT), "--name", "demo"],
+        key=KEY,
+    )
     yield live
     live.stop()
 
@@ -43,21 +48,46 @@ def report(server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> dict
     out = tmp_path_factory.mktemp("bench")
     config_root = tmp_path_factory.mktemp("config-root")
     env: dict[str, str | None] = {name: None for name in SETTING_NAMES}
-    env.update(SPARKS_CONFIG_ROOT=str(config_root), HOST="0.0.0.0", PORT=server.url.rsplit(":", 1)[1],
-               SERVED_NAME="demo", API_KEY=KEY)
-    result = CliRunner().invoke(app, ["bench", "--concurrency", "1,2", "--tokens", str(TOKENS),
-                                      "--prompt-sizes", "64,256,4k", "--repeats", "1",
-                                      "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")], env=env)
+    env.update(
+        SPARKS_CONFIG_ROOT=str(config_root),
+        HOST="0.0.0.0",
+        PORT=server.url.rsplit(":", 1)[1],
+        SERVED_NAME="demo",
+        API_KEY=KEY,
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--concurrency",
+            "1,2",
+            "--tokens",
+            str(TOKENS),
+            "--prompt-sizes",
+            "64,256,4k",
+            "--repeats",
+            "1",
+            "--json",
+            str(out / "bench.json"),
+            "--plot",
+            str(out / "bench.png"),
+        ],
+        env=env,
+    )
     assert result.exit_code == 0, result.output
-    return {"output": result.output, "json_text": (out / "bench.json").read_text(),
-            "data": json.loads((out / "bench.json").read_text()), "png": (out / "bench.png").read_bytes()}
+    return {
+        "output": result.output,
+        "json_text": (out / "bench.json").read_text(),
+        "data": json.loads((out / "bench.json").read_text()),
+        "png": (out / "bench.png").read_bytes(),
+    }
 
 
 @pytest.mark.slow
 def test_report_names_the_run_and_the_server(report: dict[str, Any], server: LiveServer) -> None:
     data = report["data"]
     assert data["schema"] == "sparks-bench/1" and data["model"] == "demo" and data["host"]
-    assert data["url"] == server.url + "/v1"                       # HOST=0.0.0.0 is reached over loopback
+    assert data["url"] == server.url + "/v1"  # HOST=0.0.0.0 is reached over loopback
     assert datetime.fromisoformat(data["date"]).tzinfo is not None
     assert data["server"]["context_length"] == CONTEXT and data["server"]["streams"]["max"] == 4
     assert data["client"]["sparks"] and data["client"]["python"] and data["client"]["commit"]
@@ -74,7 +104,7 @@ def test_report_names_the_run_and_the_server(report: dict[str, Any], server: Liv
 def test_every_reply_has_the_requested_length_and_the_server_agrees(report: dict[str, Any]) -> None:
     data = report["data"]
     requests = [q for row in data["decode"] for run in row["runs"] for q in run["requests"]]
-    assert len(requests) == 2 * (1 + 2)                            # two kinds, at 1 and at 2 at once
+    assert len(requests) == 2 * (1 + 2)  # two kinds, at 1 and at 2 at once
     assert all(q["completion_tokens"] == TOKENS for q in requests)
     # every token the server generated during the bench went to the bench's own requests
     assert data["server_completion_tokens"] == data["client_completion_tokens"] > len(requests) * TOKENS
@@ -109,8 +139,9 @@ def test_prefill_sweep_hits_its_sizes(report: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_a_wrong_key_or_model_says_what_to_pass(server: LiveServer) -> None:
-    options = BenchOptions(url=server.url + "/v1", model="demo", api_key="wrong", concurrency=(1,), tokens=2,
-                           prompt_sizes=(), repeats=1)
+    options = BenchOptions(
+        url=server.url + "/v1", model="demo", api_key="wrong", concurrency=(1,), tokens=2, prompt_sizes=(), repeats=1
+    )
     with pytest.raises(RecipeError, match="HTTP 401") as error:
         run_bench(options)
     assert "--api-key" in error.value.fix
@@ -130,15 +161,17 @@ def test_nothing_listening_is_named_with_the_fix(tmp_path: Path) -> None:
 
 def test_aggregate_counts_the_tokens_of_every_request_over_their_common_span() -> None:
     # request A decodes 10 tokens after its first in 1 s, B the same in 2 s; both start at t=1
-    a = RequestTiming(sent=0.0, first_token=1.0, last_token=2.0, done=2.0, prompt_tokens=5, completion_tokens=11,
-                      cached_tokens=0)
-    b = RequestTiming(sent=0.0, first_token=1.0, last_token=3.0, done=3.0, prompt_tokens=5, completion_tokens=11,
-                      cached_tokens=0)
+    a = RequestTiming(
+        sent=0.0, first_token=1.0, last_token=2.0, done=2.0, prompt_tokens=5, completion_tokens=11, cached_tokens=0
+    )
+    b = RequestTiming(
+        sent=0.0, first_token=1.0, last_token=3.0, done=3.0, prompt_tokens=5, completion_tokens=11, cached_tokens=0
+    )
     run = DecodeRun((a, b))
-    assert run.aggregate_tok_s == 10.0                              # 20 tokens over 2 s
+    assert run.aggregate_tok_s == 10.0  # 20 tokens over 2 s
     assert run.end_to_end_tok_s == pytest.approx(22 / 3)
     row = DecodeRow("prose", 2, (run,))
-    assert row.per_request_tok_s == 7.5 and row.ttft_s == 1.0      # medians of (10, 5) and (1, 1)
+    assert row.per_request_tok_s == 7.5 and row.ttft_s == 1.0  # medians of (10, 5) and (1, 1)
 
 
 def test_sizes_and_urls_parse_as_written() -> None:
@@ -156,7 +189,7 @@ def test_sizes_and_urls_parse_as_written() -> None:
 def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from recipe.bench.plot import require_matplotlib
 
-    monkeypatch.setitem(sys.modules, "matplotlib", None)           # an import of it now fails
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it now fails
     with pytest.raises(RecipeError, match="needs matplotlib") as error:
         require_matplotlib()
     assert "[bench]" in error.value.fix

@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from recipe.checkpoint.checkpoint import (differences, head_checkpoint_dir, layout_of, missing_bytes, parse_manifest,
-                                          read_manifest)
+from recipe.checkpoint.checkpoint import (
+    differences,
+    head_checkpoint_dir,
+    layout_of,
+    missing_bytes,
+    parse_manifest,
+    read_manifest,
+)
 from recipe.net.nodes import LocalNode
 from recipe.settings import load_settings
 
@@ -31,8 +37,11 @@ def test_manifest_is_byte_ordered_whatever_the_locale_and_follows_links(tmp_path
 def test_differences_and_missing_bytes() -> None:
     head = parse_manifest("a\t10\nb\t20\nc\t30\n")
     worker = parse_manifest("a\t10\nb\t5\nd\t1\n")
-    assert differences(head, worker) == ["b: head 20 bytes, worker 5 bytes", "c: head 30 bytes, worker missing",
-                                         "d: head missing, worker 1 bytes"]
+    assert differences(head, worker) == [
+        "b: head 20 bytes, worker 5 bytes",
+        "c: head 30 bytes, worker missing",
+        "d: head missing, worker 1 bytes",
+    ]
     assert missing_bytes(head, worker) == 50
 
 
@@ -66,8 +75,12 @@ def test_hf_snapshot_is_sent_blobs_first_then_its_links(tmp_path: Path) -> None:
     # First, with links followed: the blobs the snapshot reads (a xet link included) and its plain file.
     assert sorted(layout.blobs) == ["blobs/aaa", "blobs/bbb", "blobs/ccc", f"snapshots/{REV}/README.md"]
     # Then, as links: the snapshot's links into blobs/ and the ref naming this commit (not a broken link).
-    assert sorted(layout.links) == ["refs/main", f"snapshots/{REV}/config.json", f"snapshots/{REV}/sub/w.safetensors",
-                                    f"snapshots/{REV}/x.safetensors"]
+    assert sorted(layout.links) == [
+        "refs/main",
+        f"snapshots/{REV}/config.json",
+        f"snapshots/{REV}/sub/w.safetensors",
+        f"snapshots/{REV}/x.safetensors",
+    ]
     assert dict(read_manifest(LocalNode(), str(snap)))["x.safetensors"] == len(b"xet-data")
 
 
@@ -79,8 +92,10 @@ def test_a_plain_folder_is_sent_whole(tmp_path: Path) -> None:
 
 def test_an_unpinned_revision_is_found_through_refs(tmp_path: Path) -> None:
     repo, snap = hf_cache(tmp_path / "hf")
-    settings = load_settings(tmp_path, {"MODEL_ID": "org/model", "MODEL_REVISION": "", "HF_CACHE": str(tmp_path / "hf"),
-                                        "WORKER": "me@spark2"})
+    settings = load_settings(
+        tmp_path,
+        {"MODEL_ID": "org/model", "MODEL_REVISION": "", "HF_CACHE": str(tmp_path / "hf"), "WORKER": "me@spark2"},
+    )
     assert head_checkpoint_dir(settings) == str(snap)
 
 
@@ -92,5 +107,7 @@ def test_a_copy_that_still_differs_names_the_first_differences(tmp_path: Path) -
     want = parse_manifest("a.safetensors\t9\nb.safetensors\t3\n")
     with pytest.raises(CheckpointError) as differs:
         verify_copy(LocalNode(), str(tmp_path / "ckpt"), want)
-    assert "a.safetensors: head 9 bytes, worker 5 bytes; b.safetensors: head 3 bytes, worker missing" \
+    assert (
+        "a.safetensors: head 9 bytes, worker 5 bytes; b.safetensors: head 3 bytes, worker missing"
         in differs.value.message
+    )

@@ -10,24 +10,33 @@ import time
 from pathlib import Path
 
 import pytest
-
+from recipe_helpers import clean_environ, free_port
 from runs import run_dir
+
 from recipe.launch.runstate import is_alive
 from recipe.net.ports import port_is_free
 from recipe.settings import REPO_ROOT
-from recipe_helpers import clean_environ, free_port
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (REPO_ROOT / "engine" / "serve.py").is_file(),
-                       reason="engine/serve.py (`python -m engine serve`) has not landed yet"),
+    pytest.mark.skipif(
+        not (REPO_ROOT / "engine" / "serve.py").is_file(),
+        reason="engine/serve.py (`python -m engine serve`) has not landed yet",
+    ),
 ]
 STEP_TIMEOUT_S = 900
 
 
 def wrapper(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO_ROOT / script), *args], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(REPO_ROOT / script), *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def recorded(log_dir: Path) -> list[tuple[int, int]]:
@@ -52,9 +61,16 @@ def processes_mentioning(text: str) -> list[int]:
 def local_env(tmp_path: Path):
     (tmp_path / "config" / "scripts").mkdir(parents=True)
     port, master = free_port(), free_port()
-    env = clean_environ(SPARKS_CONFIG_ROOT=str(tmp_path / "config"), LOG_DIR=str(tmp_path / "logs"),
-                        CACHE_DIR=str(tmp_path / "cache"), HOST="127.0.0.1", PORT=str(port),
-                        MASTER_PORT=str(master), WAIT_TIMEOUT="600", STOP_TIMEOUT="20")
+    env = clean_environ(
+        SPARKS_CONFIG_ROOT=str(tmp_path / "config"),
+        LOG_DIR=str(tmp_path / "logs"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        HOST="127.0.0.1",
+        PORT=str(port),
+        MASTER_PORT=str(master),
+        WAIT_TIMEOUT="600",
+        STOP_TIMEOUT="20",
+    )
     yield env, tmp_path
     wrapper("stop.sh", env)  # whatever happened above, leave nothing running
 
@@ -71,9 +87,12 @@ def test_start_chat_noop_restart_stop(local_env) -> None:
     assert len(ranks) == 2 and all(is_alive(*r) for r in ranks)
 
     client = OpenAI(base_url=f"http://127.0.0.1:{env['PORT']}/v1", api_key="unused", timeout=300, max_retries=0)
-    reply = client.chat.completions.create(model="GLM-5.3-Flash-demo", max_tokens=8,
-                                           messages=[{"role": "user", "content": "Say something."}],
-                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    reply = client.chat.completions.create(
+        model="GLM-5.3-Flash-demo",
+        max_tokens=8,
+        messages=[{"role": "user", "content": "Say something."}],
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     assert reply.choices[0].message.content and reply.usage.completion_tokens > 0
     assert all(is_alive(*r) for r in ranks)  # TP=2: the reply needed both ranks, and both still run
 

@@ -6,10 +6,10 @@ namespaced test bed in tests/cluster/test_image.py)."""
 from __future__ import annotations
 
 import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 from recipe.image import ship
@@ -39,8 +39,9 @@ LATER = """--- /dev/null
 """
 
 
-def make_repo(root: Path, engine: dict[str, str], patches: dict[str, str] | None = None,
-              series: list[str] | None = None) -> Path:
+def make_repo(
+    root: Path, engine: dict[str, str], patches: dict[str, str] | None = None, series: list[str] | None = None
+) -> Path:
     """A repository with what the image is built from: docker/, recipe/image/patches.py, pyproject.toml, engine/."""
     shutil.copytree(REPO_ROOT / "docker", root / "docker")
     (root / "recipe" / "image").mkdir(parents=True)
@@ -119,18 +120,31 @@ def test_the_spec_takes_tag_base_and_offline_from_the_settings(tmp_path):
     spec = image_spec(settings, repo)
     assert (spec.tag, spec.base_image, spec.offline) == ("e:2", "sparks-base:test", True)
     assert spec.identity == identity(repo, "sparks-base:test") and spec.short == spec.identity[:12]
-    assert build_argv(spec, "/ctx") == ["docker", "build", "--tag", "e:2", "--build-arg", "BASE_IMAGE=sparks-base:test",
-                                        "--build-arg", f"IDENTITY={spec.identity}", "--build-arg", "OFFLINE=1", "/ctx"]
+    assert build_argv(spec, "/ctx") == [
+        "docker",
+        "build",
+        "--tag",
+        "e:2",
+        "--build-arg",
+        "BASE_IMAGE=sparks-base:test",
+        "--build-arg",
+        f"IDENTITY={spec.identity}",
+        "--build-arg",
+        "OFFLINE=1",
+        "/ctx",
+    ]
 
 
 @needs_patch
 def test_patches_check_reports_each_patch_and_stops_trying_after_a_failure(tmp_path):
-    repo = make_repo(tmp_path, ENGINE, {"0001-good.patch": GOOD, "0002-stale.patch": STALE,
-                                        "0003-later.patch": LATER})
+    repo = make_repo(tmp_path, ENGINE, {"0001-good.patch": GOOD, "0002-stale.patch": STALE, "0003-later.patch": LATER})
     (repo / "patches" / "0004-unlisted.patch").write_text(LATER)
     outcomes, unlisted = check_patches(repo)
-    assert [(o.name, o.status) for o in outcomes] == [("0001-good.patch", "ok"), ("0002-stale.patch", "fails"),
-                                                      ("0003-later.patch", "not tried")]
+    assert [(o.name, o.status) for o in outcomes] == [
+        ("0001-good.patch", "ok"),
+        ("0002-stale.patch", "fails"),
+        ("0003-later.patch", "not tried"),
+    ]
     assert "FAILED" in outcomes[1].detail or "fail" in outcomes[1].detail.lower()
     assert unlisted == ["0004-unlisted.patch"]
     assert (repo / "engine" / "alpha.py").read_text() == ENGINE["alpha.py"], "the check never touches engine/"
@@ -143,10 +157,14 @@ def test_patches_check_passes_a_good_series(tmp_path):
     assert [o.status for o in outcomes] == ["ok", "ok"] and unlisted == []
 
 
-@pytest.mark.parametrize("line, words", [
-    ("0009-missing.patch", "line 2: 0009-missing.patch is listed but there is no"),
-    ("sub/0001.patch", "line 2: 'sub/0001.patch' is not a plain file name"),
-    ("0001-good.patch\n0001-good.patch", "line 3: 0001-good.patch is listed twice")])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("0009-missing.patch", "line 2: 0009-missing.patch is listed but there is no"),
+        ("sub/0001.patch", "line 2: 'sub/0001.patch' is not a plain file name"),
+        ("0001-good.patch\n0001-good.patch", "line 3: 0001-good.patch is listed twice"),
+    ],
+)
 def test_a_bad_series_line_is_named(tmp_path, line, words):
     repo = make_repo(tmp_path, ENGINE, {"0001-good.patch": GOOD}, series=[])
     (repo / "patches" / "series").write_text(f"# header\n{line}\n")
@@ -164,8 +182,10 @@ def test_the_build_time_applier_exits_naming_the_patch_that_does_not_apply(tmp_p
 
 
 def test_a_build_that_stops_at_a_patch_names_it():
-    script = "echo 'Step 3/9 : RUN apply'; echo 'patch 0001-a.patch: ok'; " \
-             "echo 'patch 0002-b.patch does not apply: Hunk #1 FAILED at 3.'; exit 1"
+    script = (
+        "echo 'Step 3/9 : RUN apply'; echo 'patch 0001-a.patch: ok'; "
+        "echo 'patch 0002-b.patch does not apply: Hunk #1 FAILED at 3.'; exit 1"
+    )
     notes: list[str] = []
     with pytest.raises(ImageError) as raised:
         _run_build(["sh", "-c", script], "e:1", notes.append)
@@ -177,8 +197,9 @@ def test_a_build_that_stops_at_a_patch_names_it():
 def test_another_build_failure_shows_its_last_lines():
     notes: list[str] = []
     with pytest.raises(ImageError) as raised:
-        _run_build(["sh", "-c", "echo 'ERROR: No matching distribution found for fastapi'; exit 1"], "e:1",
-                   notes.append)
+        _run_build(
+            ["sh", "-c", "echo 'ERROR: No matching distribution found for fastapi'; exit 1"], "e:1", notes.append
+        )
     assert "docker build of e:1 failed (exit code 1): ERROR: No matching distribution" in raised.value.message
     assert "IMAGE_OFFLINE=1" in raised.value.fix
     assert any("No matching distribution" in n for n in notes)
@@ -187,10 +208,15 @@ def test_another_build_failure_shows_its_last_lines():
 def test_pins_are_exact_and_inside_the_engine_extras():
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     extra = {Requirement(r).name.lower().replace("_", "-"): Requirement(r) for r in extras["engine"] + extras["gpu"]}
-    pins = [Requirement(line) for line in (REPO_ROOT / "docker" / "requirements.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
+    pins = [
+        Requirement(line)
+        for line in (REPO_ROOT / "docker" / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     pinned = {p.name.lower().replace("_", "-"): p for p in pins}
-    assert set(pinned) == set(extra) - {"torch", "numpy"}, "every engine and gpu package but the base image's torch/numpy"
+    assert set(pinned) == set(extra) - {"torch", "numpy"}, (
+        "every engine and gpu package but the base image's torch/numpy"
+    )
     for name, pin in pinned.items():
         (spec,) = pin.specifier
         assert spec.operator == "==", f"{name} is pinned exactly"
@@ -200,8 +226,9 @@ def test_pins_are_exact_and_inside_the_engine_extras():
 class Piped(LocalNode):
     """A node whose `docker save` / `docker load` are `cat` from / into files: the stream in between is real."""
 
-    def __init__(self, name: str, save_from: Path | None = None, load_into: Path | None = None,
-                 load_fails: bool = False) -> None:
+    def __init__(
+        self, name: str, save_from: Path | None = None, load_into: Path | None = None, load_fails: bool = False
+    ) -> None:
         super().__init__()
         self.name, self.target = name, name
         self.save_from, self.load_into, self.load_fails = save_from, load_into, load_fails
@@ -210,19 +237,21 @@ class Piped(LocalNode):
         if argv[:2] == ["docker", "save"]:
             return ["cat", str(self.save_from)]
         if argv[:2] == ["docker", "load"]:
-            return ["sh", "-c", "head -c 1000 >/dev/null; echo 'no space left on device' >&2; exit 1"] \
-                if self.load_fails else ["sh", "-c", f"cat > {self.load_into}"]
-        return ["sh", "-c", "echo 3000000"]   # docker image inspect --format {{.Size}}
+            return (
+                ["sh", "-c", "head -c 1000 >/dev/null; echo 'no space left on device' >&2; exit 1"]
+                if self.load_fails
+                else ["sh", "-c", f"cat > {self.load_into}"]
+            )
+        return ["sh", "-c", "echo 3000000"]  # docker image inspect --format {{.Size}}
 
 
 def test_ship_streams_every_byte_and_reports_progress(tmp_path, monkeypatch):
     image = tmp_path / "image.tar"
-    image.write_bytes(bytes(range(256)) * 12000)   # ~3 MB, several chunks
+    image.write_bytes(bytes(range(256)) * 12000)  # ~3 MB, several chunks
     monkeypatch.setattr(ship, "CHUNK", 64 * 1024)
     monkeypatch.setattr(ship, "REPORT_EVERY_S", 0.0)
     notes: list[str] = []
-    sent = ship.ship("e:1", Piped("head", save_from=image), Piped("w1", load_into=tmp_path / "got"),
-                           notes.append)
+    sent = ship.ship("e:1", Piped("head", save_from=image), Piped("w1", load_into=tmp_path / "got"), notes.append)
     assert sent == image.stat().st_size
     assert (tmp_path / "got").read_bytes() == image.read_bytes()
     assert any("MiB sent (" in n and "%" in n for n in notes), notes
@@ -243,7 +272,7 @@ def test_patches_check_command_on_this_checkout():
 
     result = CliRunner().invoke(app, ["patches", "check"])
     assert result.exit_code == 0, result.output
-    listed = [line for line in (REPO_ROOT / "patches" / "series").read_text().splitlines()
-              if line.split("#", 1)[0].strip()]
+    listed = [
+        line for line in (REPO_ROOT / "patches" / "series").read_text().splitlines() if line.split("#", 1)[0].strip()
+    ]
     assert ("lists no patch" in result.output) if not listed else (f"All {len(listed)} patch(es)" in result.output)
-

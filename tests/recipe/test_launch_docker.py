@@ -9,15 +9,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
+from recipe_helpers import clean_environ, free_port
 from runs import run_dir
+
 from recipe.launch.docker import NodeReady, docker_error, for_node
 from recipe.launch.launch import fitting_window
 from recipe.net.nodes import Result
 from recipe.plan.host import HostFacts
 from recipe.plan.plan import build_plan
 from recipe.settings import REPO_ROOT, load_settings
-from recipe_helpers import clean_environ, free_port
 
 SPARK = HostFacts(python="python3", gpu=True, cpu_count=20, rdma=True)
 
@@ -29,15 +29,19 @@ def test_placeholders_are_filled_per_node(root: Path) -> None:
     assert argv[argv.index("--user") + 1] == "1000:1000"
     assert "/srv/c/kernels/0123456789ab:/cache" in argv
     assert not any("<image id>" in word or "<uid:gid>" in word for word in argv)
-    assert rank1.argv[rank1.argv.index("--user") + 1] == "<uid:gid>"       # the plan itself is left as it was
+    assert rank1.argv[rank1.argv.index("--user") + 1] == "<uid:gid>"  # the plan itself is left as it was
 
 
 def test_docker_error_is_dockers_reason_not_its_help_hint() -> None:
-    stderr = ("docker: Error response from daemon: Conflict. The container name \"/glm-sparks-rank1\" is already in "
-              "use.\nSee 'docker run --help'.\n")
+    stderr = (
+        'docker: Error response from daemon: Conflict. The container name "/glm-sparks-rank1" is already in '
+        "use.\nSee 'docker run --help'.\n"
+    )
     assert docker_error(Result("w", (), 125, "", stderr)).startswith("Error response from daemon: Conflict.")
-    assert docker_error(Result("w", (), 255, "", "ssh: connect to host w port 22: Connection refused\n")) == \
-        "ssh: connect to host w port 22: Connection refused"
+    assert (
+        docker_error(Result("w", (), 255, "", "ssh: connect to host w port 22: Connection refused\n"))
+        == "ssh: connect to host w port 22: Connection refused"
+    )
 
 
 def test_the_engines_refusal_names_the_window_the_recipe_restarts_with(capsys: pytest.CaptureFixture) -> None:
@@ -47,25 +51,42 @@ def test_the_engines_refusal_names_the_window_the_recipe_restarts_with(capsys: p
 
     cfg = EngineConfig("unused", memory_reserve_gib=0.0, kv_pool_gib=1 / 1024, context=65536, parallel=2)
     with pytest.raises(SystemExit) as stop:
-        size_pool(cfg, 128, "cpu", ParallelGroup.single())   # 1 MiB at 128 bytes a token: 8192 tokens
+        size_pool(cfg, 128, "cpu", ParallelGroup.single())  # 1 MiB at 128 bytes a token: 8192 tokens
     assert stop.value.code == EXIT_WINDOW
     refusal = capsys.readouterr().err.strip().splitlines()
     assert fitting_window({"rank 0 here (glm-sparks-rank0)": ["loading: done", *refusal]}) == 8192
-    assert fitting_window({"rank 1 on w (x)": refusal}) is None          # rank 0's word counts, not a peer's
+    assert fitting_window({"rank 1 on w (x)": refusal}) is None  # rank 0's word counts, not a peer's
     assert fitting_window({"rank 0 here (x)": ["loading: done"]}) is None
 
 
 @pytest.mark.slow
 def test_start_refits_once_to_the_window_that_fits(tmp_path: Path) -> None:
     (tmp_path / "config" / "scripts").mkdir(parents=True)
-    env = clean_environ(SPARKS_CONFIG_ROOT=str(tmp_path / "config"), LOG_DIR=str(tmp_path / "logs"),
-                        CACHE_DIR=str(tmp_path / "cache"), HOST="127.0.0.1", PORT=str(free_port()),
-                        MASTER_PORT=str(free_port()), TP="1", CONTEXT="8192", MAX_TOKENS="256",
-                        KV_POOL_GIB="0.0002", WAIT_TIMEOUT="600", STOP_TIMEOUT="20")   # ~210 KiB: ~1600 tokens
+    env = clean_environ(
+        SPARKS_CONFIG_ROOT=str(tmp_path / "config"),
+        LOG_DIR=str(tmp_path / "logs"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        HOST="127.0.0.1",
+        PORT=str(free_port()),
+        MASTER_PORT=str(free_port()),
+        TP="1",
+        CONTEXT="8192",
+        MAX_TOKENS="256",
+        KV_POOL_GIB="0.0002",
+        WAIT_TIMEOUT="600",
+        STOP_TIMEOUT="20",
+    )  # ~210 KiB: ~1600 tokens
 
     def wrapper(script: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(REPO_ROOT / script)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=900, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [str(REPO_ROOT / script)],
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
 
     try:
         done = wrapper("start.sh")
@@ -73,18 +94,23 @@ def test_start_refits_once_to_the_window_that_fits(tmp_path: Path) -> None:
         refit = [line for line in done.stderr.splitlines() if "starting again with --context" in line]
         assert len(refit) == 1, done.stderr
         fits = int(refit[0].rsplit("--context", 1)[1].split()[0])
-        assert 0 < fits < 8192 and f"{fits} tokens" in done.stdout   # the banner shows the window it serves
+        assert 0 < fits < 8192 and f"{fits} tokens" in done.stdout  # the banner shows the window it serves
         ranks = json.loads((run_dir(tmp_path / "logs") / "state.json").read_text())["ranks"]
         assert len(ranks) == 1
     finally:
         stopped = wrapper("stop.sh")
     assert stopped.returncode == 0
-    assert len(list((tmp_path / "logs").glob("*-rank0.log.gz"))) == 2   # the refused run's log is kept too
+    assert len(list((tmp_path / "logs").glob("*-rank0.log.gz"))) == 2  # the refused run's log is kept too
 
 
 def test_docker_args_go_before_the_image(root: Path) -> None:
-    env = {"TP": "2", "RUNTIME": "docker", "WORKER": "me@spark2", "IMAGE": "engine:1",
-           "DOCKER_ARGS": "-v '/data sets:/data:ro' -e NCCL_DEBUG=INFO"}
+    env = {
+        "TP": "2",
+        "RUNTIME": "docker",
+        "WORKER": "me@spark2",
+        "IMAGE": "engine:1",
+        "DOCKER_ARGS": "-v '/data sets:/data:ro' -e NCCL_DEBUG=INFO",
+    }
     for rank in build_plan(load_settings(root, env), SPARK).ranks:
         at = rank.argv.index("engine:1")
-        assert rank.argv[at - 4:at] == ("-v", "/data sets:/data:ro", "-e", "NCCL_DEBUG=INFO")
+        assert rank.argv[at - 4 : at] == ("-v", "/data sets:/data:ro", "-e", "NCCL_DEBUG=INFO")

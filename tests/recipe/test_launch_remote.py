@@ -17,8 +17,14 @@ POLITE = "import time; print('up', flush=True); time.sleep(60)"
 
 
 def rank(tmp_path: Path, number: int, code: str) -> RankPlan:
-    return RankPlan(rank=number, node="local", runtime="process", argv=(sys.executable, "-c", code),
-                    env={"RANK_NOTE": f"rank {number}"}, log=str(tmp_path / "run" / f"rank{number}.log"))
+    return RankPlan(
+        rank=number,
+        node="local",
+        runtime="process",
+        argv=(sys.executable, "-c", code),
+        env={"RANK_NOTE": f"rank {number}"},
+        log=str(tmp_path / "run" / f"rank{number}.log"),
+    )
 
 
 def test_spawn_records_pid_and_start_time_then_stop_terms_kills_and_fetches(tmp_path: Path) -> None:
@@ -33,12 +39,18 @@ def test_spawn_records_pid_and_start_time_then_stop_terms_kills_and_fetches(tmp_
     assert [(s.rank, s.outcome) for s in stops] == [(1, "stopped"), (2, "killed"), (3, "was not running")]
     assert not is_alive(polite.pid, polite.start_ticks) and not is_alive(stubborn.pid, stubborn.start_ticks)
     assert gzip.decompress(stops[0].saved_log.read_bytes()) == b"up\n"
-    assert not Path(polite.log).exists()     # removed on the node once it is home
+    assert not Path(polite.log).exists()  # removed on the node once it is home
 
 
 def test_a_rank_that_cannot_start_is_reported_with_a_fix(tmp_path: Path) -> None:
-    broken = RankPlan(rank=1, node="local", runtime="process", argv=("/nonexistent/python", "-m", "engine", "serve"),
-                      env={}, log=str(tmp_path / "run" / "rank1.log"))
+    broken = RankPlan(
+        rank=1,
+        node="local",
+        runtime="process",
+        argv=("/nonexistent/python", "-m", "engine", "serve"),
+        env={},
+        log=str(tmp_path / "run" / "rank1.log"),
+    )
     try:
         remote.spawn(LocalNode(), broken)
     except remote.RemoteError as error:

@@ -15,9 +15,14 @@ from recipe.settings.values import checkout_key
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
 HOST = HostFacts(python="python3", gpu=False, cpu_count=4)
-SPARK = HostFacts(python="python3", gpu=True, cpu_count=20, rdma=True)   # what detect_host finds on a Spark
-BASE = {"LOG_DIR": "/srv/sparks/logs", "CACHE_DIR": "/srv/sparks/cache", "HF_CACHE": "/srv/hf",
-        "API_KEY": "sk-test-0123456789", "HF_TOKEN": "hf_test0123456789"}
+SPARK = HostFacts(python="python3", gpu=True, cpu_count=20, rdma=True)  # what detect_host finds on a Spark
+BASE = {
+    "LOG_DIR": "/srv/sparks/logs",
+    "CACHE_DIR": "/srv/sparks/cache",
+    "HF_CACHE": "/srv/hf",
+    "API_KEY": "sk-test-0123456789",
+    "HF_TOKEN": "hf_test0123456789",
+}
 WORKERS = {1: {}, 2: {"WORKER": "me@spark2"}, 3: {"WORKER": "me@spark2", "WORKER2": "me@spark3"}}
 
 
@@ -30,7 +35,7 @@ def plan_for(root: Path, tp: int, runtime: str):
 @pytest.mark.parametrize("tp", [1, 2, 3])
 def test_plan_snapshot(root: Path, tp: int, runtime: str) -> None:
     plan = plan_for(root, tp, runtime)
-    text = plan.to_json().replace(checkout_key(), "<checkout>") + "\n"   # where this checkout lies varies
+    text = plan.to_json().replace(checkout_key(), "<checkout>") + "\n"  # where this checkout lies varies
     path = SNAPSHOTS / f"plan-tp{tp}-{runtime}.json"
     if os.environ.get("UPDATE_SNAPSHOTS") == "1":
         path.parent.mkdir(exist_ok=True)
@@ -43,16 +48,24 @@ def test_plan_snapshot(root: Path, tp: int, runtime: str) -> None:
 def test_plan_shape(root: Path, tp: int, runtime: str) -> None:
     plan = plan_for(root, tp, runtime)
     assert [r.rank for r in plan.ranks] == list(range(tp - 1, -1, -1))  # workers first, rank 0 last
-    assert [r.ports for r in plan.ranks if r.ports] == [(8888, 29551)]   # only rank 0 listens
+    assert [r.ports for r in plan.ranks if r.ports] == [(8888, 29551)]  # only rank 0 listens
     for rank in plan.ranks:
         assert rank.argv[rank.argv.index("--rank") + 1] == str(rank.rank)
-        assert ("--api-key-file" in rank.argv) == (rank.node == "local")   # the key file exists on the head only
+        assert ("--api-key-file" in rank.argv) == (rank.node == "local")  # the key file exists on the head only
     printed = plan.to_json()
     assert "sk-test-0123456789" not in printed and "hf_test0123456789" not in printed
     if runtime == "docker":
         for rank in plan.ranks:
-            for flag in ("--gpus", "--network", "--ipc", "--shm-size", "/dev/infiniband", "NCCL_IB_HCA=<RoCE devices>",
-                         "memlock=-1", f"glm-sparks-rank{rank.rank}"):
+            for flag in (
+                "--gpus",
+                "--network",
+                "--ipc",
+                "--shm-size",
+                "/dev/infiniband",
+                "NCCL_IB_HCA=<RoCE devices>",
+                "memlock=-1",
+                f"glm-sparks-rank{rank.rank}",
+            ):
                 assert any(flag in word for word in rank.argv), flag
         assert [r.node for r in plan.ranks] == [*reversed(list(WORKERS[tp].values())), "local"]
 
@@ -78,7 +91,7 @@ def test_docker_flags_follow_the_host_facts(root: Path) -> None:
     bare = build_plan(settings, HOST)
     for rank in bare.ranks:
         assert "--gpus" not in rank.argv and "--device" not in rank.argv and "IPC_LOCK" not in rank.argv
-        assert "--network" in rank.argv and "OMP_NUM_THREADS=2" in rank.argv   # 4 cores shared by 2 ranks
+        assert "--network" in rank.argv and "OMP_NUM_THREADS=2" in rank.argv  # 4 cores shared by 2 ranks
     gpu_only = build_plan(settings, HostFacts(python="python3", gpu=True, cpu_count=4))
     assert all("--gpus" in r.argv and "--device" not in r.argv for r in gpu_only.ranks)
     assert not any(w.startswith("OMP_NUM_THREADS") for r in gpu_only.ranks for w in r.argv)
@@ -104,7 +117,7 @@ def test_a_refit_plans_again_from_settings(root: Path) -> None:
     for before, after in zip(plan.ranks, refit.ranks):
         assert after.argv[after.argv.index("--context") + 1] == "4096"
         i = before.argv.index("--context")
-        assert before.argv[:i + 1] == after.argv[:i + 1] and before.argv[i + 2:] == after.argv[i + 2:]
+        assert before.argv[: i + 1] == after.argv[: i + 1] and before.argv[i + 2 :] == after.argv[i + 2 :]
     assert refit.summary["context"] == 4096
 
 

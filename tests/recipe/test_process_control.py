@@ -27,8 +27,9 @@ FAKE = str(Path(__file__).with_name("fake_rank.py"))
 
 def with_fake_ranks(plan: Plan, **env: str) -> Plan:
     """The same plan, each rank running the stand-in with the real `engine serve` flags."""
-    ranks = tuple(dataclasses.replace(r, argv=(sys.executable, FAKE, *r.argv[4:]), env={**r.env, **env})
-                  for r in plan.ranks)
+    ranks = tuple(
+        dataclasses.replace(r, argv=(sys.executable, FAKE, *r.argv[4:]), env={**r.env, **env}) for r in plan.ranks
+    )
     return dataclasses.replace(plan, ranks=ranks, prepare=())
 
 
@@ -156,10 +157,15 @@ def test_cli_start_again_restart_and_stop(fake_plan, sandbox: Path, monkeypatch:
     assert "nothing to stop" in runner.invoke(app, ["stop"]).output
 
 
-def test_foreground_follows_rank0_and_stops_the_rest_when_it_exits(fake_plan, sandbox: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recipe.cli.start.build_plan", lambda s, h, extra=(): with_fake_ranks(
-        build_plan(s, h, extra), FAKE_EXIT="3", FAKE_EXIT_RANK="0", FAKE_DELAY="0"))
+def test_foreground_follows_rank0_and_stops_the_rest_when_it_exits(
+    fake_plan, sandbox: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        "recipe.cli.start.build_plan",
+        lambda s, h, extra=(): with_fake_ranks(
+            build_plan(s, h, extra), FAKE_EXIT="3", FAKE_EXIT_RANK="0", FAKE_DELAY="0"
+        ),
+    )
     plan = fake_plan()
     result = CliRunner().invoke(app, ["start"], env={"FOREGROUND": "1"})
     assert result.exit_code == 3, result.output

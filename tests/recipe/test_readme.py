@@ -8,8 +8,9 @@ from recipe.settings.schema import load_specs
 
 
 def test_readme_table_equals_settings_yaml() -> None:
-    assert readme_table(REPO_ROOT / "README.md") == settings_markdown(), \
+    assert readme_table(REPO_ROOT / "README.md") == settings_markdown(), (
         "README.md's settings table is stale: run .venv/bin/sparks settings --write-readme"
+    )
 
 
 def test_every_setting_is_documented_once_and_is_a_settings_field() -> None:

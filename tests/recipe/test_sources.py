@@ -18,10 +18,21 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_value_forms(tmp_path: Path) -> None:
-    path = write(tmp_path / "local.sh", "\n".join([
-        "# a comment", "", "PORT=9000", "export HOST=127.0.0.1", 'SERVED_NAME="my-model"  # trailing comment',
-        "API_KEY='a$b\"c'", "WORKER=me@spark2 # the second Spark", 'HF_CACHE="/data/hf \\"x\\""',
-    ]))
+    path = write(
+        tmp_path / "local.sh",
+        "\n".join(
+            [
+                "# a comment",
+                "",
+                "PORT=9000",
+                "export HOST=127.0.0.1",
+                'SERVED_NAME="my-model"  # trailing comment',
+                "API_KEY='a$b\"c'",
+                "WORKER=me@spark2 # the second Spark",
+                'HF_CACHE="/data/hf \\"x\\""',
+            ]
+        ),
+    )
     found = {a.key: (a.value, a.origin) for a in parse_file(path, "scripts/local.sh")}
     assert found["PORT"] == ("9000", "scripts/local.sh line 3")
     assert found["HOST"][0] == "127.0.0.1"
@@ -31,15 +42,18 @@ def test_value_forms(tmp_path: Path) -> None:
     assert found["HF_CACHE"][0] == '/data/hf "x"'
 
 
-@pytest.mark.parametrize("line, words", [
-    ("source ~/other.sh", "not a KEY=value line"),
-    ("if true; then PORT=1; fi", "not a KEY=value line"),
-    ("PORT=$(echo 9000)", "shell syntax"),
-    ("SERVED_NAME=two words", "unquoted space"),
-    ('SERVED_NAME="open', "no closing"),
-    ("SERVED_NAME='x' y", "after the closing quote"),
-    ("9PORT=1", "not a KEY=value line"),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("source ~/other.sh", "not a KEY=value line"),
+        ("if true; then PORT=1; fi", "not a KEY=value line"),
+        ("PORT=$(echo 9000)", "shell syntax"),
+        ("SERVED_NAME=two words", "unquoted space"),
+        ('SERVED_NAME="open', "no closing"),
+        ("SERVED_NAME='x' y", "after the closing quote"),
+        ("9PORT=1", "not a KEY=value line"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path: Path, line: str, words: str) -> None:
     path = write(tmp_path / "local.sh", f"PORT=9000\n# fine\n{line}\n")
     with pytest.raises(SettingError) as caught:
@@ -108,5 +122,8 @@ def test_path_settings_expand_from_the_environment_they_are_read_with(root: Path
     """$HOME, ${VAR} and ~ in a path come from the environment given to load_settings, not this process's."""
     write(root / ".env", "LOG_DIR=$HOME/sparks-logs\nCACHE_DIR=${SPARKS_DATA}/cache\nHF_CACHE=~/hf\n")
     settings = load_settings(root, {"HOME": "/home/someone-else", "SPARKS_DATA": "/data"})
-    assert (settings.log_dir, settings.cache_dir, settings.hf_cache) == \
-        ("/home/someone-else/sparks-logs", "/data/cache", "/home/someone-else/hf")
+    assert (settings.log_dir, settings.cache_dir, settings.hf_cache) == (
+        "/home/someone-else/sparks-logs",
+        "/data/cache",
+        "/home/someone-else/hf",
+    )

@@ -11,23 +11,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
-
-from engine.checkpoint.demo import write_demo
-from engine.server.metrics import Metrics
 from prometheus_client import generate_latest
-from recipe.top.prometheus import Histogram, histogram, parse_samples, quantile
-from recipe.top.top import TTFT_MIN_WINDOW, History, Sample
 from recipe_helpers import clean_environ, free_port
 from test_api_live import LiveServer, wait_idle  # tests/engine is on sys.path (tests/conftest.py)
 
+from engine.checkpoint.demo import write_demo
+from engine.server.metrics import Metrics
+from recipe.top.prometheus import Histogram, histogram, parse_samples, quantile
+from recipe.top.top import TTFT_MIN_WINDOW, History, Sample
+
 KEY = "top-key-5"
 PARALLEL = 3
-SPARKS = Path(sys.executable).parent / "sparks"     # .venv/bin/sparks
+SPARKS = Path(sys.executable).parent / "sparks"  # .venv/bin/sparks
 slow = pytest.mark.slow
 
 
@@ -35,8 +36,12 @@ slow = pytest.mark.slow
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     checkpoint = tmp_path_factory.mktemp("demo")
     write_demo(checkpoint, seed=0, size="tiny")
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"),
-                      ["--parallel", str(PARALLEL), "--context", "512", "--name", "demo"], key=KEY)
+    live = LiveServer(
+        checkpoint,
+        tmp_path_factory.mktemp("logs"),
+        ["--parallel", str(PARALLEL), "--context", "512", "--name", "demo"],
+        key=KEY,
+    )
     yield live
     live.stop()
 
@@ -55,8 +60,9 @@ def config_root(tmp_path: Path) -> Path:
 
 
 def sparks_top(config_root: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SPARKS), "top", *args], capture_output=True, text=True, timeout=60,
-                          env=top_environ(config_root, **env))
+    return subprocess.run(
+        [str(SPARKS), "top", *args], capture_output=True, text=True, timeout=60, env=top_environ(config_root, **env)
+    )
 
 
 def top_environ(config_root: Path, **env: str) -> dict[str, str]:
@@ -66,8 +72,10 @@ def top_environ(config_root: Path, **env: str) -> dict[str, str]:
 
 
 def complete(http: httpx.Client, max_tokens: int) -> None:
-    reply = http.post("/v1/completions", json={"model": "demo", "prompt": "Once upon a time", "max_tokens": max_tokens,
-                                               "ignore_eos": True})
+    reply = http.post(
+        "/v1/completions",
+        json={"model": "demo", "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True},
+    )
     assert reply.status_code == 200, reply.text
 
 
@@ -78,12 +86,11 @@ def snapshot(config_root: Path, *args: str, **env: str) -> dict[str, Any]:
 
 
 @slow
-def test_once_json_after_requests_agrees_with_health(server: LiveServer, http: httpx.Client,
-                                                     config_root: Path) -> None:
+def test_once_json_after_requests_agrees_with_health(server: LiveServer, http: httpx.Client, config_root: Path) -> None:
     for _ in range(4):
         complete(http, max_tokens=8)
     wait_idle(http, within_s=10)
-    data = snapshot(config_root, "--url", server.url + "/v1", SPARKS_API_KEY=KEY)   # .../v1 is accepted
+    data = snapshot(config_root, "--url", server.url + "/v1", SPARKS_API_KEY=KEY)  # .../v1 is accepted
     health = http.get("/health").json()
     assert data["url"] == server.url and data["answering"] and data["ok"] is True and data["error"] is None
     assert data["model"] == "demo" and 0 < data["uptime_s"] <= health["uptime_s"]
@@ -94,8 +101,8 @@ def test_once_json_after_requests_agrees_with_health(server: LiveServer, http: h
     assert pool["used"] == 0
     assert data["totals"]["completion_tokens"] == health["totals"]["completion_tokens"] >= 4 * 8
     for rate in (data["decode_tok_s"], data["prefill_tok_s"]):
-        assert rate["last_second"] == rate["last_minute"] == 0.0       # idle while it sampled
-        assert 0.9 <= rate["minute_span_s"] < 5                          # --once: two samples ~1 s apart
+        assert rate["last_second"] == rate["last_minute"] == 0.0  # idle while it sampled
+        assert 0.9 <= rate["minute_span_s"] < 5  # --once: two samples ~1 s apart
     ttft = data["ttft_s"]
     assert ttft["observations"] >= 4 and ttft["window"] == "since start"
     assert 0 < ttft["p50"] <= ttft["p95"] <= 640
@@ -133,7 +140,7 @@ def test_decode_rate_moves_while_replies_stream(server: LiveServer, http: httpx.
 @slow
 def test_url_and_key_come_from_the_settings(server: LiveServer, config_root: Path) -> None:
     data = snapshot(config_root, HOST="0.0.0.0", PORT=server.url.rsplit(":", 1)[1], API_KEY=KEY)
-    assert data["url"] == server.url                                     # HOST=0.0.0.0 is reached over loopback
+    assert data["url"] == server.url  # HOST=0.0.0.0 is reached over loopback
     assert data["metrics_problem"] is None and data["ttft_s"]["p50"] is not None
 
 
@@ -146,9 +153,13 @@ def test_without_the_key_metrics_are_named_and_health_still_shows(server: LiveSe
 
 @slow
 def test_live_dashboard_ends_cleanly_on_ctrl_c(server: LiveServer, config_root: Path) -> None:
-    proc = subprocess.Popen([str(SPARKS), "top", "--url", server.url, "--api-key", KEY, "--interval", "0.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=top_environ(config_root))
+    proc = subprocess.Popen(
+        [str(SPARKS), "top", "--url", server.url, "--api-key", KEY, "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=top_environ(config_root),
+    )
     time.sleep(4)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
@@ -168,14 +179,17 @@ def test_unreachable_server_once_exits_3_with_one_line(config_root: Path) -> Non
 BUCKETS = ((0.25, 2.0), (0.5, 6.0), (1.0, 8.0), (2.0, 8.0), (math.inf, 10.0))
 
 
-@pytest.mark.parametrize(("q", "expected"), [
-    (0.0, 0.0),        # the first non-empty bucket's lower bound
-    (0.1, 0.125),      # rank 1 of the first bucket's 2: halfway into (0, 0.25]
-    (0.5, 0.4375),     # rank 5: 3 of the 4 in (0.25, 0.5]
-    (0.8, 1.0),        # rank 8 ends (0.5, 1]; the empty (1, 2] is not entered
-    (0.95, 2.0),       # in the +Inf bucket: the largest finite bound
-    (1.0, 2.0),
-])
+@pytest.mark.parametrize(
+    ("q", "expected"),
+    [
+        (0.0, 0.0),  # the first non-empty bucket's lower bound
+        (0.1, 0.125),  # rank 1 of the first bucket's 2: halfway into (0, 0.25]
+        (0.5, 0.4375),  # rank 5: 3 of the 4 in (0.25, 0.5]
+        (0.8, 1.0),  # rank 8 ends (0.5, 1]; the empty (1, 2] is not entered
+        (0.95, 2.0),  # in the +Inf bucket: the largest finite bound
+        (1.0, 2.0),
+    ],
+)
 def test_quantile_from_cumulative_buckets(q: float, expected: float) -> None:
     assert quantile(q, BUCKETS) == expected
 
@@ -192,9 +206,24 @@ def test_parser_reads_the_engines_own_metrics_text() -> None:
     for name in ("sparks:time_to_first_token_seconds", "vllm:time_to_first_token_seconds"):
         found = histogram(parse_samples(text), name)
         assert found is not None and found.count == 4 and found.total == pytest.approx(3.57)
-        assert dict(found.buckets) == {0.05: 0, 0.1: 1, 0.25: 2, 0.5: 3, 1: 3, 2.5: 3, 5: 4, 10: 4, 20: 4, 40: 4,
-                                       80: 4, 160: 4, 320: 4, 640: 4, math.inf: 4}
-        assert quantile(0.5, found.buckets) == pytest.approx(0.25)    # rank 2 closes (0.1, 0.25]
+        assert dict(found.buckets) == {
+            0.05: 0,
+            0.1: 1,
+            0.25: 2,
+            0.5: 3,
+            1: 3,
+            2.5: 3,
+            5: 4,
+            10: 4,
+            20: 4,
+            40: 4,
+            80: 4,
+            160: 4,
+            320: 4,
+            640: 4,
+            math.inf: 4,
+        }
+        assert quantile(0.5, found.buckets) == pytest.approx(0.25)  # rank 2 closes (0.1, 0.25]
     assert histogram(parse_samples(text), "sparks:no_such_histogram") is None
 
 
@@ -213,8 +242,8 @@ def test_rates_over_the_last_second_and_the_kept_minute() -> None:
     rate = history.rate("completion_tokens")
     assert rate is not None and rate.last_second == 200.0 and rate.last_minute == 20.0 and rate.minute_span_s == 60
     history.add(Sample(61.0, health(1300, 10, 66)))
-    assert [s.at for s in history.samples] == [0.0, 30.0, 59.0, 60.0, 61.0]   # 0 s is the minute's base still
-    history.add(Sample(91.0, health(1900, 10, 96)))                  # now 30 s is: 0 s is no longer needed
+    assert [s.at for s in history.samples] == [0.0, 30.0, 59.0, 60.0, 61.0]  # 0 s is the minute's base still
+    history.add(Sample(91.0, health(1900, 10, 96)))  # now 30 s is: 0 s is no longer needed
     assert [s.at for s in history.samples] == [30.0, 59.0, 60.0, 61.0, 91.0]
 
 
@@ -222,7 +251,7 @@ def test_a_restart_clears_the_history() -> None:
     history = History()
     history.add(Sample(0.0, health(500, 50, 100)))
     history.add(Sample(1.0, health(520, 50, 101)))
-    history.add(Sample(2.0, health(5, 3, 0.5)))                      # counters went back: a new server
+    history.add(Sample(2.0, health(5, 3, 0.5)))  # counters went back: a new server
     rate = history.rate("completion_tokens")
     assert rate is not None and rate.last_second is None and len(history.samples) == 1
 
@@ -231,8 +260,8 @@ def test_ttft_uses_the_last_minute_once_it_has_enough_first_tokens() -> None:
     history = History()
     history.add(Sample(0.0, health(0, 0, 1), ttft_histogram(fast=0, slow_ones=100)))
     history.add(Sample(60.0, health(0, 0, 61), ttft_histogram(fast=TTFT_MIN_WINDOW - 1, slow_ones=100)))
-    assert history.ttft().window == "since start"                   # too few in the minute
+    assert history.ttft().window == "since start"  # too few in the minute
     history.add(Sample(61.0, health(0, 0, 62), ttft_histogram(fast=TTFT_MIN_WINDOW + 1, slow_ones=100)))
     recent = history.ttft()
     assert recent.window == "last minute" and recent.observations == TTFT_MIN_WINDOW + 1
-    assert recent.p95_s == pytest.approx(0.475)                        # all in (0, 0.5]: the old slow ones are out
+    assert recent.p95_s == pytest.approx(0.475)  # all in (0, 0.5]: the old slow ones are out

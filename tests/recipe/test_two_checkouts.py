@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from ports import free_port
+
 from recipe.settings import REPO_ROOT
 from recipe.settings.schema import load_specs
 
@@ -28,7 +28,7 @@ def _copy_checkout(where: Path) -> Path:
             shutil.copytree(source, where / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(source, where / name)
-    (where / ".venv").symlink_to(REPO_ROOT / ".venv")   # the same environment; PYTHONPATH picks the copy's code
+    (where / ".venv").symlink_to(REPO_ROOT / ".venv")  # the same environment; PYTHONPATH picks the copy's code
     return where
 
 
@@ -36,15 +36,29 @@ def _env(checkout: Path, shared: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in load_specs()}
     config = shared / f"config-{checkout.name}"
     (config / "scripts").mkdir(parents=True, exist_ok=True)
-    env.update(SPARKS_CONFIG_ROOT=str(config), PYTHONPATH=str(checkout), LOG_DIR=str(shared / "logs"),
-               CACHE_DIR=str(shared / "cache"), PORT=str(free_port()), MASTER_PORT=str(free_port()),
-               WAIT_TIMEOUT="300", STOP_TIMEOUT="10")
+    env.update(
+        SPARKS_CONFIG_ROOT=str(config),
+        PYTHONPATH=str(checkout),
+        LOG_DIR=str(shared / "logs"),
+        CACHE_DIR=str(shared / "cache"),
+        PORT=str(free_port()),
+        MASTER_PORT=str(free_port()),
+        WAIT_TIMEOUT="300",
+        STOP_TIMEOUT="10",
+    )
     return env
 
 
 def _run(checkout: Path, env: dict[str, str], *command: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(checkout / command[0]), *command[1:]], cwd=checkout, env=env, capture_output=True,
-                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(checkout / command[0]), *command[1:]],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _serving(env: dict[str, str]) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from ports import free_port  # tests/ is on sys.path (tests/conftest.py)
+
 from recipe.settings.schema import load_specs
 
 

@@ -24,35 +24,57 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from ports import free_port
+from runs import run_dir
+
 from recipe.launch.runstate import is_alive
 from recipe.settings import REPO_ROOT
 from recipe.settings.schema import load_specs
-from runs import run_dir
 
 pytestmark = pytest.mark.slow
 PEER_TIMEOUT_S = 6
 FAULTS = ("kill rank 1", "freeze rank 1", "freeze rank 0", "kill rank 0")
 CLIENTS, REQUESTS_PER_CLIENT, LOAD_S = 4, 25, 25.0
-INTERNALS = ("Traceback", "gloo", "Gloo", "NCCL", "RuntimeError", "Connection reset", "internal error",
-             "the engine stopped: the engine stopped")
-MODEL = "GLM-5.3-Flash-demo"   # the embedded default says it serves the demo
+INTERNALS = (
+    "Traceback",
+    "gloo",
+    "Gloo",
+    "NCCL",
+    "RuntimeError",
+    "Connection reset",
+    "internal error",
+    "the engine stopped: the engine stopped",
+)
+MODEL = "GLM-5.3-Flash-demo"  # the embedded default says it serves the demo
 
 
 def wrapper(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO_ROOT / script)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(REPO_ROOT / script)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def status(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "sparks"), "status"], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(REPO_ROOT / ".venv" / "bin" / "sparks"), "status"],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @dataclass
 class Outcomes:
-    seen: list[tuple[str, str]] = field(default_factory=list)   # (kind, detail)
+    seen: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, kind: str, detail: str = "") -> None:
@@ -66,11 +88,16 @@ def _clean_message(message: str) -> bool:
 
 def _one_request(client: httpx.Client, rng: random.Random, outcomes: Outcomes) -> None:
     streamed = rng.random() < 0.5
-    hang_up = rng.random() < 0.3            # this client gives up early on purpose
+    hang_up = rng.random() < 0.3  # this client gives up early on purpose
     timeout = rng.uniform(0.2, 1.0) if hang_up else 30.0
-    body = {"model": MODEL, "max_tokens": rng.choice([8, 64, 400]), "stream": streamed, "ignore_eos": True,
-            "temperature": rng.choice([0.0, 0.8]),
-            "messages": [{"role": "user", "content": rng.choice(["Reply with OK.", "Tell me a long story."])}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": rng.choice([8, 64, 400]),
+        "stream": streamed,
+        "ignore_eos": True,
+        "temperature": rng.choice([0.0, 0.8]),
+        "messages": [{"role": "user", "content": rng.choice(["Reply with OK.", "Tell me a long story."])}],
+    }
     try:
         if not streamed:
             reply = client.post("/v1/chat/completions", json=body, timeout=timeout)
@@ -86,11 +113,12 @@ def _one_request(client: httpx.Client, rng: random.Random, outcomes: Outcomes) -
                 message = reply.json()["error"]["message"]
                 outcomes.add("clean error" if _clean_message(message) else "bad", f"{reply.status_code} {message}")
                 return
-            events = [line[len("data: "):] for line in reply.iter_lines() if line.startswith("data: ")]
+            events = [line[len("data: ") :] for line in reply.iter_lines() if line.startswith("data: ")]
         errors = [json.loads(e)["error"]["message"] for e in events if e.startswith('{"error"')]
         if errors:
-            outcomes.add("clean error" if all(map(_clean_message, errors)) and events[-1] == "[DONE]" else "bad",
-                         errors[0])
+            outcomes.add(
+                "clean error" if all(map(_clean_message, errors)) and events[-1] == "[DONE]" else "bad", errors[0]
+            )
         else:
             outcomes.add("completed" if events and events[-1] == "[DONE]" else "cut without a word", str(events[-1:]))
     except httpx.TimeoutException:
@@ -131,6 +159,7 @@ def _inject(fault: str, ranks: dict[int, tuple[int, int]]) -> None:
 
 def _aftermath(fault: str, ranks: dict[int, tuple[int, int]], env: dict[str, str], port: int) -> None:
     """The truth within 5 s, then whatever the run does by itself (thawing rank 0 after its worker left)."""
+
     def health_not_ok() -> bool:
         try:
             return httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code != 200
@@ -139,7 +168,7 @@ def _aftermath(fault: str, ranks: dict[int, tuple[int, int]], env: dict[str, str
 
     seen = _within(5.0, lambda: health_not_ok() and status(env).returncode == 3)
     print(f"[chaos] {fault}: /health and status not ok {seen:.1f} s after the fault")
-    if fault == "freeze rank 0":   # the worker leaves after the peer timeout; thawed, rank 0 fails what it held
+    if fault == "freeze rank 0":  # the worker leaves after the peer timeout; thawed, rank 0 fails what it held
         _within(PEER_TIMEOUT_S + 10, lambda: not is_alive(*ranks[1]))
         os.kill(ranks[0][0], signal.SIGCONT)
         _within(PEER_TIMEOUT_S + 15, lambda: not is_alive(*ranks[0]))
@@ -149,10 +178,18 @@ def _aftermath(fault: str, ranks: dict[int, tuple[int, int]], env: dict[str, str
 def chaos_env(tmp_path: Path):
     (tmp_path / "config" / "scripts").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in load_specs()}
-    env.update(SPARKS_CONFIG_ROOT=str(tmp_path / "config"), LOG_DIR=str(tmp_path / "logs"),
-               CACHE_DIR=str(tmp_path / "cache"), HOST="127.0.0.1", PORT=str(free_port()),
-               MASTER_PORT=str(free_port()), WAIT_TIMEOUT="600", STOP_TIMEOUT="5",
-               PEER_TIMEOUT_S=str(PEER_TIMEOUT_S), MAX_TOKENS="400")
+    env.update(
+        SPARKS_CONFIG_ROOT=str(tmp_path / "config"),
+        LOG_DIR=str(tmp_path / "logs"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        HOST="127.0.0.1",
+        PORT=str(free_port()),
+        MASTER_PORT=str(free_port()),
+        WAIT_TIMEOUT="600",
+        STOP_TIMEOUT="5",
+        PEER_TIMEOUT_S=str(PEER_TIMEOUT_S),
+        MAX_TOKENS="400",
+    )
     yield env, tmp_path
     wrapper("stop.sh", env)
 
@@ -167,8 +204,10 @@ def test_random_faults_under_load_end_cleanly(chaos_env) -> None:
         ranks = _ranks(tmp / "logs")
         outcomes = Outcomes()
         deadline = time.monotonic() + LOAD_S
-        clients = [threading.Thread(target=_load, args=(port, rng.randrange(2**32), deadline, outcomes))
-                   for _ in range(CLIENTS)]
+        clients = [
+            threading.Thread(target=_load, args=(port, rng.randrange(2**32), deadline, outcomes))
+            for _ in range(CLIENTS)
+        ]
         for client in clients:
             client.start()
         time.sleep(rng.uniform(1.0, 5.0))
@@ -178,8 +217,10 @@ def test_random_faults_under_load_end_cleanly(chaos_env) -> None:
             client.join(LOAD_S + 60)
         assert not any(c.is_alive() for c in clients), "a client is still waiting"
         kinds = {kind for kind, _ in outcomes.seen}
-        print(f"[chaos] {fault}: {len(outcomes.seen)} requests, " +
-              ", ".join(f"{k} {sum(1 for o, _ in outcomes.seen if o == k)}" for k in sorted(kinds)))
+        print(
+            f"[chaos] {fault}: {len(outcomes.seen)} requests, "
+            + ", ".join(f"{k} {sum(1 for o, _ in outcomes.seen if o == k)}" for k in sorted(kinds))
+        )
         allowed = {"completed", "clean error", "cut by its client", "nothing listening"}
         if fault == "kill rank 0":
             allowed.add("cut without a word")

@@ -7,20 +7,34 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
+from test_api_live import LiveServer
 
 from engine.checkpoint.demo import write_demo
-from test_api_live import LiveServer
 
 pytestmark = pytest.mark.slow
 KEY = "reliability-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
-FLAGS = ["--parallel", "2", "--max-queued", "4", "--context", "4096", "--max-tokens", "64", "--prefill-chunk", "64",
-         "--name", "demo", "--keepalive-s", "1"]
+FLAGS = [
+    "--parallel",
+    "2",
+    "--max-queued",
+    "4",
+    "--context",
+    "4096",
+    "--max-tokens",
+    "64",
+    "--prefill-chunk",
+    "64",
+    "--name",
+    "demo",
+    "--keepalive-s",
+    "1",
+]
 HELLO = [{"role": "user", "content": "Reply with OK."}]
 
 
@@ -35,8 +49,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 def post(server: LiveServer, path: str, body: dict | bytes, timeout: float = 60.0) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(server.url + path, content=content, timeout=timeout,
-                      headers={**HEADERS, "Content-Type": "application/json"})
+    return httpx.post(
+        server.url + path, content=content, timeout=timeout, headers={**HEADERS, "Content-Type": "application/json"}
+    )
 
 
 def assert_serving(server: LiveServer) -> None:
@@ -48,7 +63,7 @@ def assert_serving(server: LiveServer) -> None:
 
 
 EXTREME = [
-    {"temperature": 1e-308, "min_p": 0.5},          # the reported request
+    {"temperature": 1e-308, "min_p": 0.5},  # the reported request
     {"temperature": 5e-324, "top_k": 3},
     {"temperature": 1e-308, "top_p": 1e-300},
     {"temperature": 2.0, "min_p": 1.0, "top_p": 0.0, "top_k": -1},
@@ -60,8 +75,13 @@ EXTREME = [
 def test_extreme_sampling_parameters_are_served_and_stop_nothing(server: LiveServer, params: dict) -> None:
     chat = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, **params})
     assert chat.status_code == 200, chat.text
-    with httpx.stream("POST", server.url + "/v1/completions", headers=HEADERS, timeout=60,
-                      json={"prompt": "Hello", "max_tokens": 4, "stream": True, **params}) as streamed:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        headers=HEADERS,
+        timeout=60,
+        json={"prompt": "Hello", "max_tokens": 4, "stream": True, **params},
+    ) as streamed:
         text = "".join(streamed.iter_text())
     assert streamed.status_code == 200 and "data: [DONE]" in text and '"error"' not in text, text
     assert_serving(server)
@@ -94,7 +114,7 @@ def test_a_lone_surrogate_is_a_400_naming_where(server: LiveServer, path: str, b
 
 
 def test_valid_astral_text_still_passes(server: LiveServer) -> None:
-    reply = post(server, "/tokenize", '{"prompt":"emoji \\ud83d\\ude00 ok"}'.encode())
+    reply = post(server, "/tokenize", b'{"prompt":"emoji \\ud83d\\ude00 ok"}')
     assert reply.status_code == 200 and reply.json()["count"] > 0
 
 
@@ -102,9 +122,15 @@ def _hang_up_after(server: LiveServer, body: dict, seconds: float) -> None:
     """A non-streamed request whose client gives up: send, wait, close the socket without reading."""
     payload = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
-                     str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer "
+            + KEY.encode()
+            + b"\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
         time.sleep(seconds)
 
 
@@ -114,7 +140,7 @@ def _running(server: LiveServer) -> int:
 
 def test_abandoned_non_streamed_requests_give_their_lanes_back(server: LiveServer) -> None:
     long = {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True, "temperature": 0.7}
-    for _ in range(2):               # both lanes, each for thousands of tokens
+    for _ in range(2):  # both lanes, each for thousands of tokens
         _hang_up_after(server, long, 0.5)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _running(server) > 0:
@@ -133,23 +159,29 @@ def test_errors_from_a_stopped_engine_are_in_product_words(tmp_path: Path) -> No
     write_demo(checkpoint, seed=0, size="tiny")
     live = LiveServer(checkpoint, tmp_path, FLAGS, key=KEY)
     try:
-        with httpx.stream("POST", live.url + "/v1/completions", headers=HEADERS, timeout=60,
-                          json={"prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True}) as cut:
+        with httpx.stream(
+            "POST",
+            live.url + "/v1/completions",
+            headers=HEADERS,
+            timeout=60,
+            json={"prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True},
+        ) as cut:
             lines = cut.iter_lines()
             assert next(lines).startswith("data: ")
-            live.procs[0].kill()                        # rank 1 dies mid-stream
+            live.procs[0].kill()  # rank 1 dies mid-stream
             text = "\n".join(lines)
-        error = json.loads(next(line for line in text.splitlines() if '"error"' in line)[len("data: "):])["error"]
+        error = json.loads(next(line for line in text.splitlines() if '"error"' in line)[len("data: ") :])["error"]
         assert error["message"].startswith("the engine stopped while this request ran: a rank stopped answering")
         for internal in ("gloo", "Connection reset", "RuntimeError", "the engine stopped: the engine stopped"):
             assert internal not in error["message"]
         later = post(live, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4}, timeout=10)
         assert later.status_code == 503
-        assert later.json()["error"]["message"] == ("the engine is not serving (a rank stopped answering); retry "
-                                                    "once the server is back")
+        assert later.json()["error"]["message"] == (
+            "the engine is not serving (a rank stopped answering); retry once the server is back"
+        )
         health = httpx.get(live.url + "/health", timeout=10)
         assert health.status_code == 503 and health.json()["error"] == "the engine stopped: a rank stopped answering"
-        assert live.procs[1].wait(30) == 1             # rank 0 exits by itself
+        assert live.procs[1].wait(30) == 1  # rank 0 exits by itself
     finally:
         live.stop()
 
@@ -173,14 +205,21 @@ def test_the_rendezvous_listens_on_loopback_only(server: LiveServer) -> None:
     assert addresses == ["0100007F"], f"the rendezvous listens beyond loopback: {addresses}"
 
 
-@pytest.mark.parametrize("field,value", [("response_format", {"type": "json_object"}),
-                                         ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-                                         ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]),
-                                         ("structured_outputs", {"regex": "a+"})])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+        ("guided_json", {"type": "object"}),
+        ("guided_choice", ["a", "b"]),
+        ("structured_outputs", {"regex": "a+"}),
+    ],
+)
 def test_structured_output_fields_are_refused_until_built(server: LiveServer, field: str, value: object) -> None:
     """Accepting them would return prose where the client asked for JSON (issue 16): a 400 naming the field."""
     reply = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, field: value})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
-    plain = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4,
-                                                  "response_format": {"type": "text"}})
+    plain = post(
+        server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, "response_format": {"type": "text"}}
+    )
     assert plain.status_code == 200

@@ -6,9 +6,10 @@ the simplest real way to make `sample` raise for one request now that no numeric
 
 from __future__ import annotations
 
-from engine.scheduler import Failed, Finished
-from engine.sampling import SamplingParams
 from test_scheduler import PROMPTS, make, request, run_all, serial_tokens
+
+from engine.sampling import SamplingParams
+from engine.scheduler import Failed, Finished
 
 
 def test_a_request_whose_sampling_raises_fails_alone() -> None:

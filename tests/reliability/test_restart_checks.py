@@ -11,14 +11,14 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-from typer.testing import CliRunner
-
 from ports import free_port
 from runs import run_dir
+from typer.testing import CliRunner
+
 from recipe.cli import app
 from recipe.launch import control, launch
 from recipe.launch.runstate import is_alive, load_state
@@ -59,9 +59,17 @@ class Live:
 
 def _settings_env(root: Path) -> dict[str, str]:
     (root / "config-root" / "scripts").mkdir(parents=True, exist_ok=True)
-    return {"SPARKS_CONFIG_ROOT": str(root / "config-root"), "LOG_DIR": str(root / "logs"),
-            "CACHE_DIR": str(root / "cache"), "HF_CACHE": str(root / "hf"), "PORT": str(free_port()),
-            "MASTER_PORT": str(free_port()), "HOST": "127.0.0.1", "CHECKPOINT": str(DEMO), "STOP_TIMEOUT": "2"}
+    return {
+        "SPARKS_CONFIG_ROOT": str(root / "config-root"),
+        "LOG_DIR": str(root / "logs"),
+        "CACHE_DIR": str(root / "cache"),
+        "HF_CACHE": str(root / "hf"),
+        "PORT": str(free_port()),
+        "MASTER_PORT": str(free_port()),
+        "HOST": "127.0.0.1",
+        "CHECKPOINT": str(DEMO),
+        "STOP_TIMEOUT": "2",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +92,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             control.stop(run_dir(root / "logs"), root / "logs", 10, 2, Quiet())
 
 
-LACKING = {"no such folder": None, "config.json is missing": "config.json", "tokenizer.json is missing":
-           "tokenizer.json", "1 weight file(s) missing, model-00002-of-00002": "model-00002-of-00002.safetensors",
-           "config.json does not parse": ""}
+LACKING = {
+    "no such folder": None,
+    "config.json is missing": "config.json",
+    "tokenizer.json is missing": "tokenizer.json",
+    "1 weight file(s) missing, model-00002-of-00002": "model-00002-of-00002.safetensors",
+    "config.json does not parse": "",
+}
 
 
 def incomplete_checkpoint(folder: Path, reason: str) -> Path:
@@ -113,28 +125,30 @@ def refused_without_stopping(live: Live, *expected: str) -> str:
     assert result.exit_code != 0 and len(errors) == 1, result.output
     for text in expected:
         assert text in errors[0], result.output
-    assert "→" in errors[0], errors[0]   # a fix comes with it
+    assert "→" in errors[0], errors[0]  # a fix comes with it
     assert live.ranks() == before and all(is_alive(pid, ticks) for pid, ticks in before)
     assert live.serving(), "the running server stopped answering"
     return errors[0]
 
 
 @pytest.mark.parametrize("reason", list(LACKING))
-def test_a_checkpoint_that_cannot_load_is_refused_before_the_stop(live: Live, reason: str, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_that_cannot_load_is_refused_before_the_stop(
+    live: Live, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = incomplete_checkpoint(tmp_path / "checkpoint", reason)
     monkeypatch.setenv("CHECKPOINT", str(folder))
     refused_without_stopping(live, f"CHECKPOINT={folder} is not a complete checkpoint: {reason}")
 
 
 def test_a_host_that_is_not_this_machines_is_refused(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOST", "192.0.2.1")   # TEST-NET-1: never an address of a test machine
+    monkeypatch.setenv("HOST", "192.0.2.1")  # TEST-NET-1: never an address of a test machine
     refused_without_stopping(live, "HOST=192.0.2.1 is not an address of this machine", "HOST=0.0.0.0")
 
 
 @pytest.mark.parametrize("name", ["PORT", "MASTER_PORT"])
-def test_a_port_another_program_holds_is_refused_before_the_stop(live: Live, name: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_another_program_holds_is_refused_before_the_stop(
+    live: Live, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()
@@ -145,8 +159,9 @@ def test_a_port_another_program_holds_is_refused_before_the_stop(live: Live, nam
 
 def test_a_reserve_larger_than_the_machine_is_refused(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMORY_RESERVE_GIB", "1024")
-    refused_without_stopping(live, "MEMORY_RESERVE_GIB=1024 leaves nothing of this machine's CPU memory",
-                             "MEMORY_RESERVE_GIB=<less than")
+    refused_without_stopping(
+        live, "MEMORY_RESERVE_GIB=1024 leaves nothing of this machine's CPU memory", "MEMORY_RESERVE_GIB=<less than"
+    )
 
 
 def test_a_window_larger_than_the_machine_can_hold_is_refused(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,8 +174,9 @@ def test_a_window_larger_than_the_machine_can_hold_is_refused(live: Live, monkey
 
 
 @pytest.mark.parametrize("value", ["1", "255", "-1"])
-def test_a_window_too_small_for_a_chat_is_refused_with_a_valid_suggestion(live: Live, value: str,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_window_too_small_for_a_chat_is_refused_with_a_valid_suggestion(
+    live: Live, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CONTEXT", value)
     line = refused_without_stopping(live, f"not '{value}'", "0 or a whole number from 256")
     suggested = line.split("write CONTEXT=")[1].split()[0]
@@ -171,7 +187,7 @@ def test_a_window_too_small_for_a_chat_is_refused_with_a_valid_suggestion(live: 
 def test_a_folder_that_cannot_be_written_is_named(live: Live, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(name, "/proc/nope")
     if name == "CACHE_DIR":
-        monkeypatch.delenv("CHECKPOINT")   # the demo checkpoint is then made under CACHE_DIR
+        monkeypatch.delenv("CHECKPOINT")  # the demo checkpoint is then made under CACHE_DIR
     line = refused_without_stopping(live, f"{name}=/proc/nope cannot be written")
     assert "port" not in line and "unexpected" not in line
 
@@ -198,7 +214,7 @@ def test_a_secret_equal_to_another_setting_is_no_leak(sandbox: Path, monkeypatch
         assert runner.invoke(app, ["start"]).exit_code == 0
         monkeypatch.setenv("SERVED_NAME", "demo")
         monkeypatch.setenv("API_KEY", "demo")
-        monkeypatch.setenv("HF_TOKEN", "bf16")   # KV's value
+        monkeypatch.setenv("HF_TOKEN", "bf16")  # KV's value
         restarted = runner.invoke(app, ["restart"])
         assert restarted.exit_code == 0 and "is LIVE" in restarted.output, restarted.output
         assert (run_dir(sandbox / "logs") / "api_key").read_text() == "demo"
@@ -206,25 +222,30 @@ def test_a_secret_equal_to_another_setting_is_no_leak(sandbox: Path, monkeypatch
         control.stop(run_dir(sandbox / "logs"), sandbox / "logs", 10, 2, Quiet())
 
 
-def test_the_leak_guard_still_finds_a_secret_routed_into_a_command(sandbox: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from recipe.plan import plan as plan_module
+def test_the_leak_guard_still_finds_a_secret_routed_into_a_command(
+    sandbox: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from recipe.errors import RecipeError
+    from recipe.plan import plan as plan_module
     from recipe.plan.host import HostFacts
     from recipe.settings import load_settings
 
     monkeypatch.setenv("API_KEY", "demo")
     monkeypatch.setenv("SERVED_NAME", "demo")
     serve_flags = plan_module.serve_flags
-    monkeypatch.setattr(plan_module, "serve_flags",   # a defect: the key on every rank's command line
-                        lambda s, *args: [*serve_flags(s, *args), "--key", s.api_key])
+    monkeypatch.setattr(
+        plan_module,
+        "serve_flags",  # a defect: the key on every rank's command line
+        lambda s, *args: [*serve_flags(s, *args), "--key", s.api_key],
+    )
     with pytest.raises(RecipeError, match="a secret reached rank 1's command"):
         build_plan(load_settings(), HostFacts(python=sys.executable, gpu=False, cpu_count=2))
 
 
 def _fit(checkpoint: Path, *flags: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "engine", "fit", str(checkpoint), *flags],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine", "fit", str(checkpoint), *flags], capture_output=True, text=True, timeout=120
+    )
     return json.loads(done.stdout)
 
 
@@ -243,5 +264,5 @@ def test_fit_bytes_per_token_are_the_loaded_models(tmp_path: Path) -> None:
 def test_fit_compares_with_total_memory_not_what_is_free_now() -> None:
     answer = _fit(DEMO, "--tp", "2", "--context", "8192", "--device", "cpu", "--memory-reserve-gib", "1")
     assert answer["fits"] and answer["memory_bytes"] == _memory_total() and answer["ranks_on_memory"] == 2
-    assert answer["reserve_bytes"] == GIB and 0 < answer["weights_bytes"] <= 2 * 3_647_112   # the demo's bytes
+    assert answer["reserve_bytes"] == GIB and 0 < answer["weights_bytes"] <= 2 * 3_647_112  # the demo's bytes
     assert answer["largest_window"] == min(1_048_576, (_memory_total() - GIB - answer["weights_bytes"]) // 256)

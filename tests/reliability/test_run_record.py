@@ -9,13 +9,13 @@ import dataclasses
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+import runs
 from typer.testing import CliRunner
 
-import runs
 from recipe.cli import app
 from recipe.launch import control
 from recipe.launch.runstate import RankProcess, RunState, is_alive, load_state, save_state
@@ -50,7 +50,7 @@ def cli(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
     ranks = load_state(run_dir(sandbox)).ranks
     yield runner
     control.stop(run_dir(sandbox), sandbox / "logs", 10, 2, Quiet())
-    for rank in ranks:   # whatever the record says by now: none of the ranks this test started outlives it
+    for rank in ranks:  # whatever the record says by now: none of the ranks this test started outlives it
         if is_alive(rank.pid, rank.start_ticks):
             os.killpg(rank.pid, signal.SIGKILL)
 
@@ -66,15 +66,22 @@ def corrupt(sandbox: Path, how: str) -> None:
 
 def test_the_record_is_replaced_whole(tmp_path: Path) -> None:
     def state(ranks: int) -> RunState:
-        return RunState("process", "m", "http://x/v1", "http://x/health", 1.0,
-                        tuple(RankProcess(r, 100 + r, 5, f"/l/rank{r}.log") for r in range(ranks)), (8888, 29551))
+        return RunState(
+            "process",
+            "m",
+            "http://x/v1",
+            "http://x/health",
+            1.0,
+            tuple(RankProcess(r, 100 + r, 5, f"/l/rank{r}.log") for r in range(ranks)),
+            (8888, 29551),
+        )
 
     save_state(tmp_path, state(2))
-    with open(tmp_path / "state.json") as before:   # a reader of the old record ...
+    with open(tmp_path / "state.json") as before:  # a reader of the old record ...
         save_state(tmp_path, state(1))
-        assert '"pid": 101' in before.read()   # ... still reads all of it: the new one is another file
+        assert '"pid": 101' in before.read()  # ... still reads all of it: the new one is another file
     assert load_state(tmp_path) == state(1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json", "state.json"]   # no temp file, no stale rank
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json", "state.json"]  # no temp file, no stale rank
 
 
 @pytest.mark.parametrize("how", list(CORRUPTIONS))
@@ -83,14 +90,16 @@ def test_stop_finds_the_ranks_of_an_unreadable_record(cli: CliRunner, sandbox: P
     corrupt(sandbox, how)
 
     status = cli.invoke(app, ["status"])
-    assert status.exit_code == 0 and "unreadable" in status.output and status.output.count("running") >= 2, \
+    assert status.exit_code == 0 and "unreadable" in status.output and status.output.count("running") >= 2, (
         status.output
+    )
     again = cli.invoke(app, ["start"])
     assert again.exit_code == 0 and "already running" in again.output, again.output
 
     stopped = cli.invoke(app, ["stop"])
-    assert stopped.exit_code == 0 and "unreadable" in stopped.output and "Stopped every rank" in stopped.output, \
+    assert stopped.exit_code == 0 and "unreadable" in stopped.output and "Stopped every rank" in stopped.output, (
         stopped.output
+    )
     assert "Nothing is running" not in stopped.output
     assert not any(is_alive(r.pid, r.start_ticks) for r in ranks)
     assert not list(run_dir(sandbox).glob("*.json")) and len(list((sandbox / "logs").glob("*-rank*.log.gz"))) == 2
@@ -129,4 +138,4 @@ def test_with_no_record_left_stop_says_so_and_stops_nothing(cli: CliRunner, sand
         status = cli.invoke(app, ["status"])
         assert status.exit_code == 3 and "whether ranks run here is unknown" in status.output, status.output
     finally:
-        save_state(run_dir(sandbox), state)   # so the fixture stops them
+        save_state(run_dir(sandbox), state)  # so the fixture stops them

@@ -16,11 +16,14 @@ from engine.sampling import MIN_TEMPERATURE, SamplingParams, sample
 
 VOCAB = 64
 
-temperatures = st.one_of(st.sampled_from([0.0, 5e-324, 1e-308, 1e-300, 1e-12, MIN_TEMPERATURE, 1.0, 2.0, 1e300,
-                                          math.inf, math.nan]),
-                         st.floats(min_value=0.0, max_value=1e308, allow_subnormal=True))
-probabilities = st.one_of(st.sampled_from([0.0, 5e-324, 1e-300, 0.5, 1.0, math.nan]),
-                          st.floats(min_value=0.0, max_value=1.0, allow_subnormal=True))
+temperatures = st.one_of(
+    st.sampled_from([0.0, 5e-324, 1e-308, 1e-300, 1e-12, MIN_TEMPERATURE, 1.0, 2.0, 1e300, math.inf, math.nan]),
+    st.floats(min_value=0.0, max_value=1e308, allow_subnormal=True),
+)
+probabilities = st.one_of(
+    st.sampled_from([0.0, 5e-324, 1e-300, 0.5, 1.0, math.nan]),
+    st.floats(min_value=0.0, max_value=1.0, allow_subnormal=True),
+)
 special = st.sampled_from([math.inf, -math.inf, math.nan, 1e308, -1e308, 3.4e38, -3.4e38, 0.0])
 logit_rows = st.lists(st.one_of(st.floats(min_value=-1e4, max_value=1e4), special), min_size=VOCAB, max_size=VOCAB)
 
@@ -34,12 +37,18 @@ def test_the_reported_request_samples_the_greedy_token() -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(logits=logit_rows, temperature=temperatures, top_p=probabilities, min_p=probabilities,
-       top_k=st.integers(min_value=-5, max_value=2 * VOCAB), seed=st.integers(min_value=0, max_value=2**64 - 1),
-       position=st.integers(min_value=0, max_value=2**40))
-def test_sample_always_returns_a_token_and_is_deterministic(logits: list[float], temperature: float, top_p: float,
-                                                            min_p: float, top_k: int, seed: int,
-                                                            position: int) -> None:
+@given(
+    logits=logit_rows,
+    temperature=temperatures,
+    top_p=probabilities,
+    min_p=probabilities,
+    top_k=st.integers(min_value=-5, max_value=2 * VOCAB),
+    seed=st.integers(min_value=0, max_value=2**64 - 1),
+    position=st.integers(min_value=0, max_value=2**40),
+)
+def test_sample_always_returns_a_token_and_is_deterministic(
+    logits: list[float], temperature: float, top_p: float, min_p: float, top_k: int, seed: int, position: int
+) -> None:
     row = torch.tensor(logits, dtype=torch.float32)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
     token = sample(row, params, position)
@@ -47,9 +56,9 @@ def test_sample_always_returns_a_token_and_is_deterministic(logits: list[float],
     assert sample(row.clone(), params, position) == token
     possible = ~torch.isnan(row) & (row > -math.inf)
     if bool((row == math.inf).any()):
-        assert row[token] == math.inf          # an infinite logit outranks every finite one
+        assert row[token] == math.inf  # an infinite logit outranks every finite one
     elif bool(possible.any()):
-        assert bool(possible[token])           # never a NaN or -inf token while another is possible
+        assert bool(possible[token])  # never a NaN or -inf token while another is possible
 
 
 @settings(max_examples=200, deadline=None)

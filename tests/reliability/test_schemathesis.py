@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
+from test_api_live import LiveServer
 
 from engine.checkpoint.demo import write_demo
-from test_api_live import LiveServer
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,18 +29,52 @@ SEED = os.environ.get("SCHEMATHESIS_SEED", "20261201")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     checkpoint = tmp_path_factory.mktemp("demo")
     write_demo(checkpoint, seed=1, size="tiny")
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"),
-                      ["--parallel", "2", "--max-queued", "4", "--context", "256", "--max-tokens", "4",
-                       "--name", "demo", "--keepalive-s", "1"], key=KEY)
+    live = LiveServer(
+        checkpoint,
+        tmp_path_factory.mktemp("logs"),
+        [
+            "--parallel",
+            "2",
+            "--max-queued",
+            "4",
+            "--context",
+            "256",
+            "--max-tokens",
+            "4",
+            "--name",
+            "demo",
+            "--keepalive-s",
+            "1",
+        ],
+        key=KEY,
+    )
     yield live
     live.stop()
 
 
 def test_every_route_conforms_to_the_published_schema(server: LiveServer, tmp_path: Path) -> None:
-    command = [str(Path(sys.executable).with_name("st")), "run", f"{server.url}/openapi.json",
-               "--checks", "all", "--exclude-checks", "positive_data_acceptance",
-               "-H", f"Authorization: Bearer {KEY}", "--max-examples", str(EXAMPLES), "--seed", SEED,
-               "--max-time", "240", "--no-color", "--report", "junit", "--report-dir", str(tmp_path)]
+    command = [
+        str(Path(sys.executable).with_name("st")),
+        "run",
+        f"{server.url}/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "positive_data_acceptance",
+        "-H",
+        f"Authorization: Bearer {KEY}",
+        "--max-examples",
+        str(EXAMPLES),
+        "--seed",
+        SEED,
+        "--max-time",
+        "240",
+        "--no-color",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path),
+    ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.reliability.schemathesis_hooks", "PYTHONPATH": str(ROOT)}
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     summary = run.stdout[-6000:]
