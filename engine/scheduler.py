@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed
 
+from engine.config import EngineConfig
 from engine.runner.executor import StepExecutor, StepPlan
 from engine.sampling import SamplingParams, sample
 
@@ -101,6 +102,11 @@ def _lane(req: Request) -> int:
 
 
 class Scheduler:
+    @classmethod
+    def for_config(cls, executor: StepExecutor, group: Any, cfg: EngineConfig) -> Scheduler:
+        """Rank 0's scheduler as the flags set it: PARALLEL lanes, the queue cap, the prompt chunk size."""
+        return cls(executor, group, parallel=cfg.parallel, max_queued=cfg.max_queued, prefill_chunk=cfg.prefill_chunk)
+
     def __init__(
         self,
         executor: StepExecutor,

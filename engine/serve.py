@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     )
     say(f"loading: done in {time.monotonic() - started:.1f} s (KDA prompts: {model.kda_prompt_form or 'none'})")
     context, pool_tokens = size_pool(cfg, model.cache_bytes_per_token(cfg.kv), device, group)
-    executor = StepExecutor(model, model.make_pool(pool_tokens, cfg.kv), lanes=cfg.parallel, graphs=cfg.cuda_graphs)
+    executor = StepExecutor.for_config(model, model.make_pool(pool_tokens, cfg.kv), cfg)
     say(f"pool: {pool_tokens} tokens ({context} x {cfg.parallel} streams, kv {cfg.kv})")
     if cfg.rank > 0:
         say(f"rank {cfg.rank}: following rank 0's step plans")
@@ -204,9 +204,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     from engine.server.template import load_chat_template
 
     defaults = _generation_defaults(cfg.checkpoint)
-    scheduler = Scheduler(
-        executor, group, parallel=cfg.parallel, max_queued=cfg.max_queued, prefill_chunk=cfg.prefill_chunk
-    )
+    scheduler = Scheduler.for_config(executor, group, cfg)
     state = ServerState(
         name=cfg.name,
         tokenizer=Tokenizer.from_file(str(Path(cfg.checkpoint, "tokenizer.json"))),

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from engine.config import EngineConfig
 from engine.runner.lanes import LaneDecoder
 from engine.runner.protocol import LaneCapable, ServingModel
 
@@ -38,6 +39,11 @@ class StepExecutor:
     """Holds this rank's sequences by lane and applies plans to the model. A model that can take a static step over
     lane-indexed state (`decode_step`, the `LaneModel` protocol) decodes through a `LaneDecoder` (CUDA graphs on a
     GPU when `graphs`); `lanes` is the number of lanes (PARALLEL)."""
+
+    @classmethod
+    def for_config(cls, model: ServingModel, pool: Any, cfg: EngineConfig) -> StepExecutor:
+        """The executor a rank serves with: PARALLEL lanes, CUDA graphs as --cuda-graphs says."""
+        return cls(model, pool, lanes=cfg.parallel, graphs=cfg.cuda_graphs)
 
     def __init__(self, model: ServingModel, pool: Any, lanes: int = 4, graphs: bool = True) -> None:
         self.model = model

@@ -12,9 +12,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_api_live import KEY, LiveServer, wait_idle
-
-from engine.checkpoint.demo import write_demo
+from test_api_live import KEY, LiveServer, demo_server, wait_idle
 
 pytestmark = pytest.mark.slow
 EXAMPLES_PER_ROUTE = 40
@@ -27,30 +25,25 @@ json_values = st.recursive(
 )
 
 
+FLAGS = [
+    "--parallel",
+    "2",
+    "--max-queued",
+    "4",
+    "--context",
+    "256",
+    "--max-tokens",
+    "4",
+    "--name",
+    "demo",
+    "--keepalive-s",
+    "1",
+]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    checkpoint = tmp_path_factory.mktemp("demo")
-    write_demo(checkpoint, seed=1, size="tiny")
-    live = LiveServer(
-        checkpoint,
-        tmp_path_factory.mktemp("logs"),
-        [
-            "--parallel",
-            "2",
-            "--max-queued",
-            "4",
-            "--context",
-            "256",
-            "--max-tokens",
-            "4",
-            "--name",
-            "demo",
-            "--keepalive-s",
-            "1",
-        ],
-    )
-    yield live
-    live.stop()
+    yield from demo_server(tmp_path_factory, FLAGS, KEY, seed=1)
 
 
 def from_schema(schema: dict[str, Any], root: dict[str, Any], depth: int = 0) -> st.SearchStrategy:

@@ -101,13 +101,23 @@ SERVER_FLAGS = [
 ]
 
 
+def demo_server(
+    factory: pytest.TempPathFactory, flags: list[str], key: str | None = KEY, seed: int = 0
+) -> Iterator[LiveServer]:
+    """A live 2-rank server on a fresh tiny demo checkpoint, stopped afterwards (the body of the live tests'
+    module-scoped `server` fixtures)."""
+    checkpoint = factory.mktemp("demo")
+    write_demo(checkpoint, seed=seed, size="tiny")
+    live = LiveServer(checkpoint, factory.mktemp("logs"), flags, key=key)
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    checkpoint = tmp_path_factory.mktemp("demo")
-    write_demo(checkpoint, seed=0, size="tiny")
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"), SERVER_FLAGS)
-    yield live
-    live.stop()
+    yield from demo_server(tmp_path_factory, SERVER_FLAGS)
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from recipe_helpers import SETTING_NAMES
-from test_api_live import LiveServer  # tests/engine is on sys.path (tests/conftest.py)
+from test_api_live import LiveServer, demo_server  # tests/engine is on sys.path (tests/conftest.py)
 from typer.testing import CliRunner
 
-from engine.checkpoint.demo import write_demo
 from recipe.bench.bench import run_bench
 from recipe.bench.client import RequestTiming
 from recipe.bench.options import BenchOptions, api_url, parse_sizes
@@ -30,16 +29,7 @@ CONTEXT = 2048
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    checkpoint = tmp_path_factory.mktemp("demo")
-    write_demo(checkpoint, seed=0, size="tiny")
-    live = LiveServer(
-        checkpoint,
-        tmp_path_factory.mktemp("logs"),
-        ["--parallel", "4", "--context", str(CONTEXT), "--name", "demo"],
-        key=KEY,
-    )
-    yield live
-    live.stop()
+    yield from demo_server(tmp_path_factory, ["--parallel", "4", "--context", str(CONTEXT), "--name", "demo"], KEY)
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,8 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 from recipe_helpers import clean_environ, free_port
-from test_api_live import LiveServer, wait_idle  # tests/engine is on sys.path (tests/conftest.py)
+from test_api_live import LiveServer, demo_server, wait_idle  # tests/engine is on sys.path (tests/conftest.py)
 
-from engine.checkpoint.demo import write_demo
 from engine.server.metrics import Metrics
 from recipe.top.prometheus import Histogram, histogram, parse_samples, quantile
 from recipe.top.top import TTFT_MIN_WINDOW, History, Sample
@@ -34,16 +33,7 @@ slow = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    checkpoint = tmp_path_factory.mktemp("demo")
-    write_demo(checkpoint, seed=0, size="tiny")
-    live = LiveServer(
-        checkpoint,
-        tmp_path_factory.mktemp("logs"),
-        ["--parallel", str(PARALLEL), "--context", "512", "--name", "demo"],
-        key=KEY,
-    )
-    yield live
-    live.stop()
+    yield from demo_server(tmp_path_factory, ["--parallel", str(PARALLEL), "--context", "512", "--name", "demo"], KEY)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_api_live import LiveServer
+from test_api_live import LiveServer, demo_server
 
 from engine.checkpoint.demo import write_demo
 
@@ -40,11 +40,7 @@ HELLO = [{"role": "user", "content": "Reply with OK."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    checkpoint = tmp_path_factory.mktemp("demo")
-    write_demo(checkpoint, seed=0, size="tiny")
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"), FLAGS, key=KEY)
-    yield live
-    live.stop()
+    yield from demo_server(tmp_path_factory, FLAGS, KEY)
 
 
 def post(server: LiveServer, path: str, body: dict | bytes, timeout: float = 60.0) -> httpx.Response:

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_api_live import LiveServer
-
-from engine.checkpoint.demo import write_demo
+from test_api_live import LiveServer, demo_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,31 +23,25 @@ EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "25"))
 SEED = os.environ.get("SCHEMATHESIS_SEED", "20261201")
 
 
+FLAGS = [
+    "--parallel",
+    "2",
+    "--max-queued",
+    "4",
+    "--context",
+    "256",
+    "--max-tokens",
+    "4",
+    "--name",
+    "demo",
+    "--keepalive-s",
+    "1",
+]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    checkpoint = tmp_path_factory.mktemp("demo")
-    write_demo(checkpoint, seed=1, size="tiny")
-    live = LiveServer(
-        checkpoint,
-        tmp_path_factory.mktemp("logs"),
-        [
-            "--parallel",
-            "2",
-            "--max-queued",
-            "4",
-            "--context",
-            "256",
-            "--max-tokens",
-            "4",
-            "--name",
-            "demo",
-            "--keepalive-s",
-            "1",
-        ],
-        key=KEY,
-    )
-    yield live
-    live.stop()
+    yield from demo_server(tmp_path_factory, FLAGS, KEY, seed=1)
 
 
 def test_every_route_conforms_to_the_published_schema(server: LiveServer, tmp_path: Path) -> None:
