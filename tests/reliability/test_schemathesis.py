@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_api_fuzz import FLAGS  # the same small server the property fuzzing drives
 from test_api_live import LiveServer, demo_server
 
 pytestmark = pytest.mark.slow
@@ -21,22 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = "schema-key"
 EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "25"))
 SEED = os.environ.get("SCHEMATHESIS_SEED", "20261201")
-
-
-FLAGS = [
-    "--parallel",
-    "2",
-    "--max-queued",
-    "4",
-    "--context",
-    "256",
-    "--max-tokens",
-    "4",
-    "--name",
-    "demo",
-    "--keepalive-s",
-    "1",
-]
 
 
 @pytest.fixture(scope="module")
