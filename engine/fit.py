@@ -36,15 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def cache_bytes_per_token(cfg: Any, kv: str) -> int:
-    """`Glm5NextForCausalLM.cache_bytes_per_token` from the config alone: one pool row per DSA layer, each the MLA
-    latent ‖ index key ‖ pool gate score (`SparseMLA.row_width`)."""
-    from engine.cache import KVPool
-
-    width = cfg.kv_lora_rank + 2 * cfg.index_head_dim if cfg.dsa_layers else 1
-    return KVPool.bytes_per_token(max(len(cfg.dsa_layers), 1), width, kv)
-
-
 def rank_weight_bytes(directory: Path, config: dict[str, Any], tp: int, device: str) -> list[int]:
     """At least what each rank's weights take once loaded (text tower and MTP; the vision tower is not loaded):
     its TP share of every tensor, at the smaller of the stored and the loaded element size."""
@@ -93,6 +84,8 @@ def fit(args: argparse.Namespace, device: str) -> dict[str, Any]:
     from engine.models.glm5_next.config import TextConfig
 
     config = json.loads(Path(args.checkpoint, "config.json").read_text())
+    from engine.models.glm5_next.model import cache_bytes_per_token
+
     per_token = cache_bytes_per_token(TextConfig.from_dict(config), args.kv)
     weights = rank_weight_bytes(Path(args.checkpoint), config, args.tp, device)
     reserve = _reserve_bytes(args, device)

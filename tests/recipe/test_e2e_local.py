@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from recipe_helpers import clean_environ, free_port
-from runs import run_dir
+from runs import local_env, run_dir, run_script
 
 from recipe.launch.runstate import is_alive
 from recipe.net.ports import port_is_free
@@ -28,15 +27,7 @@ STEP_TIMEOUT_S = 900
 
 
 def wrapper(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(REPO_ROOT / script), *args],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=STEP_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_script(env, script, *args, timeout=STEP_TIMEOUT_S)
 
 
 def recorded(log_dir: Path) -> list[tuple[int, int]]:
@@ -58,27 +49,16 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.fixture
-def local_env(tmp_path: Path):
-    (tmp_path / "config" / "scripts").mkdir(parents=True)
-    port, master = free_port(), free_port()
-    env = clean_environ(
-        SPARKS_CONFIG_ROOT=str(tmp_path / "config"),
-        LOG_DIR=str(tmp_path / "logs"),
-        CACHE_DIR=str(tmp_path / "cache"),
-        HOST="127.0.0.1",
-        PORT=str(port),
-        MASTER_PORT=str(master),
-        WAIT_TIMEOUT="600",
-        STOP_TIMEOUT="20",
-    )
+def local_run(tmp_path: Path):
+    env = local_env(tmp_path, WAIT_TIMEOUT="600", STOP_TIMEOUT="20")
     yield env, tmp_path
     wrapper("stop.sh", env)  # whatever happened above, leave nothing running
 
 
-def test_start_chat_noop_restart_stop(local_env) -> None:
+def test_start_chat_noop_restart_stop(local_run) -> None:
     from openai import OpenAI
 
-    env, tmp = local_env
+    env, tmp = local_run
     started = time.monotonic()
     first = wrapper("start.sh", env)
     cold_s = time.monotonic() - started

@@ -9,15 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from recipe_helpers import clean_environ, free_port
-from runs import run_dir
+from runs import local_env, run_dir, run_script
 
 from recipe.launch.docker import NodeReady, docker_error, for_node
 from recipe.launch.launch import fitting_window
 from recipe.net.nodes import Result
 from recipe.plan.host import HostFacts
 from recipe.plan.plan import build_plan
-from recipe.settings import REPO_ROOT, load_settings
+from recipe.settings import load_settings
 
 SPARK = HostFacts(python="python3", gpu=True, cpu_count=20, rdma=True)
 
@@ -61,14 +60,8 @@ def test_the_engines_refusal_names_the_window_the_recipe_restarts_with(capsys: p
 
 @pytest.mark.slow
 def test_start_refits_once_to_the_window_that_fits(tmp_path: Path) -> None:
-    (tmp_path / "config" / "scripts").mkdir(parents=True)
-    env = clean_environ(
-        SPARKS_CONFIG_ROOT=str(tmp_path / "config"),
-        LOG_DIR=str(tmp_path / "logs"),
-        CACHE_DIR=str(tmp_path / "cache"),
-        HOST="127.0.0.1",
-        PORT=str(free_port()),
-        MASTER_PORT=str(free_port()),
+    env = local_env(
+        tmp_path,
         TP="1",
         CONTEXT="8192",
         MAX_TOKENS="256",
@@ -78,15 +71,7 @@ def test_start_refits_once_to_the_window_that_fits(tmp_path: Path) -> None:
     )  # ~210 KiB: ~1600 tokens
 
     def wrapper(script: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(REPO_ROOT / script)],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            stdin=subprocess.DEVNULL,
-        )
+        return run_script(env, script)
 
     try:
         done = wrapper("start.sh")

@@ -4,17 +4,15 @@ names the checkout that owns a run. The second checkout is a copy of this one (s
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from ports import free_port
+from runs import local_env, run_script
 
 from recipe.settings import REPO_ROOT
-from recipe.settings.schema import load_specs
 
 pytestmark = pytest.mark.slow
 COPIED = ("config", "engine", "recipe", "scripts", "start.sh", "stop.sh", "pyproject.toml")
@@ -33,32 +31,13 @@ def _copy_checkout(where: Path) -> Path:
 
 
 def _env(checkout: Path, shared: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in load_specs()}
-    config = shared / f"config-{checkout.name}"
-    (config / "scripts").mkdir(parents=True, exist_ok=True)
-    env.update(
-        SPARKS_CONFIG_ROOT=str(config),
-        PYTHONPATH=str(checkout),
-        LOG_DIR=str(shared / "logs"),
-        CACHE_DIR=str(shared / "cache"),
-        PORT=str(free_port()),
-        MASTER_PORT=str(free_port()),
-        WAIT_TIMEOUT="300",
-        STOP_TIMEOUT="10",
-    )
-    return env
+    """Each checkout's own config root and ports; LOG_DIR and CACHE_DIR shared (`shared`)."""
+    env = local_env(shared / f"config-{checkout.name}", PYTHONPATH=str(checkout), WAIT_TIMEOUT="300", STOP_TIMEOUT="10")
+    return {**env, "LOG_DIR": str(shared / "logs"), "CACHE_DIR": str(shared / "cache")}
 
 
 def _run(checkout: Path, env: dict[str, str], *command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(checkout / command[0]), *command[1:]],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_script(env, *command, checkout=checkout, timeout=600)
 
 
 def _serving(env: dict[str, str]) -> bool:

@@ -24,12 +24,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ports import free_port
-from runs import run_dir
+from runs import local_env, run_dir, run_script
 
 from recipe.launch.runstate import is_alive
-from recipe.settings import REPO_ROOT
-from recipe.settings.schema import load_specs
 
 pytestmark = pytest.mark.slow
 PEER_TIMEOUT_S = 6
@@ -49,27 +46,11 @@ MODEL = "GLM-5.3-Flash-demo"  # the embedded default says it serves the demo
 
 
 def wrapper(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(REPO_ROOT / script)],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_script(env, script, timeout=600)
 
 
 def status(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(REPO_ROOT / ".venv" / "bin" / "sparks"), "status"],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_script(env, ".venv/bin/sparks", "status", timeout=60)
 
 
 @dataclass
@@ -176,15 +157,8 @@ def _aftermath(fault: str, ranks: dict[int, tuple[int, int]], env: dict[str, str
 
 @pytest.fixture
 def chaos_env(tmp_path: Path):
-    (tmp_path / "config" / "scripts").mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if k not in load_specs()}
-    env.update(
-        SPARKS_CONFIG_ROOT=str(tmp_path / "config"),
-        LOG_DIR=str(tmp_path / "logs"),
-        CACHE_DIR=str(tmp_path / "cache"),
-        HOST="127.0.0.1",
-        PORT=str(free_port()),
-        MASTER_PORT=str(free_port()),
+    env = local_env(
+        tmp_path,
         WAIT_TIMEOUT="600",
         STOP_TIMEOUT="5",
         PEER_TIMEOUT_S=str(PEER_TIMEOUT_S),

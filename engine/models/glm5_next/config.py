@@ -74,6 +74,17 @@ class TextConfig:
     def kda_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == KDA)
 
+    @property
+    def pool_row_width(self) -> int:
+        """Elements of one cache-pool row (a DSA layer's token): MLA latent ‖ index key ‖ pool gate score; 1 (an
+        unused pool) without DSA layers."""
+        return self.kv_lora_rank + 2 * self.index_head_dim if self.dsa_layers else 1
+
+    @property
+    def pool_layers(self) -> int:
+        """Layers the pool keeps rows for (at least one, so an all-KDA model still has a pool to hand out)."""
+        return max(len(self.dsa_layers), 1)
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TextConfig:
         text = dict(raw.get("text_config") or raw)

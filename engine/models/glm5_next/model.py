@@ -40,6 +40,11 @@ def _checkpoint_prefix(reader: CheckpointReader) -> str:
     raise RuntimeError(f"{reader.path}: no embed_tokens.weight under {PREFIX!r} or 'model.'")
 
 
+def cache_bytes_per_token(cfg: TextConfig, kv: str) -> int:
+    """Pool bytes one token takes across the DSA layers, from the config alone (`engine fit` asks without loading)."""
+    return KVPool.bytes_per_token(cfg.pool_layers, cfg.pool_row_width, kv)
+
+
 class DecoderLayer:
     def __init__(
         self,
@@ -165,13 +170,13 @@ class Glm5NextForCausalLM:
     # -- state ---------------------------------------------------------------------------------------------------
     @property
     def pool_row_width(self) -> int:
-        return next((layer.attn.row_width for layer in self.layers if isinstance(layer.attn, SparseMLA)), 1)
+        return self.cfg.pool_row_width
 
     def cache_bytes_per_token(self, kv: str = "fp32") -> int:
-        return KVPool.bytes_per_token(max(self.num_pool_layers, 1), self.pool_row_width, kv)
+        return cache_bytes_per_token(self.cfg, kv)
 
     def make_pool(self, num_tokens: int, kv: str = "fp32") -> KVPool:
-        return KVPool(max(self.num_pool_layers, 1), num_tokens, self.pool_row_width, kv, self.embed.device)
+        return KVPool(self.cfg.pool_layers, num_tokens, self.cfg.pool_row_width, kv, self.embed.device)
 
     def new_sequence(self, pool: KVPool) -> Sequence:
         return Sequence(pool)
