@@ -19,15 +19,21 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
+_GIVEN: set[int] = set()  # ports already handed out in this process: two calls never return the same port
+
+
 def free_port() -> int:
     floor = _ephemeral_floor()
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(20000, max(20001, floor))
+        if port in _GIVEN:
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _GIVEN.add(port)
             return port
     raise RuntimeError("no free port found below the ephemeral range")
