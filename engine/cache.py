@@ -128,6 +128,13 @@ class Sequence:
             self.slot_ids += self.pool.take(1)
         return self.slot_ids[self.length]
 
+    def slot_at(self, position: int) -> int:
+        """The slot of the token at `position` (≥ length), taking slots from the pool up to it if not held yet
+        (a verify window's rows; rows of rejected drafts stay held and are written again by the next step)."""
+        if len(self.slot_ids) <= position:
+            self.slot_ids += self.pool.take(position + 1 - len(self.slot_ids))
+        return self.slot_ids[position]
+
     def store_state(self, layer: int, kda: torch.Tensor, conv: torch.Tensor) -> None:
         """Set a KDA layer's state (in place for a lane-bound sequence, whose state is a view of the lane's)."""
         if self.lane is None:
@@ -146,8 +153,14 @@ class Sequence:
 
 class LaneState:
     """Preallocated decode state for `num_lanes` lanes (plus one scratch lane, index `num_lanes`, used by graph
-    warm-ups): per KDA layer the delta-rule state [lanes, heads, d_k, d_v] and conv window [lanes, C, K-1], and the
-    slot table [lanes, max_tokens] (entries past a sequence's length point at the pool's scratch row)."""
+    warm-ups and a verify step's padding rows): per KDA layer the delta-rule state [lanes, heads, d_k, d_v] and conv
+    window [lanes, C, K-1], and the slot table [lanes, max_tokens] (entries past a sequence's length point at the
+    pool's scratch row).
+
+    With `window` > 1 (drafts: a verify step feeds a lane up to `window` tokens) each KDA layer also keeps the state
+    and conv window after every row of the window (`kda_rows`, `conv_rows`: [lanes, window, ...]); the step leaves
+    the lane's own state untouched, and `commit(lane, n)` makes the state after row n-1 the lane's. A rejected draft
+    so never touches the state a lane goes on from: nothing is rolled back, it is never adopted."""
 
     def __init__(
         self,
@@ -155,14 +168,28 @@ class LaneState:
         num_lanes: int,
         kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]],
         max_tokens: int | None = None,
+        window: int = 1,
     ) -> None:
         dev = pool.rows.device
-        self.pool, self.num_lanes = pool, num_lanes
+        self.pool, self.num_lanes, self.window = pool, num_lanes, window
         self.scratch_lane = num_lanes
         self.kda = {layer: torch.zeros(num_lanes + 1, *state, device=dev) for layer, (state, _) in kda_shapes.items()}
         self.conv = {layer: torch.zeros(num_lanes + 1, *conv, device=dev) for layer, (_, conv) in kda_shapes.items()}
+        rows = window if window > 1 else 0
+        self.kda_rows = {
+            layer: torch.zeros(num_lanes + 1, rows, *state, device=dev) for layer, (state, _) in kda_shapes.items()
+        }
+        self.conv_rows = {
+            layer: torch.zeros(num_lanes + 1, rows, *conv, device=dev) for layer, (_, conv) in kda_shapes.items()
+        }
         width = max_tokens or pool.num_tokens
         self.slots = torch.full((num_lanes + 1, width), pool.scratch_slot, dtype=torch.long, device=dev)
+
+    def commit(self, lane: int, rows: int) -> None:
+        """After a verify step: the lane goes on from the state after its first `rows` rows."""
+        for layer, buf in self.kda_rows.items():
+            self.kda[layer][lane].copy_(buf[lane, rows - 1])
+            self.conv[layer][lane].copy_(self.conv_rows[layer][lane, rows - 1])
 
     def reset(self, lane: int) -> None:
         for buf in (*self.kda.values(), *self.conv.values()):

@@ -20,6 +20,8 @@ EXIT_REFUSED = 3  # the ranks were started with different settings
 EXIT_WINDOW = 4  # the window does not fit; stderr holds a WINDOW_LINE with the largest that does
 WINDOW_LINE = "window-does-not-fit: "  # followed by JSON: {"context": asked, "largest_window": fits, ...}
 DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}  # memory left to the system when --memory-reserve-gib is not given
+DRAFTERS = ("none", "copy")  # built drafters (the MTP layer's is not yet: the recipe refuses DRAFTER=mtp)
+MAX_DRAFT_TOKENS = 7  # a verify window holds at most 8 rows a lane
 
 
 def _switch(text: str) -> bool:
@@ -73,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="KDA prompt chunks in chunked form (fla-core on a GPU); 0: token by token (every rank agrees)",
     )
+    p.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        default="none",
+        help="speculative drafts, verified exactly: copy (prompt lookup; CPU only so far) or none",
+    )
+    p.add_argument("--draft-tokens", type=int, default=3, help="most drafts a lane verifies per step (0-7)")
     p.add_argument("--api-key-file", default=None, help="file holding the API key (or set SPARKS_API_KEY)")
 
 
@@ -99,6 +108,8 @@ class EngineConfig:
     peer_timeout_s: float = 30.0
     cuda_graphs: bool = True
     kda_chunked: bool = True
+    drafter: str = "none"
+    draft_tokens: int = 3
     api_key_file: str | None = None
 
     # What every rank must share (the others are per rank: its address, port, device, secrets, local timeouts).
@@ -114,6 +125,8 @@ class EngineConfig:
         "thinking",
         "cuda_graphs",
         "kda_chunked",
+        "drafter",
+        "draft_tokens",
     )
 
     @classmethod
@@ -140,9 +153,22 @@ class EngineConfig:
         ]
         if not 0 <= self.rank < max(self.tp, 1):
             out.append(f"--rank {self.rank} is outside 0..{self.tp - 1}")
+        if not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            out.append(f"--draft-tokens must be 0..{MAX_DRAFT_TOKENS} (got {self.draft_tokens})")
+        if self.drafter not in DRAFTERS:
+            out.append(f"--drafter must be one of {', '.join(DRAFTERS)} (got {self.drafter})")
         if self.context < 0:
             out.append(f"--context must be 0 (the largest that fits) or a positive window (got {self.context})")
         return out
+
+    @property
+    def drafting(self) -> bool:
+        return self.drafter != "none" and self.draft_tokens > 0
+
+    @property
+    def verify_window(self) -> int:
+        """Rows a lane may have in one step: its pending token and up to --draft-tokens drafts."""
+        return 1 + self.draft_tokens if self.drafting else 1
 
     @property
     def master_addr(self) -> str:

@@ -8,6 +8,13 @@ Each iteration: drain the inbox, release finished or cancelled lanes, admit wait
 the pool can hold their whole budget (prompt + max_tokens), then run ONE unit of work: a prompt chunk of the oldest
 filling stream or a decode round over every decoding stream, alternating when both exist, so a long prompt never
 freezes running replies. The step is broadcast to the other ranks and applied through the same `StepExecutor`.
+
+Drafts (`drafter`, engine/drafts.py): a decode round gives each lane a window — its pending token and up to
+`draft_tokens` drafts — and every row comes back with logits. Row t is sampled with the keyed rule at its absolute
+position, exactly as a one-token step would sample it; the draft after it counts only while it equals that sample.
+The lane commits the rows it kept (the pending token and the accepted drafts) in the next plan, and the first
+sample that differs from its draft is the new pending token. The reply is therefore the serial reply token for
+token (`"draft": false` runs a request without drafts: the same tokens, one a step).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import torch.distributed
 
 from engine.config import EngineConfig
+from engine.drafts import CopyDrafter
 from engine.runner.executor import StepExecutor, StepPlan
 from engine.sampling import SamplingParams, sample
 
@@ -78,11 +86,17 @@ class Request:
     sink: Callable[[Event], None]
     stop_ids: frozenset[int] = frozenset()
     background: bool = False
+    draft: bool = True  # False: no drafts for this request ("draft": false)
     arrival: float = field(default_factory=time.monotonic)
     lane: int | None = None
     filled: int = 0
     output: list[int] = field(default_factory=list)
     done: bool = False
+    drafter: CopyDrafter | None = None
+    window: list[int] = field(default_factory=list)  # the last decode round's tokens: pending, then drafts
+    commit: int = 0  # rows of its last verify step the lane keeps (told to the ranks in the next plan)
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def budget(self) -> int:
@@ -104,8 +118,16 @@ def _lane(req: Request) -> int:
 class Scheduler:
     @classmethod
     def for_config(cls, executor: StepExecutor, group: Any, cfg: EngineConfig) -> Scheduler:
-        """Rank 0's scheduler as the flags set it: PARALLEL lanes, the queue cap, the prompt chunk size."""
-        return cls(executor, group, parallel=cfg.parallel, max_queued=cfg.max_queued, prefill_chunk=cfg.prefill_chunk)
+        """Rank 0's scheduler as the flags set it: PARALLEL lanes, the queue cap, the prompt chunk size, drafts."""
+        return cls(
+            executor,
+            group,
+            parallel=cfg.parallel,
+            max_queued=cfg.max_queued,
+            prefill_chunk=cfg.prefill_chunk,
+            drafter=cfg.drafter if cfg.drafting else "none",
+            draft_tokens=cfg.draft_tokens,
+        )
 
     def __init__(
         self,
@@ -118,7 +140,13 @@ class Scheduler:
         heartbeat_s: float = 1.0,
         retry_after_s: int = 5,
         on_broken: Callable[[str], None] | None = None,
+        drafter: str = "none",
+        draft_tokens: int = 0,
     ) -> None:
+        if drafter != "none" and draft_tokens > executor.window - 1:
+            raise ValueError(f"{draft_tokens} drafts need verify windows of {draft_tokens + 1} rows")
+        self.drafter = drafter if draft_tokens > 0 else "none"
+        self.draft_tokens = draft_tokens if self.drafter != "none" else 0
         self.executor = executor
         self.group = group
         self.parallel = parallel
@@ -139,6 +167,10 @@ class Scheduler:
         self._closed: str | None = None  # set (under _lock) once the loop stops taking requests
         self._thread: threading.Thread | None = None
         self.totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "cancelled": 0}
+        # decode rounds: lane windows run, drafted and accepted tokens, tokens committed by them, and accepted
+        # drafts by position in the window (vLLM's spec-decode counters)
+        self.drafts = {"windows": 0, "drafted_windows": 0, "drafted": 0, "accepted": 0, "committed": 0}
+        self.accepted_at = [0] * self.draft_tokens
         self._stats: dict[str, Any] = {}
         self._refresh_stats()
 
@@ -251,6 +283,10 @@ class Scheduler:
     def _plan(self) -> tuple[StepPlan, tuple[str, list[Request]] | None]:
         plan = StepPlan(releases=self._to_release)
         self._to_release = []
+        for req in self._lanes:
+            if req is not None and req.commit:
+                plan.commits.append((_lane(req), req.commit))
+                req.commit = 0
         reserved = sum(req.budget for req in self._lanes if req is not None)
         while (lane := self._free_lane()) is not None and (self._waiting or self._background):
             line = self._waiting or self._background
@@ -261,6 +297,8 @@ class Scheduler:
                 break  # it waits until running streams hand back their rows
             req = line.popleft()
             req.lane, reserved = lane, reserved + req.budget
+            if self.drafter == "copy" and req.draft:
+                req.drafter = CopyDrafter()
             self.totals["prompt_tokens"] += len(req.prompt)
             self._lanes[lane] = req
             plan.admits.append(lane)
@@ -273,10 +311,19 @@ class Scheduler:
             self._prefill_turn = False
             return plan, ("prefill", [req])
         if decoding:
-            plan.decode = ([_lane(r) for r in decoding], [r.output[-1] for r in decoding])
+            for r in decoding:
+                r.window = [r.output[-1], *self._drafts(r)]
+            plan.decode = ([_lane(r) for r in decoding], [r.window for r in decoding])
             self._prefill_turn = True
             return plan, ("decode", decoding)
         return plan, None
+
+    def _drafts(self, req: Request) -> list[int]:
+        """The drafts a lane verifies this round: at most draft_tokens, and never past the request's max_tokens
+        (so its rows stay inside the budget the pool reserved for it)."""
+        if req.drafter is None:
+            return []
+        return req.drafter.propose(min(self.draft_tokens, req.params.max_tokens - len(req.output) - 1))
 
     def _run(self, plan: StepPlan) -> Any:
         self.group.broadcast_object(plan)
@@ -289,14 +336,44 @@ class Scheduler:
         kind, reqs = work
         if kind == "prefill":
             req = reqs[0]
-            req.filled += min(self.prefill_chunk, len(req.prompt) - req.filled)
+            chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
+            req.filled += len(chunk)
+            if req.drafter is not None:
+                req.drafter.extend(chunk)
             if not req.prefilling:
                 self._sample(req, logits)
             return
+        verified = any(len(req.window) > 1 for req in reqs)
         for row, req in enumerate(reqs):
-            self._sample(req, logits[row])
+            self._take_window(req, logits[row], verified)
 
-    def _sample(self, req: Request, logits: Any) -> None:
+    def _take_window(self, req: Request, logits: Any, verified: bool) -> None:
+        """Sample a lane's rows in order, each at its own position; a draft counts while it equals the sample
+        before it. The lane keeps the rows up to the first sample that differs from its draft (that sample is its
+        new pending token); after a verify step it commits them in the next plan."""
+        window, kept = req.window, 0
+        for t in range(len(window)):
+            token = self._sample(req, logits[t])
+            if token is None:
+                break
+            kept = t + 1
+            if req.done or t + 1 >= len(window) or window[t + 1] != token:
+                break
+        accepted = max(0, kept - 1)
+        self.drafts["windows"] += 1
+        self.drafts["committed"] += kept
+        if len(window) > 1:
+            req.drafted += len(window) - 1
+            req.accepted += accepted
+            self.drafts["drafted_windows"] += 1
+            self.drafts["drafted"] += len(window) - 1
+            self.drafts["accepted"] += accepted
+            for position in range(accepted):
+                self.accepted_at[position] += 1
+        if verified and not req.done:
+            req.commit = kept
+
+    def _sample(self, req: Request, logits: Any) -> int | None:
         """Sample and emit one request's next token. Sampling runs on rank 0 alone, after the step every rank ran,
         so a failure here concerns this request only: it gets an error and its lane is released in the next plan;
         every other request and every rank go on."""
@@ -310,11 +387,14 @@ class Scheduler:
                 "this request's next token could not be sampled; the other requests "
                 "were not affected (the server log has the details)",
             )
-            return
+            return None
         self._emit(req, token)
+        return token
 
     def _emit(self, req: Request, token: int) -> None:
         req.output.append(token)
+        if req.drafter is not None:
+            req.drafter.extend((token,))
         self.totals["completion_tokens"] += 1
         if token in req.stop_ids:
             self._finish(req, "stop")
@@ -378,5 +458,11 @@ class Scheduler:
             "pool_tokens": int(pool.num_tokens),
             "pool_free_tokens": int(pool.free_tokens),
             "totals": dict(self.totals),
+            "drafts": {
+                "drafter": self.drafter,
+                "draft_tokens": self.draft_tokens,
+                **self.drafts,
+                "accepted_at": list(self.accepted_at),
+            },
             "broken": self.broken,
         }

@@ -14,6 +14,7 @@ from engine.ops.fused import (  # noqa: F401
 )
 from engine.ops.reference import (  # noqa: F401
     causal_conv,
+    heads_product,
     kda_chunked,
     kda_step,
     l2norm,
@@ -21,5 +22,10 @@ from engine.ops.reference import (  # noqa: F401
     linear,
     linear_pairs,
     rms_norm,
+    row_blocks,
+    rows_product,
+    sigmoid,
+    silu,
+    softplus,
     swiglu_clamped,
 )

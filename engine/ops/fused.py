@@ -67,8 +67,8 @@ def hc_weights(
     logits = reference.linear(reference.rms_norm(streams.flatten(1), None, hc_norm_eps), fn)
     pre_l, post_l, comb_l = logits.split([n, n, n * n], dim=-1)
     pre_b, post_b, comb_b = base.split([n, n, n * n])
-    pre = torch.sigmoid(pre_l * scale[0] + pre_b) + hc_eps
-    post = 2 * torch.sigmoid(post_l * scale[1] + post_b)
+    pre = reference.sigmoid(pre_l * scale[0] + pre_b) + hc_eps
+    post = 2 * reference.sigmoid(post_l * scale[1] + post_b)
     comb = torch.softmax((comb_l * scale[2] + comb_b).view(-1, n, n), dim=-1) + hc_eps
     return pre, post, sinkhorn(comb, iters, hc_eps)
 

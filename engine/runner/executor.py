@@ -25,14 +25,21 @@ log = logging.getLogger("engine.runner")
 @dataclass
 class StepPlan:
     releases: list[int] = field(default_factory=list)  # lanes whose sequence ends (slots back to the pool)
+    commits: list[tuple[int, int]] = field(default_factory=list)  # (lane, rows it keeps of its last verify step)
     admits: list[int] = field(default_factory=list)  # lanes that get a fresh sequence
     prefill: tuple[int, list[int]] | None = None  # (lane, prompt chunk ids)
-    decode: tuple[list[int], list[int]] | None = None  # (lanes, one token id each)
+    # (lanes, each lane's window: its pending token, then its drafts); all windows of one token: a decode step
+    decode: tuple[list[int], list[list[int]]] | None = None
     shutdown: bool = False
 
     @property
     def is_heartbeat(self) -> bool:
-        return not (self.releases or self.admits or self.prefill or self.decode or self.shutdown)
+        return not (self.releases or self.commits or self.admits or self.prefill or self.decode or self.shutdown)
+
+    @property
+    def verifies(self) -> bool:
+        """A decode step with drafts: every lane of it keeps row states, and commits in a later plan."""
+        return self.decode is not None and any(len(window) > 1 for window in self.decode[1])
 
 
 class StepExecutor:
@@ -42,22 +49,35 @@ class StepExecutor:
 
     @classmethod
     def for_config(cls, model: ServingModel, pool: Any, cfg: EngineConfig) -> StepExecutor:
-        """The executor a rank serves with: PARALLEL lanes, CUDA graphs as --cuda-graphs says."""
-        return cls(model, pool, lanes=cfg.parallel, graphs=cfg.cuda_graphs)
+        """The executor a rank serves with: PARALLEL lanes, CUDA graphs as --cuda-graphs says, verify windows of
+        1 + --draft-tokens rows when a drafter is on."""
+        return cls(model, pool, lanes=cfg.parallel, graphs=cfg.cuda_graphs, window=cfg.verify_window)
 
-    def __init__(self, model: ServingModel, pool: Any, lanes: int = 4, graphs: bool = True) -> None:
+    def __init__(self, model: ServingModel, pool: Any, lanes: int = 4, graphs: bool = True, window: int = 1) -> None:
         self.model = model
         self.pool = pool
         self.lanes: dict[int, Any] = {}
-        self.decoder = LaneDecoder(model, pool, lanes, graphs) if isinstance(model, LaneCapable) else None
+        self.decoder = (
+            LaneDecoder(model, pool, lanes, graphs, window=window) if isinstance(model, LaneCapable) else None
+        )
+
+    @property
+    def window(self) -> int:
+        """The most tokens a lane may have in one decode step (1: no drafts can be verified)."""
+        return self.decoder.state.window if self.decoder is not None else 1
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:
-        """Apply one plan; returns prefill logits [vocab], decode logits [B, vocab], or None."""
+        """Apply one plan; returns prefill logits [vocab], decode logits [B, W, vocab] (W: the widest window), or
+        None."""
         for lane in plan.releases:
             seq = self.lanes.pop(lane, None)
             if seq is not None:
                 seq.release()
+        for lane, rows in plan.commits:
+            if self.decoder is None:
+                raise RuntimeError("a commit needs the lane decoder")
+            self.decoder.commit(self.lanes[lane], rows)
         for lane in plan.admits:
             self.lanes[lane] = (
                 self.decoder.new_sequence(lane) if self.decoder is not None else self.model.new_sequence(self.pool)
@@ -66,9 +86,14 @@ class StepExecutor:
             lane, ids = plan.prefill
             return self.model.prefill(self.lanes[lane], list(ids)).cpu()  # sampling runs on the CPU
         if plan.decode is not None:
-            lanes, tokens = plan.decode
+            lanes, windows = plan.decode
+            seqs = [self.lanes[lane] for lane in lanes]
+            if plan.verifies:
+                if self.decoder is None:
+                    raise RuntimeError("drafts need the lane decoder")
+                return self.decoder.verify(seqs, [list(w) for w in windows]).cpu()
             decode = self.decoder.decode if self.decoder is not None else self.model.decode
-            return decode([self.lanes[lane] for lane in lanes], list(tokens)).cpu()
+            return decode(seqs, [w[0] for w in windows]).cpu().unsqueeze(1)
         return None
 
     def release_all(self) -> None:

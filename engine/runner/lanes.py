@@ -35,21 +35,22 @@ MIN_SPAN = 64
 
 
 class CapturedStep:
-    """The decode step for one (batch, span), captured; `replay(inputs)` -> the graph's logits buffer."""
+    """The decode step for one (batch, width, span), captured; `replay(inputs)` -> the graph's logits buffer."""
 
-    def __init__(self, model: LaneModel, lanes: LaneState, batch: int, span: int, mempool) -> None:
+    def __init__(self, model: LaneModel, lanes: LaneState, batch: int, span: int, mempool, width: int = 1) -> None:
         dev = lanes.pool.rows.device
-        scratch = [[lanes.scratch_lane] * batch, [0] * batch, [0] * batch, [lanes.pool.scratch_slot] * batch]
+        rows = batch * width
+        scratch = [[lanes.scratch_lane] * rows, [0] * rows, [0] * rows, [lanes.pool.scratch_slot] * rows]
         self.inputs = torch.tensor(scratch, dtype=torch.long, device=dev)
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels, nothing syncs later
             for _ in range(2):
-                model.decode_step(lanes, self.inputs, span)
+                model.decode_step(lanes, self.inputs, span, width)
         torch.cuda.current_stream(dev).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=mempool, capture_error_mode="thread_local"):
-            self.logits = model.decode_step(lanes, self.inputs, span)
+            self.logits = model.decode_step(lanes, self.inputs, span, width)
         lanes.reset(lanes.scratch_lane)
 
     def replay(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -62,18 +63,25 @@ class LaneDecoder:
     """Sequences bound to lanes, and their decode step (graphs on a GPU, eager elsewhere)."""
 
     def __init__(
-        self, model: LaneModel, pool: KVPool, num_lanes: int, graphs: bool = True, min_span: int = MIN_SPAN
+        self,
+        model: LaneModel,
+        pool: KVPool,
+        num_lanes: int,
+        graphs: bool = True,
+        min_span: int = MIN_SPAN,
+        window: int = 1,
     ) -> None:
         """`graphs`: capture and replay where the device allows it (CUDA); with several ranks, only when every rank
-        says so (EngineConfig.cuda_graphs is part of the ranks' fingerprint, so they do)."""
+        says so (EngineConfig.cuda_graphs is part of the ranks' fingerprint, so they do). `window`: the most rows a
+        lane may have in a verify step (1 + the most drafts; 1 = no drafts)."""
         self.model, self.pool = model, pool
-        self.state = LaneState(pool, num_lanes, model.kda_state_shapes())
+        self.state = LaneState(pool, num_lanes, model.kda_state_shapes(), window=window)
         self.device = pool.rows.device
         graphs = graphs and self.device.type == "cuda"
         self.group = model.group
         if self.group.is_distributed:  # every rank constructs its decoder at the same point of the same plan
             graphs = self.group.all_agree(graphs)
-        self.graphs: dict[tuple[int, int], CapturedStep] | None = {} if graphs else None
+        self.graphs: dict[tuple[int, int, int], CapturedStep] | None = {} if graphs else None
         self._mempool = torch.cuda.graph_pool_handle() if graphs else None
         self.min_span = min_span
         self.pad_spans = graphs  # a graph needs a span from a few buckets; eager steps read exactly what they need
@@ -97,26 +105,57 @@ class LaneDecoder:
         """One token for each lane-bound sequence; fp32 logits [B, vocab] (a fresh tensor)."""
         if any(seq.lane is None for seq in seqs):
             raise ValueError("LaneDecoder.decode takes sequences from LaneDecoder.new_sequence")
-        rows = [[s.lane for s in seqs], list(ids), [s.length for s in seqs], [s.next_slot() for s in seqs]]
-        inputs = torch.tensor(rows, dtype=torch.long)
-        span = self.span_for(max(s.length for s in seqs) + 1)
-        graph = self._graph(len(seqs), span) if self.graphs is not None else None
-        if graph is not None:
-            logits = graph.replay(inputs.pin_memory()).clone()
-        else:
-            logits = self.model.decode_step(self.state, inputs.to(self.device), span)
+        rows = [[_lane(s) for s in seqs], list(ids), [s.length for s in seqs], [s.next_slot() for s in seqs]]
+        logits = self._step(rows, len(seqs), 1, max(s.length for s in seqs) + 1)
         for seq in seqs:
             seq.length += 1
         return logits
 
-    def _graph(self, batch: int, span: int) -> CapturedStep | None:
-        key, graphs = (batch, span), self.graphs
+    @torch.no_grad()
+    def verify(self, seqs: list[Sequence], windows: list[list[int]]) -> torch.Tensor:
+        """A verify step: each lane-bound sequence gets its window of tokens (its pending token, then its drafts) at
+        the positions that follow it; fp32 logits [B, W, vocab] for every row (W: the widest window; a shorter
+        window's rows past its end are padding on the scratch lane). No sequence advances until `commit`."""
+        if any(seq.lane is None for seq in seqs):
+            raise ValueError("LaneDecoder.verify takes sequences from LaneDecoder.new_sequence")
+        width = max(len(w) for w in windows)
+        if not 1 <= width <= self.state.window or min(len(w) for w in windows) < 1:
+            raise ValueError(f"verify windows hold 1..{self.state.window} tokens (got {[len(w) for w in windows]})")
+        rows: list[list[int]] = [[], [], [], []]
+        pad = (self.state.scratch_lane, 0, 0, self.pool.scratch_slot)
+        for seq, window in zip(seqs, windows):
+            for t in range(width):
+                pos = seq.length + t
+                row = (_lane(seq), window[t], pos, seq.slot_at(pos)) if t < len(window) else pad
+                for column, value in zip(rows, row):
+                    column.append(value)
+        logits = self._step(rows, len(seqs), width, max(s.length for s in seqs) + width)
+        return logits.view(len(seqs), width, -1)
+
+    def commit(self, seq: Sequence, rows: int) -> None:
+        """After `verify`: the sequence keeps its first `rows` rows (its pending token and the accepted drafts)."""
+        if seq.lane is None or not 1 <= rows <= self.state.window:
+            raise ValueError(f"commit of {rows} rows on lane {seq.lane}")
+        self.state.commit(seq.lane, rows)
+        seq.length += rows
+
+    def _step(self, rows: list[list[int]], batch: int, width: int, tokens: int) -> torch.Tensor:
+        """Run the static step on `rows` ([lane, token, position, slot] columns), from a graph when there is one."""
+        inputs = torch.tensor(rows, dtype=torch.long)
+        span = self.span_for(tokens)
+        graph = self._graph(batch, span, width) if self.graphs is not None else None
+        if graph is not None:
+            return graph.replay(inputs.pin_memory()).clone()
+        return self.model.decode_step(self.state, inputs.to(self.device), span, width)
+
+    def _graph(self, batch: int, span: int, width: int = 1) -> CapturedStep | None:
+        key, graphs = (batch, width, span), self.graphs
         if graphs is None:
             return None
         if key not in graphs:
             captured, reason = None, ""
             try:
-                captured = CapturedStep(self.model, self.state, batch, span, self._mempool)
+                captured = CapturedStep(self.model, self.state, batch, span, self._mempool, width)
             except Exception as exc:  # any capture failure: serve on, eagerly
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 _restore_generator(self.device)
@@ -126,12 +165,22 @@ class LaneDecoder:
                 if not reason:
                     reason = "another rank's capture failed"
                 log.warning(
-                    "CUDA graph capture failed (batch %d, span %d: %s); decoding without graphs", batch, span, reason
+                    "CUDA graph capture failed (batch %d, width %d, span %d: %s); decoding without graphs",
+                    batch,
+                    width,
+                    span,
+                    reason,
                 )
                 self.graphs = None
                 return None
             graphs[key] = captured
         return graphs[key]
+
+
+def _lane(seq: Sequence) -> int:
+    if seq.lane is None:
+        raise ValueError("the lane decoder takes sequences from LaneDecoder.new_sequence")
+    return seq.lane
 
 
 def _restore_generator(device: torch.device) -> None:

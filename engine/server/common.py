@@ -106,6 +106,7 @@ def start_generation(state: ServerState, body: SamplingFields, prompt_ids: list[
         sampling_params(state, body, prompt_ids, max_tokens),
         stop=stop_strings(body),
         background=body.priority == "background",
+        draft=body.draft is not False,
         ignore_eos=bool(body.ignore_eos),
     )
     generation.start()

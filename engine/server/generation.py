@@ -67,6 +67,7 @@ class Generation:
     stop: list[str] = field(default_factory=list)
     background: bool = False
     ignore_eos: bool = False
+    draft: bool = True  # False: decoded without drafts (the same tokens, one a step)
     request_id: str = field(default_factory=lambda: f"{next(_counter)}-{secrets.token_hex(6)}")
     token_ids: list[int] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -83,7 +84,9 @@ class Generation:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
         stop_ids = frozenset() if self.ignore_eos else self.state.eos_ids
-        request = Request(self.request_id, self.prompt_ids, self.params, sink, stop_ids, self.background)
+        request = Request(
+            self.request_id, self.prompt_ids, self.params, sink, stop_ids, self.background, draft=self.draft
+        )
         try:
             self.state.scheduler.submit(request)
         except QueueFull as full:

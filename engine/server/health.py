@@ -20,6 +20,17 @@ def _ranks(state: Any) -> list[dict[str, Any]]:
     return [{"rank": 0, "silent_s": 0.0}] + [{"rank": r, "silent_s": round(s, 1)} for r, s in sorted(silence.items())]
 
 
+def _drafts(counts: dict[str, Any]) -> dict[str, Any]:
+    """The drafter and its counts, with the two ratios people ask for: accepted / drafted tokens, and tokens
+    committed per lane window (1.0 without drafts)."""
+    windows, drafted = counts["windows"], counts["drafted"]
+    return {
+        **counts,
+        "acceptance": round(counts["accepted"] / drafted, 3) if drafted else None,
+        "tokens_per_step": round(counts["committed"] / windows, 3) if windows else None,
+    }
+
+
 @router.get("/health")
 @router.get("/v1/health", include_in_schema=False)
 async def health(request: Request) -> JSONResponse:
@@ -36,6 +47,7 @@ async def health(request: Request) -> JSONResponse:
         "pool_tokens": stats["pool_tokens"],
         "pool_free_tokens": stats["pool_free_tokens"],
         "totals": stats["totals"],
+        "drafts": _drafts(stats["drafts"]),
         "context_length": state.context,
         "weights": state.weights,
         "ranks": _ranks(state),

@@ -60,6 +60,27 @@ class Metrics:
         self.disconnects = both(
             Counter, "client_disconnections", "client_disconnections", "requests cancelled because the client went away"
         )
+        # speculative decoding (vLLM's spec_decode names): lane windows with drafts, drafted and accepted tokens,
+        # accepted drafts by their place in the window; ours also count every lane window and its committed tokens
+        self.drafts = both(Counter, "spec_decode_num_drafts", "spec_decode_num_drafts", "lane windows with drafts")
+        self.draft_tokens = both(
+            Counter, "spec_decode_num_draft_tokens", "spec_decode_num_draft_tokens", "drafted tokens verified"
+        )
+        self.accepted_tokens = both(
+            Counter, "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens", "drafted tokens accepted"
+        )
+        self.accepted_at = both(
+            Counter,
+            "spec_decode_num_accepted_tokens_per_pos",
+            "spec_decode_num_accepted_tokens_per_pos",
+            "accepted drafts by position in the window",
+            labelnames=("position",),
+        )
+        self.windows = Counter(
+            "sparks:decode_lane_windows", "lane windows decoded (with or without drafts)", registry=r
+        )
+        self.committed = Counter("sparks:decode_committed_tokens", "tokens committed by decode windows", registry=r)
+        self._seen: dict[str, int] = {}
 
     def finished(self, generation: Any, reason: str, completion_tokens: int) -> None:
         for metric in self.requests.metrics:
@@ -73,6 +94,25 @@ class Metrics:
         self.waiting.set(stats["requests_waiting"])
         total = max(1, stats["pool_tokens"])
         self.pool_usage.set((stats["pool_tokens"] - stats["pool_free_tokens"]) / total)
+        drafts = stats["drafts"]
+        for key, metric in (
+            ("drafted_windows", self.drafts),
+            ("drafted", self.draft_tokens),
+            ("accepted", self.accepted_tokens),
+            ("windows", self.windows),
+            ("committed", self.committed),
+        ):
+            self._advance(key, drafts[key], metric.inc)
+        for position, count in enumerate(drafts["accepted_at"]):
+            for metric in self.accepted_at.metrics:
+                self._advance(f"{metric}:{position}", count, metric.labels(position=str(position)).inc)
+
+    def _advance(self, key: str, total: int, inc: Any) -> None:
+        """Counters follow the scheduler's totals: add what they grew by since the last scrape."""
+        grown = total - self._seen.get(key, 0)
+        if grown > 0:
+            inc(grown)
+        self._seen[key] = total
 
 
 router = APIRouter()

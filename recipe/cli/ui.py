@@ -112,6 +112,16 @@ def show_plan(plan: Plan, settings: Settings) -> None:
     )
 
 
+def _drafts(health: dict) -> str:
+    """What drafts: the drafter /health names, and the tokens per step the smoke test committed."""
+    drafts = health.get("drafts") or {}
+    if drafts.get("drafter", "none") == "none":
+        return "no drafts"
+    per_step = drafts.get("tokens_per_step")
+    measured = f", smoke test {per_step:.2f} tokens/step" if per_step else ""
+    return f"{drafts['drafter']} drafts (up to {drafts.get('draft_tokens')}{measured})"
+
+
 def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult) -> None:
     window = health.get("context_length", plan.summary["context"])
     extras = " · thinking" if settings.thinking else ""
@@ -121,7 +131,7 @@ def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult
         (
             "Window",
             f"{window} tokens · {settings.parallel} at once · {settings.kv} KV · "
-            f"{health.get('weights', settings.dense)} dense weights · no drafts{extras}",
+            f"{health.get('weights', settings.dense)} dense weights · {_drafts(health)}{extras}",
         ),
         ("Ranks", f"{plan.tp} × {plan.runtime} on the {plan.device}" + (" (demo checkpoint)" if plan.prepare else "")),
         ("Smoke", f"{smoke.text.strip()[:40]!r} in {smoke.seconds:.1f}s"),

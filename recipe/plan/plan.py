@@ -17,7 +17,7 @@ from secrets import token_hex
 from typing import Any
 
 from recipe.checkpoint.checkpoint import head_checkpoint_dir
-from recipe.errors import RecipeError
+from recipe.errors import RecipeError, SettingError
 from recipe.plan.docker import container_env, container_name, docker_argv, docker_checkpoint, docker_env, docker_mounts
 from recipe.plan.host import HostFacts
 from recipe.plan.parts import PrepareStep, RankPlan, SecretFile
@@ -103,9 +103,29 @@ def mask_env(name: str, value: str) -> str:
 def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] = ()) -> Plan:
     """Every rank's launch, derived from settings and host facts only (no side effects)."""
     _check_extra_args(settings, extra_args)
+    settings = drafts_for_device(settings, host.device)
     plan = _build(settings, host, extra_args)
     _check_no_secret_leaks(settings, host, extra_args)
     return plan
+
+
+GPU_DRAFTS = "drafts are exact on the CPU only so far: the GPU decode step is not yet row-invariant"
+
+
+def drafts_for_device(settings: Settings, device: str) -> Settings:
+    """DRAFTER as the ranks' device allows: a verified draft must equal the serial token, which needs a row's logits
+    to have the same bits whatever shares the step; the CPU step has that (tests/engine/test_drafts.py), the GPU
+    step not yet (measured on the H200, docs/BENCHMARKS.md). On a GPU the default turns drafting off; an explicit
+    DRAFTER other than none is refused."""
+    if device == "cpu" or settings.drafter == "none" or settings.draft_tokens == 0:
+        return settings
+    origin = settings.origins.get("DRAFTER", "default")
+    if origin in ("default", "derived"):
+        return dataclasses.replace(settings, drafter="none")
+    raise SettingError(
+        f"DRAFTER={settings.drafter} (from {origin}) is not built on GPUs yet ({GPU_DRAFTS})",
+        "write DRAFTER=none (or remove it)",
+    )
 
 
 def _build(settings: Settings, host: HostFacts, extra_args: tuple[str, ...]) -> Plan:
@@ -278,6 +298,7 @@ def _summary(settings: Settings) -> dict[str, Any]:
         "kv": settings.kv,
         "dense": settings.dense,
         "drafter": settings.drafter,
+        "draft_tokens": settings.draft_tokens,
         "thinking": settings.thinking,
         "port": settings.port,
     }

@@ -41,6 +41,7 @@ class Settings:
     kv: str
     dense: str
     drafter: str
+    draft_tokens: int
     thinking: bool
     vision: bool
     vision_urls: bool

@@ -84,6 +84,10 @@ class LiveServer:
 
 
 SERVER_FLAGS = [
+    "--drafter",  # every live test runs with copy drafts, at TP=2: replies must be those without them
+    "copy",
+    "--draft-tokens",
+    "3",
     "--parallel",
     "3",
     "--max-queued",
@@ -260,6 +264,46 @@ def test_concurrent_equals_serial_staggered_and_burst(http: httpx.Client) -> Non
         for t in threads:
             t.join(120)
         assert [results.get(i) for i in range(len(PROMPTS))] == alone, f"stagger {stagger}"
+
+
+def test_drafted_replies_equal_draft_false_at_tp2(http: httpx.Client) -> None:
+    """With copy drafts on (a random demo seldom repeats itself, so drafts are rare here; tests/engine/
+    test_drafts_live.py serves the trained demo, which does), against `"draft": false`: the same token ids, greedy
+    and sampled, alone and in a burst; /health and /metrics report the drafter."""
+    texts = [
+        "one two three one two three one two three one two",
+        "a b c d a b c d a b c d a b",
+        "red green blue red green blue red green",
+    ]
+    samplings = [{"temperature": 0}, {"temperature": 0.9, "seed": 5}, {"temperature": 0.7, "top_p": 0.8}]
+
+    def ids(text: str, sampling: dict, draft: bool) -> list[int]:
+        body = {"model": "demo", "prompt": text, "max_tokens": 48, "ignore_eos": True, "return_token_ids": True}
+        reply = http.post("/v1/completions", json={**body, **sampling, "draft": draft})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["token_ids"]
+
+    before = http.get("/health").json()["drafts"]
+    cases = [(t, s) for t in texts for s in samplings]
+    serial = [ids(t, s, False) for t, s in cases]
+    assert http.get("/health").json()["drafts"]["drafted"] == before["drafted"]  # draft: false drafts nothing
+    drafted: dict[int, list[int]] = {}
+
+    def one(i: int) -> None:
+        drafted[i] = ids(*cases[i], True)
+
+    for burst in range(0, len(cases), 4):  # 3 lanes + 2 queued: a burst of 4 is never refused
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(burst, min(burst + 4, len(cases)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert [drafted.get(i) for i in range(len(cases))] == serial
+    after = http.get("/health").json()["drafts"]
+    assert after["drafter"] == "copy" and after["draft_tokens"] == 3 and after["windows"] > before["windows"]
+    metrics = http.get("/metrics").text
+    for name in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
+        assert name in metrics, name
 
 
 def _open_stream(http: httpx.Client, stack: contextlib.ExitStack, max_tokens: int = 300) -> httpx.Response:

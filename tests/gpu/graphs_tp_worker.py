@@ -2,7 +2,7 @@
 
 Runs test_graphs.SCHEDULE (batch 1..4, mixed prompt lengths, a stream leaving and another joining) through the
 lanes' decode step twice — replayed from CUDA graphs, then eagerly — and saves per stream the greedy tokens and
-logits, whether graphs stayed on, the (batch, span) keys captured and the decoder warnings. Then once more with the
+logits, whether graphs stayed on, the (batch, width, span) keys captured and the decoder warnings. Then once more with the
 last rank's captures failing (a host read while capturing), on that rank only: every rank must fall back together
 (one process launch for both cases: starting NCCL ranks is the slow part)."""
 
@@ -49,10 +49,10 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str) -> None:
     if rank == world - 1:
         plain_step = type(model).decode_step
 
-        def syncing_step(self, lanes, inputs, span):
+        def syncing_step(self, lanes, inputs, span, width=1):
             if torch.cuda.is_current_stream_capturing():
                 inputs.sum().item()  # a host read: not allowed while capturing
-            return plain_step(self, lanes, inputs, span)
+            return plain_step(self, lanes, inputs, span, width)
 
         type(model).decode_step = syncing_step
     with torch.no_grad():

@@ -89,7 +89,7 @@ def test_graph_decode_equals_eager_decode(model):
     graphed, decoder = run_schedule(model, graphs=True)
     eager, _ = run_schedule(model, graphs=False)
     assert decoder.uses_graphs, "the capture fell back to eager"
-    assert {b for b, _ in decoder.graphs} == {1, 2, 3, 4}
+    assert {b for b, _, _ in decoder.graphs} == {1, 2, 3, 4}
     for i in graphed:
         assert_follows(*graphed[i], *eager[i], TOL[model.embed.dtype], f"stream {i}")
 
@@ -118,7 +118,7 @@ def test_joining_and_leaving_needs_no_new_capture(model):
     seq = decoder.new_sequence(2)  # a lane reused by a new stream at a (batch, span) seen before: (1, 16)
     model.prefill(seq, prompt(seed=9, length=10))
     decoder.decode([seq], [3])
-    assert (1, 16) in captured
+    assert (1, 1, 16) in captured
     assert decoder.graphs == captured and all(decoder.graphs[k] is captured[k] for k in captured)
 
 
@@ -127,10 +127,10 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(model, monkeypatc
     expected, _ = run_schedule(model, graphs=False)
     plain_step = type(model).decode_step
 
-    def syncing_step(self, lanes, inputs, span):
+    def syncing_step(self, lanes, inputs, span, width=1):
         if torch.cuda.is_current_stream_capturing():
             inputs.sum().item()  # a host read: not allowed while capturing
-        return plain_step(self, lanes, inputs, span)
+        return plain_step(self, lanes, inputs, span, width)
 
     monkeypatch.setattr(type(model), "decode_step", syncing_step)
     with caplog.at_level(logging.WARNING, logger="engine.lanes"):

@@ -31,6 +31,7 @@ INVALID = {
     "KV": "fp4",
     "DENSE": "int8",
     "DRAFTER": "dflash2",
+    "DRAFT_TOKENS": "8",
     "THINKING": "yes",
     "VISION": "2",
     "VISION_URLS": "true",
@@ -59,6 +60,7 @@ INVALID = {
 
 RULES = [
     ({"DRAFTER": "mtp"}, "DRAFTER=mtp is not built yet"),  # a setting is a promise: refused until built
+    ({"DRAFTER": "mtp+copy"}, "DRAFTER=mtp+copy is not built yet"),
     ({"DENSE": "q4"}, "DENSE=q4 is not built yet"),
     ({"DENSE": "fp8"}, "DENSE=fp8 is not built yet"),
     ({"VISION": "1"}, "VISION=1 is not built yet"),

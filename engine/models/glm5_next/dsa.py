@@ -203,14 +203,19 @@ class SparseMLA:
     def _select_lanes(
         self, head_logits: torch.Tensor, q_low: torch.Tensor, index_rows: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_select_tokens` for one query per stream at `positions` [B], given the index columns of each stream's
-        padded span [B, S, 2d] (pools past a stream's length are invisible to it)."""
+        """`_select_tokens` for one query per row at `positions` [B], given the index columns of each row's padded
+        span [B, S, 2d] (pools past a row's position are invisible to it), of a fixed size (`fixed`)."""
         return self._select_tokens(
-            head_logits, q_low, self._pool_keys(index_rows, index_rows.shape[1] // self.kpool), positions
+            head_logits, q_low, self._pool_keys(index_rows, index_rows.shape[1] // self.kpool), positions, fixed=True
         )
 
     def _select_tokens(
-        self, head_logits: torch.Tensor, q_low: torch.Tensor, pool_keys: torch.Tensor, positions: torch.Tensor
+        self,
+        head_logits: torch.Tensor,
+        q_low: torch.Tensor,
+        pool_keys: torch.Tensor,
+        positions: torch.Tensor,
+        fixed: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens each query at `positions` [T] attends to, given the pooled index keys [T or 1, P, d] of the
         pools before it (head_logits: x's head_weights projection): positions [T, N] and whether each counts
@@ -220,19 +225,38 @@ class SparseMLA:
         Pools sort by score, stably (the earlier pool wins a tie; pools not yet complete at a query's position,
         padding included, sort after every visible one); in the dense regime (no more visible pools than may be
         picked) every visible pool is among the first min(pick, P), and the tail counts with or without
-        keep_tail."""
+        keep_tail.
+
+        `fixed` (the lane step): N = pick · kpool + kpool whatever P is (pools past P pad the choice, not counted),
+        the chosen pools in position order, and every pool's score computed alone (an elementwise product and sum on
+        the CPU): a query's attention then reads the same tokens in the same order with the same arithmetic
+        whatever the span, the width of a verify window or the other rows of the step."""
         batch, n_pools = positions.shape[0], pool_keys.shape[-2]
         dev = pool_keys.device
         pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
         visible = pool_end[None, :] <= positions[:, None]  # [T, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
-        scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim**-0.5)  # [T, h, P]
         head_w = head_logits * self.idx_heads**-0.5
-        index = torch.einsum("bh,bhp->bp", head_w, scores).masked_fill(~visible, torch.finfo(torch.float32).min)
+        if fixed and not q.is_cuda:
+            raw = (q[:, :, None, :] * pool_keys[:, None, :, :]).sum(-1)  # [T, h, P], each score alone
+            scores = torch.relu(raw * self.idx_dim**-0.5)
+            index = (head_w[:, :, None] * scores).sum(1)
+        else:
+            scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim**-0.5)  # [T, h, P]
+            index = torch.einsum("bh,bhp->bp", head_w, scores)
+        index = index.masked_fill(~visible, torch.finfo(torch.float32).min)
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
+        counts = visible.gather(-1, chosen)
+        if fixed:
+            chosen, order = chosen.sort(dim=-1)
+            counts = counts.gather(-1, order)
+            if n_pools < self.pick:  # pad to pick pools: never counted
+                extra = torch.arange(n_pools, self.pick, device=dev).expand(batch, -1)
+                chosen = torch.cat([chosen, extra], dim=1)
+                counts = torch.cat([counts, torch.zeros_like(extra, dtype=torch.bool)], dim=1)
         within = torch.arange(self.kpool, device=dev)
         tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)  # [T, C * kpool]
-        counts = visible.gather(-1, chosen)[:, :, None].expand(-1, -1, self.kpool).flatten(1)
+        counts = counts[:, :, None].expand(-1, -1, self.kpool).flatten(1)
         tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within  # [T, kpool]
         tail_counts = tail <= positions[:, None]
         if not self.keep_tail:
@@ -240,12 +264,13 @@ class SparseMLA:
         return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
 
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]."""
-        q_abs = torch.einsum("bhd,hdr->bhr", q, self.w_k)
-        scores = torch.einsum("bhr,bsr->bhs", q_abs, latents) * self.scaling
+        """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant
+        (`ops.heads_product`, `ops.row_blocks`)."""
+        q_abs = ops.heads_product(q, self.w_k)
+        scores = ops.row_blocks(torch.bmm, q_abs, latents.transpose(1, 2)) * self.scaling
         scores = scores.masked_fill(~counts[:, None, :], float("-inf"))
-        ctx = torch.einsum("bhs,bsr->bhr", torch.softmax(scores, dim=-1), latents)
-        return torch.einsum("bhr,hvr->bhv", ctx, self.w_v).flatten(1)
+        ctx = ops.row_blocks(torch.bmm, torch.softmax(scores, dim=-1), latents)
+        return ops.heads_product(ctx, self.w_v.transpose(1, 2)).flatten(1)
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
         """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots`; the

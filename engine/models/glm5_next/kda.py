@@ -94,10 +94,10 @@ class KimiDeltaAttention:
         shape = (x.shape[0], self.local_heads, self.head_dim)
         raw = (ops.linear(ops.linear(x, self.f_a), self.f_b) + self.dt_bias).view(shape)
         if self.lower_bound is not None:
-            g = self.lower_bound * torch.sigmoid(self.a_decay[:, None] * raw)
+            g = self.lower_bound * ops.sigmoid(self.a_decay[:, None] * raw)
         else:
-            g = -self.a_decay[:, None] * torch.nn.functional.softplus(raw, threshold=20.0)
-        beta = torch.sigmoid(ops.linear(x, self.b_proj))
+            g = -self.a_decay[:, None] * ops.softplus(raw, threshold=20.0)
+        beta = ops.sigmoid(ops.linear(x, self.b_proj))
         gate = ops.linear(ops.linear(x, self.g_a), self.g_b).view(shape)
         return g, beta, gate
 
@@ -107,7 +107,7 @@ class KimiDeltaAttention:
         return ops.l2norm(q) * self.head_dim**-0.5, ops.l2norm(k), v
 
     def _output(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        normed = ops.rms_norm(core, self.o_norm, self.eps) * torch.sigmoid(gate)
+        normed = ops.rms_norm(core, self.o_norm, self.eps) * ops.sigmoid(gate)
         return self.group.sum_partials(ops.linear(normed.flatten(1), self.o_proj))
 
     @property
@@ -131,18 +131,30 @@ class KimiDeltaAttention:
         seq.store_state(self.layer, state, conv)
         return self._output(core, gate)
 
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What a token's recurrence needs from x [N, hidden] alone: the q|k|v projection, log-decay, beta and
+        output gate."""
+        return (ops.linear(x, self.qkv_proj), *self._gates(x))
+
+    def _recur(
+        self, projected: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, windows: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One token per stream: conv over the window, delta rule -> core output [B, Hl, d], new windows, new
+        state (row-invariant: a stream's bits do not depend on the other streams)."""
+        seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)  # [B, C, K]
+        mixed = ops.silu((seqs_in * self.conv).sum(-1))
+        q, k, v = self._split_qkv(mixed)
+        core, state = ops.kda_step(state, q, k, v, g, beta)
+        return core, seqs_in[:, :, 1:], state
+
     def _step(
         self, x: torch.Tensor, windows: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token per stream: x [B, hidden], windows [B, C, K-1], state [B, Hl, d, d] -> output [B, hidden],
         new windows, new state."""
-        projected = ops.linear(x, self.qkv_proj)
-        seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)  # [B, C, K]
-        mixed = torch.nn.functional.silu((seqs_in * self.conv).sum(-1))
-        q, k, v = self._split_qkv(mixed)
-        g, beta, gate = self._gates(x)
-        core, state = ops.kda_step(state, q, k, v, g, beta)
-        return self._output(core, gate), seqs_in[:, :, 1:], state
+        projected, g, beta, gate = self._project(x)
+        core, windows, state = self._recur(projected, g, beta, windows, state)
+        return self._output(core, gate), windows, state
 
     def decode(self, x: torch.Tensor, seqs: list[Sequence], selection: dict | None = None) -> torch.Tensor:
         """x: [B, hidden] — one token for each stream."""
@@ -156,14 +168,38 @@ class KimiDeltaAttention:
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
         """The static decode step (`step.LaneStep`): on a GPU one fused kernel updates the lane tensors in place;
-        elsewhere the state is gathered from them and scattered back."""
-        kda, conv = step.lanes.kda[self.layer], step.lanes.conv[self.layer]
+        elsewhere the state is gathered from them and scattered back. A verify step (`step.width` rows a lane) runs
+        the lanes' rows in order and keeps the state after each row (`LaneState.kda_rows`) instead."""
+        lanes, width = step.lanes, step.width
+        kda, conv = lanes.kda[self.layer], lanes.conv[self.layer]
+        lane_ids = step.lane_ids if width == 1 else step.lane_ids.view(-1, width)[:, 0]
         if ops.kda_decode_applies(x):
-            return self._fused_step(x, step.lane_ids, conv, kda)
-        out, windows, state = self._step(x, conv[step.lane_ids], kda[step.lane_ids])
-        kda[step.lane_ids] = state
-        conv[step.lane_ids] = windows
-        return out
+            if width == 1:
+                return self._fused_step(x, lane_ids, conv, kda)
+            # the fused kernel advances the lane state in place: keep each row's state, then put the start back
+            start_kda, start_conv = kda[lane_ids], conv[lane_ids]
+            rows = x.view(-1, width, x.shape[-1])
+            outs = []
+            for t in range(width):
+                outs.append(self._fused_step(rows[:, t].contiguous(), lane_ids, conv, kda))
+                lanes.kda_rows[self.layer][lane_ids, t] = kda[lane_ids]
+                lanes.conv_rows[self.layer][lane_ids, t] = conv[lane_ids]
+            kda[lane_ids], conv[lane_ids] = start_kda, start_conv
+            return torch.stack(outs, 1).flatten(0, 1)
+        projected, g, beta, gate = self._project(x)
+        windows, state = conv[lane_ids], kda[lane_ids]
+        if width == 1:
+            core, windows, state = self._recur(projected, g, beta, windows, state)
+            kda[lane_ids], conv[lane_ids] = state, windows
+            return self._output(core, gate)
+        rows_p, rows_g, rows_b = (t.view(-1, width, *t.shape[1:]) for t in (projected, g, beta))
+        cores = []
+        for t in range(width):
+            core, windows, state = self._recur(rows_p[:, t], rows_g[:, t], rows_b[:, t], windows, state)
+            cores.append(core)
+            lanes.kda_rows[self.layer][lane_ids, t] = state
+            lanes.conv_rows[self.layer][lane_ids, t] = windows
+        return self._output(torch.stack(cores, 1).flatten(0, 1), gate)
 
     def _fused_step(
         self, x: torch.Tensor, lane_ids: torch.Tensor, windows: torch.Tensor, states: torch.Tensor

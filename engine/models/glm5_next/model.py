@@ -232,12 +232,17 @@ class Glm5NextForCausalLM:
         return self._logits(streams)
 
     @torch.no_grad()
-    def decode_step(self, lanes: LaneState, inputs: torch.Tensor, span: int) -> torch.Tensor:
-        """The static decode step: inputs [4, B] long on the device (lane, token, position, new slot of each stream);
-        every stream reads `span` entries of its slot-table row. No host sync, no shape that depends on the data, so
-        it can be captured in a CUDA graph. fp32 logits [B, vocab]. The caller advances the sequences' lengths."""
+    def decode_step(self, lanes: LaneState, inputs: torch.Tensor, span: int, width: int = 1) -> torch.Tensor:
+        """The static decode step: inputs [4, R] long on the device (lane, token, position, new slot of each row);
+        every row reads `span` entries of its lane's slot-table row. No host sync, no shape that depends on the data,
+        so it can be captured in a CUDA graph. fp32 logits [R, vocab]. The caller advances the sequences' lengths.
+
+        `width` > 1 is a verify step: each lane has `width` consecutive rows (its pending token, its drafts, padding
+        rows on the scratch lane), every row's logits come back, and the KDA states after each row are kept for
+        `LaneState.commit`. A row's logits have the same bits whatever the width and whatever other lanes share
+        the step (row-invariant products, a selection of fixed size), which is what makes drafting exact."""
         lane_ids, tokens, positions, new_slots = inputs
         lanes.slots[lane_ids, positions] = new_slots
-        step = LaneStep(lanes, lane_ids, positions, new_slots, lanes.slots[lane_ids, :span])
+        step = LaneStep(lanes, lane_ids, positions, new_slots, lanes.slots[lane_ids, :span], width)
         streams = self._run(tokens, lambda layer, h: layer.attn.decode_lanes(h, step))
         return self._logits(streams)

@@ -81,7 +81,7 @@ class MoE:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Chosen experts [N, k] and their weights [N, k] for tokens x [N, hidden]."""
-        scores = torch.sigmoid(x.float() @ self.router.t())  # the router runs in fp32
+        scores = ops.sigmoid(ops.linear(x.float(), self.router))  # the router runs in fp32
         chosen = torch.topk(scores + self.bias, self.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if self.renorm:

@@ -15,10 +15,13 @@ class LaneStep:
     """What every layer of one static decode step reads (device tensors, shapes fixed by batch and span)."""
 
     lanes: LaneState
-    lane_ids: torch.Tensor  # [B]
-    positions: torch.Tensor  # [B] the position of each stream's new token
-    new_slots: torch.Tensor  # [B] the pool slot each new token's row goes to
+    lane_ids: torch.Tensor  # [B] the lane of each row
+    positions: torch.Tensor  # [B] the position of each row's token
+    new_slots: torch.Tensor  # [B] the pool slot each row's cache row goes to
     table: torch.Tensor  # [B, span] pool slots by position (past a stream's length: the scratch row)
+    # rows per lane: 1 for a decode step; a verify step's rows are lane-major, `width` consecutive rows a lane (its
+    # pending token, then its drafts, then padding rows on the scratch lane)
+    width: int = 1
     # the last full indexer's selection (shared-indexer layers reuse it): token positions into the span [B, N] and
     # whether each counts [B, N] (dsa.SparseMLA._select_lanes)
     selected: tuple[torch.Tensor, torch.Tensor] | None = None

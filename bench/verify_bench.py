@@ -1,0 +1,61 @@
+"""Verify-window step times on the GPU: the full-width GLM-5.3-Flash config at reduced depth (bench/gpu_engine.py's
+random bf16 weights), replayed from CUDA graphs.
+
+    python bench/verify_bench.py [--layers KKKD] [--out verify.json]
+
+For batch 1 and 4 (after a 128-token prompt per lane): the plain decode step (one token a lane) and verify steps of
+windows 2..5 (the pending token and 1..4 drafts a lane). A verify step's cost against the plain step is what a
+draft must win back: with acceptance a, a window of w commits 1 + (accepted drafts) tokens for one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_engine import build, prompt_ids, timed  # noqa: E402
+
+from engine.runner.lanes import LaneDecoder  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", default="KKKD")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"))
+    args = parser.parse_args()
+    model, cfg = build(args.layers, "cuda", Path(args.config))
+    pool = model.make_pool(8192, "bf16")
+    decoder = LaneDecoder(model, pool, 4, graphs=True, window=5)
+    ids = prompt_ids(cfg, 128)
+    result: dict = {"layers": args.layers, "graphs": True}
+    for batch in (1, 4):
+        seqs = [decoder.new_sequence(lane) for lane in range(batch)]
+        for seq in seqs:
+            model.prefill(seq, ids)
+        plain = [11] * batch
+        decoder.decode(seqs, plain)  # capture
+        base = timed(lambda: decoder.decode(seqs, plain), 20)
+        figures = {"plain_ms": round(base * 1e3, 3)}
+        for width in range(2, 6):
+            windows = [[11 + t for t in range(width)] for _ in seqs]
+            decoder.verify(seqs, windows)  # capture
+            step = timed(lambda: decoder.verify(seqs, windows), 20)
+            figures[f"window{width}_ms"] = round(step * 1e3, 3)
+            figures[f"window{width}_vs_plain"] = round(step / base, 2)
+        for seq in seqs:
+            seq.release()
+        result[f"batch{batch}"] = figures
+        result["uses_graphs"] = decoder.uses_graphs
+        print(f"batch {batch}: {figures}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
