@@ -17,7 +17,12 @@ from test_drafts import (
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.parallel import ParallelGroup
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    # measured on the H200 (docs/BENCHMARKS.md, session 6): cuBLAS products and batched einsums change a row's bits
+    # with the rows beside it, so drafts are refused on CUDA; strict, so the day these pass the refusal is lifted
+    pytest.mark.xfail(strict=True, reason="the CUDA decode step is not row-invariant yet (drafts refused on GPUs)"),
+]
 
 
 @pytest.fixture(scope="module", params=["kda3_dsa1", "dsa_heavy"])
