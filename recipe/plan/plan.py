@@ -103,7 +103,7 @@ def mask_env(name: str, value: str) -> str:
 def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] = ()) -> Plan:
     """Every rank's launch, derived from settings and host facts only (no side effects)."""
     _check_extra_args(settings, extra_args)
-    settings = drafts_for_device(settings, host.device)
+    settings = drafts_for_device(settings, host.gpu)
     plan = _build(settings, host, extra_args)
     _check_no_secret_leaks(settings, host, extra_args)
     return plan
@@ -112,12 +112,12 @@ def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] 
 GPU_DRAFTS = "drafts are exact on the CPU only so far: the GPU decode step is not yet row-invariant"
 
 
-def drafts_for_device(settings: Settings, device: str) -> Settings:
+def drafts_for_device(settings: Settings, gpu: bool) -> Settings:
     """DRAFTER as the ranks' device allows: a verified draft must equal the serial token, which needs a row's logits
     to have the same bits whatever shares the step; the CPU step has that (tests/engine/test_drafts.py), the GPU
     step not yet (measured on the H200, docs/BENCHMARKS.md). On a GPU the default turns drafting off; an explicit
     DRAFTER other than none is refused."""
-    if device == "cpu" or settings.drafter == "none" or settings.draft_tokens == 0:
+    if not gpu or settings.drafter == "none" or settings.draft_tokens == 0:
         return settings
     origin = settings.origins.get("DRAFTER", "default")
     if origin in ("default", "derived"):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from recipe.errors import SettingError
 from recipe.plan.host import HostFacts
 from recipe.plan.plan import build_plan
 from recipe.settings import load_settings
@@ -126,3 +127,14 @@ def test_a_checkpoint_setting_is_the_positional_argument_only(root: Path) -> Non
     for rank in build_plan(load_settings(root, env), HOST).ranks:
         assert rank.argv[rank.argv.index("serve") + 1] == "/models/glm"
         assert "(positional)" not in rank.argv and rank.argv.count("/models/glm") == 1
+
+
+def test_drafts_follow_the_device(root: Path) -> None:
+    """Drafts are exact on the CPU only so far: the default DRAFTER=copy reaches CPU ranks, a GPU host's plan turns
+    the default off, and an explicit DRAFTER=copy on a GPU host is refused with one line."""
+    cpu = build_plan(load_settings(root, BASE), HOST)
+    assert cpu.ranks[-1].argv[cpu.ranks[-1].argv.index("--drafter") + 1] == "copy"
+    gpu = build_plan(load_settings(root, BASE), SPARK)
+    assert gpu.ranks[-1].argv[gpu.ranks[-1].argv.index("--drafter") + 1] == "none" and gpu.summary["drafter"] == "none"
+    with pytest.raises(SettingError, match="DRAFTER=copy .* is not built on GPUs yet"):
+        build_plan(load_settings(root, {**BASE, "DRAFTER": "copy"}), SPARK)
