@@ -95,12 +95,6 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device)
     if device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.tp))
-    if device != "cpu" and cfg.drafting:
-        say(
-            f"error: --drafter {cfg.drafter} is not built on GPUs yet (drafts are exact on the CPU only so far: the "
-            "GPU decode step is not yet row-invariant); start with --drafter none (DRAFTER=none)"
-        )
-        return EXIT_USAGE
     say(f"rank {cfg.rank}/{cfg.tp}: joining the group at {cfg.master_addr}:{cfg.master_port} ({device})")
     try:
         group = ParallelGroup.init(

@@ -14,16 +14,15 @@ from engine.ops.fused import (  # noqa: F401
 )
 from engine.ops.reference import (  # noqa: F401
     causal_conv,
-    heads_product,
     kda_chunked,
     kda_step,
     l2norm,
     layer_norm,
     linear,
     linear_pairs,
+    require_row_invariance,
     rms_norm,
     row_blocks,
-    rows_product,
     sigmoid,
     silu,
     softplus,

@@ -16,7 +16,8 @@ import torch
 from engine.ops import reference
 
 HC_FUSED_MAX_TOKENS = 64  # up to this many tokens (decode, verify windows) the fused hyper-connection kernels
-MOE_FUSED_MAX_PAIRS = 64  # (token, expert) pairs the small-batch MoE kernels take
+MOE_FUSED_MAX_PAIRS = 576  # (token, expert) pairs the small-batch MoE kernels take: 64 rows (8 lanes × a verify
+# window of 8) at top-8 plus the shared expert; each pair reads its expert once, so prompt chunks go per expert
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -108,7 +109,7 @@ class Exl3Experts:
     """A MoE layer's routed experts kept in EXL3 form on the GPU (never decoded to dense matrices): `gate_up` holds
     expert e's gate as matrix 2e and its up as matrix 2e+1, `down` expert e as matrix e (`Exl3Bank`s that
     engine/checkpoint/exl3.py `read_expert_banks` builds, this rank's whole-block TP parts). Calling it gives the
-    routed partial sum (engine/ops/triton_exl3.py `routed_experts`: sync-free decode-GEMV for <= 64 (row, expert)
+    routed partial sum (engine/ops/triton_exl3.py `routed_experts`: sync-free decode-GEMV for <= PAIRS_MAX (row, expert)
     pairs, experts decoded per chunk for prompt chunks)."""
 
     def __init__(self, gate_up: Any, down: Any) -> None:

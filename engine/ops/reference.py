@@ -8,70 +8,83 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-ROW_INVARIANT_ROWS = 64  # CPU products of up to this many rows are row-invariant (decode steps, verify windows)
-ROW_BLOCK = 8  # ... computed as products of exactly this many rows (zero-padded)
+ROW_INVARIANT_ROWS = 64  # products of up to this many rows are row-invariant (decode steps, verify windows)
+CPU_ROW_BLOCK = 8  # ... computed on the CPU as products of exactly this many rows (zero-padded)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [N, in] (fp32 activations) times weight [out, in] stored in any float dtype; fp32 result.
     The product runs in the weight's dtype (bf16 on GPUs, accumulating in fp32); on the CPU everything is fp32.
 
-    Row invariance on the CPU: MKL blocks a product of N rows differently for different N (a row's result moves in
-    the last bits with the batch), so up to ROW_INVARIANT_ROWS rows run through `rows_product`; a row's bits are
-    then the same whatever shares the step (drafted ≡ serial rests on it, tests/engine/test_drafts.py)."""
+    Row invariance: MKL and cuBLAS choose how to block a product by its row count, so a row's result moves in the
+    last bits with the batch. Up to ROW_INVARIANT_ROWS rows run through `row_blocks` (products of a fixed row
+    count); a row's bits are then the same whatever shares the step (drafted ≡ serial rests on it,
+    tests/engine/test_drafts.py, tests/gpu/test_drafts_gpu.py)."""
+    if x.dim() == 2 and x.shape[0] <= ROW_INVARIANT_ROWS:
+        return row_blocks(lambda rows: _product(rows, weight), x, kind="linear")
+    return _product(x, weight)
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.dtype == x.dtype:
-        if not x.is_cuda and x.dim() == 2 and x.shape[0] <= ROW_INVARIANT_ROWS:
-            return rows_product(x, weight.t())
         return x @ weight.t()
     return _fp32_product(x.to(weight.dtype), weight.t())
 
 
-def _padded(x: torch.Tensor, dim: int) -> torch.Tensor:
-    pad = -x.shape[dim] % ROW_BLOCK
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    pad = -x.shape[0] % rows
     if not pad:
         return x
-    shape = list(x.shape)
-    shape[dim] = pad
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+    return torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
 
 
-def rows_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
-    """x [N, in] @ matrix [in, out] in products of exactly ROW_BLOCK rows (x zero-padded): every block is the same
-    GEMM, and measured on MKL a row's result does not depend on its place in a block or on the block's other rows
-    (one [N, in] product does: tests/engine/test_drafts.py checks the invariance)."""
-    n = x.shape[0]
-    padded = _padded(x, 0)
-    return torch.cat([padded[i : i + ROW_BLOCK] @ matrix for i in range(0, padded.shape[0], ROW_BLOCK)])[:n]
+# On CUDA, `row_blocks` pads only once a verify step may run (`require_row_invariance`, called by a lane decoder
+# with drafts): measured on the H200 (docs/BENCHMARKS.md), the products (linear), the norms and the DSA lane
+# attention must run at a fixed row count for a row's bits to be those of the row alone, at about 10 % of a decode
+# step; without drafts nothing needs it and nothing pays for it.
+CUDA_ROW_BLOCKS: set[str] = set()  # the kinds of `row_blocks` call that pad on CUDA
+CUDA_ROW_BLOCK = 16  # rows a padded CUDA call computes ...
+CUDA_KIND_BLOCK = {"dsa_attend": 1}  # ... or this many for a kind (the lane attention's latents are large: per row)
+ROW_INVARIANT_KINDS = ("linear", "norm", "dsa_heads", "dsa_attend")
 
 
-def row_blocks(fn: Callable[..., Any], *xs: torch.Tensor) -> Any:
+def require_row_invariance() -> None:
+    """From now on this process computes a row's logits with the same bits whatever shares the step (CUDA; the
+    CPU always does)."""
+    CUDA_ROW_BLOCKS.update(ROW_INVARIANT_KINDS)
+
+
+def row_blocks(fn: Callable[..., Any], *xs: torch.Tensor, kind: str = "rows") -> Any:
     """fn(*xs) for a row-wise fn (row i of each result depends on row i of each x alone; it returns a tensor or a
-    tuple of them), run on blocks of exactly ROW_BLOCK rows on the CPU (zero-padded), so a row's bits do not depend
-    on how many rows share the call: torch's batched CPU products (bmm, einsum) choose their blocking by the batch
-    size, as `linear` explains."""
+    tuple of them), so that a row's bits do not depend on how many rows share the call: up to ROW_INVARIANT_ROWS
+    rows, fn runs on blocks of a fixed row count (zero rows padding the last): CPU_ROW_BLOCK on the CPU (every
+    block the same MKL call; measured: a row's result depends neither on its place in a block nor on the other
+    rows); on CUDA, for the kinds in CUDA_ROW_BLOCKS, CUDA_ROW_BLOCK (or CUDA_KIND_BLOCK[kind]) rows, one kernel
+    choice whatever the batch. torch's products, batched products and, on CUDA, its reductions choose their
+    blocking by the batch size otherwise."""
     n = xs[0].shape[0]
-    if xs[0].is_cuda or n > ROW_INVARIANT_ROWS:
+    if n > ROW_INVARIANT_ROWS or (xs[0].is_cuda and kind not in CUDA_ROW_BLOCKS):
         return fn(*xs)
-    padded = [_padded(x, 0) for x in xs]
-    parts = [fn(*(x[i : i + ROW_BLOCK] for x in padded)) for i in range(0, padded[0].shape[0], ROW_BLOCK)]
+    block = CUDA_KIND_BLOCK.get(kind, CUDA_ROW_BLOCK) if xs[0].is_cuda else CPU_ROW_BLOCK
+    padded = [_padded(x, block) for x in xs]
+    parts = [fn(*(x[i : i + block] for x in padded)) for i in range(0, padded[0].shape[0], block)]
     if isinstance(parts[0], tuple):
-        return tuple(torch.cat(column)[:n] for column in zip(*parts))
-    return torch.cat(parts)[:n]
-
-
-def heads_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [N, H, a] times per-head weight [H, a, b] -> [N, H, b] (the einsum 'nha,hab->nhb'), row-invariant on the
-    CPU as `rows_product` is: per head, products of exactly ROW_BLOCK rows."""
-    if x.is_cuda or x.shape[0] > ROW_INVARIANT_ROWS:
-        return torch.einsum("nha,hab->nhb", x, weight)
-    n = x.shape[0]
-    per_head = _padded(x.transpose(0, 1), 1)  # [H, N', a]
-    blocks = [torch.bmm(per_head[:, i : i + ROW_BLOCK], weight) for i in range(0, per_head.shape[1], ROW_BLOCK)]
-    return torch.cat(blocks, dim=1)[:, :n].transpose(0, 1)
+        return tuple((column[0] if len(column) == 1 else torch.cat(column))[:n] for column in zip(*parts))
+    return (parts[0] if len(parts) == 1 else torch.cat(parts))[:n]
 
 
 def linear_pairs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """P independent products in one batched matmul: x [P, N, in] times weight [P, out, in] -> [P, N, out] fp32."""
+    """P independent products in one batched matmul: x [P, N, in] times weight [P, out, in] -> [P, N, out] fp32;
+    row-invariant over N as `linear` is."""
+    if x.shape[1] <= ROW_INVARIANT_ROWS:
+        by_row = row_blocks(
+            lambda rows: _pairs(rows.transpose(0, 1), weight).transpose(0, 1), x.transpose(0, 1), kind="linear"
+        )
+        return by_row.transpose(0, 1)
+    return _pairs(x, weight)
+
+
+def _pairs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if weight.dtype == x.dtype:
         return x @ weight.transpose(1, 2)
     return _fp32_product(x.to(weight.dtype), weight.transpose(1, 2))
@@ -112,12 +125,22 @@ def softplus(x: torch.Tensor, threshold: float = 20.0) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Over the last dim; on CUDA a few rows at a time go through `row_blocks` (torch's CUDA reductions split a row
+    differently when there are few of them)."""
+    if x.is_cuda and x.dim() >= 2 and x.shape[0] <= ROW_INVARIANT_ROWS:
+        return row_blocks(lambda rows: _rms_norm(rows, weight, eps), x, kind="norm")
+    return _rms_norm(x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return x if weight is None else x * weight
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.is_cuda and x.dim() >= 2 and x.shape[0] <= ROW_INVARIANT_ROWS:
+        return row_blocks(lambda rows: F.layer_norm(rows.float(), (x.shape[-1],), weight, bias, eps), x, kind="norm")
     return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, eps)
 
 
@@ -152,6 +175,8 @@ def kda_step(
     beta: [B, H]. Returns the output [B, H, dv] and the new state. A stream's bits do not depend on the others
     (`row_blocks`).
     """
+    if state.is_cuda:  # the CUDA decode step runs engine/ops/triton_kda.py, one program per stream
+        return _kda_step(state, q, k, v, g, beta)
     return row_blocks(_kda_step, state, q, k, v, g, beta)
 
 

@@ -645,7 +645,8 @@ def exl3_linear(linear: exl3.Exl3Linear, x: torch.Tensor, **kw) -> torch.Tensor:
     return y.reshape(*lead, -1)
 
 
-PAIRS_MAX = 64  # (row, expert) pairs up to which the routed experts run as sync-free GEMVs
+PAIRS_MAX = 576  # (row, expert) pairs up to which the routed experts run as sync-free GEMVs: 64 rows (8 lanes ×
+# a verify window of 8) at top-8 plus one; a prompt chunk beyond decodes each selected expert once
 
 
 def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ import logging
 
 import torch
 
+from engine import ops
 from engine.cache import KVPool, LaneState, Sequence
 from engine.runner.protocol import LaneModel
 
@@ -76,6 +77,8 @@ class LaneDecoder:
         lane may have in a verify step (1 + the most drafts; 1 = no drafts)."""
         self.model, self.pool = model, pool
         self.state = LaneState(pool, num_lanes, model.kda_state_shapes(), window=window)
+        if window > 1:  # a verified draft must equal the serial token: a row's bits may not depend on its batch
+            ops.require_row_invariance()
         self.device = pool.rows.device
         graphs = graphs and self.device.type == "cuda"
         self.group = model.group

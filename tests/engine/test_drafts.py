@@ -177,12 +177,14 @@ def params_for(i: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, top_k=1, max_tokens=max_tokens)
 
 
-def serve(model, eos, prompts, draft: bool, parallel: int, stagger: bool) -> tuple[list[list[int]], dict]:
+def serve(
+    model, eos, prompts, draft: bool, parallel: int, stagger: bool, graphs: bool = False
+) -> tuple[list[list[int]], dict]:
     """Every prompt through a real Scheduler + StepExecutor (the server's path minus HTTP); per request its
     tokens, and the scheduler's draft counts."""
     from test_scheduler import Collector
 
-    executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, graphs=False, window=4)
+    executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, graphs=graphs, window=4)
     sched = Scheduler(
         executor,
         ParallelGroup.single(),
@@ -213,11 +215,11 @@ def serve(model, eos, prompts, draft: bool, parallel: int, stagger: bool) -> tup
 
 @torch.no_grad()
 @pytest.mark.parametrize("parallel,stagger", [(4, False), (3, True), (1, False)])
-def test_drafted_replies_equal_serial_replies(demo, parallel, stagger):
+def test_drafted_replies_equal_serial_replies(demo, parallel, stagger, graphs: bool = False):
     model, tokenizer, eos = demo
     prompts = demo_prompts(tokenizer, 24 if parallel > 1 else 12)
-    serial, none = serve(model, eos, prompts, draft=False, parallel=parallel, stagger=stagger)
-    drafted, counts = serve(model, eos, prompts, draft=True, parallel=parallel, stagger=stagger)
+    serial, none = serve(model, eos, prompts, draft=False, parallel=parallel, stagger=stagger, graphs=graphs)
+    drafted, counts = serve(model, eos, prompts, draft=True, parallel=parallel, stagger=stagger, graphs=graphs)
     assert none["drafted"] == 0
     for i, (a, b) in enumerate(zip(serial, drafted)):
         assert a == b, f"request {i} ({params_for(i)})"

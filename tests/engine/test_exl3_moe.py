@@ -78,10 +78,10 @@ def _cases(tmp: str) -> dict:
             for t in range(3)
         )
     )
-    # a prompt chunk: 24 rows x top-3 = 72 pairs > PAIRS_MAX, experts decoded per chunk
-    x = torch.randn(24, hidden, generator=gen) * 2
-    chosen = torch.stack([torch.randperm(experts, generator=gen)[:3] for _ in range(24)])
-    weights = torch.rand(24, 3, generator=gen) + 0.2
+    # a prompt chunk: 200 rows x top-3 = 600 pairs > PAIRS_MAX, experts decoded per chunk
+    x = torch.randn(200, hidden, generator=gen) * 2
+    chosen = torch.stack([torch.randperm(experts, generator=gen)[:3] for _ in range(200)])
+    weights = torch.rand(200, 3, generator=gen) + 0.2
     assert chosen.numel() > tx.PAIRS_MAX
     out["prompt_error"] = error(
         tx.routed_experts(x, chosen, weights, gate_up, down, limit), reference(x, chosen, weights, gate_up, down)

@@ -116,14 +116,14 @@ def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
 
 
 def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
-    """GLM-5.3-Flash's expert shapes (hidden 4096, width 2048, top-8): a row alone (8 pairs) and among 8 rows
-    (64 pairs, the most the decode-GEMV path takes) gives the same bits; the launch (split-K, tiles a program)
-    must depend on the matrix, never on the number of pairs."""
+    """GLM-5.3-Flash's expert shapes (hidden 4096, width 2048, top-8): a row alone (8 pairs) and among 64 rows
+    (512 pairs: 8 lanes × a verify window of 8) gives the same bits; the launch (split-K, tiles a program) must
+    depend on the matrix, never on the number of pairs."""
     from engine.ops.triton_exl3 import PAIRS_MAX, routed_experts
     from engine.quant import exl3
 
     gen = torch.Generator(device="cuda").manual_seed(4)
-    experts, hidden, width, k, rows = 16, 4096, 2048, 8, 8
+    experts, hidden, width, k, rows = 16, 4096, 2048, 8, 64
 
     def bank(matrices, kk, n):
         trellis = torch.randint(
@@ -138,6 +138,6 @@ def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
     weights = torch.rand(rows, k, generator=gen, device="cuda")
     assert chosen.numel() <= PAIRS_MAX
     together = routed_experts(x, chosen, weights, gate_up, down, 10.0)
-    for t in (0, 5):
+    for t in (0, 5, 63):
         alone = routed_experts(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], gate_up, down, 10.0)
         assert torch.equal(alone[0], together[t]), t

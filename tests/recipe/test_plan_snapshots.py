@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from recipe.errors import SettingError
 from recipe.plan.host import HostFacts
 from recipe.plan.plan import build_plan
 from recipe.settings import load_settings
@@ -130,11 +129,14 @@ def test_a_checkpoint_setting_is_the_positional_argument_only(root: Path) -> Non
 
 
 def test_drafts_follow_the_device(root: Path) -> None:
-    """Drafts are exact on the CPU only so far: the default DRAFTER=copy reaches CPU ranks, a GPU host's plan turns
-    the default off, and an explicit DRAFTER=copy on a GPU host is refused with one line."""
-    cpu = build_plan(load_settings(root, BASE), HOST)
-    assert cpu.ranks[-1].argv[cpu.ranks[-1].argv.index("--drafter") + 1] == "copy"
+    """The default DRAFTER=copy reaches CPU ranks; on a GPU host the default is off (a step that may verify drafts
+    costs ~10 % more there), and DRAFTER=copy written out turns it on."""
+
+    def drafter(plan) -> str:
+        argv = plan.ranks[-1].argv
+        return argv[argv.index("--drafter") + 1]
+
+    assert drafter(build_plan(load_settings(root, BASE), HOST)) == "copy"
     gpu = build_plan(load_settings(root, BASE), SPARK)
-    assert gpu.ranks[-1].argv[gpu.ranks[-1].argv.index("--drafter") + 1] == "none" and gpu.summary["drafter"] == "none"
-    with pytest.raises(SettingError, match="DRAFTER=copy .* is not built on GPUs yet"):
-        build_plan(load_settings(root, {**BASE, "DRAFTER": "copy"}), SPARK)
+    assert drafter(gpu) == "none" and gpu.summary["drafter"] == "none"
+    assert drafter(build_plan(load_settings(root, {**BASE, "DRAFTER": "copy"}), SPARK)) == "copy"

@@ -204,10 +204,14 @@ class SparseMLA:
         self, head_logits: torch.Tensor, q_low: torch.Tensor, index_rows: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_select_tokens` for one query per row at `positions` [B], given the index columns of each row's padded
-        span [B, S, 2d] (pools past a row's position are invisible to it), of a fixed size (`fixed`)."""
-        return self._select_tokens(
-            head_logits, q_low, self._pool_keys(index_rows, index_rows.shape[1] // self.kpool), positions, fixed=True
-        )
+        span [B, S, 2d] (pools past a row's position are invisible to it), of a fixed size (`fixed`), row-invariant
+        (`ops.row_blocks`)."""
+
+        def select(head: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, where: torch.Tensor):
+            keys = self._pool_keys(rows, rows.shape[1] // self.kpool)
+            return self._select_tokens(head, q, keys, where, fixed=True)
+
+        return ops.row_blocks(select, head_logits, q_low, index_rows, positions, kind="dsa_select")
 
     def _select_tokens(
         self,
@@ -265,12 +269,17 @@ class SparseMLA:
 
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant
-        (`ops.heads_product`, `ops.row_blocks`)."""
-        q_abs = ops.heads_product(q, self.w_k)
-        scores = ops.row_blocks(torch.bmm, q_abs, latents.transpose(1, 2)) * self.scaling
+        (`ops.row_blocks`)."""
+        q_abs = ops.row_blocks(lambda rows: torch.einsum("bhd,hdr->bhr", rows, self.w_k), q, kind="dsa_heads")
+        ctx = ops.row_blocks(self._attend_rows, q_abs, latents, counts, kind="dsa_attend")
+        return ops.row_blocks(lambda rows: torch.einsum("bhr,hvr->bhv", rows, self.w_v), ctx, kind="dsa_heads").flatten(
+            1
+        )
+
+    def _attend_rows(self, q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        scores = torch.bmm(q_abs, latents.transpose(1, 2)) * self.scaling
         scores = scores.masked_fill(~counts[:, None, :], float("-inf"))
-        ctx = ops.row_blocks(torch.bmm, torch.softmax(scores, dim=-1), latents)
-        return ops.heads_product(ctx, self.w_v.transpose(1, 2)).flatten(1)
+        return torch.bmm(torch.softmax(scores, dim=-1), latents)
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
         """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots`; the

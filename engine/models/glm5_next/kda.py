@@ -172,20 +172,24 @@ class KimiDeltaAttention:
         the lanes' rows in order and keeps the state after each row (`LaneState.kda_rows`) instead."""
         lanes, width = step.lanes, step.width
         kda, conv = lanes.kda[self.layer], lanes.conv[self.layer]
-        lane_ids = step.lane_ids if width == 1 else step.lane_ids.view(-1, width)[:, 0]
+        lane_ids = step.lane_ids if width == 1 else step.lane_ids.view(-1, width)[:, 0].contiguous()
         if ops.kda_decode_applies(x):
             if width == 1:
                 return self._fused_step(x, lane_ids, conv, kda)
-            # the fused kernel advances the lane state in place: keep each row's state, then put the start back
+            # every projection for all rows at once; the fused kernel then runs the rows in order, advancing the lane
+            # state in place: keep each row's state, then put the start back (LaneState.commit picks one)
+            parts = self._fused_project(x)
             start_kda, start_conv = kda[lane_ids], conv[lane_ids]
-            rows = x.view(-1, width, x.shape[-1])
-            outs = []
+            mixed, f, gate = (part.reshape(-1, width, *part.shape[1:]) for part in parts)
+            cores = []
             for t in range(width):
-                outs.append(self._fused_step(rows[:, t].contiguous(), lane_ids, conv, kda))
+                row_t = (mixed[:, t].contiguous(), f[:, t].contiguous(), gate[:, t].contiguous())
+                cores.append(self._fused_core(*row_t, lane_ids, conv, kda))
                 lanes.kda_rows[self.layer][lane_ids, t] = kda[lane_ids]
                 lanes.conv_rows[self.layer][lane_ids, t] = conv[lane_ids]
             kda[lane_ids], conv[lane_ids] = start_kda, start_conv
-            return torch.stack(outs, 1).flatten(0, 1)
+            core = torch.stack(cores, 1).flatten(0, 1)
+            return self.group.sum_partials(ops.linear(core, self.o_proj))
         projected, g, beta, gate = self._project(x)
         windows, state = conv[lane_ids], kda[lane_ids]
         if width == 1:
@@ -207,11 +211,29 @@ class KimiDeltaAttention:
         """`decode_lanes` on a GPU: one matmul for every projection of x, one batched matmul for f_b and g_b, then
         the conv, gates, delta rule and gated norm in one kernel (engine/ops/triton_kda.py) that updates the lanes'
         windows and states in place."""
+        core = self._fused_core(*self._fused_project(x), lane_ids, windows, states)
+        return self.group.sum_partials(ops.linear(core, self.o_proj))
+
+    def _fused_project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows x [N, hidden] -> every projection of x [N, 3*Hl*d + 2*d + Hl] and f, gate [N, Hl*d] (f_b, g_b)."""
         mixed = ops.linear(x, self.in_proj)
         qkv, d = 3 * self.width, self.f_a.shape[0]
-        low = mixed[:, qkv : qkv + 2 * d].view(-1, 2, d).transpose(0, 1)  # [2, B, d]: f_a | g_a
-        f, gate = ops.linear_pairs(low, self.low_b)  # [2, B, Hl*d]
-        core = ops.kda_decode(
+        low = mixed[:, qkv : qkv + 2 * d].reshape(-1, 2, d).transpose(0, 1)  # [2, N, d]: f_a | g_a
+        f, gate = ops.linear_pairs(low, self.low_b)  # [2, N, Hl*d]
+        return mixed, f, gate
+
+    def _fused_core(
+        self,
+        mixed: torch.Tensor,
+        f: torch.Tensor,
+        gate: torch.Tensor,
+        lane_ids: torch.Tensor,
+        windows: torch.Tensor,
+        states: torch.Tensor,
+    ) -> torch.Tensor:
+        """One token per lane through engine/ops/triton_kda.py: the gated, normalised core output [B, Hl*d]."""
+        qkv, d = 3 * self.width, self.f_a.shape[0]
+        return ops.kda_decode(
             mixed,
             f,
             mixed[:, qkv + 2 * d :],
@@ -226,4 +248,3 @@ class KimiDeltaAttention:
             self.lower_bound,
             self.eps,
         )
-        return self.group.sum_partials(ops.linear(core, self.o_proj))

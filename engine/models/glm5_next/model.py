@@ -193,7 +193,9 @@ class Glm5NextForCausalLM:
         return self.group.sum_partials(rows)
 
     def _logits(self, streams: torch.Tensor) -> torch.Tensor:
-        hidden = ops.rms_norm(streams.mean(dim=1), self.norm, self.cfg.rms_norm_eps)
+        hidden = ops.rms_norm(
+            ops.row_blocks(lambda rows: rows.mean(dim=1), streams, kind="mean"), self.norm, self.cfg.rms_norm_eps
+        )
         return self.group.gather_last_dim(ops.linear(hidden, self.lm_head), self.vocab_widths)
 
     def _run(
