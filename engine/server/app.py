@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from engine.server import chat_completions, completions, health, metrics, models, tokenize
+from engine.server import chat_completions, completions, health, messages, metrics, models, tokenize
 from engine.server.errors import error_body, install_error_handlers
 from engine.server.openapi import install_openapi
 from engine.server.state import ServerState
@@ -25,7 +25,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="glm-sparks engine", version="0.1.0")
     app.state.server = state
-    for module in (chat_completions, completions, models, tokenize, health, metrics):
+    for module in (chat_completions, completions, messages, models, tokenize, health, metrics):
         app.include_router(module.router)
     install_error_handlers(app)
     install_openapi(app)
@@ -34,9 +34,14 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 async def _reply(
-    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None, code: str | None = None
+    send: Send,
+    status: int,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    code: str | None = None,
+    path: str = "",
 ) -> None:
-    payload = json.dumps(error_body(status, message, code)).encode()
+    payload = json.dumps(error_body(status, message, code, path=path)).encode()
     await send(
         {
             "type": "http.response.start",
@@ -80,12 +85,15 @@ class GuardMiddleware:
                 "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
                 [(b"www-authenticate", b"Bearer")],
                 code="invalid_api_key",
+                path=scope.get("path", ""),
             )
             return
         limit = self.state.body_limit
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _reply(send, 413, f"the request body exceeds the {limit}-byte limit", code="body_too_large")
+            await _reply(
+                send, 413, f"the request body exceeds the {limit}-byte limit", code="body_too_large", path=scope["path"]
+            )
             return
         buffer, more = bytearray(), True
         while more:  # read the whole body up front so an oversized chunked body is refused before any handler
@@ -95,7 +103,13 @@ class GuardMiddleware:
             buffer += message.get("body", b"")  # a bytearray grows in place: no copy per chunk
             more = message.get("more_body", False)
             if len(buffer) > limit:
-                await _reply(send, 413, f"the request body exceeds the {limit}-byte limit", code="body_too_large")
+                await _reply(
+                    send,
+                    413,
+                    f"the request body exceeds the {limit}-byte limit",
+                    code="body_too_large",
+                    path=scope["path"],
+                )
                 return
         body, replayed = bytes(buffer), False
 

@@ -68,7 +68,7 @@ def forced_call_prefix(body: ChatCompletionRequest, shown: list[Tool] | None) ->
     return ""
 
 
-def _reasoning_tokens(state: ServerState, generation: Generation, thinking: bool) -> int:
+def reasoning_tokens(state: ServerState, generation: Generation, thinking: bool) -> int:
     if not thinking:
         return 0
     close = state.token_id("</think>")
@@ -79,6 +79,21 @@ def _reasoning_tokens(state: ServerState, generation: Generation, thinking: bool
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     state = server_state(request)
+    generation, parser, thinking = await start_chat(state, body)
+    reply = _Reply(state, generation, parser, thinking, new_id("chatcmpl"), bool(body.return_token_ids))
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            reply.stream(include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return await reply.whole(request)
+
+
+async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[Generation, ReplyParser, bool]:
+    """Check, render, tokenise and submit a chat request (the OpenAI route's, and the Anthropic route's once
+    translated): its generation, the parser that splits its reply, and whether the reply starts in reasoning."""
     check_request(state, body)
     shown, parsed = _tools(body)
     forced = forced_call_prefix(body, shown)
@@ -99,15 +114,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     thinking = starts_in_reasoning(prompt)
     parser = ReplyParser(thinking, parsed)
     parser.feed(forced)  # held back until the model closes the call (the prefix alone is never a piece)
-    reply = _Reply(state, generation, parser, thinking, new_id("chatcmpl"), bool(body.return_token_ids))
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            reply.stream(include_usage),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    return await reply.whole(request)
+    return generation, parser, thinking
 
 
 class _Reply:
@@ -128,7 +135,7 @@ class _Reply:
         return usage(
             len(self.generation.prompt_ids),
             end.completion_tokens,
-            _reasoning_tokens(self.state, self.generation, self.thinking),
+            reasoning_tokens(self.state, self.generation, self.thinking),
         )
 
     def _finish_reason(self, end: End) -> str:

@@ -37,14 +37,35 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+ANTHROPIC_PATHS = "/v1/messages"  # routes whose errors take Anthropic's shape (server/messages.py)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None, path: str = "") -> dict:
+    """OpenAI's error body, or Anthropic's (`{"type": "error", "error": {"type", "message"}}`, with the same code
+    beside them) on the Messages routes."""
+    if path.startswith(ANTHROPIC_PATHS):
+        kind = _ANTHROPIC_TYPES.get(status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message, "code": code}}
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
 
 
 def error_response(
-    status: int, message: str, code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    path: str = "",
 ) -> JSONResponse:
-    return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, code, param, path), status_code=status, headers=headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -71,20 +92,20 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _describe(exc)
-        return error_response(400, message, "invalid_value", param)
+        return error_response(400, message, "invalid_value", param, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not found" if exc.status_code == 404 else str(exc.detail)
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None), path=request.url.path)
 
     @app.exception_handler(Exception)
-    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return error_response(500, f"internal error: {type(exc).__name__}")
+        return error_response(500, f"internal error: {type(exc).__name__}", path=request.url.path)

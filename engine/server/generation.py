@@ -31,6 +31,7 @@ class Delta:
 class End:
     finish_reason: str  # stop | length
     completion_tokens: int
+    stop_string: str | None = None  # the request's stop string that ended the reply, if one did
 
 
 class EngineFailed(Exception):
@@ -137,7 +138,8 @@ class Generation:
                         if sent < cut:
                             yield Delta(text[sent:cut])
                         self.cancel_quietly()
-                        yield self._end("stop", len(self.token_ids))
+                        matched = next(s for s in self.stop if s and text.startswith(s, cut))
+                        yield self._end("stop", len(self.token_ids), matched)
                         return
                     safe = len(text) - held_suffix(text, self.stop)
                     if safe > sent:
@@ -157,10 +159,10 @@ class Generation:
             self.state.metrics.ttft.observe(self.first_token_at - self.started)
         self.token_ids.append(token)
 
-    def _end(self, reason: str, count: int) -> End:
+    def _end(self, reason: str, count: int, stop_string: str | None = None) -> End:
         """`count`: an end token counts as generated; tokens after the one completing a stop string do not."""
         self.state.metrics.finished(self, reason, count)
-        return End(reason, count)
+        return End(reason, count, stop_string)
 
 
 def _find_stop(text: str, stops: list[str], start: int) -> int | None:

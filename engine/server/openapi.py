@@ -1,7 +1,7 @@
 """The published OpenAPI document, made to say what the server really answers.
 
 FastAPI documents a 422 for every body it validates and only `application/json` replies. This server answers
-invalid bodies with 400 in OpenAI's error body (server/errors.py), streams SSE when `stream` is true, refuses a
+invalid bodies with 400 in OpenAI's error body (Anthropic's on /v1/messages; server/errors.py), streams SSE when `stream` is true, refuses a
 missing API key with 401, an oversized body with 413, a full queue with 429 and a stopped engine with 503. The
 paths are rewritten here once, so clients and schemathesis' conformance checks see the truth."""
 
@@ -28,7 +28,23 @@ ERROR_SCHEMA = {
         }
     },
 }
-GENERATING = {"/v1/chat/completions", "/v1/completions"}  # may stream, may queue, need the engine
+ANTHROPIC_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"type": "string"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {
+                "type": {"type": "string"},
+                "message": {"type": "string"},
+                "code": {"type": ["string", "null"]},
+            },
+        },
+    },
+}
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}  # may stream, may queue, need the engine
 OPEN = {"/health"}  # no API key asked
 WHY = {
     "400": "invalid request (OpenAI error body)",
@@ -40,10 +56,11 @@ WHY = {
 }
 
 
-def _error(code: str) -> dict[str, Any]:
+def _error(code: str, path: str) -> dict[str, Any]:
+    schema = "AnthropicError" if path.startswith("/v1/messages") else "Error"
     response: dict[str, Any] = {
         "description": WHY[code],
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
     }
     if code == "429":
         response["headers"] = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
@@ -67,7 +84,7 @@ def _rewrite(path: str, method: str, op: dict[str, Any]) -> None:
     responses = op["responses"]
     responses.pop("422", None)
     for code in _statuses(path, method, op):
-        responses[code] = _error(code)
+        responses[code] = _error(code, path)
     if path in GENERATING:
         responses["200"]["description"] = "the reply; with `stream: true` a text/event-stream of `data:` events"
         responses["200"]["content"]["text/event-stream"] = {"schema": {}}  # each event: a JSON chunk or [DONE]
@@ -97,6 +114,7 @@ def install_openapi(app: FastAPI) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             _bound_token_ids(components, app.state.server.vocab_size)
             components["Error"] = ERROR_SCHEMA
+            components["AnthropicError"] = ANTHROPIC_ERROR_SCHEMA
             for unused in ("HTTPValidationError", "ValidationError"):
                 components.pop(unused, None)
             app.openapi_schema = schema

@@ -191,3 +191,95 @@ class TokenizeRequest(RequestBody):
 class DetokenizeRequest(RequestBody):
     model: StrictStr | None = None
     tokens: list[TokenId]
+
+
+# -- Anthropic Messages (POST /v1/messages): the blocks a request may hold; anything else is a 400 -------------------
+
+
+class TextBlock(Body):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ThinkingBlock(Body):
+    type: Literal["thinking"]
+    thinking: StrictStr
+    signature: StrictStr | None = None
+
+
+class RedactedThinkingBlock(Body):
+    type: Literal["redacted_thinking"]
+    data: StrictStr | None = None
+
+
+class ToolUseBlock(Body):
+    type: Literal["tool_use"]
+    id: StrictStr
+    name: FunctionName
+    input: dict[str, Any]
+
+
+class ToolResultBlock(Body):
+    type: Literal["tool_result"]
+    tool_use_id: StrictStr
+    content: StrictStr | list[TextBlock] | None = None
+    is_error: StrictBool | None = None
+
+
+AnthropicBlock = Annotated[
+    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")
+]
+
+
+class AnthropicMessage(Body):
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[AnthropicBlock]
+
+
+class AnthropicTool(Body):
+    name: FunctionName
+    description: StrictStr | None = None
+    input_schema: dict[str, Any]
+
+
+class AnyToolChoice(Body):
+    type: Literal["auto", "any", "none"]
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+class NamedAnthropicToolChoice(Body):
+    type: Literal["tool"]
+    name: FunctionName
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+AnthropicToolChoice = Annotated[AnyToolChoice | NamedAnthropicToolChoice, Field(discriminator="type")]
+
+
+class AnthropicThinking(Body):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: PositiveInt | None = None
+
+
+class MessagesRequest(RequestBody):
+    model: StrictStr
+    max_tokens: PositiveInt
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: StrictStr | list[TextBlock] | None = None
+    stop_sequences: Annotated[list[StrictStr], Field(max_length=16)] | None = None
+    stream: StrictBool | None = False
+    temperature: Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    top_p: Probability | None = None
+    top_k: TopK | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinking | None = None
+
+
+class CountTokensRequest(RequestBody):
+    model: StrictStr
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: StrictStr | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinking | None = None
