@@ -175,3 +175,15 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
         limit = min(vocab, limit * 8)
     ids = ids[:keep]
     return int(ids[int(torch.argmax(values[:keep] + gumbel(params.seed, position, ids)))])
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int = 0) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The log-probability of `token` under the model's own distribution (log-softmax of the fp32 logits the
+    sampler reads, in float64; before temperature and filters, as vLLM reports by default), and the `top` most
+    likely tokens with theirs (ties: lower id first)."""
+    logp = torch.log_softmax(finite(logits.detach().to(torch.float64).reshape(-1)), dim=0)
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        ids = _ranked(logp, min(top, logp.numel()))
+        best = tuple((int(i), float(logp[i])) for i in ids)
+    return float(logp[token]), best

@@ -33,7 +33,7 @@ import torch.distributed
 from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.runner.executor import StepExecutor, StepPlan
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams, sample, token_logprobs
 
 log = logging.getLogger("engine.scheduler")
 
@@ -41,6 +41,16 @@ log = logging.getLogger("engine.scheduler")
 @dataclass(frozen=True)
 class Token:
     id: int
+    logprob: float | None = None  # with Request.logprobs set: its log-probability and the top alternatives
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Sent once a prompt is prefilled when Request.prompt_logprobs: for each prompt token after the first, its
+    log-probability given the tokens before it, and the top alternatives."""
+
+    entries: tuple[tuple[float, tuple[tuple[int, float], ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class Failed:
     message: str
 
 
-Event = Token | Finished | Failed
+Event = Token | PromptLogprobs | Finished | Failed
 
 
 class QueueFull(Exception):
@@ -87,6 +97,8 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
     background: bool = False
     draft: bool = True  # False: no drafts for this request ("draft": false)
+    logprobs: int | None = None  # report each token's log-probability and this many alternatives (None: off)
+    prompt_logprobs: bool = False  # report the prompt tokens' log-probabilities too (completions' echo)
     arrival: float = field(default_factory=time.monotonic)
     lane: int | None = None
     filled: int = 0
@@ -97,6 +109,7 @@ class Request:
     commit: int = 0  # rows of its last verify step the lane keeps (told to the ranks in the next plan)
     drafted: int = 0
     accepted: int = 0
+    prompt_lps: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
 
     @property
     def budget(self) -> int:
@@ -308,6 +321,7 @@ class Scheduler:
             req = filling[0]
             chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
             plan.prefill = (_lane(req), chunk)
+            plan.prefill_logits = req.prompt_logprobs
             self._prefill_turn = False
             return plan, ("prefill", [req])
         if decoding:
@@ -337,10 +351,18 @@ class Scheduler:
         if kind == "prefill":
             req = reqs[0]
             chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
+            start = req.filled
             req.filled += len(chunk)
             if req.drafter is not None:
                 req.drafter.extend(chunk)
+            if req.prompt_logprobs:  # row j predicts the prompt's token start + j + 1
+                following = req.prompt[start + 1 : start + len(chunk) + 1]
+                for row, token in enumerate(following):
+                    req.prompt_lps.append(token_logprobs(logits[row], token, req.logprobs or 0))
+                logits = logits[-1]
             if not req.prefilling:
+                if req.prompt_logprobs:
+                    self._send(req, PromptLogprobs(tuple(req.prompt_lps)))
                 self._sample(req, logits)
             return
         verified = any(len(req.window) > 1 for req in reqs)
@@ -388,10 +410,14 @@ class Scheduler:
                 "were not affected (the server log has the details)",
             )
             return None
-        self._emit(req, token)
+        event = Token(token)
+        if req.logprobs is not None:
+            event = Token(token, *token_logprobs(logits, token, req.logprobs))
+        self._emit(req, event)
         return token
 
-    def _emit(self, req: Request, token: int) -> None:
+    def _emit(self, req: Request, event: Token) -> None:
+        token = event.id
         req.output.append(token)
         if req.drafter is not None:
             req.drafter.extend((token,))
@@ -399,7 +425,7 @@ class Scheduler:
         if token in req.stop_ids:
             self._finish(req, "stop")
             return
-        self._send(req, Token(token))
+        self._send(req, event)
         if len(req.output) >= req.params.max_tokens:
             self._finish(req, "length")
 

@@ -28,6 +28,7 @@ class StepPlan:
     commits: list[tuple[int, int]] = field(default_factory=list)  # (lane, rows it keeps of its last verify step)
     admits: list[int] = field(default_factory=list)  # lanes that get a fresh sequence
     prefill: tuple[int, list[int]] | None = None  # (lane, prompt chunk ids)
+    prefill_logits: bool = False  # every token's logits of the chunk, not only the last one's (prompt logprobs)
     # (lanes, each lane's window: its pending token, then its drafts); all windows of one token: a decode step
     decode: tuple[list[int], list[list[int]]] | None = None
     shutdown: bool = False
@@ -68,8 +69,8 @@ class StepExecutor:
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:
-        """Apply one plan; returns prefill logits [vocab], decode logits [B, W, vocab] (W: the widest window), or
-        None."""
+        """Apply one plan; returns prefill logits [vocab] ([T, vocab] with `prefill_logits`), decode logits
+        [B, W, vocab] (W: the widest window), or None."""
         for lane in plan.releases:
             seq = self.lanes.pop(lane, None)
             if seq is not None:
@@ -84,6 +85,8 @@ class StepExecutor:
             )
         if plan.prefill is not None:
             lane, ids = plan.prefill
+            if plan.prefill_logits:
+                return self.model.prefill(self.lanes[lane], list(ids), all_logits=True).cpu()  # type: ignore[call-arg]
             return self.model.prefill(self.lanes[lane], list(ids)).cpu()  # sampling runs on the CPU
         if plan.decode is not None:
             lanes, windows = plan.decode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from engine.server.common import (
 )
 from engine.server.errors import APIError, bad_request
 from engine.server.generation import Delta, End, EngineFailed, Generation
+from engine.server.logprobs import chat_entries
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from engine.server.tools import CALL_OPEN, offered_tools
 
@@ -91,6 +93,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return await reply.whole(request)
 
 
+def logprobs_wanted(body: ChatCompletionRequest) -> int | None:
+    """How many alternatives a token's log-probability comes with, or None for no log-probabilities
+    (`top_logprobs` > 0 implies `logprobs`)."""
+    top = body.top_logprobs or 0
+    return top if body.logprobs or top > 0 else None
+
+
 async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[Generation, ReplyParser, bool]:
     """Check, render, tokenise and submit a chat request (the OpenAI route's, and the Anthropic route's once
     translated): its generation, the parser that splits its reply, and whether the reply starts in reasoning."""
@@ -110,7 +119,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[G
     prompt += forced
     prompt_ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
     max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
-    generation = start_generation(state, body, prompt_ids, max_tokens)
+    generation = start_generation(state, body, prompt_ids, max_tokens, logprobs_wanted(body))
     thinking = starts_in_reasoning(prompt)
     parser = ReplyParser(thinking, parsed)
     parser.feed(forced)  # held back until the model closes the call (the prefix alone is never a piece)
@@ -164,10 +173,13 @@ class _Reply:
         }
         if self.parser.calls:
             message["tool_calls"] = [call.as_openai() for call in self.parser.calls]
+        logprobs = None
+        if self.generation.logprobs is not None:
+            logprobs = {"content": chat_entries(self.state, self.generation, 0, len(self.generation.token_ids))}
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": self._finish_reason(end),
         }
         if self.return_token_ids:
@@ -181,16 +193,30 @@ class _Reply:
             "usage": self._usage(end),
         }
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+    def _chunk(
+        self, delta: dict[str, Any], finish_reason: str | None = None, logprobs: dict[str, Any] | None = None
+    ) -> str:
         return sse(
             {
                 "id": self.id,
                 "object": "chat.completion.chunk",
                 "created": self.created,
                 "model": self.state.name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
             }
         )
+
+    def _with_logprobs(self, lines: list[str], tokens: tuple[int, int]) -> list[str]:
+        """The chunks of one text delta, the log-probabilities of the tokens it completes on the last of them (or on
+        a chunk of their own when the parser held the text back)."""
+        if self.generation.logprobs is None or tokens[1] <= tokens[0]:
+            return lines
+        logprobs = {"content": chat_entries(self.state, self.generation, *tokens)}
+        if not lines:
+            return [self._chunk({}, None, logprobs)]
+        last = json.loads(lines[-1][len("data: ") :])
+        last["choices"][0]["logprobs"] = logprobs
+        return [*lines[:-1], sse(last)]
 
     def _deltas(self, pieces: list[ReplyPiece]) -> list[str]:
         out = []
@@ -212,7 +238,7 @@ class _Reply:
                     if event is None:
                         yield ": keep-alive\n\n"
                     elif isinstance(event, Delta):
-                        for line in self._deltas(self.parser.feed(event.text)):
+                        for line in self._with_logprobs(self._deltas(self.parser.feed(event.text)), event.tokens):
                             yield line
                     else:
                         for line in self._deltas(self.parser.finish()):

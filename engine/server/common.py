@@ -57,10 +57,6 @@ def check_request(state: ServerState, body: SamplingFields) -> None:
             raise bad_request(
                 f"{name} is not supported by this engine yet (structured outputs are not built); leave {name} out", name
             )
-    if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
-        raise bad_request(
-            "logprobs are not supported by this engine yet; leave logprobs and top_logprobs unset", "logprobs"
-        )
 
 
 def reply_budget(state: ServerState, prompt_tokens: int, requested: int | None, param: str) -> int:
@@ -99,7 +95,14 @@ def stop_strings(body: SamplingFields) -> list[str]:
     return [s for s in stops if s]
 
 
-def start_generation(state: ServerState, body: SamplingFields, prompt_ids: list[int], max_tokens: int) -> Generation:
+def start_generation(
+    state: ServerState,
+    body: SamplingFields,
+    prompt_ids: list[int],
+    max_tokens: int,
+    logprobs: int | None = None,
+    prompt_logprobs: bool = False,
+) -> Generation:
     generation = Generation(
         state,
         prompt_ids,
@@ -108,6 +111,8 @@ def start_generation(state: ServerState, body: SamplingFields, prompt_ids: list[
         background=body.priority == "background",
         draft=body.draft is not False,
         ignore_eos=bool(body.ignore_eos),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
     generation.start()
     return generation

@@ -24,6 +24,7 @@ from engine.server.common import (
 )
 from engine.server.errors import APIError, bad_request
 from engine.server.generation import Delta, End, EngineFailed, Generation
+from engine.server.logprobs import completion_logprobs
 from engine.server.protocol import CompletionRequest
 
 router = APIRouter()
@@ -50,17 +51,22 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     max_tokens = reply_budget(
         state, len(prompt_ids), body.max_tokens if body.max_tokens is not None else None, "prompt"
     )
-    generation = start_generation(state, body, prompt_ids, max_tokens)
+    wanted = body.logprobs
+    generation = start_generation(
+        state, body, prompt_ids, max_tokens, wanted, prompt_logprobs=bool(body.echo) and wanted is not None
+    )
     echo = state.tokenizer.decode(prompt_ids, skip_special_tokens=False) if body.echo else ""
     reply_id, created = new_id("cmpl"), int(time.time())
 
-    def frame(text: str, finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def frame(
+        text: str, finish: str | None, extra: dict[str, Any] | None = None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         return {
             "id": reply_id,
             "object": "text_completion",
             "created": created,
             "model": state.name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
             **(extra or {}),
         }
 
@@ -82,22 +88,34 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     except EngineFailed as exc:
         raise APIError(503, str(exc)) from exc
     end = end or End("stop", len(generation.token_ids))
-    reply = frame(text, end.finish_reason, {"usage": usage(len(prompt_ids), end.completion_tokens)})
+    logprobs = None
+    if wanted is not None:
+        logprobs = completion_logprobs(state, generation, 0, len(generation.token_ids), 0, bool(body.echo))
+    reply = frame(text, end.finish_reason, {"usage": usage(len(prompt_ids), end.completion_tokens)}, logprobs)
     if body.return_token_ids:
         reply["choices"][0]["token_ids"] = list(generation.token_ids)
     return reply
 
 
 async def _stream(generation: Generation, frame: Any, echo: str, include_usage: bool) -> AsyncIterator[str]:
-    if echo:
+    """SSE frames; with logprobs each text frame carries its tokens', and the echo frame (sent once the prompt's
+    log-probabilities are known, before the first reply frame) the prompt's."""
+    state, wanted = generation.state, generation.logprobs is not None
+    offset = len(echo)
+    if echo and not wanted:
         yield sse(frame(echo, None))
     try:
         async with contextlib.aclosing(generation.events(generation.state.keepalive_s)) as events:
             async for event in events:
+                if echo and wanted and event is not None:
+                    yield sse(frame(echo, None, None, completion_logprobs(state, generation, 0, 0, 0, echo=True)))
+                    echo = ""
                 if event is None:
                     yield ": keep-alive\n\n"
                 elif isinstance(event, Delta):
-                    yield sse(frame(event.text, None))
+                    logprobs = completion_logprobs(state, generation, *event.tokens, offset) if wanted else None
+                    offset += len(event.text)
+                    yield sse(frame(event.text, None, None, logprobs))
                 else:
                     counts = {"usage": usage(len(generation.prompt_ids), event.completion_tokens)}
                     yield sse(frame("", event.finish_reason, counts))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.sampling import SamplingParams
-from engine.scheduler import Failed, Finished, QueueFull, Request, Token, Unavailable
+from engine.scheduler import Failed, Finished, PromptLogprobs, QueueFull, Request, Token, Unavailable
 from engine.server.errors import APIError
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ _counter = itertools.count()
 @dataclass
 class Delta:
     text: str
+    tokens: tuple[int, int] = (0, 0)  # the reply tokens [first, last) whose text this delta completes
 
 
 @dataclass
@@ -69,8 +70,13 @@ class Generation:
     background: bool = False
     ignore_eos: bool = False
     draft: bool = True  # False: decoded without drafts (the same tokens, one a step)
+    logprobs: int | None = None  # each token's log-probability and this many alternatives (None: off)
+    prompt_logprobs: bool = False
     request_id: str = field(default_factory=lambda: f"{next(_counter)}-{secrets.token_hex(6)}")
     token_ids: list[int] = field(default_factory=list)
+    # with logprobs: per reply token (log-probability, top alternatives); per prompt token after the first, the same
+    token_logprobs: list[tuple[float | None, tuple[tuple[int, float], ...]]] = field(default_factory=list)
+    prompt_token_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = ()
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -86,7 +92,15 @@ class Generation:
 
         stop_ids = frozenset() if self.ignore_eos else self.state.eos_ids
         request = Request(
-            self.request_id, self.prompt_ids, self.params, sink, stop_ids, self.background, draft=self.draft
+            self.request_id,
+            self.prompt_ids,
+            self.params,
+            sink,
+            stop_ids,
+            self.background,
+            draft=self.draft,
+            logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
         try:
             self.state.scheduler.submit(request)
@@ -113,6 +127,7 @@ class Generation:
         decoder = IncrementalDecoder(self.state.tokenizer)
         text = ""
         sent = 0
+        covered = 0  # reply tokens whose text has gone out in a delta
         hold = max((len(s) for s in self.stop), default=0)
         try:
             while True:
@@ -124,27 +139,30 @@ class Generation:
                 if isinstance(event, Failed):
                     self._finished = True
                     raise EngineFailed(event.message)
+                if isinstance(event, PromptLogprobs):
+                    self.prompt_token_logprobs = event.entries
+                    continue
                 if isinstance(event, Finished):
                     self._finished = True
-                    if sent < len(text):
-                        yield Delta(text[sent:])
+                    if sent < len(text) or covered < len(self.token_ids):
+                        yield Delta(text[sent:], (covered, len(self.token_ids)))
                     yield self._end("length" if event.reason == "length" else "stop", event.completion_tokens)
                     return
                 if isinstance(event, Token):
-                    self._on_token(event.id)
+                    self._on_token(event)
                     text += decoder.push(event.id)
                     cut = _find_stop(text, self.stop, max(0, sent - hold))
                     if cut is not None:
                         if sent < cut:
-                            yield Delta(text[sent:cut])
+                            yield Delta(text[sent:cut], (covered, len(self.token_ids)))
                         self.cancel_quietly()
                         matched = next(s for s in self.stop if s and text.startswith(s, cut))
                         yield self._end("stop", len(self.token_ids), matched)
                         return
                     safe = len(text) - held_suffix(text, self.stop)
                     if safe > sent:
-                        yield Delta(text[sent:safe])
-                        sent = safe
+                        yield Delta(text[sent:safe], (covered, len(self.token_ids)))
+                        sent, covered = safe, len(self.token_ids)
         finally:
             if not self._finished:
                 self.cancel()
@@ -153,11 +171,13 @@ class Generation:
         self._finished = True
         self.state.scheduler.cancel(self.request_id)
 
-    def _on_token(self, token: int) -> None:
+    def _on_token(self, event: Token) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
             self.state.metrics.ttft.observe(self.first_token_at - self.started)
-        self.token_ids.append(token)
+        self.token_ids.append(event.id)
+        if self.logprobs is not None:
+            self.token_logprobs.append((event.logprob, event.top))
 
     def _end(self, reason: str, count: int, stop_string: str | None = None) -> End:
         """`count`: an end token counts as generated; tokens after the one completing a stop string do not."""

@@ -2,7 +2,8 @@
 not an integer, NaN is not a temperature; anything wrong becomes a 400 with OpenAI's error body (server/errors.py).
 
 Fields OpenAI clients commonly send that this engine does not act on (user, metadata, penalties, logit_bias, …) are
-accepted and ignored, as other OpenAI-compatible servers do; fields it cannot honour (n > 1, logprobs) are refused.
+accepted and ignored, as other OpenAI-compatible servers do; fields it cannot honour (n > 1, structured outputs) are
+refused.
 """
 
 from __future__ import annotations
@@ -146,16 +147,19 @@ class SamplingFields(RequestBody):
     stream_options: StreamOptions | None = None
     # What the published schema allows is narrower than what is parsed, so a refusal keeps its own words:
     n: StrictInt | None = Field(None, json_schema_extra=ONLY_ONE)
-    logprobs: StrictBool | StrictInt | None = Field(None, json_schema_extra={"enum": [False, 0, None]})
-    top_logprobs: StrictInt | None = Field(None, json_schema_extra={"enum": [0, None]})
     ignore_eos: StrictBool | None = None
     priority: Literal["background", "normal", "foreground", "interactive"] | StrictInt | None = None
     draft: StrictBool | None = None
     return_token_ids: StrictBool | None = None
 
 
+TopLogprobs = Annotated[int, Field(strict=True, ge=0, le=20), BeforeValidator(_integral)]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: StrictBool | None = None
+    top_logprobs: TopLogprobs | None = None  # > 0 implies logprobs
     max_completion_tokens: PositiveInt | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -166,6 +170,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
+    logprobs: TopLogprobs | None = None  # each token's log-probability and this many alternatives
     echo: StrictBool | None = None
     suffix: StrictStr | None = Field(None, json_schema_extra={"enum": ["", None]})
     add_special_tokens: StrictBool | None = False

@@ -351,7 +351,7 @@ def test_context_length_exceeded_and_bad_requests(http: httpx.Client) -> None:
     for body in (
         {"messages": []},
         {"messages": [{"role": "user", "content": "x"}], "n": 2},
-        {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21},
         {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
     ):
         response = http.post("/v1/chat/completions", json=body)

@@ -210,8 +210,9 @@ class Glm5NextForCausalLM:
         return streams
 
     @torch.no_grad()
-    def prefill(self, seq: Sequence, ids: list[int]) -> torch.Tensor:
-        """Consume a chunk of one stream's tokens; fp32 logits [vocab] of its last token."""
+    def prefill(self, seq: Sequence, ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Consume a chunk of one stream's tokens; fp32 logits [vocab] of its last token (`all_logits`: [T, vocab],
+        every token's, for prompt logprobs)."""
         if not ids:
             raise ValueError("prefill needs at least one token")
         if seq.num_slots < seq.length + len(ids):
@@ -219,7 +220,7 @@ class Glm5NextForCausalLM:
         selection: dict = {}
         streams = self._run(ids, lambda layer, h: layer.attn.prefill(h, seq, selection))
         seq.length += len(ids)
-        return self._logits(streams[-1:])[0]
+        return self._logits(streams) if all_logits else self._logits(streams[-1:])[0]
 
     @torch.no_grad()
     def decode(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
