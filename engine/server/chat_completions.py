@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 router = APIRouter()
 
 
-def _tools(body: ChatCompletionRequest) -> tuple[list[Tool] | None, dict[str, dict[str, Any]]]:
+def tools_for(body: ChatCompletionRequest) -> tuple[list[Tool] | None, dict[str, dict[str, Any]]]:
     """(tools shown to the model, tools whose calls are parsed) under tool_choice."""
     tools = body.tools or None
     if body.tool_choice == "none" or not tools:
@@ -104,7 +104,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[G
     """Check, render, tokenise and submit a chat request (the OpenAI route's, and the Anthropic route's once
     translated): its generation, the parser that splits its reply, and whether the reply starts in reasoning."""
     check_request(state, body)
-    shown, parsed = _tools(body)
+    shown, parsed = tools_for(body)
     forced = forced_call_prefix(body, shown)
     # A forced call is written into the reply's start, so the reply cannot open with a think block: thinking is off.
     kwargs = (
@@ -124,6 +124,24 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[G
     parser = ReplyParser(thinking, parsed)
     parser.feed(forced)  # held back until the model closes the call (the prefix alone is never a piece)
     return generation, parser, thinking
+
+
+async def whole_reply(generation: Generation, parser: ReplyParser, request: Request) -> tuple[list[ReplyPiece], End]:
+    """A non-streamed reply's pieces (reasoning, content, tool calls) and its end; a client that hangs up cancels
+    it (`collect`), an engine that stops gives a 503."""
+    pieces: list[ReplyPiece] = []
+    end: End | None = None
+    try:
+        async with contextlib.aclosing(collect(generation, request)) as events:
+            async for event in events:
+                if isinstance(event, Delta):
+                    pieces += parser.feed(event.text)
+                else:
+                    end = event
+    except EngineFailed as exc:
+        raise APIError(503, str(exc)) from exc
+    pieces += parser.finish()
+    return pieces, end or End("stop", len(generation.token_ids))
 
 
 class _Reply:
@@ -151,19 +169,7 @@ class _Reply:
         return "tool_calls" if self.parser.calls and end.finish_reason == "stop" else end.finish_reason
 
     async def whole(self, request: Request) -> dict[str, Any]:
-        pieces: list[ReplyPiece] = []
-        end: End | None = None
-        try:
-            async with contextlib.aclosing(collect(self.generation, request)) as events:
-                async for event in events:
-                    if isinstance(event, Delta):
-                        pieces += self.parser.feed(event.text)
-                    else:
-                        end = event
-        except EngineFailed as exc:
-            raise APIError(503, str(exc)) from exc
-        pieces += self.parser.finish()
-        end = end or End("stop", len(self.generation.token_ids))
+        pieces, end = await whole_reply(self.generation, self.parser, request)
         reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
         content = "".join(p.text for p in pieces if p.kind == "content")
         message: dict[str, Any] = {

@@ -25,8 +25,8 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.server.chat import ReplyParser, ReplyPiece, render
-from engine.server.chat_completions import _tools, start_chat
-from engine.server.common import collect, server_state
+from engine.server.chat_completions import start_chat, tools_for, whole_reply
+from engine.server.common import server_state
 from engine.server.errors import APIError
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import (
@@ -170,19 +170,7 @@ class _Message:
         return {"input_tokens": len(self.generation.prompt_ids), "output_tokens": output_tokens}
 
     async def whole(self, request: Request) -> dict[str, Any]:
-        pieces: list[ReplyPiece] = []
-        end: End | None = None
-        try:
-            async with contextlib.aclosing(collect(self.generation, request)) as events:
-                async for event in events:
-                    if isinstance(event, Delta):
-                        pieces += self.parser.feed(event.text)
-                    else:
-                        end = event
-        except EngineFailed as exc:
-            raise APIError(503, str(exc)) from exc
-        pieces += self.parser.finish()
-        end = end or End("stop", len(self.generation.token_ids))
+        pieces, end = await whole_reply(self.generation, self.parser, request)
         content: list[dict[str, Any]] = []
         reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
         text = "".join(p.text for p in pieces if p.kind == "content")
@@ -337,7 +325,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
         raise APIError(
             404, f"model {chat.model!r} is not served here; this server serves {state.name!r}", code="model_not_found"
         )
-    shown, _ = _tools(chat)
+    shown, _ = tools_for(chat)
     prompt = await run_in_threadpool(
         render, state.template, chat.messages, shown, state.thinking, chat.reasoning_effort, chat.chat_template_kwargs
     )
