@@ -401,6 +401,9 @@ class Scheduler:
         every other request and every rank go on."""
         try:
             token = sample(logits, req.params, len(req.prompt) + len(req.output))
+            event = Token(token)
+            if req.logprobs is not None:
+                event = Token(token, *token_logprobs(logits, token, req.logprobs))
         except Exception:
             log.exception("sampling failed for request %s (%s)", req.id, req.params)
             self._finish(
@@ -410,9 +413,6 @@ class Scheduler:
                 "were not affected (the server log has the details)",
             )
             return None
-        event = Token(token)
-        if req.logprobs is not None:
-            event = Token(token, *token_logprobs(logits, token, req.logprobs))
         self._emit(req, event)
         return token
 
