@@ -6,6 +6,8 @@ the simplest real way to make `sample` raise for one request now that no numeric
 
 from __future__ import annotations
 
+import time
+
 from test_scheduler import PROMPTS, make, request, run_all, serial_tokens
 
 from engine.sampling import SamplingParams
@@ -29,7 +31,14 @@ def test_a_request_whose_sampling_raises_fails_alone() -> None:
         later = request("later", PROMPTS[0], seed=0)
         run_all(sched, [later])
         assert later[1].tokens == alone[0]
-        stats = sched.stats()
+        # stats are the last step's snapshot and rows go back to the pool in the plan after a request ends: wait
+        # (bounded) for the loop to get there
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            stats = sched.stats()
+            if stats["requests_running"] == 0 and stats["pool_free_tokens"] == stats["pool_tokens"]:
+                break
+            time.sleep(0.02)
         assert stats["requests_running"] == 0 and stats["pool_free_tokens"] == stats["pool_tokens"]
     finally:
         sched.stop()
