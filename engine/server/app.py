@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from engine.server import chat_completions, completions, health, messages, metrics, models, tokenize
+from engine.server import chat_completions, completions, health, messages, metrics, models, responses, tokenize
 from engine.server.errors import error_body, install_error_handlers
 from engine.server.openapi import install_openapi
 from engine.server.state import ServerState
@@ -25,7 +25,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="glm-sparks engine", version="0.1.0")
     app.state.server = state
-    for module in (chat_completions, completions, messages, models, tokenize, health, metrics):
+    for module in (chat_completions, completions, messages, responses, models, tokenize, health, metrics):
         app.include_router(module.router)
     install_error_handlers(app)
     install_openapi(app)

@@ -44,7 +44,7 @@ ANTHROPIC_ERROR_SCHEMA = {
         },
     },
 }
-GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}  # may stream, may queue, need the engine
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}  # may stream / queue
 OPEN = {"/health"}  # no API key asked
 WHY = {
     "400": "invalid request (OpenAI error body)",

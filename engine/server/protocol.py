@@ -288,3 +288,84 @@ class CountTokensRequest(RequestBody):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: AnthropicThinking | None = None
+
+
+# -- OpenAI Responses (POST /v1/responses): input items; anything else is a 400 ----------------------------------
+
+
+class InputTextPart(Body):
+    type: Literal["input_text", "output_text", "text"]
+    text: StrictStr
+
+
+class InputMessageItem(Body):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: StrictStr | list[InputTextPart]
+
+
+class FunctionCallItem(Body):
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: FunctionName
+    arguments: StrictStr
+    id: StrictStr | None = None
+
+
+class FunctionCallOutputItem(Body):
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: StrictStr
+
+
+class ReasoningItem(Body):
+    """A past reply's reasoning sent back: accepted, not shown to the model again (the chat template drops the
+    reasoning of earlier turns)."""
+
+    type: Literal["reasoning"]
+
+
+ResponseInputItem = InputMessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+class ResponsesTool(Body):
+    type: Literal["function"]
+    name: FunctionName
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ResponsesNamedToolChoice(Body):
+    type: Literal["function"]
+    name: FunctionName
+
+
+class ResponsesReasoning(Body):
+    effort: Effort | None = None
+    summary: StrictStr | None = None
+
+
+class TextFormat(Body):
+    type: Literal["text"]  # json_schema / json_object: structured outputs are not built (a 400)
+
+
+class ResponsesText(Body):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(RequestBody):
+    model: StrictStr | None = None
+    input: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[ResponseInputItem], Field(min_length=1)]
+    instructions: StrictStr | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedToolChoice | None = None
+    reasoning: ResponsesReasoning | None = None
+    text: ResponsesText | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    stream: StrictBool | None = False
+    previous_response_id: StrictStr | None = None
+    store: StrictBool | None = None
+    parallel_tool_calls: StrictBool | None = None
