@@ -149,6 +149,9 @@ def test_live_dashboard_ends_cleanly_on_ctrl_c(server: LiveServer, config_root: 
         stderr=subprocess.PIPE,
         text=True,
         env=top_environ(config_root),
+        # Ctrl-C as a terminal delivers it: a suite started in the background (`cmd &` without job control) runs
+        # with SIGINT ignored, which a child inherits, and then no Ctrl-C reaches the dashboard
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(6)  # into the dashboard's loop (a fresh clone's first start compiles the recipe's modules)
     proc.send_signal(signal.SIGINT)
