@@ -86,7 +86,7 @@ class StepExecutor:
         if plan.prefill is not None:
             lane, ids = plan.prefill
             if plan.prefill_logits:
-                return self.model.prefill(self.lanes[lane], list(ids), all_logits=True).cpu()  # type: ignore[call-arg]
+                return self.model.prefill(self.lanes[lane], list(ids), all_logits=True).cpu()
             return self.model.prefill(self.lanes[lane], list(ids)).cpu()  # sampling runs on the CPU
         if plan.decode is not None:
             lanes, windows = plan.decode

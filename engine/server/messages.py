@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.server.chat import ReplyParser, ReplyPiece, render
 from engine.server.chat_completions import start_chat, tools_for, whole_reply
-from engine.server.common import server_state
+from engine.server.common import check_request, server_state
 from engine.server.errors import APIError
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import (
@@ -40,6 +40,7 @@ from engine.server.protocol import (
     NamedAnthropicToolChoice,
     TextBlock,
 )
+from engine.server.tools import function_tool
 
 if TYPE_CHECKING:
     from engine.server.state import ServerState
@@ -94,17 +95,7 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Anthropic
 def _tool_fields(tools: list[AnthropicTool] | None, choice: AnthropicToolChoice | None) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if tools:
-        fields["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.name,
-                    **({"description": tool.description} if tool.description is not None else {}),
-                    "parameters": tool.input_schema,
-                },
-            }
-            for tool in tools
-        ]
+        fields["tools"] = [function_tool(tool.name, tool.description, tool.input_schema) for tool in tools]
     if isinstance(choice, NamedAnthropicToolChoice):
         fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
     elif choice is not None:
@@ -321,10 +312,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     _refuse_unbuilt(body.model_extra)
     full = MessagesRequest.model_validate({**body.model_dump(exclude_none=True), "max_tokens": 1})
     chat = as_chat(full)
-    if chat.model is not None and chat.model != state.name:
-        raise APIError(
-            404, f"model {chat.model!r} is not served here; this server serves {state.name!r}", code="model_not_found"
-        )
+    check_request(state, chat)
     shown, _ = tools_for(chat)
     prompt = await run_in_threadpool(
         render, state.template, chat.messages, shown, state.thinking, chat.reasoning_effort, chat.chat_template_kwargs

@@ -32,6 +32,7 @@ from engine.server.common import server_state, sse
 from engine.server.errors import APIError
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import ChatCompletionRequest, ResponseInputItem, ResponsesRequest
+from engine.server.tools import function_tool
 
 if TYPE_CHECKING:
     from engine.server.state import ServerState
@@ -86,17 +87,7 @@ def as_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatComple
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     fields: dict[str, Any] = {"model": body.model, "messages": system + messages}
     if body.tools:
-        fields["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.name,
-                    **({"description": tool.description} if tool.description is not None else {}),
-                    **({"parameters": tool.parameters} if tool.parameters is not None else {}),
-                },
-            }
-            for tool in body.tools
-        ]
+        fields["tools"] = [function_tool(tool.name, tool.description, tool.parameters) for tool in body.tools]
     if isinstance(body.tool_choice, str):
         fields["tool_choice"] = body.tool_choice
     elif body.tool_choice is not None:

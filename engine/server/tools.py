@@ -129,3 +129,13 @@ def parse_call(block: str, tools: dict[str, dict[str, Any]]) -> ParsedCall | Non
     if _PAIR.sub("", rest).strip():
         return None  # markup the pairs do not explain
     return ParsedCall(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
+
+
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """An OpenAI chat `tools` entry (what the Messages and Responses routes translate their tools into)."""
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
