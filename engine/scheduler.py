@@ -28,12 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.distributed
 
 from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.runner.executor import StepExecutor, StepPlan
 from engine.sampling import SamplingParams, sample, token_logprobs
+from engine.structured import Constraint
 
 log = logging.getLogger("engine.scheduler")
 
@@ -99,6 +101,7 @@ class Request:
     draft: bool = True  # False: no drafts for this request ("draft": false)
     logprobs: int | None = None  # report each token's log-probability and this many alternatives (None: off)
     prompt_logprobs: bool = False  # report the prompt tokens' log-probabilities too (completions' echo)
+    constraint: Constraint | None = None  # a format the reply must follow (engine/structured.py)
     arrival: float = field(default_factory=time.monotonic)
     lane: int | None = None
     filled: int = 0
@@ -337,7 +340,10 @@ class Scheduler:
         (so its rows stay inside the budget the pool reserved for it)."""
         if req.drafter is None:
             return []
-        return req.drafter.propose(min(self.draft_tokens, req.params.max_tokens - len(req.output) - 1))
+        drafts = req.drafter.propose(min(self.draft_tokens, req.params.max_tokens - len(req.output) - 1))
+        if req.constraint is not None:  # a draft its format rejects could never equal the sample: not verified
+            drafts = drafts[: req.constraint.admissible(drafts)]
+        return drafts
 
     def _run(self, plan: StepPlan) -> Any:
         self.group.broadcast_object(plan)
@@ -398,9 +404,18 @@ class Scheduler:
     def _sample(self, req: Request, logits: Any) -> int | None:
         """Sample and emit one request's next token. Sampling runs on rank 0 alone, after the step every rank ran,
         so a failure here concerns this request only: it gets an error and its lane is released in the next plan;
-        every other request and every rank go on."""
+        every other request and every rank go on. With a format, the tokens it forbids are masked first; the
+        log-probabilities reported are the model's own (before the mask)."""
         try:
-            token = sample(logits, req.params, len(req.prompt) + len(req.output))
+            allowed = logits
+            if req.constraint is not None:
+                allowed = req.constraint.mask(logits)
+                if req.constraint.ended or not bool(torch.isfinite(allowed).any()):
+                    # the format is complete and wants no end token (ignore_eos; or one that is empty, such as
+                    # a choice of ""), or it allows no token at all here: the reply ends where it is
+                    self._finish(req, "stop")
+                    return None
+            token = sample(allowed, req.params, len(req.prompt) + len(req.output))
             event = Token(token)
             if req.logprobs is not None:
                 event = Token(token, *token_logprobs(logits, token, req.logprobs))
@@ -418,6 +433,10 @@ class Scheduler:
 
     def _emit(self, req: Request, event: Token) -> None:
         token = event.id
+        if req.constraint is not None and not req.constraint.accept(token):
+            # only when the format allowed nothing at all (the sampler then draws from every token)
+            self._finish(req, "failed", "the reply could not go on under its format (no token fits it here)")
+            return
         req.output.append(token)
         if req.drafter is not None:
             req.drafter.extend((token,))
@@ -426,7 +445,9 @@ class Scheduler:
             self._finish(req, "stop")
             return
         self._send(req, event)
-        if len(req.output) >= req.params.max_tokens:
+        if req.constraint is not None and req.constraint.ended:
+            self._finish(req, "stop")  # the format is complete and wants no end token (ignore_eos)
+        elif len(req.output) >= req.params.max_tokens:
             self._finish(req, "length")
 
     def _finish(self, req: Request, reason: str, message: str = "") -> None:

@@ -15,7 +15,7 @@ from engine.server.errors import bad_request
 from engine.server.generation import held_suffix
 from engine.server.protocol import ChatMessage, Tool
 from engine.server.template import render_chat
-from engine.server.tools import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_call
+from engine.server.tools import CALL_CLOSE, CALL_OPEN, KEY_OPEN, ArgumentStream, ParsedCall, new_call_id
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 EFFORTS = {"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
@@ -99,9 +99,14 @@ def starts_in_reasoning(prompt: str) -> bool:
 
 @dataclass
 class ReplyPiece:
-    kind: str  # "reasoning" | "content" | "tool_call"
+    """A part of a reply as it arrives: reasoning or content text; or a tool call opening (`call` has its id and
+    name), its arguments' JSON text growing (`text`), and closing (`call` has the whole arguments). `index`: the
+    call's place among the reply's calls."""
+
+    kind: str  # "reasoning" | "content" | "call_open" | "call_args" | "call_close"
     text: str = ""
     call: ParsedCall | None = None
+    index: int = 0
 
 
 @dataclass
@@ -111,7 +116,9 @@ class ReplyParser:
     in_reasoning: bool
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # empty: no tool-call parsing
     buffer: str = ""
-    calls: list[ParsedCall] = field(default_factory=list)
+    calls: list[ParsedCall] = field(default_factory=list)  # the calls closed so far
+    _open: ParsedCall | None = None  # the call being written (its id and name)
+    _arguments: ArgumentStream | None = None
 
     def feed(self, text: str) -> list[ReplyPiece]:
         self.buffer += text
@@ -127,20 +134,33 @@ class ReplyParser:
                 self._out(pieces, "reasoning", self.buffer[: len(self.buffer) - keep])
                 self.buffer = self.buffer[len(self.buffer) - keep :]
                 return pieces
+            if self._arguments is not None:
+                delta, rest = self._arguments.feed(self.buffer)
+                self.buffer = ""
+                self._args(pieces, delta)
+                if rest is None:
+                    return pieces
+                self._close(pieces)
+                self.buffer = rest
+                continue
             if self.tools and CALL_OPEN in self.buffer:
                 head, _, tail = self.buffer.partition(CALL_OPEN)
                 self._out(pieces, "content", head)
-                if CALL_CLOSE not in tail:
-                    self.buffer = CALL_OPEN + tail
+                self.buffer = CALL_OPEN + tail
+                ends = [i for i in (tail.find(KEY_OPEN), tail.find(CALL_CLOSE)) if i >= 0]
+                if not ends:
+                    return pieces  # the name is not all here yet
+                name = tail[: min(ends)].strip()
+                if name in self.tools:
+                    self._open = ParsedCall(new_call_id(), name, "")
+                    self._arguments = ArgumentStream(self.tools[name])
+                    pieces.append(ReplyPiece("call_open", call=self._open, index=len(self.calls)))
+                    self.buffer = tail[min(ends) :]
+                    continue
+                if CALL_CLOSE not in tail:  # a tool that was not offered: the block stays text, once it is whole
                     return pieces
                 body, _, rest = tail.partition(CALL_CLOSE)
-                block = CALL_OPEN + body + CALL_CLOSE
-                call = parse_call(block, self.tools)
-                if call is None:
-                    self._out(pieces, "content", block)
-                else:
-                    self.calls.append(call)
-                    pieces.append(ReplyPiece("tool_call", call=call))
+                self._out(pieces, "content", CALL_OPEN + body + CALL_CLOSE)
                 self.buffer = rest
                 continue
             keep = held_suffix(self.buffer, (CALL_OPEN,) if self.tools else ())
@@ -150,11 +170,30 @@ class ReplyParser:
         return pieces
 
     def finish(self) -> list[ReplyPiece]:
-        """The reply ended: whatever is held back is text (an unfinished call is not a call)."""
+        """The reply ended: a call it ended inside (its offered name written) is closed where it stopped; whatever
+        else is held back is text."""
         pieces: list[ReplyPiece] = []
+        name = self.buffer[len(CALL_OPEN) :].strip() if self.buffer.startswith(CALL_OPEN) else ""
+        if self._arguments is None and self.tools and name in self.tools:  # ended right after an offered name
+            self._open, self._arguments, self.buffer = ParsedCall(new_call_id(), name, ""), ArgumentStream({}), ""
+            pieces.append(ReplyPiece("call_open", call=self._open, index=len(self.calls)))
+        if self._arguments is not None:
+            self._args(pieces, self._arguments.finish())
+            self._close(pieces)
         self._out(pieces, "reasoning" if self.in_reasoning else "content", self.buffer)
         self.buffer = ""
         return pieces
+
+    def _args(self, pieces: list[ReplyPiece], delta: str) -> None:
+        if delta:
+            pieces.append(ReplyPiece("call_args", delta, self._open, len(self.calls)))
+
+    def _close(self, pieces: list[ReplyPiece]) -> None:
+        assert self._open is not None and self._arguments is not None
+        call = ParsedCall(self._open.id, self._open.name, self._arguments.text)
+        pieces.append(ReplyPiece("call_close", call=call, index=len(self.calls)))
+        self.calls.append(call)
+        self._open, self._arguments = None, None
 
     @staticmethod
     def _out(pieces: list[ReplyPiece], kind: str, text: str) -> None:

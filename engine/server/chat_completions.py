@@ -25,6 +25,14 @@ from engine.server.common import (
     usage,
 )
 from engine.server.errors import APIError, bad_request
+from engine.server.formats import (
+    Format,
+    after_thinking,
+    calls_format,
+    compile_format,
+    content_format,
+    forced_call_format,
+)
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.logprobs import chat_entries
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
@@ -68,6 +76,22 @@ def forced_call_prefix(body: ChatCompletionRequest, shown: list[Tool] | None) ->
     if body.tool_choice == "required":
         return CALL_OPEN + shown[0].function.name if len(shown) == 1 else CALL_OPEN
     return ""
+
+
+def reply_format(
+    body: ChatCompletionRequest, shown: list[Tool] | None, forced: str, thinking: bool
+) -> tuple[str, Format | None]:
+    """(the field that asked, the format the reply must follow) for a chat request: a forced call's completion, or
+    the content format asked for (or tool calls instead, under tool_choice auto), after the think block if any."""
+    asked = content_format(body)
+    if forced and shown:
+        return "tool_choice", forced_call_format(shown, forced, body.parallel_tool_calls is not False)
+    if asked is None:
+        return "", None
+    param, fmt = asked
+    if shown:
+        fmt = {"type": "or", "elements": [fmt, calls_format(shown)]}
+    return param, after_thinking(fmt) if thinking else fmt
 
 
 def reasoning_tokens(state: ServerState, generation: Generation, thinking: bool) -> int:
@@ -119,8 +143,10 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[G
     prompt += forced
     prompt_ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
     max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
-    generation = start_generation(state, body, prompt_ids, max_tokens, logprobs_wanted(body))
     thinking = starts_in_reasoning(prompt)
+    param, fmt = reply_format(body, shown, forced, thinking)
+    grammar = await compile_format(state, fmt, param)
+    generation = start_generation(state, body, prompt_ids, max_tokens, logprobs_wanted(body), grammar=grammar)
     parser = ReplyParser(thinking, parsed)
     parser.feed(forced)  # held back until the model closes the call (the prefix alone is never a piece)
     return generation, parser, thinking
@@ -227,9 +253,12 @@ class _Reply:
     def _deltas(self, pieces: list[ReplyPiece]) -> list[str]:
         out = []
         for piece in pieces:
-            if piece.kind == "tool_call" and piece.call is not None:
-                index = self.parser.calls.index(piece.call)
-                out.append(self._chunk({"tool_calls": [piece.call.as_openai(index)]}))
+            if piece.kind == "call_open" and piece.call is not None:  # id, type and name; the arguments follow
+                out.append(self._chunk({"tool_calls": [piece.call.as_openai(piece.index)]}))
+            elif piece.kind == "call_args":
+                out.append(self._chunk({"tool_calls": [{"index": piece.index, "function": {"arguments": piece.text}}]}))
+            elif piece.kind == "call_close":
+                continue
             elif piece.kind == "reasoning":
                 out.append(self._chunk({"reasoning_content": piece.text}))
             else:

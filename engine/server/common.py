@@ -21,16 +21,8 @@ if TYPE_CHECKING:
     from engine.server.state import ServerState
 
 
-# Fields that would change what the reply may contain, which this engine does not honour yet: refused, never ignored.
-NOT_YET = (
-    "response_format",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "guided_decoding_backend",
-)
+# Fields that would change what the reply may contain, which this engine does not honour: refused, never ignored.
+NOT_HONOURED = ("guided_whitespace_pattern",)
 
 
 def server_state(request: Request) -> ServerState:
@@ -52,11 +44,9 @@ def check_request(state: ServerState, body: SamplingFields) -> None:
     if body.n is not None and body.n != 1:
         raise bad_request(f"n must be 1 (got {body.n}); send separate requests for more choices", "n")
     extra = body.model_extra or {}
-    for name in NOT_YET:
-        if extra.get(name) not in (None, {"type": "text"}):
-            raise bad_request(
-                f"{name} is not supported by this engine yet (structured outputs are not built); leave {name} out", name
-            )
+    for name in NOT_HONOURED:
+        if extra.get(name) is not None:
+            raise bad_request(f"{name} is not supported by this engine; leave {name} out", name)
 
 
 def reply_budget(state: ServerState, prompt_tokens: int, requested: int | None, param: str) -> int:
@@ -102,6 +92,7 @@ def start_generation(
     max_tokens: int,
     logprobs: int | None = None,
     prompt_logprobs: bool = False,
+    grammar: Any = None,
 ) -> Generation:
     generation = Generation(
         state,
@@ -113,6 +104,7 @@ def start_generation(
         ignore_eos=bool(body.ignore_eos),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        grammar=grammar,
     )
     generation.start()
     return generation

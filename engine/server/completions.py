@@ -23,6 +23,7 @@ from engine.server.common import (
     usage,
 )
 from engine.server.errors import APIError, bad_request
+from engine.server.formats import compile_format, content_format
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.logprobs import completion_logprobs
 from engine.server.protocol import CompletionRequest
@@ -52,8 +53,16 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         state, len(prompt_ids), body.max_tokens if body.max_tokens is not None else None, "prompt"
     )
     wanted = body.logprobs
+    asked = content_format(body)
+    grammar = await compile_format(state, asked[1], asked[0]) if asked else None
     generation = start_generation(
-        state, body, prompt_ids, max_tokens, wanted, prompt_logprobs=bool(body.echo) and wanted is not None
+        state,
+        body,
+        prompt_ids,
+        max_tokens,
+        wanted,
+        prompt_logprobs=bool(body.echo) and wanted is not None,
+        grammar=grammar,
     )
     echo = state.tokenizer.decode(prompt_ids, skip_special_tokens=False) if body.echo else ""
     reply_id, created = new_id("cmpl"), int(time.time())

@@ -10,11 +10,12 @@ import secrets
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.sampling import SamplingParams
 from engine.scheduler import Failed, Finished, PromptLogprobs, QueueFull, Request, Token, Unavailable
 from engine.server.errors import APIError
+from engine.structured import Constraint
 
 if TYPE_CHECKING:
     from engine.server.state import ServerState
@@ -72,6 +73,7 @@ class Generation:
     draft: bool = True  # False: decoded without drafts (the same tokens, one a step)
     logprobs: int | None = None  # each token's log-probability and this many alternatives (None: off)
     prompt_logprobs: bool = False
+    grammar: Any = None  # the compiled format the reply must follow (engine/structured.py), or None
     request_id: str = field(default_factory=lambda: f"{next(_counter)}-{secrets.token_hex(6)}")
     token_ids: list[int] = field(default_factory=list)
     # with logprobs: per reply token (log-probability, top alternatives); per prompt token after the first, the same
@@ -101,6 +103,7 @@ class Generation:
             draft=self.draft,
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
+            constraint=None if self.grammar is None else Constraint(self.grammar, stop_ids),
         )
         try:
             self.state.scheduler.submit(request)

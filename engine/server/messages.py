@@ -9,7 +9,8 @@ reply comes back as content blocks (thinking, text, tool_use with its input pars
 usage, and its streamed event sequence (message_start, content_block_start / delta / stop, message_delta,
 message_stop, ping while waiting). Errors have Anthropic's shape (`{"type": "error", "error": {...}}`).
 
-`thinking.budget_tokens` is not a separate limit here: the reasoning counts toward max_tokens, which bounds it.
+`output_config.format` (or the beta's `output_format`) json_schema constrains the reply's text
+(engine/server/formats.py). `thinking.budget_tokens` is not a separate limit here: the reasoning counts toward max_tokens, which bounds it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from engine.server.chat import ReplyParser, ReplyPiece, render
 from engine.server.chat_completions import start_chat, tools_for, whole_reply
 from engine.server.common import check_request, server_state
 from engine.server.errors import APIError
+from engine.server.formats import CODE, named_as
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import (
     AnthropicMessage,
@@ -125,6 +127,11 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
             fields[name] = getattr(body, name)
     if body.stop_sequences:
         fields["stop"] = body.stop_sequences
+    if body.output_format is not None and body.output_config is not None and body.output_config.format is not None:
+        raise APIError(400, "give output_config.format or output_format, not both", param="output_format", code=CODE)
+    output = body.output_config.format if body.output_config is not None else None
+    if (output := output or body.output_format) is not None:
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"schema": output.schema_}}
     try:
         return ChatCompletionRequest.model_validate(fields)
     except ValueError as exc:  # a block that does not make a valid chat turn
@@ -225,7 +232,7 @@ class _Message:
 
 class _Blocks:
     """Pieces of a reply as Anthropic content blocks: one block open at a time, a new one when the kind changes;
-    a tool call is one tool_use block whose input arrives as one input_json_delta."""
+    a tool call is one tool_use block whose input arrives in input_json_delta events as the model writes it."""
 
     def __init__(self) -> None:
         self.index = -1
@@ -250,10 +257,12 @@ class _Blocks:
     def pieces(self, pieces: list[ReplyPiece]) -> list[str]:
         out: list[str] = []
         for piece in pieces:
-            if piece.kind == "tool_call" and piece.call is not None:
+            if piece.kind == "call_open" and piece.call is not None:
                 out += self.close()
                 out.append(self._start({"type": "tool_use", "id": piece.call.id, "name": piece.call.name, "input": {}}))
-                out.append(self._delta({"type": "input_json_delta", "partial_json": piece.call.arguments or "{}"}))
+            elif piece.kind == "call_args":
+                out.append(self._delta({"type": "input_json_delta", "partial_json": piece.text}))
+            elif piece.kind == "call_close":
                 out += self.close()
             elif piece.text:
                 kind = "thinking" if piece.kind == "reasoning" else "text"
@@ -279,22 +288,12 @@ def _event(name: str, data: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _refuse_unbuilt(extra: dict[str, Any] | None) -> None:
-    """Fields that would change the reply and are not built: a 400 naming them, never accepted and ignored."""
-    extra = extra or {}
-    for name in ("output_config", "output_format"):
-        if extra.get(name) not in (None, {}) and (name == "output_format" or "format" in (extra[name] or {})):
-            raise APIError(
-                400, f"{name} (structured outputs) is not supported by this engine yet; leave it out", param=name
-            )
-
-
 @router.post(PATH)
 async def messages(body: MessagesRequest, request: Request) -> Any:
     state = server_state(request)
-    _refuse_unbuilt(body.model_extra)
     chat = as_chat(body)
-    generation, parser, _ = await start_chat(state, chat)
+    with named_as("output_config.format" if body.output_format is None else "output_format"):
+        generation, parser, _ = await start_chat(state, chat)
     message = _Message(state, generation, parser, body.model)
     if body.stream:
         return StreamingResponse(
@@ -309,7 +308,6 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
     """The prompt's tokens as /v1/messages would render it (thinking, tools and all)."""
     state = server_state(request)
-    _refuse_unbuilt(body.model_extra)
     full = MessagesRequest.model_validate({**body.model_dump(exclude_none=True), "max_tokens": 1})
     chat = as_chat(full)
     check_request(state, chat)

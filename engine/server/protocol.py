@@ -2,7 +2,7 @@
 not an integer, NaN is not a temperature; anything wrong becomes a 400 with OpenAI's error body (server/errors.py).
 
 Fields OpenAI clients commonly send that this engine does not act on (user, metadata, penalties, logit_bias, …) are
-accepted and ignored, as other OpenAI-compatible servers do; fields it cannot honour (n > 1, structured outputs) are
+accepted and ignored, as other OpenAI-compatible servers do; fields it cannot honour (n > 1, a structural_tag) are
 refused.
 """
 
@@ -132,6 +132,34 @@ class StreamOptions(Body):
     include_usage: StrictBool | None = None
 
 
+class JsonSchemaSpec(Body):
+    """response_format's json_schema: `schema` is what the reply must validate against (left out: any JSON)."""
+
+    model_config = ConfigDict(extra="allow", validate_by_name=True)
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one of json (a schema, or its JSON text), regex, choice, grammar (EBNF),
+    json_object; disable_any_whitespace keeps JSON to single spaces between its tokens."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True)
+    json_: dict[str, Any] | StrictStr | None = Field(None, alias="json")
+    regex: StrictStr | None = None
+    choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+    disable_any_whitespace: StrictBool | None = None
+
+
 class SamplingFields(RequestBody):
     """What chat and completions share."""
 
@@ -151,6 +179,14 @@ class SamplingFields(RequestBody):
     priority: Literal["background", "normal", "foreground", "interactive"] | StrictInt | None = None
     draft: StrictBool | None = None
     return_token_ids: StrictBool | None = None
+    # structured outputs (engine/server/formats.py): one of these per request; guided_* are vLLM's older names
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    guided_grammar: StrictStr | None = None
+    guided_decoding_backend: Literal["xgrammar", "auto"] | None = None
 
 
 TopLogprobs = Annotated[int, Field(strict=True, ge=0, le=20), BeforeValidator(_integral)]
@@ -266,6 +302,18 @@ class AnthropicThinking(Body):
     budget_tokens: PositiveInt | None = None
 
 
+class AnthropicOutputFormat(Body):
+    """Anthropic's structured outputs: the reply's text is JSON under `schema`."""
+
+    model_config = ConfigDict(extra="allow", validate_by_name=True)
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class AnthropicOutputConfig(Body):
+    format: AnthropicOutputFormat | None = None
+
+
 class MessagesRequest(RequestBody):
     model: StrictStr
     max_tokens: PositiveInt
@@ -279,6 +327,8 @@ class MessagesRequest(RequestBody):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: AnthropicThinking | None = None
+    output_format: AnthropicOutputFormat | None = None  # the beta's name; output_config.format is the current one
+    output_config: AnthropicOutputConfig | None = None
 
 
 class CountTokensRequest(RequestBody):
@@ -347,7 +397,14 @@ class ResponsesReasoning(Body):
 
 
 class TextFormat(Body):
-    type: Literal["text"]  # json_schema / json_object: structured outputs are not built (a 400)
+    """Responses' text.format: json_schema carries name / schema / strict itself (not nested as in chat)."""
+
+    model_config = ConfigDict(extra="allow", validate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
 
 
 class ResponsesText(Body):

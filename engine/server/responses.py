@@ -10,8 +10,9 @@ message with `output_text`, function_call items. `store` (default true) keeps th
 nothing. Streaming sends the documented events in order, each with a `sequence_number`: response.created,
 response.in_progress, response.output_item.added, response.content_part.added, response.output_text.delta /
 response.reasoning_text.delta / response.function_call_arguments.delta, their .done, response.output_item.done,
-then response.completed (or response.incomplete at max_output_tokens). `text.format` other than text (structured
-outputs) is refused until it is built. A function call's arguments arrive in one delta, once the call is complete.
+then response.completed (or response.incomplete at max_output_tokens). `text.format` json_schema / json_object
+constrains the output text (engine/server/formats.py). A function call's arguments stream as the model writes them
+(response.function_call_arguments.delta).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine.server.chat import ReplyParser, ReplyPiece
 from engine.server.chat_completions import reasoning_tokens, start_chat, whole_reply
 from engine.server.common import server_state, sse
 from engine.server.errors import APIError
+from engine.server.formats import named_as
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import ChatCompletionRequest, ResponseInputItem, ResponsesRequest
 from engine.server.tools import function_tool
@@ -94,6 +96,11 @@ def as_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatComple
         fields["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
     if body.reasoning is not None and body.reasoning.effort is not None:
         fields["reasoning_effort"] = body.reasoning.effort
+    text_format = body.text.format if body.text is not None else None
+    if text_format is not None and text_format.type == "json_schema":
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"schema": text_format.schema_}}
+    elif text_format is not None:
+        fields["response_format"] = {"type": text_format.type}
     for ours, theirs in (("max_tokens", "max_output_tokens"), ("temperature", "temperature"), ("top_p", "top_p")):
         if getattr(body, theirs) is not None:
             fields[ours] = getattr(body, theirs)
@@ -137,7 +144,11 @@ class _Response:
             else body.tool_choice.model_dump(),
             "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
             "store": body.store is not False,
-            "text": {"format": {"type": "text"}},
+            "text": {
+                "format": body.text.format.model_dump(exclude_none=True, by_alias=True)
+                if body.text is not None and body.text.format is not None
+                else {"type": "text"}
+            },
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "metadata": {},
@@ -233,12 +244,13 @@ def _call_item(call: Any) -> dict[str, Any]:
 
 class _Events:
     """Reply pieces as Responses stream events: one output item open at a time (reasoning or message), a new one
-    when the kind changes; a function call is one item whose arguments arrive in one delta."""
+    when the kind changes; a function call is one item whose arguments arrive in deltas as the model writes them."""
 
     def __init__(self) -> None:
         self.sequence = 0
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
+        self.call: dict[str, Any] | None = None  # the function_call item whose arguments are arriving
         self.text = ""
 
     def send(self, kind: str, **fields: Any) -> str:
@@ -270,19 +282,21 @@ class _Events:
     def pieces(self, pieces: list[ReplyPiece]) -> list[str]:
         out: list[str] = []
         for piece in pieces:
-            if piece.kind == "tool_call" and piece.call is not None:
+            if piece.kind == "call_open" and piece.call is not None:
                 out += self.close()
                 item = _call_item(piece.call)
+                item["status"] = "in_progress"
                 self.output.append(item)
+                self.call = item
+                out.append(self.send("response.output_item.added", output_index=self._index(), item=dict(item)))
+            elif piece.kind == "call_args" and self.call is not None:
+                self.call["arguments"] += piece.text
+                where = {"item_id": self.call["id"], "output_index": self._index()}
+                out.append(self.send("response.function_call_arguments.delta", **where, delta=piece.text))
+            elif piece.kind == "call_close" and self.call is not None and piece.call is not None:
+                item, self.call = self.call, None
+                item.update(arguments=piece.call.arguments, status="completed")
                 where = {"item_id": item["id"], "output_index": self._index()}
-                out.append(
-                    self.send(
-                        "response.output_item.added",
-                        output_index=self._index(),
-                        item={**item, "arguments": "", "status": "in_progress"},
-                    )
-                )
-                out.append(self.send("response.function_call_arguments.delta", **where, delta=item["arguments"]))
                 out.append(
                     self.send(
                         "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
@@ -346,7 +360,8 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
         history = list(store[body.previous_response_id])
         store.move_to_end(body.previous_response_id)
     chat = as_chat(body, history)
-    generation, parser, thinking = await start_chat(state, chat)
+    with named_as("text.format"):
+        generation, parser, thinking = await start_chat(state, chat)
     conversation = history + turns(body.input)
     reply = _Response(state, generation, parser, thinking, body, conversation)
     if body.stream:

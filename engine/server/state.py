@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.scheduler import Scheduler
 from engine.server.metrics import Metrics
+from engine.structured import Grammars
 
 
 @dataclass
@@ -31,6 +32,10 @@ class ServerState:
     stopped_reason: str | None = None  # set when the engine can no longer serve (a rank died)
     peers: Any = None  # engine.peer_watch.PeerWatch with several ranks: silent ranks
     weights: str = "fp32"  # element type the dense weights are held in (fp32 on the CPU, bf16 on GPUs)
+    grammars: Grammars = field(init=False)  # structured outputs' compiler (built on the first request with a format)
+
+    def __post_init__(self) -> None:
+        self.grammars = Grammars(self.tokenizer)
 
     def trouble(self) -> str | None:
         """Why the engine cannot serve right now (None when it can): stopped, or a rank silent for seconds."""

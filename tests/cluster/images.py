@@ -17,7 +17,8 @@ How the base is made (measured on the developer machine, 2 cores; printed on eve
      torch==2.13.0 as scripts/bootstrap.sh pins it, numpy, docker/requirements.txt, pip and setuptools for the
      offline engine install), ~24 s. Copying the host venv's files instead took ~11 s, but only works while the
      host's Python is 3.11 and its venv holds exactly the engine's packages; pip into the rootfs is exact anywhere;
-  3. torch's tests and C++ headers removed (~145 MB less to ship).
+  3. torch's tests and C++ headers, and triton (xgrammar's, for GPU masks only), removed (~145 + 640 MB less to
+     ship).
 Each step's result (the minbase tarball, the finished root file system) is cached under SPARKS_TESTBED_CACHE
 (default /var/cache/sparks-testbed), keyed by what goes into it (BUILD_VERSION, the suite, the packages, the pins),
 and survives test sessions; a test session then only `tar | docker import`s the root file system into the head's
@@ -48,7 +49,8 @@ SUITE = "bookworm"
 PYTHON = "3.11"  # bookworm's python3
 INCLUDE = ("python3", "patch")
 MIRROR = os.environ.get("SPARKS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-STRIPPED = ("torch/test", "torch/include", "bin")  # under dist-packages: not needed to serve on the CPU
+# under dist-packages: not needed to serve on the CPU (triton comes with xgrammar on x86-64, for its GPU kernels)
+STRIPPED = ("torch/test", "torch/include", "bin", "triton")
 BUILD_VERSION = 1  # raise it when the way the base is made changes (the cache key holds it)
 DEBOOTSTRAP_TIMEOUT_S = 900
 PIP_TIMEOUT_S = 1200

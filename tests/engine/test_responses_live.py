@@ -1,9 +1,10 @@
 """POST /v1/responses (OpenAI's Responses API) through a live 2-rank server with the `openai` SDK: output items,
 the streamed events and their order, function tools with function_call / function_call_output items, reasoning,
-previous_response_id and store: false, and the refusal of structured outputs."""
+previous_response_id and store: false, and text.format (structured outputs)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import openai
@@ -79,7 +80,26 @@ def test_function_calls_and_previous_response_id(client: openai.OpenAI) -> None:
         client.responses.create(model="demo", input="again", previous_response_id=unstored.id, max_output_tokens=4)
 
 
-def test_structured_outputs_are_refused(client: openai.OpenAI) -> None:
-    schema = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
-    with pytest.raises(openai.BadRequestError):
-        client.responses.create(model="demo", input="hi", max_output_tokens=4, text={"format": schema})
+def test_text_format_json_schema_shapes_the_output_text(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99}, "sure": {"type": "boolean"}},
+        "required": ["answer", "sure"],
+        "additionalProperties": False,
+    }
+    text = {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+    reply = client.responses.create(
+        model="demo", input="hi", max_output_tokens=96, text=text, temperature=0, reasoning={"effort": "none"}
+    )
+    assert reply.status == "completed", reply
+    parsed = json.loads(reply.output_text)
+    assert set(parsed) == {"answer", "sure"} and 0 <= parsed["answer"] <= 99 and isinstance(parsed["sure"], bool)
+    assert reply.text.format.type == "json_schema"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model="demo",
+            input="hi",
+            max_output_tokens=4,
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}},
+        )
+    assert refused.value.body["param"] == "text.format" and refused.value.body["code"] == "invalid_format"

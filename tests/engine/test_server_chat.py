@@ -42,7 +42,7 @@ def feed_in_pieces(parser: ReplyParser, text: str, cut: int) -> list:
     pieces = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
     merged: dict[str, str] = {}
     for piece in pieces:
-        if piece.kind != "tool_call":
+        if not piece.kind.startswith("call_"):
             merged[piece.kind] = merged.get(piece.kind, "") + piece.text
     return [merged, parser.calls]
 
@@ -59,19 +59,78 @@ def test_call_arguments_are_typed_by_the_schema() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    "block",
-    [
-        CALL.replace("get_weather", "delete_everything"),  # not offered
-        CALL.replace("<arg_value>3</arg_value>", "<arg_value>three</arg_value>"),  # not an integer
-        CALL.replace("</arg_key><arg_value>Paris 42", "</arg_key>Paris 42"),  # broken markup
-    ],
-)
-def test_unoffered_or_malformed_calls_stay_text(block: str) -> None:
+def test_a_call_to_a_tool_not_offered_stays_text() -> None:
+    block = CALL.replace("get_weather", "delete_everything")
     assert parse_call(block, TOOLS) is None
     parser = ReplyParser(False, TOOLS)
     merged, calls = feed_in_pieces(parser, "Sure. " + block, 10)
     assert calls == [] and merged["content"] == "Sure. " + block
+
+
+@pytest.mark.parametrize(
+    "block,arguments",
+    [
+        # a value that does not fit its type goes on as the string it was (the grammar of a forced call prevents it)
+        (CALL.replace("<arg_value>3</arg_value>", "<arg_value>three</arg_value>"), {"days": "three"}),
+        (CALL.replace("</arg_key><arg_value>Paris 42", "</arg_key>Paris 42"), {"city": None}),  # a key with no value
+        (CALL.replace("</arg_value><arg_key>days", "</arg_value> stray words <arg_key>days"), {}),  # stray text
+    ],
+)
+def test_a_call_to_an_offered_tool_is_a_call_even_when_imperfect(block: str, arguments: dict) -> None:
+    expected = {"city": "Paris 42", "days": 3, "metric": False, "hours": [1, 2], "where": {"lat": 1.5}}
+    for key, value in arguments.items():
+        if value is None:
+            expected.pop(key)
+        else:
+            expected[key] = value
+    call = parse_call(block, TOOLS)
+    assert call is not None and json.loads(call.arguments) == expected
+
+
+def streamed(text: str, cuts: list[int]) -> tuple[list, list]:
+    parser = ReplyParser(False, TOOLS)
+    bounds = [0, *cuts, len(text)]
+    pieces = [p for a, b in zip(bounds, bounds[1:]) for p in parser.feed(text[a:b])] + parser.finish()
+    return pieces, parser.calls
+
+
+def test_arguments_stream_as_they_are_written_at_every_boundary() -> None:
+    whole = json.loads(parse_call(CALL, TOOLS).arguments)
+    text = "Let me look. " + CALL + CALL.replace("Paris 42", 'Köln "Süd"\n')  # two calls in one reply
+    for cut in range(len(text) + 1):
+        pieces, calls = streamed(text, [cut])
+        kinds = [p.kind for p in pieces if p.kind.startswith("call_")]
+        assert kinds[0] == "call_open" and kinds.count("call_open") == kinds.count("call_close") == 2, cut
+        for index, call in enumerate(calls):
+            deltas = "".join(p.text for p in pieces if p.kind == "call_args" and p.index == index)
+            assert deltas == call.arguments, cut
+            opened = next(p for p in pieces if p.kind == "call_open" and p.index == index)
+            assert (opened.call.id, opened.call.name) == (call.id, call.name)
+        assert json.loads(calls[0].arguments) == whole
+        assert json.loads(calls[1].arguments) == {**whole, "city": 'Köln "Süd"\n'}
+
+
+def test_a_string_argument_streams_before_its_value_closes() -> None:
+    parser = ReplyParser(False, TOOLS)
+    pieces = parser.feed("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Par")
+    assert [p.kind for p in pieces] == ["call_open", "call_args"] and pieces[-1].text == '{"city": "Par'
+    assert parser.feed("is</arg_va")[0].text == "is"  # the start of </arg_value> is held back
+    assert parser.feed("lue><arg_key>days</arg_key><arg_value>1")[0].text == '", "days": '  # a number: once whole
+    assert parser.feed("2</arg_value></tool_call>")[0].text == "12}"
+
+
+def test_a_reply_that_ends_inside_a_call_closes_it() -> None:
+    for text in (
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Par",
+        "<tool_call>get_weather<arg_key>days</arg_key><arg_value>4",
+        "<tool_call>get_weather<arg_key>ci",
+        "<tool_call>get_weather\n",
+    ):
+        pieces, calls = streamed(text, [len(text) // 2])
+        assert len(calls) == 1 and isinstance(json.loads(calls[0].arguments), dict), text
+        assert "".join(p.text for p in pieces if p.kind == "call_args") == calls[0].arguments
+    _, calls = streamed("<tool_call>get_wea", [5])  # the name never completed: text
+    assert calls == []
 
 
 def test_type_value_edge_cases() -> None:

@@ -202,20 +202,30 @@ def test_the_rendezvous_listens_on_loopback_only(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize(
-    "field,value",
+    "field,value,param",
     [
-        ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-        ("guided_json", {"type": "object"}),
-        ("guided_choice", ["a", "b"]),
-        ("structured_outputs", {"regex": "a+"}),
+        ("guided_whitespace_pattern", "[ ]*", "guided_whitespace_pattern"),  # not honoured: refused, not ignored
+        ("guided_regex", "(a", "guided_regex"),  # a regex that does not compile
+        ("structured_outputs", {"json": {"type": 5}}, "structured_outputs.json"),  # nor a schema
+        ("guided_grammar", "root ::= ", "guided_grammar"),  # nor a grammar
     ],
 )
-def test_structured_output_fields_are_refused_until_built(server: LiveServer, field: str, value: object) -> None:
-    """Accepting them would return prose where the client asked for JSON (issue 16): a 400 naming the field."""
+def test_a_format_that_cannot_be_followed_is_a_400_naming_it(
+    server: LiveServer, field: str, value: object, param: str
+) -> None:
+    """Accepting them would return text that ignores what the client asked for: a 400 naming the field, and the
+    server goes on serving formats."""
     reply = post(server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, field: value})
-    assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
     plain = post(
-        server, "/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, "response_format": {"type": "text"}}
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": HELLO,
+            "max_tokens": 8,
+            "guided_choice": ["yes", "no"],
+            "response_format": {"type": "text"},
+            "reasoning_effort": "none",  # the random demo would think past max_tokens
+        },
     )
-    assert plain.status_code == 200
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"] in ("yes", "no"), plain.text

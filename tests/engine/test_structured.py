@@ -1,0 +1,235 @@
+"""Structured outputs below HTTP: the formats the server builds (engine/server/formats.py) accept what they must and
+refuse what they must, compiled by the real xgrammar against the trained demo's tokenizer; and replies under formats
+through the real Scheduler + StepExecutor obey them, with drafts equal to without, and batched equal to alone."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+from test_drafts import demo  # noqa: F401  (the trained demo model, its tokenizer and end tokens)
+from test_scheduler import Collector
+
+from engine.checkpoint.demo import TRAINED
+from engine.parallel import ParallelGroup
+from engine.runner.executor import StepExecutor
+from engine.sampling import SamplingParams
+from engine.scheduler import Finished, Request, Scheduler
+from engine.server import formats
+from engine.server.protocol import Tool
+from engine.structured import Constraint, FormatError, Grammars
+from engine.train import synthetic
+
+WEATHER = Tool.model_validate(synthetic.TOOLS["get_weather"])
+EMAIL = Tool.model_validate(synthetic.TOOLS["send_email"])
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "days": {"type": "integer", "minimum": 0, "maximum": 30},
+        "sunny": {"type": "boolean"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "days", "sunny", "unit"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    from tokenizers import Tokenizer
+
+    return Grammars(Tokenizer.from_file(str(TRAINED / "tokenizer.json")))
+
+
+def follows(grammars: Grammars, fmt: dict, text: str) -> bool:
+    """Whether `text` is a whole reply under `fmt` (the end token allowed right after it)."""
+    import xgrammar
+
+    matcher = xgrammar.GrammarMatcher(grammars.compile(formats.spec_text(fmt)))
+    return bool(matcher.accept_string(text)) and bool(matcher.is_completed())
+
+
+def test_a_forced_call_takes_only_arguments_that_fit_its_tool(grammars):
+    named = formats.forced_call_format([WEATHER], "<tool_call>get_weather", parallel=False)
+    assert follows(grammars, named, "<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>")
+    assert follows(
+        grammars,
+        named,
+        "<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>unit</arg_key><arg_value>celsius</arg_value>"
+        "</tool_call>",
+    )
+    assert not follows(grammars, named, "<arg_key>unit</arg_key><arg_value>celsius</arg_value></tool_call>")  # no city
+    assert not follows(  # a unit outside the enum
+        grammars,
+        named,
+        "<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>unit</arg_key><arg_value>kelvin</arg_value>"
+        "</tool_call>",
+    )
+    assert not follows(grammars, named, "<arg_key>town</arg_key><arg_value>Oslo</arg_value></tool_call>")
+    # required among several: the model writes the name, then that tool's arguments; parallel: more calls may follow
+    either = formats.forced_call_format([WEATHER, EMAIL], "<tool_call>", parallel=True)
+    email = "send_email<arg_key>to</arg_key><arg_value>a@b.c</arg_value><arg_key>subject</arg_key><arg_value>hi</arg_value></tool_call>"
+    assert follows(grammars, either, email)
+    assert follows(
+        grammars, either, email + "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value></tool_call>"
+    )
+    assert not follows(grammars, either, "send_email<arg_key>to</arg_key><arg_value>a@b.c</arg_value></tool_call>")
+    assert not follows(grammars, either, "get_time<arg_key>timezone</arg_key><arg_value>UTC</arg_value></tool_call>")
+    alone = formats.forced_call_format([WEATHER, EMAIL], "<tool_call>", parallel=False)
+    assert not follows(
+        grammars, alone, email + "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value></tool_call>"
+    )
+
+
+def test_content_formats_and_thinking_first(grammars):
+    schema = formats.json_format(SCHEMA, "response_format")
+    good = '{"city": "Oslo", "days": 3, "sunny": true, "unit": "celsius"}'
+    assert follows(grammars, schema, good)
+    assert not follows(grammars, schema, '{"city": "Oslo", "days": 31, "sunny": true, "unit": "celsius"}')
+    assert not follows(grammars, schema, '{"city": "Oslo", "days": 3, "sunny": true}')
+    assert follows(grammars, formats.after_thinking(schema), "cold up north</think>" + good)
+    assert not follows(grammars, formats.after_thinking(schema), good)  # the think block must close first
+    assert follows(grammars, formats.choice_format(["red", "green"]), "green")
+    assert not follows(grammars, formats.choice_format(["red", "green"]), "blue")
+    assert follows(grammars, {"type": "regex", "pattern": "(yes|no), [0-9]{3}"}, "no, 802")
+    assert not follows(grammars, {"type": "regex", "pattern": "(yes|no), [0-9]{3}"}, "no, 80")
+    assert follows(grammars, {"type": "grammar", "grammar": 'root ::= "A" [0-9]+ "B"'}, "A12B")
+    # whitespace runs are capped (8), and disable_any_whitespace keeps single spaces
+    assert follows(grammars, formats.json_format(None, "j"), '{\n    "a": [\n      1\n    ]\n}')
+    assert not follows(grammars, formats.json_format(None, "j"), '{"a":          1}')
+    assert not follows(grammars, formats.json_format(None, "j", whitespace=1), '{"a":  1}')
+    # under tool_choice auto with tools, a response_format allows the content or calls instead
+    either = {"type": "or", "elements": [schema, formats.calls_format([WEATHER])]}
+    assert follows(grammars, either, good)
+    assert follows(
+        grammars, either, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>"
+    )
+
+
+def test_what_cannot_be_compiled_says_why(grammars):
+    for fmt, words in (
+        ({"type": "regex", "pattern": "(yes"}, "parenthesis is not closed"),
+        (formats.json_format({"type": 5}, "j"), "Type should be a string"),
+        ({"type": "grammar", "grammar": "root ::= "}, "EBNF parser error"),
+    ):
+        with pytest.raises(FormatError, match=re.escape(words)) as raised:
+            grammars.compile(formats.spec_text(fmt))
+        assert "/project/" not in str(raised.value)  # no C++ source positions in what a client reads
+
+
+def test_the_compiled_grammar_cache_is_bounded():
+    from tokenizers import Tokenizer
+
+    small = Grammars(Tokenizer.from_file(str(TRAINED / "tokenizer.json")), cache_bytes=200_000)
+    for i in range(40):
+        schema = {"type": "object", "properties": {f"k{i}_{j}": {"type": "integer"} for j in range(6)}}
+        small.compile(formats.spec_text(formats.json_format(schema, "j")))
+    assert 0 < small.cached_bytes() <= 200_000
+
+
+def test_a_constraint_masks_and_cuts_drafts(grammars):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
+    end = tokenizer.token_to_id("<|endoftext|>")
+    constraint = Constraint(grammars.compile(formats.spec_text(formats.choice_format(["yes", "no"]))), frozenset({end}))
+    logits = torch.zeros(grammars.vocab_size + 7)  # a padded lm_head: ids past the tokenizer never allowed
+    allowed = torch.isfinite(constraint.mask(logits)).nonzero().flatten().tolist()
+    assert allowed and all(tokenizer.decode([t]) in ("y", "ye", "yes", "n", "no") for t in allowed)
+    yes = tokenizer.encode("yes", add_special_tokens=False).ids
+    assert constraint.admissible([*yes, end, end]) == len(yes) + 1  # nothing after the end token
+    assert constraint.admissible(tokenizer.encode("maybe", add_special_tokens=False).ids) == 0
+    for token in yes:  # admissible left the place unchanged: the whole word is still ahead
+        assert constraint.accept(token)
+    assert torch.isfinite(constraint.mask(logits)).nonzero().flatten().tolist() == [end]
+    assert constraint.accept(end) and constraint.ended
+
+
+# -- the serving path: Scheduler + StepExecutor with formats, drafted ≡ serial and batched ≡ alone ----------------
+
+
+def cases(tokenizer):
+    """(prompt ids, format, check on the reply's text after any think block) — chat prompts of the demo's kinds
+    under each kind of format; a prompt that opens a think block gets the format after it, as the server does."""
+    prompts = [synthetic.prompt(e) for e in synthetic.examples("eval", 11, 6)]
+    checks = [
+        (formats.json_format(SCHEMA, "j"), lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
+        ({"type": "regex", "pattern": "(yes|no), [0-9]{3}"}, lambda text: re.fullmatch("(yes|no), [0-9]{3}", text)),
+        (
+            formats.choice_format(["alpha beta", "gamma", "delta delta delta"]),
+            lambda text: text in ("alpha beta", "gamma", "delta delta delta"),
+        ),
+        (formats.json_format(None, "j"), lambda text: json.loads(text) is not None or text == "null"),
+    ]
+    out = []
+    for i, text in enumerate(prompts * 2):
+        fmt, check = checks[i % len(checks)]
+        thinking = text.rstrip().endswith("<think>")
+        out.append((tokenizer.encode(text).ids, formats.after_thinking(fmt) if thinking else fmt, check))
+    return out
+
+
+def serve_formats(model, eos, grammars, todo, draft: bool, parallel: int) -> tuple[list[list[int]], dict]:
+    executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, window=4)
+    sched = Scheduler(
+        executor, ParallelGroup.single(), parallel=parallel, max_queued=len(todo), prefill_chunk=32,
+        heartbeat_s=0.05, drafter="copy", draft_tokens=3,
+    )  # fmt: skip
+    sched.start()
+    sinks = []
+    try:
+        for i, (ids, fmt, _) in enumerate(todo):
+            sink = Collector()
+            params = SamplingParams(temperature=0.0 if i % 3 == 0 else 0.9, seed=i, max_tokens=120)
+            constraint = Constraint(grammars.compile(formats.spec_text(fmt)), eos)
+            sched.submit(Request(f"r{i}", ids, params, sink, eos, draft=draft, constraint=constraint))
+            sinks.append(sink)
+        for sink in sinks:
+            assert sink.done.wait(300)
+            assert isinstance(sink.end, Finished) and sink.end.reason == "stop", sink.end
+    finally:
+        sched.stop()
+    return [sink.tokens for sink in sinks], sched.stats()["drafts"]
+
+
+@torch.no_grad()
+def test_replies_under_formats_obey_them_drafted_equal_serial_batched_equal_alone(demo, grammars):  # noqa: F811
+    model, tokenizer, eos = demo
+    todo = cases(tokenizer)
+    alone, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=1)
+    batched, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=4)
+    drafted, counts = serve_formats(model, eos, grammars, todo, draft=True, parallel=4)
+    assert counts["accepted"] > 0, counts  # drafts were verified under formats, and some were kept
+    for i, ((_, _, check), a, b, c) in enumerate(zip(todo, alone, batched, drafted)):
+        assert a == b == c, f"case {i}"
+        text = tokenizer.decode([t for t in a if t not in eos], skip_special_tokens=False)
+        assert check(text.split("</think>")[-1]), (i, text)
+
+
+@torch.no_grad()
+def test_a_format_complete_before_any_token_ends_the_reply_cleanly(demo, grammars):  # noqa: F811
+    """A choice of "" is complete at once: with end tokens the reply is one end token; with none (ignore_eos) it is
+    empty. Either way a clean stop, never a failed request (schemathesis found the second as a 503)."""
+    model, tokenizer, eos = demo
+    executor = StepExecutor(model, model.make_pool(1024, "fp32"), lanes=2, window=4)
+    sched = Scheduler(executor, ParallelGroup.single(), parallel=2, max_queued=4, heartbeat_s=0.05)
+    sched.start()
+    try:
+        sinks = []
+        for i, stop_ids in enumerate((eos, frozenset())):
+            sink = Collector()
+            constraint = Constraint(grammars.compile(formats.spec_text(formats.choice_format([""]))), stop_ids)
+            prompt = tokenizer.encode("<|user|>hi<|assistant|></think>").ids
+            sched.submit(Request(f"e{i}", prompt, SamplingParams(max_tokens=8), sink, stop_ids, constraint=constraint))
+            sinks.append(sink)
+        for sink in sinks:
+            assert sink.done.wait(60)
+    finally:
+        sched.stop()
+    with_end, without = sinks
+    assert isinstance(with_end.end, Finished) and with_end.end.reason == "stop" and with_end.end.completion_tokens == 1
+    assert isinstance(without.end, Finished) and without.end.reason == "stop" and without.tokens == []
