@@ -23,6 +23,7 @@ import re
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 
 CACHE_BYTES = 256 * 2**20  # compiled grammars kept for reuse; the compiler evicts the least recently used beyond
@@ -103,22 +104,23 @@ class Constraint:
         )
         vocab = int(compiled.tokenizer_info.vocab_size)
         self._bitmask = xg.allocate_token_bitmask(1, vocab)
-        self._bits = torch.arange(32, dtype=torch.int32)
         self.vocab = vocab
 
     def allowed(self) -> torch.Tensor:
-        """bool [vocab]: the tokens the format allows next."""
+        """bool [vocab] on the CPU: the tokens the format allows next (bit j of 32-bit word w is token 32w + j)."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
-        return ((self._bitmask[0].unsqueeze(1) >> self._bits) & 1).bool().reshape(-1)[: self.vocab]
+        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab]
+        return torch.from_numpy(bits.view(np.bool_))
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of a row's logits with every token the format forbids at -inf (ids past the tokenizer's
         vocabulary, a padded lm_head's, are never allowed)."""
         logits = logits.reshape(-1)
-        allowed = torch.zeros(logits.numel(), dtype=torch.bool)
-        n = min(self.vocab, logits.numel())
-        allowed[:n] = self.allowed()[:n]
-        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        allowed = self.allowed()
+        if logits.numel() != allowed.numel():
+            allowed = torch.cat([allowed, allowed.new_zeros(max(0, logits.numel() - allowed.numel()))])
+            allowed = allowed[: logits.numel()]
+        return logits.masked_fill(~allowed.to(logits.device, non_blocking=True), float("-inf"))
 
     def accept(self, token: int) -> bool:
         return bool(self._matcher.accept_token(int(token)))

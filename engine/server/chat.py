@@ -117,10 +117,13 @@ class ReplyParser:
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # empty: no tool-call parsing
     buffer: str = ""
     calls: list[ParsedCall] = field(default_factory=list)  # the calls closed so far
+    single_call: bool = False  # parallel_tool_calls false: the reply ends with its first call (the rest is dropped)
     _open: ParsedCall | None = None  # the call being written (its id and name)
     _arguments: ArgumentStream | None = None
 
     def feed(self, text: str) -> list[ReplyPiece]:
+        if self.single_call and self.calls:
+            return []
         self.buffer += text
         pieces: list[ReplyPiece] = []
         while self.buffer:
@@ -141,7 +144,7 @@ class ReplyParser:
                 if rest is None:
                     return pieces
                 self._close(pieces)
-                self.buffer = rest
+                self.buffer = "" if self.single_call else rest
                 continue
             if self.tools and CALL_OPEN in self.buffer:
                 head, _, tail = self.buffer.partition(CALL_OPEN)
@@ -173,6 +176,8 @@ class ReplyParser:
         """The reply ended: a call it ended inside (its offered name written) is closed where it stopped; whatever
         else is held back is text."""
         pieces: list[ReplyPiece] = []
+        if self.single_call and self.calls:
+            return pieces
         name = self.buffer[len(CALL_OPEN) :].strip() if self.buffer.startswith(CALL_OPEN) else ""
         if self._arguments is None and self.tools and name in self.tools:  # ended right after an offered name
             self._open, self._arguments, self.buffer = ParsedCall(new_call_id(), name, ""), ArgumentStream({}), ""

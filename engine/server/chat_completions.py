@@ -147,7 +147,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[G
     param, fmt = reply_format(body, shown, forced, thinking)
     grammar = await compile_format(state, fmt, param)
     generation = start_generation(state, body, prompt_ids, max_tokens, logprobs_wanted(body), grammar=grammar)
-    parser = ReplyParser(thinking, parsed)
+    parser = ReplyParser(thinking, parsed, single_call=body.parallel_tool_calls is False)
     parser.feed(forced)  # held back until the model closes the call (the prefix alone is never a piece)
     return generation, parser, thinking
 

@@ -102,6 +102,8 @@ def _tool_fields(tools: list[AnthropicTool] | None, choice: AnthropicToolChoice 
         fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
     elif choice is not None:
         fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+    if choice is not None and getattr(choice, "disable_parallel_tool_use", None):
+        fields["parallel_tool_calls"] = False
     return fields
 
 

@@ -96,6 +96,8 @@ def as_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatComple
         fields["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
     if body.reasoning is not None and body.reasoning.effort is not None:
         fields["reasoning_effort"] = body.reasoning.effort
+    if body.parallel_tool_calls is not None:
+        fields["parallel_tool_calls"] = body.parallel_tool_calls
     text_format = body.text.format if body.text is not None else None
     if text_format is not None and text_format.type == "json_schema":
         fields["response_format"] = {"type": "json_schema", "json_schema": {"schema": text_format.schema_}}

@@ -212,3 +212,12 @@ def test_non_text_content_parts_are_refused() -> None:
     with pytest.raises(APIError) as refused:
         render(load_chat_template(), body.messages, None, True, None, None)
     assert refused.value.status == 400
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_only() -> None:
+    text = "Two things. " + CALL + " and then " + CALL.replace("Paris 42", "Rome")
+    for cut in (0, len(text) // 2, len(text) - 3):
+        parser = ReplyParser(False, TOOLS, single_call=True)
+        pieces = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
+        assert [c.name for c in parser.calls] == ["get_weather"] and "Paris 42" in parser.calls[0].arguments
+        assert "".join(p.text for p in pieces if p.kind == "content") == "Two things. "

@@ -173,8 +173,10 @@ def cases(tokenizer):
     return out
 
 
-def serve_formats(model, eos, grammars, todo, draft: bool, parallel: int) -> tuple[list[list[int]], dict]:
-    executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, window=4)
+def serve_formats(
+    model, eos, grammars, todo, draft: bool, parallel: int, graphs: bool = False
+) -> tuple[list[list[int]], dict]:
+    executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, window=4, graphs=graphs)
     sched = Scheduler(
         executor, ParallelGroup.single(), parallel=parallel, max_queued=len(todo), prefill_chunk=32,
         heartbeat_s=0.05, drafter="copy", draft_tokens=3,
@@ -197,12 +199,16 @@ def serve_formats(model, eos, grammars, todo, draft: bool, parallel: int) -> tup
 
 
 @torch.no_grad()
-def test_replies_under_formats_obey_them_drafted_equal_serial_batched_equal_alone(demo, grammars):  # noqa: F811
+def test_replies_under_formats_obey_them_drafted_equal_serial_batched_equal_alone(
+    demo,  # noqa: F811
+    grammars,
+    graphs: bool = False,
+):
     model, tokenizer, eos = demo
     todo = cases(tokenizer)
-    alone, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=1)
-    batched, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=4)
-    drafted, counts = serve_formats(model, eos, grammars, todo, draft=True, parallel=4)
+    alone, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=1, graphs=graphs)
+    batched, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=4, graphs=graphs)
+    drafted, counts = serve_formats(model, eos, grammars, todo, draft=True, parallel=4, graphs=graphs)
     assert counts["accepted"] > 0, counts  # drafts were verified under formats, and some were kept
     for i, ((_, _, check), a, b, c) in enumerate(zip(todo, alone, batched, drafted)):
         assert a == b == c, f"case {i}"
