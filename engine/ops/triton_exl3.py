@@ -482,14 +482,23 @@ def kernel_order(x: torch.Tensor) -> torch.Tensor:
 
 
 def _config(
-    k_tiles: int, n_tiles: int, block_n_tiles: int | None, split: int | None, unroll: int, rows: int = 1
+    k_tiles: int,
+    n_tiles: int,
+    block_n_tiles: int | None,
+    split: int | None,
+    unroll: int,
+    rows: int = 1,
+    wide: bool = True,
 ) -> tuple[int, int, int]:
     """(BNT, SPLIT, KU): BNT output tiles a program (16 for 1-2 rows: fewer input loads and loop instructions a
-    weight, bench/exl3_sass.py; 8 for more, where 16 would need ~128 registers); K split into runs of SPLIT_TILES
+    weight, bench/exl3_sass.py; 8 for more, where 16 would need ~128 registers; 8 also where `wide` is false: the
+    mul1 codebook at widths other than 4, whose one-row kernel with 16 tiles a program gives wrong sums under
+    Triton 3.6 on the H200 (40-70 % off, bench/exl3_mul1_probe.py; no rewriting of the decode avoided it, 8 tiles or
+    2 rows did: a compiler fault, not the format's)); K split into runs of SPLIT_TILES
     tiles. The split depends on the matrix alone, never on the number of groups: it sets the order of the sums, and
     a row's bits must not depend on the batch. In Triton's interpreter (CPU tests) K is not split unless asked: each
     program costs milliseconds there."""
-    bnt = math.gcd(block_n_tiles or (16 if rows <= 2 else 8), n_tiles)
+    bnt = math.gcd(block_n_tiles or (16 if rows <= 2 and wide else 8), n_tiles)
     if split is None:
         split = 1
         while not _INTERPRETED and k_tiles // (2 * split) >= SPLIT_TILES and k_tiles % (2 * split * unroll) == 0:
@@ -566,7 +575,8 @@ def exl3_gemv_parts(
     groups, rows, k = xp.shape
     if k != 16 * k_tiles or rows not in (1, 2, 4, 8):
         raise ValueError(f"rows [G, ROWS, K] with ROWS in 1, 2, 4, 8 and K = {16 * k_tiles}, got {list(xp.shape)}")
-    bnt, split, unroll = _config(k_tiles, n_tiles, block_n_tiles, split, unroll, rows)
+    wide = not (cb == CODEBOOK_ID["mul1"] and bits2 != 8)  # see _config
+    bnt, split, unroll = _config(k_tiles, n_tiles, block_n_tiles, split, unroll, rows, wide)
     out = torch.empty(split, groups, rows, 16 * n_tiles, dtype=torch.float32, device=xp.device)
     LAST_LAUNCH["gemv"] = _exl3_gemv[(groups, n_tiles // bnt, split)](
         xp,

@@ -189,3 +189,24 @@ def test_tool_arguments_stream_as_they_are_written_in_every_api(client, live):
         final = stream.get_final_message()
     assert len(partial) > 2 and json.loads("".join(partial)) == json.loads(arguments)
     assert [b.input for b in final.content if b.type == "tool_use"] == [json.loads(arguments)]
+
+
+def test_the_trained_demo_through_responses_and_messages(client, live):
+    """The plain paths on the trained demo: Responses answers "Reply with OK." and continues with
+    previous_response_id; Messages answers it after a thinking block, and count_tokens counts its prompt."""
+    first = client.responses.create(model="demo", input="Reply with OK.", temperature=0, max_output_tokens=96)
+    assert first.status == "completed" and "OK" in first.output_text
+    assert [item.type for item in first.output][0] == "reasoning"
+    second = client.responses.create(
+        model="demo", input="Reply with OK.", previous_response_id=first.id, temperature=0, max_output_tokens=96
+    )
+    assert "OK" in second.output_text and second.usage.input_tokens > first.usage.input_tokens
+    anthropic_client = anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0, timeout=180)
+    ask = {"model": "demo", "messages": [{"role": "user", "content": "Reply with OK."}]}
+    reply = anthropic_client.messages.create(
+        **ask, max_tokens=96, thinking={"type": "enabled", "budget_tokens": 1024}, extra_body={"temperature": 0.0}
+    )
+    assert [block.type for block in reply.content] == ["thinking", "text"] and "OK" in reply.content[1].text
+    assert reply.stop_reason == "end_turn"
+    counted = anthropic_client.messages.count_tokens(**ask, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert counted.input_tokens == reply.usage.input_tokens

@@ -172,3 +172,39 @@ def test_inline_ptx_decode_gives_the_triton_decodes_bits(codebook):
     assert torch.equal(
         exl3_gemv_parts(xp, trellis, mats, codebook, asm=True), exl3_gemv_parts(xp, trellis, mats, codebook, asm=False)
     )
+
+
+def _dispatched_launches():
+    """Every format the GEMV decodes × every row count a launch takes; ASM on and off where the decode has an
+    inline-PTX form (3inst, mcg). The launch shape is what the dispatcher picks for it (BNT by rows and format, the
+    split by K: K = 512 splits 2 ways, N = 256 allows 16 tiles a program)."""
+    from engine.quant import exl3
+
+    for codebook in exl3.CODEBOOKS:
+        for bits in exl3.WIDTHS:
+            if not float(bits).is_integer() and codebook != "mul1":
+                continue
+            for rows in (1, 2, 4, 8):
+                for asm in (True, False) if codebook != "mul1" else (True,):
+                    yield pytest.param(
+                        codebook, bits, rows, asm, id=f"{codebook}-{bits}b-{rows}r-{'asm' if asm else 'tt'}"
+                    )
+
+
+@pytest.mark.parametrize("codebook,bits,rows,asm", list(_dispatched_launches()))
+def test_every_format_and_row_count_the_dispatcher_launches_gives_the_cpu_decoders_product(codebook, bits, rows, asm):
+    """Issue 20: mul1 at 5 and 3.5 bits with one row and 16 tiles a program summed wrongly (40-70 % off) while the
+    tests covered neither; the dispatcher now avoids that launch, and this covers every case it can choose."""
+    from engine.ops.triton_exl3 import _config, exl3_gemv_parts, kernel_order
+    from engine.quant import exl3
+
+    k, n = 512, 256
+    gen = torch.Generator().manual_seed(int(bits * 10) + rows)
+    trellis = torch.randint(-32768, 32768, (1, k // 16, n // 16, int(16 * bits)), generator=gen).to(torch.int16)
+    x = torch.randn(1, rows, k, generator=gen)
+    mats = torch.zeros(1, dtype=torch.int32, device=CUDA)
+    parts = exl3_gemv_parts(kernel_order(x).to(CUDA), trellis.to(CUDA), mats, codebook, asm=asm)
+    assert parts.shape[0] == _config(k // 16, n // 16, None, None, 2, rows)[1] == 2  # K split as served
+    exact = x[0].double() @ exl3.unpack(trellis[0], codebook).double()
+    got = parts.sum(0)[0].double().cpu()
+    assert float((got - exact).abs().max() / exact.abs().max()) < 1e-5
