@@ -19,22 +19,12 @@ import jsonschema
 import openai
 import pytest
 from test_api_live import LiveServer
+from test_structured import SCHEMA
 
 from engine.checkpoint.demo import write_demo
 from engine.train import synthetic
 
 pytestmark = pytest.mark.slow
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 16},
-        "days": {"type": "integer", "minimum": 0, "maximum": 30},
-        "sunny": {"type": "boolean"},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "days", "sunny", "unit"],
-    "additionalProperties": False,
-}
 ASK = [{"role": "user", "content": "What is the weather in Berlin? Answer in JSON."}]
 TOOLS = [synthetic.TOOLS[name] for name in ("get_weather", "send_email", "convert_currency")]
 
