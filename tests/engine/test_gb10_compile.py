@@ -1,0 +1,58 @@
+"""Every engine Triton kernel compiles for the GB10 (sm_121) on this machine, without the GPU: Triton's CUDA backend
+and its bundled ptxas produce a cubin for GPUTarget("cuda", 121, 32) (FACTS.md). What is compiled is what the GPU
+tests compiled on the H200 — signatures, constexprs, divisibility attributes and launch options, recorded in
+tests/fixtures/triton_launches.json by bench/record_triton_launches.sh — two specialisations a kernel (the first
+and the last recorded, which differ in rows, widths or formats). A kernel launched in engine/ops with no record
+fails the test: record again after adding one. What this cannot show without a GB10: speed, and that the cubin runs
+(the test bed has no sm_121 device)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHES = ROOT / "tests" / "fixtures" / "triton_launches.json"
+LAUNCH_SITE = re.compile(r"\b(_[a-z_0-9]+)\[[^\]\n]*\]\(")
+
+
+def _entries() -> list[dict]:
+    chosen: dict[str, list[dict]] = {}
+    for entry in json.loads(LAUNCHES.read_text()):
+        chosen.setdefault(f"{entry['module']}.{entry['kernel']}", []).append(entry)
+    return [e for group in chosen.values() for e in ([group[0], group[-1]] if len(group) > 1 else group)]
+
+
+def test_every_launched_kernel_has_a_recorded_specialisation():
+    launched = set()
+    for path in (ROOT / "engine" / "ops").glob("triton_*.py"):
+        source = path.read_text()
+        jitted = set(re.findall(r"@triton\.jit\s*\ndef (\w+)", source))
+        launched |= {f"engine.ops.{path.stem}.{name}" for name in LAUNCH_SITE.findall(source) if name in jitted}
+    recorded = {f"{e['module']}.{e['kernel']}" for e in json.loads(LAUNCHES.read_text())}
+    assert launched and launched <= recorded, (
+        f"not recorded (run bench/record_triton_launches.sh): {launched - recorded}"
+    )
+
+
+@pytest.mark.parametrize("entry", _entries(), ids=lambda e: f"{e['kernel']}-{e['num_warps']}w")
+def test_kernel_compiles_for_sm121(entry):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
+    assert list(entry["signature"]) == fn.arg_names, "the kernel's arguments changed: record again"
+    constexprs = {tuple(k): v for k, v in entry["constexprs"]}
+    attrs = {tuple(k): [tuple(a) for a in v] for k, v in entry["attrs"]}
+    source = ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
+    kernel = triton.compile(source, target=GPUTarget("cuda", 121, 32), options=options)
+    assert kernel.asm["cubin"] and ".target sm_121" in kernel.asm["ptx"]
