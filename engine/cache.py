@@ -151,6 +151,25 @@ class Sequence:
             self.released = True
 
 
+def lane_state_bytes(
+    kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], num_lanes: int, window: int = 1
+) -> tuple[int, int]:
+    """What a `LaneState` for `num_lanes` lanes will take: (fixed bytes, bytes per pool token). Fixed: the fp32 KDA
+    state and conv window of every lane and the scratch lane, and with verify windows (`window` > 1) those after
+    every row of a window too; per pool token: the slot table's entry on each lane (int64). Pool sizing subtracts
+    it, so a Spark's memory is not promised twice."""
+    per_lane = sum(_numel(state) + _numel(conv) for state, conv in kda_shapes.values()) * 4
+    rows = 1 + (window if window > 1 else 0)
+    return (num_lanes + 1) * per_lane * rows, (num_lanes + 1) * 8
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
 class LaneState:
     """Preallocated decode state for `num_lanes` lanes (plus one scratch lane, index `num_lanes`, used by graph
     warm-ups and a verify step's padding rows): per KDA layer the delta-rule state [lanes, heads, d_k, d_v] and conv

@@ -45,12 +45,17 @@ def available_bytes(device: str) -> int:
     return 4 * GIB
 
 
-def size_pool(cfg: EngineConfig, bytes_per_token: int, device: str, group: Any) -> tuple[int, int]:
+def size_pool(
+    cfg: EngineConfig, bytes_per_token: int, device: str, group: Any, lanes: tuple[int, int] = (0, 0)
+) -> tuple[int, int]:
     """(context, pool tokens) for this run, the same on every rank, or SystemExit(EXIT_WINDOW) after a
     `window_refusal` line naming the largest window that fits. The pool is shared by every stream: it must hold one
     whole window; beyond that it takes what memory (and --kv-pool-gib) allow, up to a window per stream — streams
-    that do not fit yet wait. Nothing is allocated before this check."""
-    budget = max(0, available_bytes(device) - int(cfg.reserve_gib(device) * GIB))
+    that do not fit yet wait. `lanes`: what the lane states will take besides (cache.lane_state_bytes: fixed bytes,
+    bytes per pool token), out of the same memory. Nothing is allocated before this check."""
+    fixed, per_token = lanes
+    room = max(0, available_bytes(device) - int(cfg.reserve_gib(device) * GIB) - fixed)
+    budget = room * bytes_per_token // max(1, bytes_per_token + per_token)  # the pool's share of the room
     if cfg.kv_pool_gib > 0:
         budget = min(budget, int(cfg.kv_pool_gib * GIB))
     budget = min(group.all_gather_object(budget))  # the tightest rank decides for all
@@ -121,9 +126,15 @@ def run(args: argparse.Namespace) -> int:
         cfg.checkpoint, group, progress=lambda m: say(f"loading: {m}"), kda_chunked=cfg.kda_chunked
     )
     say(f"loading: done in {time.monotonic() - started:.1f} s (KDA prompts: {model.kda_prompt_form or 'none'})")
-    context, pool_tokens = size_pool(cfg, model.cache_bytes_per_token(cfg.kv), device, group)
+    from engine.cache import lane_state_bytes
+
+    lanes = lane_state_bytes(model.kda_state_shapes(), cfg.parallel, cfg.verify_window)
+    context, pool_tokens = size_pool(cfg, model.cache_bytes_per_token(cfg.kv), device, group, lanes)
     executor = StepExecutor.for_config(model, model.make_pool(pool_tokens, cfg.kv), cfg)
-    say(f"pool: {pool_tokens} tokens ({context} x {cfg.parallel} streams, kv {cfg.kv})")
+    say(
+        f"pool: {pool_tokens} tokens ({context} x {cfg.parallel} streams, kv {cfg.kv}); lane states "
+        f"{(lanes[0] + lanes[1] * pool_tokens) / 2**20:.1f} MiB"
+    )
     if cfg.rank > 0:
         say(f"rank {cfg.rank}: following rank 0's step plans")
         code = follow_plans(group, executor)

@@ -225,3 +225,37 @@ def test_drafted_replies_equal_serial_replies(demo, parallel, stagger, graphs: b
         assert a == b, f"request {i} ({params_for(i)})"
     assert counts["accepted"] > 0 and counts["drafted"] > counts["accepted"], counts  # both outcomes happened
     assert counts["committed"] > counts["windows"]  # some steps committed more than one token
+
+
+def test_pool_sizing_leaves_room_for_the_lane_states(model):
+    """The lane states (KDA state and conv window per lane, per verify row with drafts, and the slot table) come out
+    of the same memory as the pool: size_pool is told what they take, so the pool is smaller by exactly that."""
+    from engine.cache import lane_state_bytes
+    from engine.config import EngineConfig
+    from engine.runner.lanes import LaneDecoder
+    from engine.serve import size_pool
+
+    shapes = model.kda_state_shapes()
+    fixed, per_token = lane_state_bytes(shapes, 3, 4)
+    decoder = LaneDecoder(model, model.make_pool(64, "fp32"), 3, graphs=False, window=4)
+    held = sum(t.numel() * t.element_size() for d in (decoder.state.kda, decoder.state.conv) for t in d.values())
+    held += sum(
+        t.numel() * t.element_size() for d in (decoder.state.kda_rows, decoder.state.conv_rows) for t in d.values()
+    )
+    assert fixed == held and per_token * 64 == decoder.state.slots.numel() * 8
+    assert lane_state_bytes(shapes, 3, 1)[0] == fixed // 5  # no verify rows without drafts
+
+    cfg = EngineConfig("unused", memory_reserve_gib=0.0, context=64, parallel=3)
+    import engine.serve as serve
+
+    original = serve.available_bytes
+    serve.available_bytes = lambda device: 10 * fixed
+    bpt = fixed // 12  # ~120 tokens' worth of memory: below the streams' cap of 3 x 64
+    try:
+        plain = size_pool(cfg, bpt, "cpu", ParallelGroup.single())
+        with_lanes = size_pool(cfg, bpt, "cpu", ParallelGroup.single(), (fixed, per_token))
+    finally:
+        serve.available_bytes = original
+    assert plain == (64, 10 * fixed // bpt)
+    assert with_lanes == (64, 9 * fixed * bpt // (bpt + per_token) // bpt)
+    assert 64 <= with_lanes[1] < plain[1] < 192  # the memory, not the streams' cap, set both
