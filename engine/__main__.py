@@ -19,6 +19,7 @@ COMMANDS = {
         "engine.train.cli",
         "train the demo model on synthetic GLM-format conversations (needs transformers)",
     ),
+    "quality": ("engine.quality", "what each precision mode costs in quality, against the exact mode, on one text"),
     "eval-demo": (
         "engine.train.evaluate",
         "greedy-decode held-out synthetic prompts with this engine; print a score table",
