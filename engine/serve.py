@@ -209,6 +209,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     import uvicorn
     from tokenizers import Tokenizer
 
+    from engine import footprint
     from engine.scheduler import Scheduler
     from engine.server.app import create_app
     from engine.server.state import ServerState
@@ -216,6 +217,14 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
 
     defaults = _generation_defaults(cfg.checkpoint)
     scheduler = Scheduler.for_config(executor, group, cfg)
+    decoder = getattr(executor, "decoder", None)
+    memory = footprint.report(executor.model, executor.pool, footprint.held_bytes(decoder.state) if decoder else 0)
+    say(
+        "memory: weights "
+        + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in memory["weights_bytes"].items())
+        + f"; pool {memory['pool_bytes'] / 2**20:.1f} MiB ({memory['pool_rows']} rows); lane states "
+        f"{memory['lane_state_bytes'] / 2**20:.1f} MiB"
+    )
     state = ServerState(
         name=cfg.name,
         tokenizer=Tokenizer.from_file(str(Path(cfg.checkpoint, "tokenizer.json"))),
@@ -228,6 +237,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
         keepalive_s=cfg.keepalive_s,
         peers=watch,
         weights=_dtype_name(executor.model),
+        memory=memory,
         **defaults,
     )
     server = uvicorn.Server(

@@ -1,4 +1,4 @@
-"""GET /health: whether the engine serves, how busy it is, the pool, totals. Open without an API key; 503 with the
+"""GET /health: whether the engine serves, how busy it is, the pool, totals, what rank 0 holds in memory by kind. Open without an API key; 503 with the
 reason once a rank has died or the engine stopped."""
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ async def health(request: Request) -> JSONResponse:
         "drafts": _drafts(stats["drafts"]),
         "context_length": state.context,
         "weights": state.weights,
+        "memory": state.memory,
         "ranks": _ranks(state),
         "uptime_s": round(time.time() - state.started, 1),
     }

@@ -376,6 +376,9 @@ def test_health_and_metrics(http: httpx.Client) -> None:
     health = http.get("/health").json()
     assert health["ok"] and health["streams"]["max"] == 3 and health["context_length"] == 384
     assert health["totals"]["requests"] > 0 and health["pool_tokens"] == 3 * 384
+    memory = health["memory"]  # rank 0's own bytes by kind (tests/engine/test_footprint.py checks the figures)
+    assert memory["weights_bytes"]["total"] == sum(v for k, v in memory["weights_bytes"].items() if k != "total") > 0
+    assert memory["pool_rows"] == "bf16" and memory["pool_bytes"] > 0 and memory["lane_state_bytes"] > 0
     metrics = http.get("/metrics").text
     for name in (
         "sparks:requests_total",
