@@ -72,6 +72,8 @@ class CheckpointInfo:
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     rank_bytes: list[int] = field(default_factory=list)
     text_bytes: int = 0
+    # rank 0's bytes as stored by kind: routed experts, dense, embeddings and head, MTP (footprint.py's kinds)
+    rank0_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_params(self) -> int:
@@ -131,15 +133,19 @@ def describe(path: str | Path, tp: int = 1, config_only: bool = False) -> Checkp
             info.params["vision"] += t.numel
             continue
         layer = _LAYER.search(t.name)
+        routed = _EXPERT.search(t.name) is not None
         if layer and int(layer.group(1)) >= layers:
             info.params["mtp"] += t.numel
+            kind = "mtp"
         else:
             info.params["text"] += t.numel
-            routed = _EXPERT.search(t.name) is not None
             info.params["active"] += t.numel * text.get("num_experts_per_tok", 1) // experts if routed else t.numel
+            head = "embed_tokens" in t.name or "lm_head" in t.name
+            kind = "routed_experts" if routed else "embeddings_and_head" if head else "dense"
         info.text_bytes += t.nbytes
         for rank in range(tp):
             info.rank_bytes[rank] += rank_share(t, config, rank, tp)
+        info.rank0_kinds[kind] = info.rank0_kinds.get(kind, 0) + rank_share(t, config, 0, tp)
     return info
 
 
@@ -190,6 +196,16 @@ def render(info: CheckpointInfo) -> str:
         f"bytes per rank at TP={info.tp} (text tower + MTP; vision not loaded): "
         + ", ".join(f"rank {r} {_size(b)}" for r, b in enumerate(info.rank_bytes))
         + f" (sum {_size(sum(info.rank_bytes))} vs {_size(info.text_bytes)} unsplit)",
+        "rank 0 by kind, as stored: "
+        + ", ".join(
+            f"{name} {_size(info.rank0_kinds.get(kind, 0))}"
+            for kind, name in (
+                ("routed_experts", "routed experts"),
+                ("dense", "dense"),
+                ("embeddings_and_head", "embeddings and head"),
+                ("mtp", "MTP"),
+            )
+        ),
     ]
     return "\n".join(lines)
 
