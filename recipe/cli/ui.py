@@ -122,6 +122,23 @@ def _drafts(health: dict) -> str:
     return f"{drafts['drafter']} drafts (up to {drafts.get('draft_tokens')}{measured})"
 
 
+def memory_line(health: dict) -> str | None:
+    """What rank 0 holds, as /health's `memory` reads it off the tensors: weights (and the biggest kind), the pool
+    and its row type, the lane states; None from an engine that does not report it."""
+    memory = health.get("memory") or {}
+    weights = memory.get("weights_bytes") or {}
+    if not weights:
+        return None
+    gib = 2**30
+    kinds = {k: v for k, v in weights.items() if k != "total"}
+    biggest = max(kinds, key=lambda k: kinds[k]) if kinds else None
+    part = f" ({biggest.replace('_', ' ')} {kinds[biggest] / gib:.2f})" if biggest else ""
+    return (
+        f"rank 0: weights {weights.get('total', 0) / gib:.2f} GiB{part} · pool {memory.get('pool_bytes', 0) / gib:.2f} "
+        f"GiB ({memory.get('pool_rows')} rows) · lane states {memory.get('lane_state_bytes', 0) / 2**20:.0f} MiB"
+    )
+
+
 def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult) -> None:
     window = health.get("context_length", plan.summary["context"])
     extras = " · thinking" if settings.thinking else ""
@@ -134,6 +151,7 @@ def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult
             f"{health.get('weights', settings.dense)} dense weights · {_drafts(health)}{extras}",
         ),
         ("Ranks", f"{plan.tp} × {plan.runtime} on the {plan.device}" + (" (demo checkpoint)" if plan.prepare else "")),
+        *([("Memory", line)] if (line := memory_line(health)) else []),
         ("Smoke", f"{smoke.text.strip()[:40]!r} in {smoke.seconds:.1f}s"),
         ("Logs", "  ".join(f"rank {r.rank}: {r.log}" for r in sorted(plan.ranks, key=lambda r: r.rank))),
         ("Restart", "./start.sh restart"),

@@ -1,0 +1,23 @@
+"""The LIVE banner's Memory line says what /health's `memory` reports (engine/footprint.py), and nothing when an
+engine does not report it."""
+
+from __future__ import annotations
+
+from recipe.cli.ui import memory_line
+
+GIB = 2**30
+
+
+def test_memory_line_reads_health():
+    health = {
+        "memory": {
+            "weights_bytes": {"routed_experts": 3 * GIB, "dense": GIB, "embeddings_and_head": GIB // 2, "mtp": 0,
+                              "total": 4 * GIB + GIB // 2},
+            "pool_bytes": 2 * GIB,
+            "pool_rows": "fp8",
+            "lane_state_bytes": 68 * 2**20,
+        }
+    }  # fmt: skip
+    line = memory_line(health)
+    assert line == "rank 0: weights 4.50 GiB (routed experts 3.00) · pool 2.00 GiB (fp8 rows) · lane states 68 MiB"
+    assert memory_line({}) is None and memory_line({"memory": {}}) is None
