@@ -129,14 +129,17 @@ def memory_line(health: dict) -> str | None:
     weights = memory.get("weights_bytes") or {}
     if not weights:
         return None
-    gib = 2**30
     kinds = {k: v for k, v in weights.items() if k != "total"}
     biggest = max(kinds, key=lambda k: kinds[k]) if kinds else None
-    part = f" ({biggest.replace('_', ' ')} {kinds[biggest] / gib:.2f})" if biggest else ""
+    part = f" ({biggest.replace('_', ' ')} {_bytes(kinds[biggest])})" if biggest else ""
     return (
-        f"rank 0: weights {weights.get('total', 0) / gib:.2f} GiB{part} · pool {memory.get('pool_bytes', 0) / gib:.2f} "
-        f"GiB ({memory.get('pool_rows')} rows) · lane states {memory.get('lane_state_bytes', 0) / 2**20:.0f} MiB"
+        f"rank 0: weights {_bytes(weights.get('total', 0))}{part} · pool {_bytes(memory.get('pool_bytes', 0))} "
+        f"({memory.get('pool_rows')} rows) · lane states {_bytes(memory.get('lane_state_bytes', 0))}"
     )
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult) -> None:

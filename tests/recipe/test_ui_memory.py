@@ -19,5 +19,7 @@ def test_memory_line_reads_health():
         }
     }  # fmt: skip
     line = memory_line(health)
-    assert line == "rank 0: weights 4.50 GiB (routed experts 3.00) · pool 2.00 GiB (fp8 rows) · lane states 68 MiB"
+    assert line == (
+        "rank 0: weights 4.50 GiB (routed experts 3.00 GiB) · pool 2.00 GiB (fp8 rows) · lane states 68.0 MiB"
+    )
     assert memory_line({}) is None and memory_line({"memory": {}}) is None
