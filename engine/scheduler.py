@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.distributed
 
 from engine.config import EngineConfig
@@ -409,12 +408,13 @@ class Scheduler:
         try:
             allowed = logits
             if req.constraint is not None:
-                allowed = req.constraint.mask(logits)
-                if req.constraint.ended or not bool(torch.isfinite(allowed).any()):
-                    # the format is complete and wants no end token (ignore_eos; or one that is empty, such as
-                    # a choice of ""), or it allows no token at all here: the reply ends where it is
+                # the format is complete and wants no end token (ignore_eos; or one that is empty, such as a choice
+                # of ""), or it allows no token at all here: the reply ends where it is
+                masked = None if req.constraint.ended else req.constraint.mask(logits)
+                if masked is None:
                     self._finish(req, "stop")
                     return None
+                allowed = masked
             token = sample(allowed, req.params, len(req.prompt) + len(req.output))
             event = Token(token)
             if req.logprobs is not None:

@@ -112,11 +112,14 @@ class Constraint:
         bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab]
         return torch.from_numpy(bits.view(np.bool_))
 
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+    def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
         """A copy of a row's logits with every token the format forbids at -inf (ids past the tokenizer's
-        vocabulary, a padded lm_head's, are never allowed)."""
+        vocabulary, a padded lm_head's, are never allowed); None when the format allows no token at all (decided on
+        the host, from the bitmask: no device sync)."""
         logits = logits.reshape(-1)
         allowed = self.allowed()
+        if not bool(allowed.any()):
+            return None
         if logits.numel() != allowed.numel():
             allowed = torch.cat([allowed, allowed.new_zeros(max(0, logits.numel() - allowed.numel()))])
             allowed = allowed[: logits.numel()]

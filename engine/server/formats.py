@@ -55,25 +55,25 @@ def json_format(schema: Any, param: str, whitespace: int = WHITESPACE_RUN) -> Fo
     return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": whitespace}
 
 
-def choice_format(choices: list[str]) -> Format:
-    options = [{"type": "const_string", "value": c} for c in dict.fromkeys(choices)]
+def _one_of(options: list[Format]) -> Format:
     return options[0] if len(options) == 1 else {"type": "or", "elements": options}
 
 
-def _structured_outputs(fields: Any, param: str) -> list[tuple[str, Format]]:
-    asked: list[tuple[str, Format]] = []
-    run = 1 if fields.disable_any_whitespace else WHITESPACE_RUN
-    if fields.json_ is not None:
-        asked.append((f"{param}.json", json_format(fields.json_, f"{param}.json", run)))
-    if fields.regex is not None:
-        asked.append((f"{param}.regex", {"type": "regex", "pattern": fields.regex}))
-    if fields.choice is not None:
-        asked.append((f"{param}.choice", choice_format(fields.choice)))
-    if fields.grammar is not None:
-        asked.append((f"{param}.grammar", {"type": "grammar", "grammar": fields.grammar}))
-    if fields.json_object:
-        asked.append((f"{param}.json_object", json_format({"type": "object"}, param, run)))
-    return asked
+def choice_format(choices: list[str]) -> Format:
+    return _one_of([{"type": "const_string", "value": c} for c in dict.fromkeys(choices)])
+
+
+def _asked(kind: str, value: Any, param: str, whitespace: int = WHITESPACE_RUN) -> Format:
+    """The format of one vLLM-style field: json (a schema or its text), regex, choice, grammar, json_object."""
+    if kind == "json":
+        return json_format(value, param, whitespace)
+    if kind == "json_object":
+        return json_format({"type": "object"}, param, whitespace)
+    if kind == "choice":
+        return choice_format(value)
+    if kind == "regex":
+        return {"type": "regex", "pattern": value}
+    return {"type": "grammar", "grammar": value}
 
 
 def content_format(body: SamplingFields) -> tuple[str, Format] | None:
@@ -81,22 +81,20 @@ def content_format(body: SamplingFields) -> tuple[str, Format] | None:
     asked: list[tuple[str, Format]] = []
     response_format = body.response_format
     if response_format is not None and response_format.type == "json_object":
-        asked.append(("response_format", json_format({"type": "object"}, "response_format")))
+        asked.append(("response_format", _asked("json_object", None, "response_format")))
     elif response_format is not None and response_format.type == "json_schema":
-        spec = response_format.json_schema
-        asked.append(
-            ("response_format.json_schema", json_format(spec.schema_ if spec else None, "response_format.json_schema"))
-        )
-    if body.structured_outputs is not None:
-        asked += _structured_outputs(body.structured_outputs, "structured_outputs")
-    if body.guided_json is not None:
-        asked.append(("guided_json", json_format(body.guided_json, "guided_json")))
-    if body.guided_regex is not None:
-        asked.append(("guided_regex", {"type": "regex", "pattern": body.guided_regex}))
-    if body.guided_choice is not None:
-        asked.append(("guided_choice", choice_format(body.guided_choice)))
-    if body.guided_grammar is not None:
-        asked.append(("guided_grammar", {"type": "grammar", "grammar": body.guided_grammar}))
+        spec, param = response_format.json_schema, "response_format.json_schema"
+        asked.append((param, _asked("json", spec.schema_ if spec else None, param)))
+    outputs = body.structured_outputs
+    if outputs is not None:
+        run = 1 if outputs.disable_any_whitespace else WHITESPACE_RUN
+        for kind, value in (("json", outputs.json_), ("regex", outputs.regex), ("choice", outputs.choice),
+                            ("grammar", outputs.grammar), ("json_object", outputs.json_object or None)):  # fmt: skip
+            if value is not None:
+                asked.append((f"structured_outputs.{kind}", _asked(kind, value, f"structured_outputs.{kind}", run)))
+    for kind in ("json", "regex", "choice", "grammar"):  # vLLM's older names
+        if (value := getattr(body, f"guided_{kind}")) is not None:
+            asked.append((f"guided_{kind}", _asked(kind, value, f"guided_{kind}")))
     if len(asked) > 1:
         names = ", ".join(name for name, _ in asked)
         raise bad_request(f"a request may ask for one format; this one asks for {names}", asked[1][0], code=CODE)
@@ -108,39 +106,33 @@ def _arguments(tool: Tool) -> Format:
     return {"type": "json_schema", "json_schema": params or {"type": "object"}, "style": "glm_xml"}
 
 
+def _calls(tools: list[Tool], opening: str) -> Format:
+    """One call to any of `tools`: `opening` + its name, its arguments under its schema, `</tool_call>`."""
+    return _one_of(
+        [
+            {"type": "tag", "begin": opening + t.function.name, "content": _arguments(t), "end": CALL_CLOSE}
+            for t in tools
+        ]
+    )
+
+
 def calls_format(tools: list[Tool]) -> Format:
     """One or more whole calls, each to an offered tool, its arguments under that tool's schema."""
-    tags = [
-        {"type": "tag", "begin": CALL_OPEN + t.function.name, "content": _arguments(t), "end": CALL_CLOSE}
-        for t in tools
-    ]
-    return {"type": "plus", "content": tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}}
+    return {"type": "plus", "content": _calls(tools, CALL_OPEN)}
 
 
 def forced_call_format(tools: list[Tool], forced: str, parallel: bool) -> Format:
     """The rest of a reply whose start `forced` (`<tool_call>NAME` or `<tool_call>`) the prompt already holds: the
     call's arguments (and name, when only `<tool_call>` was written) and its end, then further calls if parallel."""
     named = forced[len(CALL_OPEN) :]
-    if named:
+    if named:  # the name is written already: its arguments, then the end
         tool = next(t for t in tools if t.function.name == named)
-        first: Format = {
-            "type": "sequence",
-            "elements": [_arguments(tool), {"type": "const_string", "value": CALL_CLOSE}],
-        }
+        first = {"type": "sequence", "elements": [_arguments(tool), {"type": "const_string", "value": CALL_CLOSE}]}
     else:
-        options = [
-            {
-                "type": "tag",
-                "begin": t.function.name,
-                "content": _arguments(t),
-                "end": CALL_CLOSE,
-            }
-            for t in tools
-        ]
-        first = options[0] if len(options) == 1 else {"type": "or", "elements": options}
+        first = _calls(tools, "")
     if not parallel:
         return first
-    return {"type": "sequence", "elements": [first, {"type": "star", "content": calls_format(tools)["content"]}]}
+    return {"type": "sequence", "elements": [first, {"type": "star", "content": _calls(tools, CALL_OPEN)}]}
 
 
 def after_thinking(fmt: Format) -> Format:
