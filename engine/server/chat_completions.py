@@ -124,9 +124,12 @@ def logprobs_wanted(body: ChatCompletionRequest) -> int | None:
     return top if body.logprobs or top > 0 else None
 
 
-async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[Generation, ReplyParser, bool]:
-    """Check, render, tokenise and submit a chat request (the OpenAI route's, and the Anthropic route's once
-    translated): its generation, the parser that splits its reply, and whether the reply starts in reasoning."""
+async def start_chat(
+    state: ServerState, body: ChatCompletionRequest, format_param: str | None = None
+) -> tuple[Generation, ReplyParser, bool]:
+    """Check, render, tokenise and submit a chat request (the OpenAI route's, and the Anthropic and Responses routes'
+    once translated): its generation, the parser that splits its reply, and whether the reply starts in reasoning.
+    `format_param`: the field a translated request's format came from, named when it cannot be compiled."""
     check_request(state, body)
     shown, parsed = tools_for(body)
     forced = forced_call_prefix(body, shown)
@@ -145,6 +148,8 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest) -> tuple[G
     max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
     thinking = starts_in_reasoning(prompt)
     param, fmt = reply_format(body, shown, forced, thinking)
+    if format_param and param.startswith("response_format"):  # what the translated request's client sent
+        param = format_param
     grammar = await compile_format(state, fmt, param)
     generation = start_generation(state, body, prompt_ids, max_tokens, logprobs_wanted(body), grammar=grammar)
     parser = ReplyParser(thinking, parsed, single_call=body.parallel_tool_calls is False)

@@ -19,14 +19,12 @@ compiler rejects is a 400 `invalid_format` naming the field.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
-from engine.server.errors import APIError, bad_request
+from engine.server.errors import bad_request
 from engine.server.tools import CALL_CLOSE, CALL_OPEN
 from engine.structured import FormatError
 
@@ -145,19 +143,6 @@ def spec_text(fmt: Format) -> str:
     """The structural tag's JSON text (the compiled-grammar cache's key). Keys keep their order: a schema's
     properties are written in the order it declares them."""
     return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
-
-
-@contextlib.contextmanager
-def named_as(theirs: str) -> Iterator[None]:
-    """A format error of a translated request (Responses, Messages) names the field its client sent."""
-    try:
-        yield
-    except APIError as exc:
-        if exc.code == CODE and exc.param and exc.param.startswith("response_format"):
-            exc.message = exc.message.replace(exc.param, theirs, 1)
-            exc.param = theirs
-            exc.args = (exc.message,)
-        raise
 
 
 async def compile_format(state: ServerState, fmt: Format | None, param: str) -> Any:

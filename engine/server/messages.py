@@ -29,7 +29,7 @@ from engine.server.chat import ReplyParser, ReplyPiece, render
 from engine.server.chat_completions import start_chat, tools_for, whole_reply
 from engine.server.common import check_request, server_state
 from engine.server.errors import APIError
-from engine.server.formats import CODE, named_as
+from engine.server.formats import CODE
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import (
     AnthropicMessage,
@@ -294,8 +294,8 @@ def _event(name: str, data: dict[str, Any]) -> str:
 async def messages(body: MessagesRequest, request: Request) -> Any:
     state = server_state(request)
     chat = as_chat(body)
-    with named_as("output_config.format" if body.output_format is None else "output_format"):
-        generation, parser, _ = await start_chat(state, chat)
+    where = "output_config.format" if body.output_format is None else "output_format"
+    generation, parser, _ = await start_chat(state, chat, format_param=where)
     message = _Message(state, generation, parser, body.model)
     if body.stream:
         return StreamingResponse(

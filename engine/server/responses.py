@@ -31,7 +31,6 @@ from engine.server.chat import ReplyParser, ReplyPiece
 from engine.server.chat_completions import reasoning_tokens, start_chat, whole_reply
 from engine.server.common import server_state, sse
 from engine.server.errors import APIError
-from engine.server.formats import named_as
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import ChatCompletionRequest, ResponseInputItem, ResponsesRequest
 from engine.server.tools import function_tool
@@ -362,8 +361,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
         history = list(store[body.previous_response_id])
         store.move_to_end(body.previous_response_id)
     chat = as_chat(body, history)
-    with named_as("text.format"):
-        generation, parser, thinking = await start_chat(state, chat)
+    generation, parser, thinking = await start_chat(state, chat, format_param="text.format")
     conversation = history + turns(body.input)
     reply = _Response(state, generation, parser, thinking, body, conversation)
     if body.stream:
