@@ -14,6 +14,7 @@ Rows are stored in fp32 (the CPU reference), bf16, or fp8 e4m3 with one fp32 sca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -158,16 +159,9 @@ def lane_state_bytes(
     state and conv window of every lane and the scratch lane, and with verify windows (`window` > 1) those after
     every row of a window too; per pool token: the slot table's entry on each lane (int64). Pool sizing subtracts
     it, so a Spark's memory is not promised twice."""
-    per_lane = sum(_numel(state) + _numel(conv) for state, conv in kda_shapes.values()) * 4
+    per_lane = sum(math.prod(state) + math.prod(conv) for state, conv in kda_shapes.values()) * 4
     rows = 1 + (window if window > 1 else 0)
     return (num_lanes + 1) * per_lane * rows, (num_lanes + 1) * 8
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
 
 
 class LaneState:

@@ -58,6 +58,12 @@ def held_bytes(obj: Any) -> int:
     return sum(_storages(obj).values())
 
 
+def dense_dtype(model: Any) -> str:
+    """What the dense weights are held in (fp32, bf16), as /health and the banner say it."""
+    name = str(getattr(getattr(model, "embed", None), "dtype", "unknown")).removeprefix("torch.")
+    return name.replace("float32", "fp32").replace("bfloat16", "bf16")
+
+
 def report(model: Any, pool: Any, lane_bytes: int) -> dict[str, Any]:
     """/health's `memory`: the weights by kind and in all, the pool (its rows and fp8 scales) and the lane states, in
     bytes, with the element types they are held in."""
@@ -65,10 +71,9 @@ def report(model: Any, pool: Any, lane_bytes: int) -> dict[str, Any]:
     pool_bytes = pool.rows.numel() * pool.rows.element_size()
     if pool.scales is not None:
         pool_bytes += pool.scales.numel() * pool.scales.element_size()
-    dense = str(getattr(getattr(model, "embed", None), "dtype", "unknown")).removeprefix("torch.")
     return {
         "weights_bytes": {**weights, "total": sum(weights.values())},
-        "dense_dtype": dense.replace("float32", "fp32").replace("bfloat16", "bf16"),
+        "dense_dtype": dense_dtype(model),
         "pool_bytes": pool_bytes,
         "pool_rows": pool.kv,
         "lane_state_bytes": lane_bytes,

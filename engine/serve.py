@@ -163,16 +163,6 @@ def _watch_peers(cfg: EngineConfig) -> Any:
     ).start()
 
 
-def _dtype_name(model: Any) -> str:
-    """What the dense weights are held in, as /health and the banner say it."""
-    return (
-        str(getattr(getattr(model, "embed", None), "dtype", "unknown"))
-        .removeprefix("torch.")
-        .replace("float32", "fp32")
-        .replace("bfloat16", "bf16")
-    )
-
-
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -236,7 +226,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
         api_key=api_key,
         keepalive_s=cfg.keepalive_s,
         peers=watch,
-        weights=_dtype_name(executor.model),
+        weights=footprint.dense_dtype(executor.model),
         memory=memory,
         **defaults,
     )

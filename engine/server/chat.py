@@ -155,9 +155,7 @@ class ReplyParser:
                     return pieces  # the name is not all here yet
                 name = tail[: min(ends)].strip()
                 if name in self.tools:
-                    self._open = ParsedCall(new_call_id(), name, "")
-                    self._arguments = ArgumentStream(self.tools[name])
-                    pieces.append(ReplyPiece("call_open", call=self._open, index=len(self.calls)))
+                    self._open_call(pieces, name)
                     self.buffer = tail[min(ends) :]
                     continue
                 if CALL_CLOSE not in tail:  # a tool that was not offered: the block stays text, once it is whole
@@ -180,14 +178,18 @@ class ReplyParser:
             return pieces
         name = self.buffer[len(CALL_OPEN) :].strip() if self.buffer.startswith(CALL_OPEN) else ""
         if self._arguments is None and self.tools and name in self.tools:  # ended right after an offered name
-            self._open, self._arguments, self.buffer = ParsedCall(new_call_id(), name, ""), ArgumentStream({}), ""
-            pieces.append(ReplyPiece("call_open", call=self._open, index=len(self.calls)))
+            self._open_call(pieces, name)
+            self.buffer = ""
         if self._arguments is not None:
             self._args(pieces, self._arguments.finish())
             self._close(pieces)
         self._out(pieces, "reasoning" if self.in_reasoning else "content", self.buffer)
         self.buffer = ""
         return pieces
+
+    def _open_call(self, pieces: list[ReplyPiece], name: str) -> None:
+        self._open, self._arguments = ParsedCall(new_call_id(), name, ""), ArgumentStream(self.tools[name])
+        pieces.append(ReplyPiece("call_open", call=self._open, index=len(self.calls)))
 
     def _args(self, pieces: list[ReplyPiece], delta: str) -> None:
         if delta:

@@ -396,15 +396,10 @@ class ResponsesReasoning(Body):
     summary: StrictStr | None = None
 
 
-class TextFormat(Body):
+class TextFormat(JsonSchemaSpec):
     """Responses' text.format: json_schema carries name / schema / strict itself (not nested as in chat)."""
 
-    model_config = ConfigDict(extra="allow", validate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
-    name: StrictStr | None = None
-    description: StrictStr | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: StrictBool | None = None
 
 
 class ResponsesText(Body):
