@@ -45,6 +45,9 @@ class KVPool:
         )
         self.scratch_slot = num_tokens
         self._free = list(range(num_tokens - 1, -1, -1))  # pop() hands out low slots first
+        # holders of each slot: the sequence that took it, and those sharing it (kept prompt states, engine/reuse.py,
+        # and the sequences resumed from them); a slot is free again when its last holder lets it go
+        self._refs = [0] * num_tokens
 
     @staticmethod
     def bytes_per_token(num_layers: int, row_width: int, kv: str) -> int:
@@ -59,14 +62,29 @@ class KVPool:
         """Hand out `n` free slots (host-side only)."""
         if n > len(self._free):
             raise PoolExhausted(f"the cache pool has {len(self._free)} free token rows, {n} needed")
-        return [self._free.pop() for _ in range(n)]
+        out = [self._free.pop() for _ in range(n)]
+        for s in out:
+            self._refs[s] = 1
+        return out
+
+    def share(self, slots: list[int]) -> None:
+        """One more holder for each of `slots` (held already): their rows stay until every holder releases them."""
+        for s in slots:
+            if self._refs[s] < 1:
+                raise ValueError(f"slot {s} is not held; only held rows can be shared")
+            self._refs[s] += 1
 
     def allocate(self, n: int) -> torch.Tensor:
         return torch.tensor(self.take(n), dtype=torch.long, device=self.rows.device)
 
     def release(self, slots: torch.Tensor | list[int]) -> None:
         slots = slots.tolist() if isinstance(slots, torch.Tensor) else slots
-        self._free.extend(int(s) for s in reversed(slots))
+        for s in reversed(slots):
+            if self._refs[s] < 1:
+                raise ValueError(f"slot {s} is released more often than it was taken or shared")
+            self._refs[s] -= 1
+            if self._refs[s] == 0:
+                self._free.append(int(s))
 
     def write(self, layer: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """rows: [n, row_width] fp32."""
@@ -121,6 +139,19 @@ class Sequence:
             self.table[len(self.slot_ids) : len(self.slot_ids) + n] = new
         self.slot_ids += ids
         return new
+
+    def adopt(self, slots: list[int]) -> None:
+        """A fresh sequence takes over the rows of `slots` (positions 0..n-1, shared with a kept prompt state): it
+        goes on from position n."""
+        if self.slot_ids or self.length:
+            raise ValueError("only a fresh sequence can adopt kept rows")
+        new = torch.tensor(slots, dtype=torch.long, device=self.pool.rows.device)
+        if self.table is None:
+            self._slots = new
+        else:
+            self.table[: len(slots)] = new
+        self.slot_ids = list(slots)
+        self.length = len(slots)
 
     def next_slot(self) -> int:
         """The slot of the token at `length`, taken from the pool if not held yet; host-side only (the static decode

@@ -82,6 +82,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="speculative drafts, verified exactly: copy (prompt lookup; CPU only so far) or none",
     )
     p.add_argument("--draft-tokens", type=int, default=3, help="most drafts a lane verifies per step (0-7)")
+    p.add_argument(
+        "--prompt-reuse",
+        type=_switch,
+        default=True,
+        help="resume requests from kept prompt states (same reply, fewer tokens prefilled) (1/0)",
+    )
+    p.add_argument(
+        "--prompt-reuse-gib",
+        type=float,
+        default=4.0,
+        help="cap of the kept prompt states' KDA snapshots in GiB per rank (their rows live in the pool)",
+    )
     p.add_argument("--api-key-file", default=None, help="file holding the API key (or set SPARKS_API_KEY)")
 
 
@@ -110,6 +122,8 @@ class EngineConfig:
     kda_chunked: bool = True
     drafter: str = "none"
     draft_tokens: int = 3
+    prompt_reuse: bool = True
+    prompt_reuse_gib: float = 4.0
     api_key_file: str | None = None
 
     # What every rank must share (the others are per rank: its address, port, device, secrets, local timeouts).
@@ -127,6 +141,8 @@ class EngineConfig:
         "kda_chunked",
         "drafter",
         "draft_tokens",
+        "prompt_reuse",
+        "prompt_reuse_gib",
     )
 
     @classmethod
@@ -157,6 +173,8 @@ class EngineConfig:
             out.append(f"--draft-tokens must be 0..{MAX_DRAFT_TOKENS} (got {self.draft_tokens})")
         if self.drafter not in DRAFTERS:
             out.append(f"--drafter must be one of {', '.join(DRAFTERS)} (got {self.drafter})")
+        if not 0 <= self.prompt_reuse_gib <= 1024:
+            out.append(f"--prompt-reuse-gib must be 0..1024 (got {self.prompt_reuse_gib:g})")
         if self.context < 0:
             out.append(f"--context must be 0 (the largest that fits) or a positive window (got {self.context})")
         return out

@@ -15,6 +15,11 @@ position, exactly as a one-token step would sample it; the draft after it counts
 The lane commits the rows it kept (the pending token and the accepted drafts) in the next plan, and the first
 sample that differs from its draft is the new pending token. The reply is therefore the serial reply token for
 token (`"draft": false` runs a request without drafts: the same tokens, one a step).
+
+Prompt reuse (engine/reuse.py): an admitted request resumes from the longest kept prompt state its prompt starts
+with (its lane adopts the kept rows and KDA state; it prefills only the rest), and its own prefill keeps states at
+chosen chunk boundaries. Kept states never hold a request back: admission evicts them whenever the pool would
+otherwise make a request wait.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch.distributed
 
 from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
+from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepPlan
 from engine.sampling import SamplingParams, sample, token_logprobs
 from engine.structured import Constraint
@@ -58,6 +64,7 @@ class PromptLogprobs:
 class Finished:
     reason: str  # "stop" (end token), "length" (max_tokens) or "cancelled"
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens resumed from a kept state, not prefilled
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,8 @@ class Request:
     logprobs: int | None = None  # report each token's log-probability and this many alternatives (None: off)
     prompt_logprobs: bool = False  # report the prompt tokens' log-probabilities too (completions' echo)
     constraint: Constraint | None = None  # a format the reply must follow (engine/structured.py)
+    reuse: bool = True  # False: neither resumes from kept prompt states nor keeps its own ("prompt_reuse": false)
+    cache_salt: str = ""  # only prompts with the same salt share kept states
     arrival: float = field(default_factory=time.monotonic)
     lane: int | None = None
     filled: int = 0
@@ -112,6 +121,10 @@ class Request:
     drafted: int = 0
     accepted: int = 0
     prompt_lps: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
+    cached: int = 0  # prompt tokens resumed from a kept state
+    keys: list[bytes] | None = None  # its prompt's chunk keys (engine/reuse.py), computed once
+    chain: Node | None = None  # the last kept state on its prompt (resumed from or kept by it)
+    tips: list[Node] = field(default_factory=list)  # kept states it pins (their rows are in its budget)
 
     @property
     def budget(self) -> int:
@@ -132,8 +145,11 @@ def _lane(req: Request) -> int:
 
 class Scheduler:
     @classmethod
-    def for_config(cls, executor: StepExecutor, group: Any, cfg: EngineConfig) -> Scheduler:
-        """Rank 0's scheduler as the flags set it: PARALLEL lanes, the queue cap, the prompt chunk size, drafts."""
+    def for_config(
+        cls, executor: StepExecutor, group: Any, cfg: EngineConfig, marks: frozenset[int] = frozenset()
+    ) -> Scheduler:
+        """Rank 0's scheduler as the flags set it: PARALLEL lanes, the queue cap, the prompt chunk size, drafts,
+        prompt reuse (`marks`: the tokenizer's chat role tokens)."""
         return cls(
             executor,
             group,
@@ -142,6 +158,8 @@ class Scheduler:
             prefill_chunk=cfg.prefill_chunk,
             drafter=cfg.drafter if cfg.drafting else "none",
             draft_tokens=cfg.draft_tokens,
+            reuse_bytes=int(cfg.prompt_reuse_gib * 2**30) if cfg.prompt_reuse else None,
+            reuse_marks=marks,
         )
 
     def __init__(
@@ -157,7 +175,11 @@ class Scheduler:
         on_broken: Callable[[str], None] | None = None,
         drafter: str = "none",
         draft_tokens: int = 0,
+        reuse_bytes: int | None = None,
+        reuse_marks: frozenset[int] = frozenset(),
     ) -> None:
+        """`reuse_bytes`: keep prompt states, their KDA snapshots capped at this many bytes (None: prompt reuse off;
+        it needs the lane decoder)."""
         if drafter != "none" and draft_tokens > executor.window - 1:
             raise ValueError(f"{draft_tokens} drafts need verify windows of {draft_tokens + 1} rows")
         self.drafter = drafter if draft_tokens > 0 else "none"
@@ -186,6 +208,13 @@ class Scheduler:
         # drafts by position in the window (vLLM's spec-decode counters)
         self.drafts = {"windows": 0, "drafted_windows": 0, "drafted": 0, "accepted": 0, "committed": 0}
         self.accepted_at = [0] * self.draft_tokens
+        decoder = getattr(executor, "decoder", None)
+        self.index = (
+            PrefixIndex(prefill_chunk, _snapshot_bytes(decoder.state), reuse_bytes, reuse_marks)
+            if reuse_bytes is not None and decoder is not None
+            else None
+        )
+        self._drops: list[tuple[int, bool]] = []
         self._stats: dict[str, Any] = {}
         self._refresh_stats()
 
@@ -296,8 +325,8 @@ class Scheduler:
         return next((i for i, req in enumerate(self._lanes) if req is None), None)
 
     def _plan(self) -> tuple[StepPlan, tuple[str, list[Request]] | None]:
-        plan = StepPlan(releases=self._to_release)
-        self._to_release = []
+        plan = StepPlan(releases=self._to_release, drops=self._drops)
+        self._to_release, self._drops = [], []
         for req in self._lanes:
             if req is not None and req.commit:
                 plan.commits.append((_lane(req), req.commit))
@@ -310,6 +339,11 @@ class Scheduler:
                     self._finish(line.popleft(), "failed", "the request needs more cache than the whole pool")
                     continue
                 break  # it waits until running streams hand back their rows
+            hit = self._match(line[0])
+            if self.index is not None:  # kept rows no running request holds give way first
+                excess = reserved + line[0].budget + self.index.unpinned_tokens(hit) - self.executor.pool.num_tokens
+                if excess > 0:
+                    plan.drops += self.index.evict(excess, hit)
             req = line.popleft()
             req.lane, reserved = lane, reserved + req.budget
             if self.drafter == "copy" and req.draft:
@@ -317,6 +351,10 @@ class Scheduler:
             self.totals["prompt_tokens"] += len(req.prompt)
             self._lanes[lane] = req
             plan.admits.append(lane)
+            if self.index is not None and self._resumable(req):
+                self.index.queries += len(req.prompt)
+            if hit is not None:
+                self._resume(req, hit, plan)
         filling = sorted((r for r in self._lanes if r is not None and r.prefilling), key=lambda r: r.arrival)
         decoding = [r for r in self._lanes if r is not None and not r.prefilling]
         if filling and (self._prefill_turn or not decoding):
@@ -324,6 +362,7 @@ class Scheduler:
             chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
             plan.prefill = (_lane(req), chunk)
             plan.prefill_logits = req.prompt_logprobs
+            plan.keep = self._keep(req, req.filled + len(chunk), plan)
             self._prefill_turn = False
             return plan, ("prefill", [req])
         if decoding:
@@ -333,6 +372,65 @@ class Scheduler:
             self._prefill_turn = True
             return plan, ("decode", decoding)
         return plan, None
+
+    def _resumable(self, req: Request) -> bool:
+        """Whether a request may resume from kept states (prompt logprobs need every prompt row's logits)."""
+        return req.reuse and not req.prompt_logprobs
+
+    def _match(self, req: Request) -> Node | None:
+        if self.index is None or not self._resumable(req):
+            return None
+        if req.keys is None:
+            req.keys = chunk_keys(req.prompt, self.prefill_chunk, req.cache_salt)
+        return self.index.match(req.keys)
+
+    def _resume(self, req: Request, hit: Node, plan: StepPlan) -> None:
+        """An admitted request goes on from kept state `hit`: its lane adopts the rows and the KDA state there."""
+        assert self.index is not None
+        self.index.pin(hit)
+        self.index.touch(hit)
+        req.tips.append(hit)
+        req.chain = hit
+        req.filled = req.cached = hit.end
+        self.index.hits += hit.end
+        plan.resumes.append((_lane(req), [node.id for node in hit.path()]))
+        if req.drafter is not None:
+            req.drafter.extend(req.prompt[: hit.end])
+
+    def _keep(self, req: Request, end: int, plan: StepPlan) -> tuple[int, int] | None:
+        """Whether the prefill chunk ending at `end` keeps the lane's state there: (node, page start) or None."""
+        index = self.index
+        if index is None or not req.reuse or end % self.prefill_chunk or end >= len(req.prompt):
+            return None
+        if req.keys is None:
+            req.keys = chunk_keys(req.prompt, self.prefill_chunk, req.cache_salt)
+        key = req.keys[end // self.prefill_chunk - 1]
+        existing = index.nodes.get(key)
+        if existing is not None:  # another request kept these chunks meanwhile: hold its rows instead of our own
+            self._unpin(req)
+            index.pin(existing)
+            index.touch(existing)
+            req.tips, req.chain = [existing], existing
+            plan.adopt = [node.id for node in existing.path()]
+            return None
+        if not index.wants(req.prompt, end, req.chain.end if req.chain is not None else 0):
+            return None
+        node, drops = index.add(key, end, req.chain)
+        plan.drops += drops
+        if node is None:
+            return None
+        index.pin(node)
+        req.tips.append(node)
+        req.chain = node
+        return node.id, node.start
+
+    def _unpin(self, req: Request) -> None:
+        """The kept states `req` pinned stay, unpinned (evictable from now on): it is done, or holds other rows."""
+        if self.index is not None and req.tips:
+            for tip in req.tips:
+                self.index.pin(tip, -1)
+            req.tips = []
+            self._drops += self.index.prune()
 
     def _drafts(self, req: Request) -> list[int]:
         """The drafts a lane verifies this round: at most draft_tokens, and never past the request's max_tokens
@@ -454,6 +552,7 @@ class Scheduler:
         if req.done:
             return
         req.done = True
+        self._unpin(req)
         if req.lane is not None:
             self._lanes[req.lane] = None
             self._to_release.append(req.lane)
@@ -461,7 +560,7 @@ class Scheduler:
             self._in_system -= 1
         self.totals["requests"] += 1
         self.totals["cancelled"] += reason == "cancelled"
-        self._send(req, Failed(message) if reason == "failed" else Finished(reason, len(req.output)))
+        self._send(req, Failed(message) if reason == "failed" else Finished(reason, len(req.output), req.cached))
 
     def _send(self, req: Request, event: Event) -> None:
         try:
@@ -503,7 +602,8 @@ class Scheduler:
                 "max": self.parallel,
             },
             "pool_tokens": int(pool.num_tokens),
-            "pool_free_tokens": int(pool.free_tokens),
+            # rows held only by kept prompt states count as free (they give way to any request), as in vLLM
+            "pool_free_tokens": int(pool.free_tokens) + (self.index.unpinned_tokens() if self.index else 0),
             "totals": dict(self.totals),
             "drafts": {
                 "drafter": self.drafter,
@@ -511,5 +611,21 @@ class Scheduler:
                 **self.drafts,
                 "accepted_at": list(self.accepted_at),
             },
+            "prompt_reuse": (
+                self.index.stats(_pool_bytes_per_token(pool)) if self.index is not None else {"enabled": False}
+            ),
             "broken": self.broken,
         }
+
+
+def _snapshot_bytes(state: Any) -> int:
+    """One kept KDA snapshot on this rank: every layer's state and conv window of one lane."""
+    return sum(t[0].numel() * t.element_size() for t in (*state.kda.values(), *state.conv.values()))
+
+
+def _pool_bytes_per_token(pool: Any) -> int:
+    rows = getattr(pool, "rows", None)
+    if rows is None:
+        return 0
+    scales = getattr(pool, "scales", None)
+    return (rows.nbytes + (scales.nbytes if scales is not None else 0)) // rows.shape[1]

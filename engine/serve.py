@@ -54,6 +54,8 @@ def size_pool(
     that do not fit yet wait. `lanes`: what the lane states will take besides (cache.lane_state_bytes: fixed bytes,
     bytes per pool token), out of the same memory. Nothing is allocated before this check."""
     fixed, per_token = lanes
+    if cfg.prompt_reuse:  # kept prompt states' KDA snapshots (their rows are pool rows)
+        fixed += int(cfg.prompt_reuse_gib * GIB)
     room = max(0, available_bytes(device) - int(cfg.reserve_gib(device) * GIB) - fixed)
     budget = room * bytes_per_token // max(1, bytes_per_token + per_token)  # the pool's share of the room
     if cfg.kv_pool_gib > 0:
@@ -200,13 +202,16 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     from tokenizers import Tokenizer
 
     from engine import footprint
+    from engine.reuse import ROLE_TOKENS
     from engine.scheduler import Scheduler
     from engine.server.app import create_app
     from engine.server.state import ServerState
     from engine.server.template import load_chat_template
 
     defaults = _generation_defaults(cfg.checkpoint)
-    scheduler = Scheduler.for_config(executor, group, cfg)
+    tokenizer = Tokenizer.from_file(str(Path(cfg.checkpoint, "tokenizer.json")))
+    marks = frozenset(i for i in map(tokenizer.token_to_id, ROLE_TOKENS) if i is not None)
+    scheduler = Scheduler.for_config(executor, group, cfg, marks)
     decoder = getattr(executor, "decoder", None)
     memory = footprint.report(executor.model, executor.pool, footprint.held_bytes(decoder.state) if decoder else 0)
     say(
@@ -217,7 +222,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     )
     state = ServerState(
         name=cfg.name,
-        tokenizer=Tokenizer.from_file(str(Path(cfg.checkpoint, "tokenizer.json"))),
+        tokenizer=tokenizer,
         template=load_chat_template(cfg.checkpoint),
         scheduler=scheduler,
         context=context,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
+from engine.reuse import KeptStates
 from engine.runner.lanes import LaneDecoder
 from engine.runner.protocol import LaneCapable, ServingModel
 
@@ -27,15 +28,29 @@ class StepPlan:
     releases: list[int] = field(default_factory=list)  # lanes whose sequence ends (slots back to the pool)
     commits: list[tuple[int, int]] = field(default_factory=list)  # (lane, rows it keeps of its last verify step)
     admits: list[int] = field(default_factory=list)  # lanes that get a fresh sequence
+    # (lane, kept-state path, root first): an admitted lane goes on from a kept prompt state (engine/reuse.py)
+    resumes: list[tuple[int, list[int]]] = field(default_factory=list)
+    drops: list[tuple[int, bool]] = field(default_factory=list)  # kept states dropped: (node, whole or snapshot only)
     prefill: tuple[int, list[int]] | None = None  # (lane, prompt chunk ids)
     prefill_logits: bool = False  # every token's logits of the chunk, not only the last one's (prompt logprobs)
+    keep: tuple[int, int] | None = None  # after the prefill chunk: keep the lane's state as (node, page start)
+    adopt: list[int] = field(default_factory=list)  # after the prefill chunk: its rows so far are these kept ones
     # (lanes, each lane's window: its pending token, then its drafts); all windows of one token: a decode step
     decode: tuple[list[int], list[list[int]]] | None = None
     shutdown: bool = False
 
     @property
     def is_heartbeat(self) -> bool:
-        return not (self.releases or self.commits or self.admits or self.prefill or self.decode or self.shutdown)
+        return not (
+            self.releases
+            or self.commits
+            or self.admits
+            or self.resumes
+            or self.drops
+            or self.prefill
+            or self.decode
+            or self.shutdown
+        )
 
     @property
     def verifies(self) -> bool:
@@ -58,6 +73,7 @@ class StepExecutor:
         self.model = model
         self.pool = pool
         self.lanes: dict[int, Any] = {}
+        self.kept = KeptStates(pool)
         self.decoder = (
             LaneDecoder(model, pool, lanes, graphs, window=window) if isinstance(model, LaneCapable) else None
         )
@@ -83,11 +99,23 @@ class StepExecutor:
             self.lanes[lane] = (
                 self.decoder.new_sequence(lane) if self.decoder is not None else self.model.new_sequence(self.pool)
             )
+        for lane, path in plan.resumes:
+            self.kept.resume(self.lanes[lane], path)
+        for node, whole in plan.drops:  # after the releases: a dropped page's rows may be free now
+            self.kept.drop(node, whole)
         if plan.prefill is not None:
             lane, ids = plan.prefill
-            if plan.prefill_logits:
-                return self.model.prefill(self.lanes[lane], list(ids), all_logits=True).cpu()
-            return self.model.prefill(self.lanes[lane], list(ids)).cpu()  # sampling runs on the CPU
+            seq = self.lanes[lane]
+            logits = (
+                self.model.prefill(seq, list(ids), all_logits=True)
+                if plan.prefill_logits
+                else self.model.prefill(seq, list(ids))
+            )
+            if plan.adopt:
+                self.kept.adopt(seq, plan.adopt)
+            if plan.keep is not None:
+                self.kept.keep(plan.keep[0], seq, plan.keep[1])
+            return logits.cpu()  # sampling runs on the CPU
         if plan.decode is not None:
             lanes, windows = plan.decode
             seqs = [self.lanes[lane] for lane in lanes]
@@ -102,6 +130,7 @@ class StepExecutor:
     def release_all(self) -> None:
         for lane in list(self.lanes):
             self.lanes.pop(lane).release()
+        self.kept.release_all()
 
 
 def follow_plans(group: Any, executor: StepExecutor) -> int:

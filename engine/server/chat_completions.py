@@ -194,6 +194,7 @@ class _Reply:
             len(self.generation.prompt_ids),
             end.completion_tokens,
             reasoning_tokens(self.state, self.generation, self.thinking),
+            self.generation.cached_tokens,
         )
 
     def _finish_reason(self, end: End) -> str:

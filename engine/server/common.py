@@ -101,6 +101,8 @@ def start_generation(
         stop=stop_strings(body),
         background=body.priority == "background",
         draft=body.draft is not False,
+        prompt_reuse=body.prompt_reuse is not False,
+        cache_salt=body.cache_salt or "",
         ignore_eos=bool(body.ignore_eos),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
@@ -110,12 +112,14 @@ def start_generation(
     return generation
 
 
-def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None, cached_tokens: int = 0
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
     if reasoning_tokens is not None:
         out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}

@@ -100,7 +100,12 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     logprobs = None
     if wanted is not None:
         logprobs = completion_logprobs(state, generation, 0, len(generation.token_ids), 0, bool(body.echo))
-    reply = frame(text, end.finish_reason, {"usage": usage(len(prompt_ids), end.completion_tokens)}, logprobs)
+    reply = frame(
+        text,
+        end.finish_reason,
+        {"usage": usage(len(prompt_ids), end.completion_tokens, cached_tokens=generation.cached_tokens)},
+        logprobs,
+    )
     if body.return_token_ids:
         reply["choices"][0]["token_ids"] = list(generation.token_ids)
     return reply
@@ -126,7 +131,11 @@ async def _stream(generation: Generation, frame: Any, echo: str, include_usage: 
                     offset += len(event.text)
                     yield sse(frame(event.text, None, None, logprobs))
                 else:
-                    counts = {"usage": usage(len(generation.prompt_ids), event.completion_tokens)}
+                    counts = {
+                        "usage": usage(
+                            len(generation.prompt_ids), event.completion_tokens, cached_tokens=generation.cached_tokens
+                        )
+                    }
                     yield sse(frame("", event.finish_reason, counts))
                     if include_usage:
                         yield sse({**frame("", None), "choices": [], **counts})

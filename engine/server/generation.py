@@ -74,6 +74,8 @@ class Generation:
     logprobs: int | None = None  # each token's log-probability and this many alternatives (None: off)
     prompt_logprobs: bool = False
     grammar: Any = None  # the compiled format the reply must follow (engine/structured.py), or None
+    prompt_reuse: bool = True  # False: no kept prompt state is resumed or kept for this request
+    cache_salt: str = ""  # kept prompt states are shared only between requests with the same salt
     request_id: str = field(default_factory=lambda: f"{next(_counter)}-{secrets.token_hex(6)}")
     token_ids: list[int] = field(default_factory=list)
     # with logprobs: per reply token (log-probability, top alternatives); per prompt token after the first, the same
@@ -83,6 +85,7 @@ class Generation:
     first_token_at: float | None = None
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     _finished: bool = False
+    _request: Request | None = None
 
     def start(self) -> None:
         """Submit; raises APIError 429 (queue full) or 503 (engine down) before any response starts."""
@@ -104,7 +107,10 @@ class Generation:
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
             constraint=None if self.grammar is None else Constraint(self.grammar, stop_ids),
+            reuse=self.prompt_reuse,
+            cache_salt=self.cache_salt,
         )
+        self._request = request
         try:
             self.state.scheduler.submit(request)
         except QueueFull as full:
@@ -117,6 +123,11 @@ class Generation:
             ) from full
         except Unavailable as down:
             raise APIError(503, str(down)) from down
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens resumed from a kept prompt state (set by the scheduler before the first token is sent)."""
+        return self._request.cached if self._request is not None else 0
 
     def cancel(self) -> None:
         if not self._finished:

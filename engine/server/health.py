@@ -31,6 +31,15 @@ def _drafts(counts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _reuse(counts: dict[str, Any]) -> dict[str, Any]:
+    """The kept prompt states (how many, the pool rows and snapshot bytes they hold) and the share of looked-up
+    prompt tokens that were resumed rather than prefilled."""
+    if not counts["enabled"]:
+        return counts
+    queries = counts["queries_tokens"]
+    return {**counts, "hit_rate": round(counts["hits_tokens"] / queries, 3) if queries else None}
+
+
 @router.get("/health")
 @router.get("/v1/health", include_in_schema=False)
 async def health(request: Request) -> JSONResponse:
@@ -45,9 +54,10 @@ async def health(request: Request) -> JSONResponse:
         "requests_waiting": stats["requests_waiting"],
         "streams": stats["streams"],
         "pool_tokens": stats["pool_tokens"],
-        "pool_free_tokens": stats["pool_free_tokens"],
+        "pool_free_tokens": stats["pool_free_tokens"],  # kept prompt states' rows included: they give way
         "totals": stats["totals"],
         "drafts": _drafts(stats["drafts"]),
+        "prompt_reuse": _reuse(stats["prompt_reuse"]),
         "context_length": state.context,
         "weights": state.weights,
         "memory": state.memory,

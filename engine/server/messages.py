@@ -167,7 +167,12 @@ class _Message:
         self.id = "msg_" + secrets.token_hex(12)
 
     def _usage(self, output_tokens: int) -> dict[str, int]:
-        return {"input_tokens": len(self.generation.prompt_ids), "output_tokens": output_tokens}
+        cached = self.generation.cached_tokens  # Anthropic counts tokens read from its cache apart
+        return {
+            "input_tokens": len(self.generation.prompt_ids) - cached,
+            "cache_read_input_tokens": cached,
+            "output_tokens": output_tokens,
+        }
 
     async def whole(self, request: Request) -> dict[str, Any]:
         pieces, end = await whole_reply(self.generation, self.parser, request)
@@ -224,7 +229,7 @@ class _Message:
                             {
                                 "type": "message_delta",
                                 "delta": delta,
-                                "usage": {"output_tokens": event.completion_tokens},
+                                "usage": self._usage(event.completion_tokens),  # cached now known
                             },
                         )
                         yield _event("message_stop", {"type": "message_stop"})

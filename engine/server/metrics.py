@@ -80,6 +80,16 @@ class Metrics:
             "sparks:decode_lane_windows", "lane windows decoded (with or without drafts)", registry=r
         )
         self.committed = Counter("sparks:decode_committed_tokens", "tokens committed by decode windows", registry=r)
+        # prompt reuse (vLLM's prefix-cache names, in tokens): prompt tokens of requests that could resume, and of
+        # those the tokens resumed from kept states; what the kept states hold now
+        self.reuse_queries = both(
+            Counter, "prefix_cache_queries", "prefix_cache_queries", "prompt tokens looked up in the kept states"
+        )
+        self.reuse_hits = both(
+            Counter, "prefix_cache_hits", "prefix_cache_hits", "prompt tokens resumed, not prefilled"
+        )
+        self.kept_states = Gauge("sparks:prompt_reuse_states", "kept prompt states (KDA snapshots)", registry=r)
+        self.kept_tokens = Gauge("sparks:prompt_reuse_tokens", "pool rows held by kept prompt states", registry=r)
         self._seen: dict[str, int] = {}
 
     def finished(self, generation: Any, reason: str, completion_tokens: int) -> None:
@@ -103,6 +113,12 @@ class Metrics:
             ("committed", self.committed),
         ):
             self._advance(key, drafts[key], metric.inc)
+        reuse = stats["prompt_reuse"]
+        if reuse["enabled"]:
+            self._advance("reuse_queries", reuse["queries_tokens"], self.reuse_queries.inc)
+            self._advance("reuse_hits", reuse["hits_tokens"], self.reuse_hits.inc)
+            self.kept_states.set(reuse["states"])
+            self.kept_tokens.set(reuse["tokens"])
         for position, count in enumerate(drafts["accepted_at"]):
             for metric in self.accepted_at.metrics:
                 self._advance(f"{metric}:{position}", count, metric.labels(position=str(position)).inc)

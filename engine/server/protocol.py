@@ -178,6 +178,8 @@ class SamplingFields(RequestBody):
     ignore_eos: StrictBool | None = None
     priority: Literal["background", "normal", "foreground", "interactive"] | StrictInt | None = None
     draft: StrictBool | None = None
+    prompt_reuse: StrictBool | None = None  # false: no kept prompt state is resumed or kept for this request
+    cache_salt: Annotated[StrictStr, Field(max_length=256)] | None = None  # kept states shared only within a salt
     return_token_ids: StrictBool | None = None
     # structured outputs (engine/server/formats.py): one of these per request; guided_* are vLLM's older names
     response_format: ResponseFormat | None = None

@@ -159,7 +159,7 @@ class _Response:
             prompt = len(self.generation.prompt_ids)
             out["usage"] = {
                 "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": self.generation.cached_tokens},
                 "output_tokens": end.completion_tokens,
                 "output_tokens_details": {
                     "reasoning_tokens": reasoning_tokens(self.state, self.generation, self.thinking)

@@ -7,11 +7,14 @@ and a seed, thinking off. The client stamps each streamed delta as it arrives:
 - a request's decode rate = (completion_tokens − 1) / (last delta − first delta), the usage count from the server;
 - a run's aggregate = Σ (completion_tokens − 1) / (latest last delta − earliest first delta) over its requests,
   all sent at once;
-- prefill rate = prompt_tokens / TTFT of a one-token reply (TTFT includes one decode step and the HTTP path).
+- prefill rate = prompt_tokens / TTFT of a one-token reply (TTFT includes one decode step and the HTTP path);
+- prompt reuse: the TTFT of a prompt sent cold, then sent again ("resent"); and of a conversation under a long
+  system prompt, then of a new conversation under the same system prompt ("system"); with the cached tokens the
+  server reported.
 
 Each figure is the median over `repeats` runs. Every prompt starts with a line naming its run, so no two prompts
-share a prefix and a server's prompt reuse cannot shorten a TTFT. The core returns a `BenchResult` and never
-prints; progress goes through a callback.
+share a prefix and a server's prompt reuse cannot shorten a TTFT, except where the reuse section sends a prompt
+again on purpose. The core returns a `BenchResult` and never prints; progress goes through a callback.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import httpx
 
 from recipe.bench.client import BenchClient
 from recipe.bench.options import BenchOptions
-from recipe.bench.result import BenchResult, DecodeRow, DecodeRun, PrefillRow
+from recipe.bench.result import BenchResult, DecodeRow, DecodeRun, PrefillRow, ReuseRow
 
 KINDS = ("prose", "structured")
 PROMPTS_DIR = Path(__file__).with_name("prompts")
@@ -89,6 +92,7 @@ def run_bench(options: BenchOptions, progress: Progress = lambda _: None) -> Ben
                 if row.runs:
                     result.decode.append(row)
         result.prefill = _prefill_sweep(client, options, server.get("context_length"), result.skipped, progress)
+        result.reuse = _reuse_rows(client, options, server.get("context_length"), result.skipped, progress)
         result.client_completion_tokens = client.completion_tokens
         after = None if before is None else client.completion_total(at_least=before + client.completion_tokens)
         result.seconds = time.monotonic() - started
@@ -123,13 +127,9 @@ def _prefill_sweep(
 ) -> list[PrefillRow]:
     """Prompts grown from the filler text to each target size. Tokens per character are learnt from the server's
     own prompt_tokens (one short probe, then every measured prompt), so no tokenizer is needed on this side."""
-    limit = context - max(64, context // 32) if context else None
+    limit = _limit(context)
     header = "(bench prefill {tag}) Read the notes below, then name the paragraph that mentions the ferry.\n\n"
-    probe = _filler(2000, header.format(tag="probe"))
-    timing = client.stream_chat(probe, 1)
-    empty = client.stream_chat(header.format(tag="probe"), 1)
-    per_char = max((timing.prompt_tokens - empty.prompt_tokens) / (len(probe) - len(header)), 1e-3)
-    overhead = empty.prompt_tokens - per_char * len(header)
+    per_char, overhead = _calibrate(client, header.format(tag="probe"))
     rows = []
     for target in sorted(set(options.prompt_sizes)):
         if limit is not None and target > limit:
@@ -148,6 +148,51 @@ def _prefill_sweep(
         if runs:
             rows.append(PrefillRow(target, tuple(runs)))
     return rows
+
+
+def _limit(context: int | None) -> int | None:
+    """The longest prompt the bench sends a server with this window (room left for the template and the reply)."""
+    return context - max(64, context // 32) if context else None
+
+
+def _calibrate(client: BenchClient, header: str) -> tuple[float, float]:
+    """(tokens per filler character, tokens besides the filler) from two short probes: the server's own
+    prompt_tokens, so no tokenizer is needed on this side."""
+    probe = _filler(2000, header)
+    timing = client.stream_chat(probe, 1)
+    empty = client.stream_chat(header, 1)
+    per_char = max((timing.prompt_tokens - empty.prompt_tokens) / (len(probe) - len(header)), 1e-3)
+    return per_char, empty.prompt_tokens - per_char * len(header)
+
+
+def _reuse_rows(
+    client: BenchClient, options: BenchOptions, context: int | None, skipped: list[str], progress: Progress
+) -> list[ReuseRow]:
+    """For each size: a prompt cold, then the same prompt again; a conversation under a system prompt of that size,
+    then a new one under the same system prompt. One-token replies; each run its own text, so runs do not share."""
+    if not options.reuse_sizes:
+        return []
+    limit = _limit(context)
+    per_char, overhead = _calibrate(client, "(bench reuse probe)\n")
+    rows = []
+    for target in sorted(set(options.reuse_sizes)):
+        if limit is not None and target > limit:
+            skipped.append(f"reuse {target}: over the server's window of {context} tokens")
+            continue
+        chars = int((target - overhead) / per_char)
+        resent, system = [], []
+        for repeat in range(options.repeats):
+            if client.out_of_time():
+                skipped.append(f"reuse {target}, run {repeat + 1}: the time budget (--budget) was spent")
+                break
+            progress(f"prompt reuse: about {target} tokens, run {repeat + 1} of {options.repeats}")
+            text = _filler(chars, f"(bench reuse {target}, run {repeat + 1}) Which paragraph mentions the ferry?\n\n")
+            resent.append((client.stream_chat(text, 1), client.stream_chat(text, 1)))
+            shared = _filler(chars, f"(bench reuse system {target}, run {repeat + 1}) Answer from these notes.\n\n")
+            first = client.stream_chat("Which paragraph mentions the ferry?", 1, system=shared)
+            system.append((first, client.stream_chat("Which paragraph mentions the harbour?", 1, system=shared)))
+        rows += [ReuseRow("resent", target, tuple(resent)), ReuseRow("system", target, tuple(system))]
+    return [row for row in rows if row.runs]
 
 
 def _filler(chars: int, header: str) -> str:
@@ -170,8 +215,9 @@ def _check_counts(result: BenchResult, before: int | None, after: int | None) ->
             "honour ignore_eos, so its replies ended early"
         )
     cached = sum(r.cached_tokens for row in result.prefill for r in row.runs)
+    cached += sum(cold.cached_tokens for row in result.reuse for cold, _ in row.runs)
     if cached:
-        result.warnings.append(f"the server reused {cached} cached prompt tokens in the prefill sweep")
+        result.warnings.append(f"the server reused {cached} cached prompt tokens where the bench measures cold")
     if before is not None and after is not None:
         result.server_completion_tokens = after - before
         if after - before > result.client_completion_tokens:

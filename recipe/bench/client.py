@@ -117,10 +117,11 @@ class BenchClient:
                 f"pass --model {served[0]}" if served else "check --url",
             )
 
-    def stream_chat(self, content: str, max_tokens: int) -> RequestTiming:
+    def stream_chat(self, content: str, max_tokens: int, system: str | None = None) -> RequestTiming:
+        messages = [{"role": "system", "content": system}] if system is not None else []
         body = {
             "model": self.model,
-            "messages": [{"role": "user", "content": content}],
+            "messages": [*messages, {"role": "user", "content": content}],
             "max_tokens": max_tokens,
             "temperature": 0,
             "seed": self.seed,

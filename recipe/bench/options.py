@@ -19,6 +19,7 @@ class BenchOptions:
     concurrency: tuple[int, ...] = (1, 2, 3, 4)
     tokens: int = 256  # reply length of every decode request
     prompt_sizes: tuple[int, ...] = (512, 2048, 8192, 32768)
+    reuse_sizes: tuple[int, ...] = (8192, 32768)  # prompt reuse: cold vs resent, and a shared system prompt
     repeats: int = 3
     request_timeout_s: float = 600.0  # one request, first byte to last
     budget_s: float = 3600.0  # the whole bench; what is left then is skipped, not run
@@ -33,6 +34,8 @@ class BenchOptions:
             raise RecipeError(f"--concurrency is {self.concurrency}", f"write numbers from 1 to {MAX_CONCURRENCY}")
         if any(n < 16 for n in self.prompt_sizes):
             raise RecipeError(f"--prompt-sizes is {self.prompt_sizes}", "write sizes of at least 16 tokens")
+        if any(n < 64 for n in self.reuse_sizes):
+            raise RecipeError(f"--reuse-sizes is {self.reuse_sizes}", "write sizes of at least 64 tokens")
         if self.request_timeout_s <= 0 or self.budget_s <= 0:
             raise RecipeError("--timeout and --budget must be positive", "write a number of seconds above 0")
 

@@ -97,6 +97,49 @@ class PrefillRow:
         }
 
 
+@dataclass(frozen=True)
+class ReuseRow:
+    """Prompt reuse at one size: `kind` "resent" (the same prompt twice) or "system" (a new conversation under the
+    system prompt of an earlier one); each run a (cold, warm) pair of one-token replies."""
+
+    kind: str
+    target_tokens: int
+    runs: tuple[tuple[RequestTiming, RequestTiming], ...]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(statistics.median(warm.prompt_tokens for _, warm in self.runs))
+
+    @property
+    def cached_tokens(self) -> int:
+        return int(statistics.median(warm.cached_tokens for _, warm in self.runs))
+
+    @property
+    def cold_ttft_s(self) -> float | None:
+        return _median([cold.ttft_s for cold, _ in self.runs])
+
+    @property
+    def warm_ttft_s(self) -> float | None:
+        return _median([warm.ttft_s for _, warm in self.runs])
+
+    @property
+    def ratio(self) -> float | None:
+        """The warm first token's time as a share of the cold one's (median over the runs)."""
+        return _median([warm.ttft_s / cold.ttft_s for cold, warm in self.runs if cold.ttft_s > 0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "target_tokens": self.target_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cold_ttft_s": _round(self.cold_ttft_s, 4),
+            "warm_ttft_s": _round(self.warm_ttft_s, 4),
+            "ratio": _round(self.ratio, 4),
+            "runs": [{"cold": cold.to_dict(), "warm": warm.to_dict()} for cold, warm in self.runs],
+        }
+
+
 @dataclass
 class BenchResult:
     options: BenchOptions
@@ -106,6 +149,7 @@ class BenchResult:
     server: dict[str, Any]  # /health when the bench started (empty if the server has none)
     decode: list[DecodeRow] = field(default_factory=list)
     prefill: list[PrefillRow] = field(default_factory=list)
+    reuse: list[ReuseRow] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     server_completion_tokens: int | None = None  # the server's own count over the bench (from /health totals)
@@ -125,6 +169,7 @@ class BenchResult:
             "config": {**config, "temperature": 0, "ignore_eos": True, "thinking": False, "stream": True},
             "decode": [row.to_dict() for row in self.decode],
             "prefill": [row.to_dict() for row in self.prefill],
+            "reuse": [row.to_dict() for row in self.reuse],
             "skipped": self.skipped,
             "warnings": self.warnings,
             "server_completion_tokens": self.server_completion_tokens,

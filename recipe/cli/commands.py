@@ -158,6 +158,9 @@ def bench(
     concurrency: str = typer.Option("1,2,3,4", "--concurrency", help="requests at once, comma-separated"),
     tokens: int = typer.Option(256, "--tokens", help="reply length of every decode request"),
     prompt_sizes: str = typer.Option("512,2k,8k,32k", "--prompt-sizes", help="prefill sweep, in tokens"),
+    reuse_sizes: str = typer.Option(
+        "8k,32k", "--reuse-sizes", help="prompt reuse: cold vs resent, and a shared system prompt, in tokens ('' skips)"
+    ),
     repeats: int = typer.Option(3, "--repeats", help="runs per figure; the median is shown"),
     json_out: Path | None = typer.Option(None, "--json", help="write the result as JSON here"),
     plot: Path | None = typer.Option(None, "--plot", help="write a PNG plot here (needs the bench extra)"),
@@ -166,7 +169,8 @@ def bench(
     budget: float = typer.Option(3600.0, "--budget", help="seconds the whole bench may take; the rest is skipped"),
 ) -> int:
     """Measure a running server through its OpenAI API: decode tok/s at each concurrency (prose and JSON
-    replies), time to first token, and prefill tok/s over a sweep of prompt sizes."""
+    replies), time to first token, prefill tok/s over a sweep of prompt sizes, and prompt reuse (first token of a
+    resent prompt and of a shared system prompt against cold)."""
     settings = load_settings()
     options = BenchOptions(
         url=api_url(url, settings.host, settings.port),
@@ -175,6 +179,7 @@ def bench(
         concurrency=parse_sizes(concurrency, "--concurrency"),
         tokens=tokens,
         prompt_sizes=parse_sizes(prompt_sizes, "--prompt-sizes"),
+        reuse_sizes=parse_sizes(reuse_sizes, "--reuse-sizes"),
         repeats=repeats,
         request_timeout_s=timeout,
         budget_s=budget,

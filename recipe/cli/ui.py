@@ -138,13 +138,19 @@ def memory_line(health: dict) -> str | None:
     )
 
 
+def reuse_words(health: dict) -> str:
+    """Prompt reuse as /health reports it: on (and its snapshot cap), or nothing when off or not reported."""
+    reuse = health.get("prompt_reuse") or {}
+    return f" · prompt reuse (states up to {_bytes(reuse.get('cap_bytes', 0))})" if reuse.get("enabled") else ""
+
+
 def _bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult) -> None:
     window = health.get("context_length", plan.summary["context"])
-    extras = " · thinking" if settings.thinking else ""
+    extras = (" · thinking" if settings.thinking else "") + reuse_words(health)
     console.print(f"\n[bold green]✔ {escape(plan.served_name)} is LIVE[/] on port {settings.port}")
     rows = [
         ("API", f"{plan.api_url}  (model: {plan.served_name}; OpenAI-compatible)"),
@@ -315,6 +321,20 @@ def show_bench(result: BenchResult) -> None:
         for sample in result.prefill:
             prefill.add_row(f"{sample.prompt_tokens:,}", _num(sample.prefill_tok_s), f"{sample.ttft_s or 0:.2f} s")
         console.print(prefill)
+    if result.reuse:
+        reuse = Table(title="Prompt reuse (one-token replies: cold, then resumed)", show_edge=False)
+        for name in ("Case", "Prompt tokens", "Cached", "Cold first token", "Resumed", "Share"):
+            reuse.add_column(name, justify="right")
+        for kept in result.reuse:
+            reuse.add_row(
+                "resent" if kept.kind == "resent" else "same system prompt",
+                f"{kept.prompt_tokens:,}",
+                f"{kept.cached_tokens:,}",
+                _ms(kept.cold_ttft_s),
+                _ms(kept.warm_ttft_s),
+                "-" if kept.ratio is None else f"{100 * kept.ratio:.1f} %",
+            )
+        console.print(reuse)
     window = result.server.get("context_length")
     say(
         f"{result.options.model} at {result.options.url}"

@@ -42,6 +42,8 @@ class Settings:
     dense: str
     drafter: str
     draft_tokens: int
+    prompt_reuse: bool
+    prompt_reuse_gib: float
     thinking: bool
     vision: bool
     vision_urls: bool

@@ -245,7 +245,7 @@ def test_pool_sizing_leaves_room_for_the_lane_states(model):
     assert fixed == held and per_token * 64 == decoder.state.slots.numel() * 8
     assert lane_state_bytes(shapes, 3, 1)[0] == fixed // 5  # no verify rows without drafts
 
-    cfg = EngineConfig("unused", memory_reserve_gib=0.0, context=64, parallel=3)
+    cfg = EngineConfig("unused", memory_reserve_gib=0.0, context=64, parallel=3, prompt_reuse=False)
     import engine.serve as serve
 
     original = serve.available_bytes

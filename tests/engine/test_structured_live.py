@@ -199,4 +199,4 @@ def test_the_trained_demo_through_responses_and_messages(client, live):
     assert [block.type for block in reply.content] == ["thinking", "text"] and "OK" in reply.content[1].text
     assert reply.stop_reason == "end_turn"
     counted = anthropic_client.messages.count_tokens(**ask, thinking={"type": "enabled", "budget_tokens": 1024})
-    assert counted.input_tokens == reply.usage.input_tokens
+    assert counted.input_tokens == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)

@@ -55,6 +55,8 @@ def report(server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> dict
             str(TOKENS),
             "--prompt-sizes",
             "64,256,4k",
+            "--reuse-sizes",
+            "512,4k",
             "--repeats",
             "1",
             "--json",
@@ -84,8 +86,11 @@ def test_report_names_the_run_and_the_server(report: dict[str, Any], server: Liv
     assert data["config"]["tokens"] == TOKENS and data["config"]["concurrency"] == [1, 2]
     assert KEY not in report["json_text"] and "api_key" not in data["config"]
     assert data["warnings"] == []
-    assert data["skipped"] == [f"prefill 4096: over the server's window of {CONTEXT} tokens"]
-    assert "Decode" in report["output"] and "Prefill" in report["output"]
+    assert data["skipped"] == [
+        f"prefill 4096: over the server's window of {CONTEXT} tokens",
+        f"reuse 4096: over the server's window of {CONTEXT} tokens",
+    ]
+    assert "Decode" in report["output"] and "Prefill" in report["output"] and "Prompt reuse" in report["output"]
     assert "skipped: prefill 4096" in report["output"]
     assert report["png"][:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -183,3 +188,22 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.Monk
     with pytest.raises(RecipeError, match="needs matplotlib") as error:
         require_matplotlib()
     assert "[bench]" in error.value.fix
+
+
+@pytest.mark.slow
+def test_reuse_section_resends_and_shares_a_system_prompt(report: dict[str, Any]) -> None:
+    """The server keeps prompt states (PROMPT_REUSE's default, prefill chunks of 128): a resent prompt resumes
+    from its last chunk boundary, a new conversation under the same system prompt from the one before the user's
+    message; the cold sends reuse nothing (each run's text is its own)."""
+    rows = {row["kind"]: row for row in report["data"]["reuse"]}
+    assert set(rows) == {"resent", "system"} and all(row["target_tokens"] == 512 for row in rows.values())
+    (resent,) = rows["resent"]["runs"]
+    assert resent["cold"]["cached_tokens"] == 0 and resent["cold"]["prompt_tokens"] == resent["warm"]["prompt_tokens"]
+    assert resent["warm"]["cached_tokens"] == (resent["warm"]["prompt_tokens"] - 1) // 128 * 128 > 0
+    (system,) = rows["system"]["runs"]
+    assert (
+        system["cold"]["cached_tokens"] == 0
+        and 256 <= system["warm"]["cached_tokens"] < system["warm"]["prompt_tokens"]
+    )
+    for row in rows.values():
+        assert row["ratio"] == pytest.approx(row["warm_ttft_s"] / row["cold_ttft_s"], rel=0.01)

@@ -3,7 +3,7 @@ engine does not report it."""
 
 from __future__ import annotations
 
-from recipe.cli.ui import memory_line
+from recipe.cli.ui import memory_line, reuse_words
 
 GIB = 2**30
 
@@ -23,3 +23,11 @@ def test_memory_line_reads_health():
         "rank 0: weights 4.50 GiB (routed experts 3.00 GiB) · pool 2.00 GiB (fp8 rows) · lane states 68.0 MiB"
     )
     assert memory_line({}) is None and memory_line({"memory": {}}) is None
+
+
+def test_the_window_row_names_prompt_reuse_only_when_health_says_it_runs():
+    assert (
+        reuse_words({"prompt_reuse": {"enabled": True, "cap_bytes": 4 * GIB}})
+        == " · prompt reuse (states up to 4.00 GiB)"
+    )
+    assert reuse_words({"prompt_reuse": {"enabled": False}}) == "" and reuse_words({}) == ""

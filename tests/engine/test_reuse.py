@@ -1,0 +1,287 @@
+"""Prompt reuse (engine/reuse.py): kept prompt states and requests resumed from them.
+
+The bookkeeping is tested on its own (keys, shared pool rows, the index's pins and evictions); exactness goes through
+the serving path — a real Scheduler and StepExecutor on the trained demo, lanes, batches, copy drafts — where every
+resumed request must give the token ids of the same request served cold (`reuse=False`), and `cached_tokens` must be
+the tokens it really skipped.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_drafts import params_for
+from test_scheduler import Collector
+
+from engine.cache import KVPool
+from engine.checkpoint.demo import TRAINED
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.parallel import ParallelGroup
+from engine.reuse import ROLE_TOKENS, PrefixIndex, chunk_keys
+from engine.runner.executor import StepExecutor
+from engine.sampling import SamplingParams
+from engine.scheduler import Finished, Request, Scheduler
+from engine.server.template import render_chat
+from engine.train import synthetic
+
+CHUNK = 16
+
+
+# -- bookkeeping ---------------------------------------------------------------------------------------------------
+
+
+def test_chunk_keys_cover_whole_chunks_before_the_last_token_and_the_salt() -> None:
+    a = list(range(100, 150))  # 50 tokens: boundaries 16, 32, 48 (all before the last token)
+    keys = chunk_keys(a, CHUNK)
+    assert len(keys) == 3
+    assert chunk_keys(a[:48], CHUNK) == keys[:2]  # 48 tokens: its last boundary would leave nothing to prefill
+    assert chunk_keys(a[:49], CHUNK) == keys
+    changed = a[:20] + [7] + a[21:]
+    assert chunk_keys(changed, CHUNK)[0] == keys[0] and chunk_keys(changed, CHUNK)[1:] != keys[1:]
+    salted = chunk_keys(a, CHUNK, salt="tenant-a")
+    assert not set(salted) & set(keys) and chunk_keys(a, CHUNK, salt="tenant-a") == salted
+
+
+def test_shared_pool_rows_are_free_only_when_their_last_holder_lets_go() -> None:
+    pool = KVPool(1, 8, 4)
+    slots = pool.take(3)
+    pool.share(slots[:2])
+    pool.release(slots)
+    assert pool.free_tokens == 6  # the third row is free, the two shared ones are still held
+    pool.release(slots[:2])
+    assert pool.free_tokens == 8
+    with pytest.raises(ValueError):
+        pool.release(slots[:1])  # released more often than held
+    with pytest.raises(ValueError):
+        pool.share([5])  # only held rows can be shared
+
+
+def test_the_index_evicts_unpinned_leaves_least_recently_used_first_and_never_a_pinned_path() -> None:
+    index = PrefixIndex(chunk=CHUNK, snapshot_bytes=10, cap_bytes=1000)
+    a1, _ = index.add(b"a1", 16, None)
+    a2, _ = index.add(b"a2", 32, a1)
+    b2, _ = index.add(b"b2", 48, a1)  # a1's rows are held once for both
+    assert a1 and a2 and b2 and a1.children == 2
+    assert index.unpinned_tokens() == 16 + 16 + 32
+    index.pin(a2)  # a running request resumed through a1 -> a2
+    assert a1.pins == a2.pins == 1 and index.unpinned_tokens() == 32
+    drops = index.evict(1000)
+    assert drops == [(b2.id, True)] and set(index.nodes) == {b"a1", b"a2"}  # a1 stays: a pinned path holds it
+    index.pin(a2, -1)
+    index.touch(a1)
+    assert index.evict(20) == [(a2.id, True), (a1.id, True)]  # leaves first: a1 only once it is one
+    assert index.unpinned_tokens() == 0
+
+
+def test_the_snapshot_cap_drops_the_oldest_snapshots_and_prunes_what_nothing_can_resume_from() -> None:
+    index = PrefixIndex(chunk=CHUNK, snapshot_bytes=10, cap_bytes=25)  # room for two snapshots
+    a1, _ = index.add(b"a1", 16, None)
+    a2, _ = index.add(b"a2", 32, a1)
+    index.pin(a2)
+    a3, drops = index.add(b"a3", 48, a2)
+    assert drops == [(a1.id, False)]  # a1 loses its snapshot, keeps its rows for a2 and a3
+    assert a1 is not None and not a1.snapshot and index.snapshots == 2
+    assert index.match([b"a1", b"x"]) is None and index.match([b"a1", b"a2", b"a3"]) is a3
+    index.pin(a2, -1)
+    assert index.prune() == []  # a1 still has descendants
+    assert PrefixIndex(chunk=CHUNK, snapshot_bytes=10, cap_bytes=5).add(b"k", 16, None) == (None, [])
+
+
+def test_the_snapshot_cap_is_set_aside_from_the_pools_memory_and_caps_the_index(monkeypatch) -> None:
+    """PROMPT_REUSE_GIB's two consumers: pool sizing leaves that much memory to the snapshots (only with
+    PROMPT_REUSE on), and the scheduler's index keeps no more snapshot bytes than that."""
+    import engine.serve as serve
+    from engine.config import EngineConfig
+    from engine.serve import size_pool
+
+    gib = 2**30
+    monkeypatch.setattr(serve, "available_bytes", lambda device: 10 * gib)
+    base = dict(memory_reserve_gib=0.0, context=1024, parallel=1_000_000)
+    off = size_pool(EngineConfig("unused", prompt_reuse=False, **base), 1024, "cpu", ParallelGroup.single())
+    on = size_pool(EngineConfig("unused", prompt_reuse_gib=2.5, **base), 1024, "cpu", ParallelGroup.single())
+    assert off == (1024, 10 * gib // 1024) and on == (1024, int(7.5 * gib) // 1024)
+
+    model = Glm5NextForCausalLM.load(TRAINED)
+    executor = StepExecutor(model, model.make_pool(64, "fp32"), lanes=1, graphs=False)
+    cfg = EngineConfig("unused", prompt_reuse_gib=0.001, prefill_chunk=CHUNK)
+    index = Scheduler.for_config(executor, ParallelGroup.single(), cfg).index
+    assert index is not None and index.cap_bytes == int(0.001 * gib) and index.chunk == CHUNK
+    off_cfg = EngineConfig("unused", prompt_reuse=False)
+    assert Scheduler.for_config(executor, ParallelGroup.single(), off_cfg).index is None
+
+
+# -- the serving path on the trained demo --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from tokenizers import Tokenizer
+
+    model = Glm5NextForCausalLM.load(TRAINED)
+    tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
+    eos = frozenset(json.loads((TRAINED / "config.json").read_text())["text_config"]["eos_token_id"])
+    marks = frozenset(i for i in map(tokenizer.token_to_id, ROLE_TOKENS) if i is not None)
+    return model, tokenizer, eos, marks
+
+
+def scheduler(demo, parallel: int, pool_tokens: int = 4096, drafts: bool = False, cap: int = 1 << 30) -> Scheduler:
+    """The server's scheduler over the demo, prompt reuse on (CUDA graphs where the model is on a GPU)."""
+    model, _, _, marks = demo
+    executor = StepExecutor(model, model.make_pool(pool_tokens, "fp32"), lanes=parallel, graphs=True, window=4)
+    return Scheduler(
+        executor,
+        ParallelGroup.single(),
+        parallel=parallel,
+        max_queued=64,
+        prefill_chunk=CHUNK,
+        heartbeat_s=0.05,
+        drafter="copy" if drafts else "none",
+        draft_tokens=3 if drafts else 0,
+        reuse_bytes=cap,
+        reuse_marks=marks,
+    )
+
+
+def run(sched: Scheduler, eos, batch: list[tuple[list[int], SamplingParams]], reuse: bool) -> list[Finished | list]:
+    """Submit a batch at once; per request (its token ids, its Finished)."""
+    sinks = []
+    for i, (ids, params) in enumerate(batch):
+        sink = Collector()
+        sched.submit(Request(f"q{i}", ids, params, sink, eos, reuse=reuse))
+        sinks.append(sink)
+    out = []
+    for sink in sinks:
+        assert sink.done.wait(300)
+        assert isinstance(sink.end, Finished), sink.end
+        out.append((sink.tokens, sink.end))
+    return out
+
+
+def render(example: synthetic.Example, messages: list[dict]) -> str:
+    return render_chat(messages, tools=example.tools, add_generation_prompt=True, enable_thinking=example.thinking)
+
+
+def kept_prefixes(prompts: list[list[int]], marks: frozenset[int]) -> set[tuple[int, ...]]:
+    """The prefixes whose states a scheduler keeps while it prefills `prompts` (their chunks' boundaries: the last
+    one before each prompt's last token, and the one before each role token; these prompts are far shorter than
+    reuse.EVERY), written from the policy, not read from the index."""
+    out = set()
+    for p in prompts:
+        last = (len(p) - 1) // CHUNK * CHUNK
+        for x in range(CHUNK, len(p), CHUNK):
+            if x == last or any(t in marks for t in p[x : x + CHUNK]):
+                out.add(tuple(p[:x]))
+    return out
+
+
+def resumable(prompt: list[int], kept: set[tuple[int, ...]]) -> int:
+    """The longest kept prefix `prompt` may resume from (a chunk boundary before its last token)."""
+    return max((x for x in range(CHUNK, len(prompt), CHUNK) if tuple(prompt[:x]) in kept), default=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("parallel,drafts", [(4, False), (3, True)])
+def test_resumed_replies_equal_cold_replies(demo, parallel: int, drafts: bool) -> None:
+    """Rounds through one scheduler with prompt reuse, each a burst: first turns of the demo's conversations (tool
+    calls, tool results, thinking on and off, with and without a system prompt), the same prompts sent again, each
+    conversation's next turn (the reply sent back as the template renders it: without its reasoning, then a new
+    user message), new conversations under an earlier system prompt. Every reply equals the same request served
+    cold (`reuse=False`, the path without kept states), token for token; cached_tokens is what the kept states
+    could give: exactly the last chunk boundary for a resend, at least what the earlier rounds kept otherwise."""
+    model, tokenizer, eos, marks = demo
+    examples = synthetic.examples("eval", 11, 10)
+    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
+    cold, warm = scheduler(demo, parallel, drafts=drafts), scheduler(demo, parallel, drafts=drafts)
+    cold.start()
+    warm.start()
+    try:
+        rounds: list[list[tuple[list[int], SamplingParams]]] = [
+            [(encode(render(e, e.messages)), params_for(i)) for i, e in enumerate(examples)]
+        ]
+        got = [(run(cold, eos, rounds[0], reuse=False), run(warm, eos, rounds[0], reuse=True))]
+        rounds.append(rounds[0])  # resent as they were
+        got.append((got[0][0], run(warm, eos, rounds[1], reuse=True)))
+        turns = []
+        for i, (e, (tokens, _)) in enumerate(zip(examples, got[0][0])):
+            content = tokenizer.decode(tokens, skip_special_tokens=False).split("</think>")[-1].split("<|")[0]
+            messages = [*e.messages, {"role": "assistant", "content": content}, {"role": "user", "content": "again?"}]
+            turns.append((encode(render(e, messages)), params_for(i + 3)))
+        system = {"role": "system", "content": " ".join(synthetic._SYSTEMS)}  # a long one (~5 chunks)
+        shared = [
+            (encode(render(examples[0], [system, {"role": "user", "content": f"question {k}: who are you?"}])), p)
+            for k, p in enumerate(params_for(i) for i in range(5))
+        ]
+        for batch in (turns + shared[:1], shared[1:]):
+            rounds.append(batch)
+            got.append((run(cold, eos, batch, reuse=False), run(warm, eos, batch, reuse=True)))
+        stats = warm.stats()["prompt_reuse"]
+    finally:
+        cold.stop()
+        warm.stop()
+    cases = [(c, w) for cold_round, warm_round in got for c, w in zip(cold_round, warm_round)]
+    assert len(cases) >= 30
+    for k, ((cold_ids, cold_end), (warm_ids, _)) in enumerate(cases):
+        assert cold_ids == warm_ids, f"case {k}"
+        assert cold_end.cached_tokens == 0
+    assert all(end.cached_tokens == 0 for _, end in got[0][1])  # nothing was kept before the first round
+    for (ids, _), (_, end) in zip(rounds[1], got[1][1]):
+        assert end.cached_tokens == (len(ids) - 1) // CHUNK * CHUNK  # a resend prefills at most one chunk
+    for r in (2, 3):
+        before = kept_prefixes([ids for batch in rounds[:r] for ids, _ in batch], marks)
+        upto = kept_prefixes([ids for batch in rounds[: r + 1] for ids, _ in batch], marks)
+        for (ids, _), (_, end) in zip(rounds[r], got[r][1]):
+            assert resumable(ids, before) <= end.cached_tokens <= resumable(ids, upto)
+            assert end.cached_tokens % CHUNK == 0
+    # every next turn whose first prompt had a whole chunk before its last token resumed (9 of these 10)
+    assert sum(end.cached_tokens > 0 for _, end in got[2][1][: len(turns)]) >= 9
+    user = tokenizer.token_to_id("<|user|>")
+    system_end = shared[0][0].index(user) // CHUNK * CHUNK  # the boundary before the user's message
+    assert system_end >= 3 * CHUNK and all(end.cached_tokens >= system_end for _, end in got[3][1])
+    assert stats["hits_tokens"] == sum(end.cached_tokens for _, warm_round in got for _, end in warm_round)
+    assert cold.executor.pool.free_tokens == cold.executor.pool.num_tokens
+    assert warm.executor.pool.free_tokens == warm.executor.pool.num_tokens  # stop dropped the kept states
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cap_states", [None, 3])
+def test_kept_states_give_way_to_requests_and_stay_exact_under_pressure(demo, cap_states: int | None) -> None:
+    """A pool of 1024 rows, prompts sent one at a time and then again: kept states fill what running requests leave
+    and are evicted (least recently used first) as soon as a request needs their rows, up to a request whose budget
+    is the whole pool, which could not run at all if kept rows held it back. With a snapshot cap of three states,
+    no more than three are ever kept. Every reply equals its cold one."""
+    model, tokenizer, eos, _ = demo
+    prompts = [tokenizer.encode(synthetic.prompt(e)).ids for e in synthetic.examples("eval", 5, 12)]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    cold, warm = scheduler(demo, 2, pool_tokens=1024), scheduler(demo, 2, pool_tokens=1024)
+    assert warm.index is not None
+    if cap_states is not None:
+        warm.index.cap_bytes = cap_states * warm.index.snapshot_bytes
+    cold.start()
+    warm.start()
+    try:
+        held, cached = [], []
+        for ids in prompts:
+            (c,) = run(cold, eos, [(ids, params)], reuse=False)
+            (w,) = run(warm, eos, [(ids, params)], reuse=True)
+            (again,) = run(warm, eos, [(ids, params)], reuse=True)
+            assert c[0] == w[0] == again[0]
+            stats = warm.stats()["prompt_reuse"]
+            assert stats["states"] <= (cap_states or 10**6)
+            held.append(stats["tokens"])
+            cached.append(again[1].cached_tokens)
+        big = prompts[-1]  # its kept states are the most recently used
+        whole = SamplingParams(temperature=0.7, seed=5, max_tokens=1024 - len(big))
+        (c,) = run(cold, eos, [(big, whole)], reuse=False)
+        (w,) = run(warm, eos, [(big, whole)], reuse=True)
+        assert c[0] == w[0] and w[1].cached_tokens > 0  # its own kept prefix stayed, the rest gave way
+        after = warm.stats()["prompt_reuse"]
+    finally:
+        cold.stop()
+        warm.stop()
+    assert all(n == (len(ids) - 1) // CHUNK * CHUNK for n, ids in zip(cached, prompts))  # kept between sends
+    if cap_states is None:
+        assert sum(len(ids) for ids in prompts) > 1024 and max(held) > 512  # the pool filled with kept rows
+        assert after["tokens"] < max(held)  # and they were evicted when needed
+    assert warm.executor.pool.free_tokens == warm.executor.pool.num_tokens
