@@ -3,13 +3,16 @@ bench/gpu_engine.py builds it), through the server's scheduler and executor (CUD
 HTTP layer left out). Time to first token:
 
 - "resent": a prompt of each size sent cold without keeping states (`reuse=False`), cold keeping them (the first
-  send with PROMPT_REUSE on: what keeping costs), then sent again (resumed from its last chunk boundary);
-- "system": a conversation under a system prompt of each size, then a new conversation under the same one.
+  send with PROMPT_REUSE on: what keeping costs), then sent again (resumed from its end: no prefill);
+- "system": a conversation under a system prompt of each size, then a new conversation under the same one
+  (resumed from the chunk boundary before the new user message).
+
+Each figure for each prefill chunk size of --chunks (the model is built once).
 
 Each resumed reply's 16 greedy token ids are checked against the cold reply's. Also: one KDA snapshot's bytes and
 what keeping one costs. Writes JSON (--out) after every figure.
 
-    python bench/reuse_bench.py [--layers KKKD] [--sizes 8192,32768] [--system 8192] [--chunk 128] [--out F]
+    python bench/reuse_bench.py [--layers KKKD] [--sizes 8192,32768] [--system 8192] [--chunks 2048,128] [--out F]
 """
 
 from __future__ import annotations
@@ -77,11 +80,11 @@ def main() -> None:
     ap.add_argument("--layers", default="KKKD")
     ap.add_argument("--sizes", default="8192,32768")
     ap.add_argument("--system", default="8192")
-    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--chunks", default="2048,128")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out = Path(args.out) if args.out else None
-    result: dict = {"layers": args.layers, "chunk": args.chunk, "device": torch.cuda.get_device_name(0)}
+    result: dict = {"layers": args.layers, "device": torch.cuda.get_device_name(0), "runs": []}
 
     def save() -> None:
         if out is not None:
@@ -91,67 +94,76 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     systems = [int(s) for s in args.system.split(",") if s]
     pool_tokens = 2 * max(sizes + systems) + 4096
-    executor = StepExecutor(model, model.make_pool(pool_tokens, "bf16"), lanes=2, graphs=True)
-    sched = Scheduler(
-        executor,
-        ParallelGroup.single("cuda"),
-        parallel=2,
-        max_queued=8,
-        prefill_chunk=args.chunk,
-        reuse_bytes=4 << 30,
-        reuse_marks=frozenset({MARK}),
-    )
-    assert sched.index is not None
-    result["snapshot_bytes"] = sched.index.snapshot_bytes
-    sched.start()
-    rng = random.Random(0)
-    try:
-        send(sched, words(rng, 2 * args.chunk + 5, cfg.vocab_size), False, "warm-up")  # graphs, kernels
-        rows = result.setdefault("resent", [])
-        for n in sizes:
-            ids = words(rng, n, cfg.vocab_size)
-            plain = send(sched, ids, False, f"plain {n}")
-            cold = send(sched, ids, True, f"cold {n}")
-            again = send(sched, ids, True, f"again {n}")
-            rows.append(
-                {
-                    "prompt_tokens": n,
-                    "cold_ttft_s": round(plain["ttft_s"], 4),
-                    "cold_keeping_ttft_s": round(cold["ttft_s"], 4),
-                    "resent_ttft_s": round(again["ttft_s"], 4),
-                    "cached_tokens": again["cached"],
-                    "share": round(again["ttft_s"] / plain["ttft_s"], 4),
-                    "same_tokens": plain["tokens"] == cold["tokens"] == again["tokens"],
-                    "states": sched.stats()["prompt_reuse"]["states"],
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
+    for chunk in (int(c) for c in args.chunks.split(",")):
+        run: dict = {"chunk": chunk}
+        result["runs"].append(run)
+        executor = StepExecutor(model, model.make_pool(pool_tokens, "bf16"), lanes=2, graphs=True)
+        sched = Scheduler(
+            executor,
+            ParallelGroup.single("cuda"),
+            parallel=2,
+            max_queued=8,
+            prefill_chunk=chunk,
+            reuse_bytes=4 << 30,
+            reuse_marks=frozenset({MARK}),
+        )
+        assert sched.index is not None
+        run["snapshot_bytes"] = sched.index.snapshot_bytes
+        sched.start()
+        rng = random.Random(chunk)
+        try:
+            send(sched, words(rng, 2 * chunk + 5, cfg.vocab_size), False, "warm-up")  # graphs, kernels
+            measure(sched, run, rng, cfg.vocab_size, sizes, systems, save)
+            run["prompt_reuse"] = sched.stats()["prompt_reuse"]
             save()
-        rows = result.setdefault("system", [])
-        for n in systems:
-            system = words(rng, n, cfg.vocab_size)
-            first = system + [MARK] + words(rng, 200, cfg.vocab_size)
-            second = system + [MARK] + words(rng, 200, cfg.vocab_size)
-            send(sched, first, True, f"system first {n}")
-            plain = send(sched, second, False, f"system plain {n}")
-            warm = send(sched, second, True, f"system warm {n}")
-            rows.append(
-                {
-                    "system_tokens": n,
-                    "prompt_tokens": len(second),
-                    "cold_ttft_s": round(plain["ttft_s"], 4),
-                    "warm_ttft_s": round(warm["ttft_s"], 4),
-                    "cached_tokens": warm["cached"],
-                    "share": round(warm["ttft_s"] / plain["ttft_s"], 4),
-                    "same_tokens": plain["tokens"] == warm["tokens"],
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
-            save()
-        result["prompt_reuse"] = sched.stats()["prompt_reuse"]
+        finally:
+            sched.stop()
+        del executor, sched
+        torch.cuda.empty_cache()
+
+
+def measure(sched: Scheduler, run: dict, rng: random.Random, vocab: int, sizes, systems, save) -> None:
+    rows = run.setdefault("resent", [])
+    for n in sizes:
+        ids = words(rng, n, vocab)
+        plain = send(sched, ids, False, f"plain {n}")
+        cold = send(sched, ids, True, f"cold {n}")
+        again = send(sched, ids, True, f"again {n}")
+        rows.append(
+            {
+                "prompt_tokens": n,
+                "cold_ttft_s": round(plain["ttft_s"], 4),
+                "cold_keeping_ttft_s": round(cold["ttft_s"], 4),
+                "resent_ttft_s": round(again["ttft_s"], 4),
+                "cached_tokens": again["cached"],
+                "share": round(again["ttft_s"] / plain["ttft_s"], 4),
+                "same_tokens": plain["tokens"] == cold["tokens"] == again["tokens"],
+                "states": sched.stats()["prompt_reuse"]["states"],
+            }
+        )
+        print(run["chunk"], json.dumps(rows[-1]), flush=True)
         save()
-    finally:
-        sched.stop()
+    rows = run.setdefault("system", [])
+    for n in systems:
+        system = words(rng, n, vocab)
+        first = system + [MARK] + words(rng, 200, vocab)
+        second = system + [MARK] + words(rng, 200, vocab)
+        send(sched, first, True, f"system first {n}")
+        plain = send(sched, second, False, f"system plain {n}")
+        warm = send(sched, second, True, f"system warm {n}")
+        rows.append(
+            {
+                "system_tokens": n,
+                "prompt_tokens": len(second),
+                "cold_ttft_s": round(plain["ttft_s"], 4),
+                "warm_ttft_s": round(warm["ttft_s"], 4),
+                "cached_tokens": warm["cached"],
+                "share": round(warm["ttft_s"] / plain["ttft_s"], 4),
+                "same_tokens": plain["tokens"] == warm["tokens"],
+            }
+        )
+        print(run["chunk"], json.dumps(rows[-1]), flush=True)
+        save()
 
 
 if __name__ == "__main__":

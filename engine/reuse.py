@@ -15,8 +15,9 @@ reply token for token. States reached by decoding (a reply's tokens) are not kep
 compute a token's rows in a different order, so a next turn that resends the reply re-prefills it (from the last
 boundary of the earlier prompt, which the reply follows).
 
-**Where states are kept** (`PrefixIndex.wants`): at the last boundary of a prompt (a resend, or the next turn of a
-conversation, resumes there), at the boundary before each chat role token (the end of a system prompt, of each
+**Where states are kept** (`PrefixIndex.wants`): at the end of a prompt, with its last token's logits (the same
+prompt sent again needs no prefill at all: its first token is sampled from them), at the last whole-chunk boundary
+before that (the next turn of a conversation resumes there), at the boundary before each chat role token (the end of a system prompt, of each
 earlier message: a new conversation with the same system prompt resumes there), and every `EVERY` tokens of a long
 prompt.
 
@@ -50,12 +51,12 @@ ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
 
 
 def chunk_keys(prompt: list[int], chunk: int, salt: str = "") -> list[bytes]:
-    """keys[k]: the key of the state after the first k + 1 whole chunks of `prompt`, for every boundary before its
-    last token (a resumed request always prefills at least one token: its first reply token needs the logits of
-    the last). A hash chain: each key covers every token before its boundary, and `salt` (a client's cache_salt)."""
+    """keys[k]: the key of the state after the first k + 1 chunks of `prompt` as it is prefilled (whole chunks, the
+    last one possibly shorter: its key then matches only a prompt that ends there too). A hash chain: each key
+    covers every token before its boundary, and `salt` (a client's cache_salt)."""
     keys, key = [], hashlib.blake2b(salt.encode(), digest_size=16).digest()
-    for end in range(chunk, len(prompt), chunk):
-        key = hashlib.blake2b(key + array("q", prompt[end - chunk : end]).tobytes(), digest_size=16).digest()
+    for start in range(0, len(prompt), chunk):
+        key = hashlib.blake2b(key + array("q", prompt[start : start + chunk]).tobytes(), digest_size=16).digest()
         keys.append(key)
     return keys
 
@@ -70,6 +71,7 @@ class Node:
     pins: int = 0  # running requests whose rows include this node's page
     children: int = 0
     used: int = 0  # the index's clock when last kept or resumed from
+    logits: Any = None  # the last token's logits there (rank 0, CPU): a prompt ending here samples from them
 
     @property
     def start(self) -> int:
@@ -126,7 +128,8 @@ class PrefixIndex:
 
     def wants(self, prompt: list[int], end: int, last_kept: int) -> bool:
         """Whether a state is kept at boundary `end` of `prompt` (see the module's note)."""
-        if end == (len(prompt) - 1) // self.chunk * self.chunk or end - last_kept >= EVERY:
+        last = (len(prompt) - 1) // self.chunk * self.chunk
+        if end in (len(prompt), last) or end - last_kept >= EVERY:
             return True
         return any(t in self.marks for t in prompt[end : end + self.chunk])
 
@@ -173,7 +176,7 @@ class PrefixIndex:
         return drops
 
     def _drop_snapshot(self, node: Node, keep: Node | None) -> list[tuple[int, bool]]:
-        node.snapshot = False
+        node.snapshot, node.logits = False, None
         if node.pins == 0 and node.children == 0 and node is not keep:
             return self._remove(node)
         return [(node.id, False)]

@@ -125,6 +125,7 @@ class Request:
     keys: list[bytes] | None = None  # its prompt's chunk keys (engine/reuse.py), computed once
     chain: Node | None = None  # the last kept state on its prompt (resumed from or kept by it)
     tips: list[Node] = field(default_factory=list)  # kept states it pins (their rows are in its budget)
+    logits_for: Node | None = None  # the state its current prompt chunk keeps, waiting for that chunk's logits
 
     @property
     def budget(self) -> int:
@@ -215,6 +216,7 @@ class Scheduler:
             else None
         )
         self._drops: list[tuple[int, bool]] = []
+        self._first: list[tuple[Request, Any]] = []  # resumed at their prompt's end: sampled after the step
         self._stats: dict[str, Any] = {}
         self._refresh_stats()
 
@@ -356,7 +358,8 @@ class Scheduler:
             if hit is not None:
                 self._resume(req, hit, plan)
         filling = sorted((r for r in self._lanes if r is not None and r.prefilling), key=lambda r: r.arrival)
-        decoding = [r for r in self._lanes if r is not None and not r.prefilling]
+        # a request resumed at its prompt's end has no token yet: its first one is sampled after this step
+        decoding = [r for r in self._lanes if r is not None and not r.prefilling and r.output]
         if filling and (self._prefill_turn or not decoding):
             req = filling[0]
             chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
@@ -382,7 +385,10 @@ class Scheduler:
             return None
         if req.keys is None:
             req.keys = chunk_keys(req.prompt, self.prefill_chunk, req.cache_salt)
-        return self.index.match(req.keys)
+        hit = self.index.match(req.keys)
+        if hit is not None and hit.end == len(req.prompt) and hit.logits is None:
+            hit = self.index.match(req.keys[:-1])  # (a state whose chunk is still running has no logits yet)
+        return hit
 
     def _resume(self, req: Request, hit: Node, plan: StepPlan) -> None:
         """An admitted request goes on from kept state `hit`: its lane adopts the rows and the KDA state there."""
@@ -396,15 +402,17 @@ class Scheduler:
         plan.resumes.append((_lane(req), [node.id for node in hit.path()]))
         if req.drafter is not None:
             req.drafter.extend(req.prompt[: hit.end])
+        if hit.end == len(req.prompt):  # nothing left to prefill: the first token comes from the kept logits
+            self._first.append((req, hit.logits))
 
     def _keep(self, req: Request, end: int, plan: StepPlan) -> tuple[int, int] | None:
         """Whether the prefill chunk ending at `end` keeps the lane's state there: (node, page start) or None."""
         index = self.index
-        if index is None or not req.reuse or end % self.prefill_chunk or end >= len(req.prompt):
+        if index is None or not self._resumable(req) or (end % self.prefill_chunk and end != len(req.prompt)):
             return None
         if req.keys is None:
             req.keys = chunk_keys(req.prompt, self.prefill_chunk, req.cache_salt)
-        key = req.keys[end // self.prefill_chunk - 1]
+        key = req.keys[(end - 1) // self.prefill_chunk]
         existing = index.nodes.get(key)
         if existing is not None:  # another request kept these chunks meanwhile: hold its rows instead of our own
             self._unpin(req)
@@ -422,6 +430,7 @@ class Scheduler:
         index.pin(node)
         req.tips.append(node)
         req.chain = node
+        req.logits_for = node  # the chunk's logits go with the state (_apply)
         return node.id, node.start
 
     def _unpin(self, req: Request) -> None:
@@ -447,6 +456,10 @@ class Scheduler:
         return self.executor.run(plan)
 
     def _apply(self, work: tuple[str, list[Request]] | None, logits: Any) -> None:
+        first, self._first = self._first, []
+        for req, kept in first:  # after the step that resumed them: their lanes hold the kept state
+            if not req.done:
+                self._sample(req, kept)
         if work is None:
             return
         self.totals["steps"] += 1
@@ -456,6 +469,8 @@ class Scheduler:
             chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
             start = req.filled
             req.filled += len(chunk)
+            if req.logits_for is not None:  # not prompt logprobs' rows: those requests keep no state
+                req.logits_for.logits, req.logits_for = logits, None
             if req.drafter is not None:
                 req.drafter.extend(chunk)
             if req.prompt_logprobs:  # row j predicts the prompt's token start + j + 1

@@ -327,7 +327,7 @@ def show_bench(result: BenchResult) -> None:
             reuse.add_column(name, justify="right")
         for kept in result.reuse:
             reuse.add_row(
-                "resent" if kept.kind == "resent" else "same system prompt",
+                "resent" if kept.kind == "resent" else "same system",
                 f"{kept.prompt_tokens:,}",
                 f"{kept.cached_tokens:,}",
                 _ms(kept.cold_ttft_s),

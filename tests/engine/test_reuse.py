@@ -32,12 +32,12 @@ CHUNK = 16
 # -- bookkeeping ---------------------------------------------------------------------------------------------------
 
 
-def test_chunk_keys_cover_whole_chunks_before_the_last_token_and_the_salt() -> None:
-    a = list(range(100, 150))  # 50 tokens: boundaries 16, 32, 48 (all before the last token)
+def test_chunk_keys_follow_the_prefill_chunks_and_the_salt() -> None:
+    a = list(range(100, 150))  # 50 tokens: chunks end at 16, 32, 48 and 50
     keys = chunk_keys(a, CHUNK)
-    assert len(keys) == 3
-    assert chunk_keys(a[:48], CHUNK) == keys[:2]  # 48 tokens: its last boundary would leave nothing to prefill
-    assert chunk_keys(a[:49], CHUNK) == keys
+    assert len(keys) == 4
+    assert chunk_keys(a[:48], CHUNK) == keys[:3]  # whole chunks: the same keys
+    assert chunk_keys(a[:49], CHUNK)[:3] == keys[:3] and chunk_keys(a[:49], CHUNK)[3] != keys[3]  # a shorter end
     changed = a[:20] + [7] + a[21:]
     assert chunk_keys(changed, CHUNK)[0] == keys[0] and chunk_keys(changed, CHUNK)[1:] != keys[1:]
     salted = chunk_keys(a, CHUNK, salt="tenant-a")
@@ -164,12 +164,13 @@ def render(example: synthetic.Example, messages: list[dict]) -> str:
 
 
 def kept_prefixes(prompts: list[list[int]], marks: frozenset[int]) -> set[tuple[int, ...]]:
-    """The prefixes whose states a scheduler keeps while it prefills `prompts` (their chunks' boundaries: the last
-    one before each prompt's last token, and the one before each role token; these prompts are far shorter than
+    """The prefixes whose states a scheduler keeps while it prefills `prompts` (chunk boundaries: each prompt's end,
+    the last whole chunk's before it, the one before each role token; these prompts are far shorter than
     reuse.EVERY), written from the policy, not read from the index."""
     out = set()
     for p in prompts:
         last = (len(p) - 1) // CHUNK * CHUNK
+        out.add(tuple(p))
         for x in range(CHUNK, len(p), CHUNK):
             if x == last or any(t in marks for t in p[x : x + CHUNK]):
                 out.add(tuple(p[:x]))
@@ -177,7 +178,10 @@ def kept_prefixes(prompts: list[list[int]], marks: frozenset[int]) -> set[tuple[
 
 
 def resumable(prompt: list[int], kept: set[tuple[int, ...]]) -> int:
-    """The longest kept prefix `prompt` may resume from (a chunk boundary before its last token)."""
+    """The longest kept prefix `prompt` may resume from: a whole-chunk boundary, or its whole self (a prompt's end
+    state serves only the same prompt: a longer one's chunk there is longer)."""
+    if tuple(prompt) in kept:
+        return len(prompt)
     return max((x for x in range(CHUNK, len(prompt), CHUNK) if tuple(prompt[:x]) in kept), default=0)
 
 
@@ -189,7 +193,7 @@ def test_resumed_replies_equal_cold_replies(demo, parallel: int, drafts: bool) -
     conversation's next turn (the reply sent back as the template renders it: without its reasoning, then a new
     user message), new conversations under an earlier system prompt. Every reply equals the same request served
     cold (`reuse=False`, the path without kept states), token for token; cached_tokens is what the kept states
-    could give: exactly the last chunk boundary for a resend, at least what the earlier rounds kept otherwise."""
+    could give: the whole prompt for a resend (no prefill at all), at least what the earlier rounds kept otherwise."""
     model, tokenizer, eos, marks = demo
     examples = synthetic.examples("eval", 11, 10)
     encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
@@ -227,13 +231,13 @@ def test_resumed_replies_equal_cold_replies(demo, parallel: int, drafts: bool) -
         assert cold_end.cached_tokens == 0
     assert all(end.cached_tokens == 0 for _, end in got[0][1])  # nothing was kept before the first round
     for (ids, _), (_, end) in zip(rounds[1], got[1][1]):
-        assert end.cached_tokens == (len(ids) - 1) // CHUNK * CHUNK  # a resend prefills at most one chunk
+        assert end.cached_tokens == len(ids)  # a resend prefills nothing: its end state and logits were kept
     for r in (2, 3):
         before = kept_prefixes([ids for batch in rounds[:r] for ids, _ in batch], marks)
         upto = kept_prefixes([ids for batch in rounds[: r + 1] for ids, _ in batch], marks)
         for (ids, _), (_, end) in zip(rounds[r], got[r][1]):
             assert resumable(ids, before) <= end.cached_tokens <= resumable(ids, upto)
-            assert end.cached_tokens % CHUNK == 0
+            assert end.cached_tokens % CHUNK == 0 or end.cached_tokens == len(ids)
     # every next turn whose first prompt had a whole chunk before its last token resumed (9 of these 10)
     assert sum(end.cached_tokens > 0 for _, end in got[2][1][: len(turns)]) >= 9
     user = tokenizer.token_to_id("<|user|>")
@@ -280,7 +284,7 @@ def test_kept_states_give_way_to_requests_and_stay_exact_under_pressure(demo, ca
     finally:
         cold.stop()
         warm.stop()
-    assert all(n == (len(ids) - 1) // CHUNK * CHUNK for n, ids in zip(cached, prompts))  # kept between sends
+    assert all(n == len(ids) for n, ids in zip(cached, prompts))  # kept between the two sends
     if cap_states is None:
         assert sum(len(ids) for ids in prompts) > 1024 and max(held) > 512  # the pool filled with kept rows
         assert after["tokens"] < max(held)  # and they were evicted when needed

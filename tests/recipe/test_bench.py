@@ -193,13 +193,13 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.Monk
 @pytest.mark.slow
 def test_reuse_section_resends_and_shares_a_system_prompt(report: dict[str, Any]) -> None:
     """The server keeps prompt states (PROMPT_REUSE's default, prefill chunks of 128): a resent prompt resumes
-    from its last chunk boundary, a new conversation under the same system prompt from the one before the user's
+    from its end (nothing prefilled), a new conversation under the same system prompt from the one before the user's
     message; the cold sends reuse nothing (each run's text is its own)."""
     rows = {row["kind"]: row for row in report["data"]["reuse"]}
     assert set(rows) == {"resent", "system"} and all(row["target_tokens"] == 512 for row in rows.values())
     (resent,) = rows["resent"]["runs"]
     assert resent["cold"]["cached_tokens"] == 0 and resent["cold"]["prompt_tokens"] == resent["warm"]["prompt_tokens"]
-    assert resent["warm"]["cached_tokens"] == (resent["warm"]["prompt_tokens"] - 1) // 128 * 128 > 0
+    assert resent["warm"]["cached_tokens"] == resent["warm"]["prompt_tokens"] > 0
     (system,) = rows["system"]["runs"]
     assert (
         system["cold"]["cached_tokens"] == 0
