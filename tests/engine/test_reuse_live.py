@@ -18,7 +18,9 @@ from engine.checkpoint.demo import TRAINED
 
 pytestmark = pytest.mark.slow
 CHUNK = 16
-FLAGS = ["--parallel", "2", "--context", "1024", "--max-tokens", "32", "--prefill-chunk", str(CHUNK), "--name", "demo"]
+# a pool of 4096 x 2 rows: room for the burst's kept states beside the running requests (kept states give way to
+# requests, so a smaller pool would evict some of them before they are resent)
+FLAGS = ["--parallel", "2", "--context", "4096", "--max-tokens", "32", "--prefill-chunk", str(CHUNK), "--name", "demo"]
 SYSTEM = "You are a helpful assistant. You are a concise assistant. Answer briefly. Answer as accurately as you can."
 
 
@@ -68,6 +70,39 @@ def test_resent_prompts_and_next_turns_resume_with_the_same_reply(server: LiveSe
     ids, _, cached = chat(client, first, cache_salt="tenant-b")  # another tenant's salt: nothing shared
     assert ids == chat(client, first, prompt_reuse=False)[0] and cached == 0
     assert chat(client, first, cache_salt="tenant-b")[2] > 0
+
+
+def test_a_burst_of_the_demos_conversations_resumes_exactly_at_tp2(server: LiveServer, client: openai.OpenAI) -> None:
+    """Twelve of the demo's conversations (tool calls, tool results, thinking on and off) sent at once through
+    /v1/completions, three times: keeping states, resent (each resumes from its own end, on whichever lane is
+    free, each rank its shard), and with "prompt_reuse": false. Greedy and seeded sampling; token ids must agree."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.train import synthetic
+
+    texts = [synthetic.prompt(e) for e in synthetic.examples("eval", 21, 12)]
+
+    def one(k: int, reuse: bool) -> tuple[list[int], int, int]:
+        sampling = {"temperature": 0.0} if k % 2 else {"temperature": 0.8, "seed": k}
+        reply = client.completions.create(
+            model="demo",
+            prompt=texts[k],
+            max_tokens=24,
+            extra_body={"return_token_ids": True, "prompt_reuse": reuse},
+            **sampling,  # type: ignore[arg-type]
+        )
+        usage = reply.usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        ids = reply.choices[0].model_extra["token_ids"]
+        return ids, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+
+    with ThreadPoolExecutor(6) as pool:
+        kept = list(pool.map(lambda k: one(k, True), range(len(texts))))
+        resent = list(pool.map(lambda k: one(k, True), range(len(texts))))
+        cold = list(pool.map(lambda k: one(k, False), range(len(texts))))
+    for k, (a, b, c) in enumerate(zip(kept, resent, cold)):
+        assert a[0] == b[0] == c[0], f"conversation {k}"
+        assert b[2] == b[1] and c[2] == 0  # the resend prefilled nothing; the opted-out one everything
 
 
 def test_every_api_reports_resumed_tokens_in_its_own_field(server: LiveServer, client: openai.OpenAI) -> None:
