@@ -415,8 +415,8 @@ class Scheduler:
         key = req.keys[(end - 1) // self.prefill_chunk]
         existing = index.nodes.get(key)
         if existing is not None:  # another request kept these chunks meanwhile: hold its rows instead of our own
+            index.pin(existing)  # first: unpinning our own states may prune, never what we adopt
             self._unpin(req)
-            index.pin(existing)
             index.touch(existing)
             req.tips, req.chain = [existing], existing
             plan.adopt = [node.id for node in existing.path()]

@@ -103,7 +103,7 @@ def mask_env(name: str, value: str) -> str:
 def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] = ()) -> Plan:
     """Every rank's launch, derived from settings and host facts only (no side effects)."""
     _check_extra_args(settings, extra_args)
-    settings = drafts_for_device(settings, host.gpu)
+    settings = prefill_for_device(drafts_for_device(settings, host.gpu), host.gpu)
     plan = _build(settings, host, extra_args)
     _check_no_secret_leaks(settings, host, extra_args)
     return plan
@@ -119,6 +119,18 @@ def drafts_for_device(settings: Settings, gpu: bool) -> Settings:
         return settings
     if settings.origins.get("DRAFTER", "default") in ("default", "derived"):
         return dataclasses.replace(settings, drafter="none")
+    return settings
+
+
+GPU_PREFILL_CHUNK = 2048
+
+
+def prefill_for_device(settings: Settings, gpu: bool) -> Settings:
+    """PREFILL_CHUNK as the ranks' device makes it pay: on a GPU a prompt step's time is mostly one pass over the
+    weights (every expert is touched), so the default takes 2048 tokens a step there (~10x the prompt speed of 128
+    on the H200, docs/BENCHMARKS.md); the CPU keeps 128 (its steps cost by the token). A value written out wins."""
+    if gpu and settings.origins.get("PREFILL_CHUNK", "default") in ("default", "derived"):
+        return dataclasses.replace(settings, prefill_chunk=GPU_PREFILL_CHUNK)
     return settings
 
 

@@ -42,6 +42,7 @@ class Settings:
     dense: str
     drafter: str
     draft_tokens: int
+    prefill_chunk: int
     prompt_reuse: bool
     prompt_reuse_gib: float
     thinking: bool

@@ -112,6 +112,13 @@ def demo_server(
     module-scoped `server` fixtures)."""
     checkpoint = factory.mktemp("demo")
     write_demo(checkpoint, seed=seed, size="tiny")
+    yield from serve_checkpoint(checkpoint, factory, flags, key)
+
+
+def serve_checkpoint(
+    checkpoint: Path, factory: pytest.TempPathFactory, flags: list[str], key: str | None = KEY
+) -> Iterator[LiveServer]:
+    """A live 2-rank server on `checkpoint`, stopped afterwards (the body of a module-scoped `server` fixture)."""
     live = LiveServer(checkpoint, factory.mktemp("logs"), flags, key=key)
     try:
         yield live

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from test_api_live import KEY, LiveServer
+from test_api_live import KEY, LiveServer, serve_checkpoint
 
 from engine.checkpoint.demo import TRAINED
 
@@ -20,11 +20,7 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     flags = ["--drafter", "copy", "--draft-tokens", "3", "--parallel", "4", "--max-queued", "4", "--context", "512"]
-    live = LiveServer(TRAINED, tmp_path_factory.mktemp("logs"), flags, key=KEY)
-    try:
-        yield live
-    finally:
-        live.stop()
+    yield from serve_checkpoint(TRAINED, tmp_path_factory, flags)
 
 
 def prompt(i: int) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from test_api_live import KEY, SERVER_FLAGS, LiveServer
+from test_api_live import KEY, SERVER_FLAGS, LiveServer, serve_checkpoint
 
 from engine.checkpoint.demo import write_demo
 from engine.models.glm5_next.model import Glm5NextForCausalLM
@@ -29,11 +29,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(checkpoint, tmp_path_factory.mktemp("logs"), [*SERVER_FLAGS, "--kv", "fp32"], key=KEY)
-    try:
-        yield live
-    finally:
-        live.stop()
+    yield from serve_checkpoint(checkpoint, tmp_path_factory, [*SERVER_FLAGS, "--kv", "fp32"])
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ the tokens it really skipped.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -289,3 +290,37 @@ def test_kept_states_give_way_to_requests_and_stay_exact_under_pressure(demo, ca
         assert sum(len(ids) for ids in prompts) > 1024 and max(held) > 512  # the pool filled with kept rows
         assert after["tokens"] < max(held)  # and they were evicted when needed
     assert warm.executor.pool.free_tokens == warm.executor.pool.num_tokens
+
+
+@torch.no_grad()
+def test_prompts_sharing_chunks_at_once_hold_the_shared_rows_once(demo) -> None:
+    """Three prompts that share five whole chunks, sent at once on three lanes: the first keeps states as it
+    prefills; the others, admitted before anything was kept, reach the same chunks later and take the kept rows
+    instead of their own (the same bits). Replies equal the cold ones; afterwards every pool row is free or held by
+    a kept state, the shared prefix once."""
+    model, tokenizer, eos, marks = demo
+    shared = tokenizer.encode(
+        render_chat([{"role": "system", "content": " ".join(synthetic._SYSTEMS * 2)}], add_generation_prompt=False)
+    ).ids
+    shared = shared[: 5 * CHUNK]
+    assert len(shared) == 5 * CHUNK
+    prompts = [shared + tokenizer.encode(f"<|user|>question {k}<|assistant|></think>").ids for k in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    cold, warm = scheduler(demo, 3), scheduler(demo, 3)
+    cold.start()
+    warm.start()
+    try:
+        expected = run(cold, eos, [(p, params) for p in prompts], reuse=False)
+        got = run(warm, eos, [(p, params) for p in prompts], reuse=True)
+        deadline = time.monotonic() + 10  # the last lane is released by the step after its reply ends
+        while warm.stats()["pool_free_tokens"] < warm.stats()["pool_tokens"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pool, stats = warm.executor.pool, warm.stats()["prompt_reuse"]
+        held = pool.num_tokens - pool.free_tokens
+    finally:
+        cold.stop()
+        warm.stop()
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    assert all(end.cached_tokens == 0 for _, end in got)  # all admitted at once: nothing to resume yet
+    distinct = len(shared) + sum(len(p) - len(shared) for p in prompts)  # the prefix once, then each own tail
+    assert (held, stats["tokens"]) == (distinct, distinct), stats

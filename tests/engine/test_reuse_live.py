@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from test_api_live import KEY, LiveServer
+from test_api_live import KEY, LiveServer, serve_checkpoint
 
 from engine.checkpoint.demo import TRAINED
 
@@ -26,11 +26,7 @@ SYSTEM = "You are a helpful assistant. You are a concise assistant. Answer brief
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(TRAINED, tmp_path_factory.mktemp("logs"), FLAGS, key=KEY)
-    try:
-        yield live
-    finally:
-        live.stop()
+    yield from serve_checkpoint(TRAINED, tmp_path_factory, FLAGS)
 
 
 @pytest.fixture(scope="module")

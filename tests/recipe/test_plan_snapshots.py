@@ -140,3 +140,17 @@ def test_drafts_follow_the_device(root: Path) -> None:
     gpu = build_plan(load_settings(root, BASE), SPARK)
     assert drafter(gpu) == "none" and gpu.summary["drafter"] == "none"
     assert drafter(build_plan(load_settings(root, {**BASE, "DRAFTER": "copy"}), SPARK)) == "copy"
+
+
+def test_the_prefill_chunk_follows_the_device(root: Path) -> None:
+    """PREFILL_CHUNK's default 128 reaches CPU ranks; on a GPU host the default is 2048 (a prompt step costs about
+    one pass over the weights there); a value written out wins on both."""
+
+    def chunk(plan) -> str:
+        argv = plan.ranks[-1].argv
+        return argv[argv.index("--prefill-chunk") + 1]
+
+    assert chunk(build_plan(load_settings(root, BASE), HOST)) == "128"
+    assert chunk(build_plan(load_settings(root, BASE), SPARK)) == "2048"
+    assert chunk(build_plan(load_settings(root, {**BASE, "PREFILL_CHUNK": "512"}), SPARK)) == "512"
+    assert chunk(build_plan(load_settings(root, {**BASE, "PREFILL_CHUNK": "64"}), HOST)) == "64"
