@@ -150,6 +150,7 @@ class TopSnapshot:
     pool_free_tokens: int | None = None
     ranks: tuple[RankBeat, ...] | None = None
     totals: dict[str, int] | None = None
+    prompt_reuse: dict[str, Any] | None = None  # /health's prompt_reuse: kept states, hits
     metrics_problem: str | None = None
 
     @property
@@ -196,6 +197,7 @@ class TopSnapshot:
             if self.ranks is None
             else [{"rank": r.rank, "silent_s": r.silent_s, "live": r.live} for r in self.ranks],
             "totals": self.totals,
+            "prompt_reuse": self.prompt_reuse,
             "metrics_problem": self.metrics_problem,
         }
 
@@ -295,6 +297,7 @@ def snapshot(url: str, sample: Sample, history: History) -> TopSnapshot:
         pool_free_tokens=health.get("pool_free_tokens"),
         ranks=_ranks(health.get("ranks")),
         totals=health.get("totals"),
+        prompt_reuse=health.get("prompt_reuse"),
         metrics_problem=sample.metrics_problem,
     )
 

@@ -73,6 +73,7 @@ def _rows(shot: TopSnapshot) -> list[tuple[str, str]]:
         ("Prefill", _rate(shot.prefill) + " [dim](prompt tokens admitted)[/]"),
         ("TTFT", _ttft(shot.ttft)),
         ("Pool", _pool(shot)),
+        ("Reuse", reuse(shot.prompt_reuse)),
         ("Ranks", _ranks(shot)),
     ]
     totals = shot.totals or {}
@@ -111,6 +112,21 @@ def _pool(shot: TopSnapshot) -> str:
     if used is None or not total:
         return DASH
     return f"{used:,} tokens used · {shot.pool_free_tokens:,} free of {total:,} ({100 * used / total:.0f} %)"
+
+
+def reuse(counts: dict | None) -> str:
+    """Prompt reuse as /health reports it: kept states, the rows they hold, and how many looked-up prompt tokens
+    were resumed rather than prefilled."""
+    if not counts:
+        return DASH
+    if not counts.get("enabled"):
+        return "off"
+    queries, hits = counts.get("queries_tokens") or 0, counts.get("hits_tokens") or 0
+    share = f"{100 * hits / queries:.0f} %" if queries else DASH
+    return (
+        f"{_int(counts.get('states'))} kept states · {_int(counts.get('tokens'))} tokens held · {share} of prompt "
+        f"tokens resumed [dim]({hits:,} of {queries:,})[/]"
+    )
 
 
 def _ranks(shot: TopSnapshot) -> str:

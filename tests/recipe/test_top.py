@@ -97,6 +97,8 @@ def test_once_json_after_requests_agrees_with_health(server: LiveServer, http: h
     assert ttft["observations"] >= 4 and ttft["window"] == "since start"
     assert 0 < ttft["p50"] <= ttft["p95"] <= 640
     assert data["metrics_problem"] is None
+    reuse = data["prompt_reuse"]  # the same short prompt four times: the later three resumed from its end
+    assert reuse == health["prompt_reuse"] and reuse["hits_tokens"] >= 3 and reuse["states"] >= 1
     if "ranks" in health:
         assert [r["rank"] for r in data["ranks"]] == [0, 1] and all(r["live"] for r in data["ranks"])
     else:
@@ -263,3 +265,11 @@ def test_ttft_uses_the_last_minute_once_it_has_enough_first_tokens() -> None:
     recent = history.ttft()
     assert recent.window == "last minute" and recent.observations == TTFT_MIN_WINDOW + 1
     assert recent.p95_s == pytest.approx(0.475)  # all in (0, 0.5]: the old slow ones are out
+
+
+def test_the_reuse_row_says_what_health_reports() -> None:
+    from recipe.top.view import reuse
+
+    counts = {"enabled": True, "states": 3, "tokens": 1200, "queries_tokens": 4000, "hits_tokens": 1000}
+    assert reuse(counts) == "3 kept states · 1,200 tokens held · 25 % of prompt tokens resumed [dim](1,000 of 4,000)[/]"
+    assert reuse({"enabled": False}) == "off" and reuse(None) == "—"
