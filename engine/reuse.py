@@ -7,19 +7,21 @@ state and conv window at one position, plus the pool rows of the tokens before i
 pool slots (`KVPool.share`), never copied.
 
 **Exact by construction.** A prompt is prefilled in chunks of `prefill_chunk` tokens from position 0, so chunk
-boundaries sit at fixed positions. States are kept only at boundaries, and keyed by a hash chain over the whole
-chunks before them (`chunk_keys`). Two prompts with the same key went through the same chunks, so the kept state has
-the bits the new prompt's own cold prefill would have reached there; the new request then prefills its remaining
-chunks exactly as a cold request would (the same boundaries from there on). A resumed reply therefore equals the cold
-reply token for token. States reached by decoding (a reply's tokens) are not kept: a decode step and a prompt chunk
-compute a token's rows in a different order, so a next turn that resends the reply re-prefills it (from the last
-boundary of the earlier prompt, which the reply follows).
+boundaries sit at fixed positions. States are kept only at a chunk's end, keyed by a hash chain over the chunks
+before it (`chunk_keys`; a prompt's last, shorter chunk is keyed too, so that key fits only a prompt that ends
+there). Two prompts with the same key went through the same chunks, so the kept state has the bits the new prompt's
+own cold prefill would have reached there; the new request then prefills its remaining chunks exactly as a cold
+request would (the same boundaries from there on). A resumed reply therefore equals the cold reply token for token.
+States reached by decoding (a reply's tokens) are not kept: a decode step and a prompt chunk compute a token's rows
+in a different order, so a next turn that resends the reply re-prefills it (from the last whole-chunk boundary of
+the earlier prompt, which the reply follows).
 
 **Where states are kept** (`PrefixIndex.wants`): at the end of a prompt, with its last token's logits (the same
-prompt sent again needs no prefill at all: its first token is sampled from them), at the last whole-chunk boundary
-before that (the next turn of a conversation resumes there), at the boundary before each chat role token (the end of a system prompt, of each
-earlier message: a new conversation with the same system prompt resumes there), and every `EVERY` tokens of a long
-prompt.
+prompt sent again needs no prefill at all: its first token is sampled from them); at the last whole-chunk boundary
+before that (the next turn of a conversation resumes there); at the boundary before each chat role token (the end
+of a system prompt, of each earlier message: a new conversation with the same system prompt resumes there); and
+every `EVERY` tokens of a long prompt. A request that reaches a state another request kept meanwhile takes that
+state's rows instead of its own (`KeptStates.adopt`), so a prefix prefilled twice at once is still held once.
 
 **Memory.** Pool rows of kept states live inside the pool; KDA snapshots under a cap in bytes (PROMPT_REUSE_GIB).
 The index is a tree: each kept state (a node) holds the rows from its parent's position to its own (its page), so a
@@ -30,8 +32,8 @@ otherwise wait, so kept states never refuse or delay a request. Snapshots are ev
 snapshot stays while a descendant needs its rows).
 
 Rank 0 decides (`PrefixIndex`, host-side only); every rank applies the decisions carried by the step plan
-(`KeptStates`: keep after a prefill chunk, resume an admitted lane, drop), so all ranks hold the same states, each
-its own shard.
+(`KeptStates`: keep or adopt after a prefill chunk, resume an admitted lane, drop), so all ranks hold the same
+states, each its own shard.
 """
 
 from __future__ import annotations
