@@ -12,23 +12,11 @@ export PYTHONPATH=/tmp/pylib:.:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-540}
 . bench/run_steps.sh
 
-say "## machine ($(date -u +%FT%TZ))"
-timeout 20 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
-names=$(ls .wheels | sed 's/-[0-9].*//' | sort -u)
-python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib $names > "$OUT/pip.log" 2>&1
-say "pip exit $? ($(python -c 'import importlib.metadata as m, sys, xgrammar; print("xgrammar", m.version("xgrammar"), "python", sys.version.split()[0])' 2>&1 | tail -1))"
-
-t=$(cap "1. structured tests" 240)
-if (( t > 0 )); then
-    say "## 1. tests/gpu/test_structured_gpu.py (timeout $t s)"
-    timeout -s INT -k 10 "$t" python -m pytest -q -rs -p no:cacheprovider tests/gpu/test_structured_gpu.py > "$OUT/structured_gpu.txt" 2>&1
-    say "exit $? after $(( $(date +%s) - START )) s"; grep -E "passed|failed|Error|assert" "$OUT/structured_gpu.txt" | tail -25 >> "$LOG"
-fi
-
-t=$(cap "2. drafts tests" 280)
-if (( t > 0 )); then
-    say "## 2. tests/gpu/test_drafts_gpu.py (timeout $t s)"
-    timeout -s INT -k 10 "$t" python -m pytest -q -rs -p no:cacheprovider tests/gpu/test_drafts_gpu.py > "$OUT/drafts_gpu.txt" 2>&1
-    say "exit $? after $(( $(date +%s) - START )) s"; grep -E "passed|failed|Error|assert" "$OUT/drafts_gpu.txt" | tail -25 >> "$LOG"
-fi
+machine
+wheels
+say "xgrammar: $(python -c 'import importlib.metadata as m, sys, xgrammar; print(m.version("xgrammar"), "python", sys.version.split()[0])' 2>&1 | tail -1)"
+step "1. tests/gpu/test_structured_gpu.py" 240 "$OUT/structured_gpu.txt" \
+    python -m pytest -q -rs -p no:cacheprovider tests/gpu/test_structured_gpu.py
+step "2. tests/gpu/test_drafts_gpu.py" 280 "$OUT/drafts_gpu.txt" \
+    python -m pytest -q -rs -p no:cacheprovider tests/gpu/test_drafts_gpu.py
 say "## done after $(( $(date +%s) - START )) s"

@@ -10,3 +10,24 @@ cap() {
     if (( rest < 15 )); then echo "## $1: skipped, ${rest} s left of ${BUDGET}" | tee -a "$LOG" >&2; echo 0; return; fi
     (( want < rest )) && echo "$want" || echo "$rest"
 }
+# machine: the GPU (name, driver) into the log
+machine() {
+    say "## machine ($(date -u +%FT%TZ))"
+    timeout 20 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
+}
+# wheels: every package .wheels carries (the lent machine has no network), into /tmp/pylib (on PYTHONPATH)
+wheels() {
+    local names; names=$(ls .wheels | sed 's/-[0-9].*//' | sort -u)
+    python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib $names > "$OUT/pip.log" 2>&1
+    say "pip exit $?"
+}
+# step NAME SECONDS FILE COMMAND...: COMMAND under its cap, its output in FILE; the exit and a summary in the log
+step() {
+    local name=$1 want=$2 file=$3 t; shift 3
+    t=$(cap "$name" "$want")
+    (( t > 0 )) || return 0
+    say "## $name (timeout $t s)"
+    timeout -s INT -k 10 "$t" "$@" > "$file" 2>&1
+    say "exit $? after $(( $(date +%s) - START )) s"
+    { grep -E "passed|failed|Error|assert" "$file" || tail -8 "$file"; } | tail -25 >> "$LOG"
+}

@@ -55,6 +55,11 @@ class KVPool:
         return num_layers * (row_width * item + (4 if kv == "fp8" else 0))
 
     @property
+    def token_bytes(self) -> int:
+        """Bytes one token's rows take in this pool (every DSA layer)."""
+        return self.bytes_per_token(self.rows.shape[0], self.row_width, self.kv)
+
+    @property
     def free_tokens(self) -> int:
         return len(self._free)
 
@@ -140,18 +145,20 @@ class Sequence:
         self.slot_ids += ids
         return new
 
-    def adopt(self, slots: list[int]) -> None:
-        """A fresh sequence takes over the rows of `slots` (positions 0..n-1, shared with a kept prompt state): it
-        goes on from position n."""
-        if self.slot_ids or self.length:
-            raise ValueError("only a fresh sequence can adopt kept rows")
+    def take_over(self, slots: list[int]) -> None:
+        """Positions 0..n-1 read the rows of `slots` from now on (rows of a kept prompt state, already shared for
+        this sequence; the same bits as its own there, if it had any); the rows it held there are released. A fresh
+        sequence goes on from position n."""
+        n = len(slots)
+        own = self.slot_ids[:n]
         new = torch.tensor(slots, dtype=torch.long, device=self.pool.rows.device)
         if self.table is None:
-            self._slots = new
+            self._slots = torch.cat([new, self._slots[n:]])
         else:
-            self.table[: len(slots)] = new
-        self.slot_ids = list(slots)
-        self.length = len(slots)
+            self.table[:n] = new
+        self.slot_ids[:n] = slots
+        self.length = max(self.length, n)
+        self.pool.release(own)
 
     def next_slot(self) -> int:
         """The slot of the token at `length`, taken from the pool if not held yet; host-side only (the static decode
@@ -190,9 +197,13 @@ def lane_state_bytes(
     state and conv window of every lane and the scratch lane, and with verify windows (`window` > 1) those after
     every row of a window too; per pool token: the slot table's entry on each lane (int64). Pool sizing subtracts
     it, so a Spark's memory is not promised twice."""
-    per_lane = sum(math.prod(state) + math.prod(conv) for state, conv in kda_shapes.values()) * 4
     rows = 1 + (window if window > 1 else 0)
-    return (num_lanes + 1) * per_lane * rows, (num_lanes + 1) * 8
+    return (num_lanes + 1) * kda_state_bytes(kda_shapes) * rows, (num_lanes + 1) * 8
+
+
+def kda_state_bytes(kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]) -> int:
+    """One stream's fp32 KDA state and conv window over every KDA layer: a lane's, or a kept prompt state's."""
+    return sum(math.prod(state) + math.prod(conv) for state, conv in kda_shapes.values()) * 4
 
 
 class LaneState:

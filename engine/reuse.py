@@ -39,6 +39,7 @@ states, each its own shard.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 from array import array
 from dataclasses import dataclass, field
@@ -107,10 +108,8 @@ class PrefixIndex:
     hits: int = 0  # of those, tokens resumed from kept states (prefix_cache_hits)
     _clock: Any = field(default_factory=itertools.count)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
-
-    @property
-    def snapshots(self) -> int:
-        return sum(node.snapshot for node in self.nodes.values())
+    _unpinned: int = field(default=0, init=False)  # pool rows of unpinned nodes (kept up to date: read every step)
+    snapshots: int = field(default=0, init=False)  # nodes holding a snapshot
 
     def match(self, keys: list[bytes]) -> Node | None:
         """The deepest kept state (with its snapshot) that a prompt with these chunk keys starts with."""
@@ -126,7 +125,10 @@ class PrefixIndex:
 
     def pin(self, node: Node, by: int = 1) -> None:
         for n in node.path():
+            was = n.pins
             n.pins += by
+            if (was == 0) != (n.pins == 0):
+                self._unpinned += n.page if n.pins == 0 else -n.page
 
     def wants(self, prompt: list[int], end: int, last_kept: int) -> bool:
         """Whether a state is kept at boundary `end` of `prompt` (see the module's note)."""
@@ -148,25 +150,32 @@ class PrefixIndex:
         if parent is not None:
             parent.children += 1
         self.nodes[key] = node
+        self.snapshots += 1
+        self._unpinned += node.page
         return node, drops
 
     def unpinned_tokens(self, besides: Node | None = None) -> int:
         """Pool rows held by kept states and by no running request (`besides`: a path about to be pinned)."""
-        spared = set(besides.path()) if besides is not None else set()
-        return sum(n.page for n in self.nodes.values() if n.pins == 0 and n not in spared)
+        spared = besides.path() if besides is not None else []
+        return self._unpinned - sum(n.page for n in spared if n.pins == 0)
 
     def evict(self, tokens: int, besides: Node | None = None) -> list[tuple[int, bool]]:
         """Drop unpinned states, least recently used leaves first, until `tokens` rows are freed or none is left."""
         spared = set(besides.path()) if besides is not None else set()
+
+        def evictable(n: Node) -> bool:
+            return n.pins == 0 and n.children == 0 and n not in spared
+
+        leaves = [(n.used, n.id, n) for n in self.nodes.values() if evictable(n)]
+        heapq.heapify(leaves)
         drops: list[tuple[int, bool]] = []
         freed = 0
-        while freed < tokens:
-            leaves = [n for n in self.nodes.values() if n.pins == 0 and n.children == 0 and n not in spared]
-            if not leaves:
-                break
-            leaf = min(leaves, key=lambda n: n.used)
+        while freed < tokens and leaves:
+            leaf = heapq.heappop(leaves)[2]
             freed += leaf.page
             drops += self._remove(leaf)
+            if leaf.parent is not None and evictable(leaf.parent):  # a leaf now
+                heapq.heappush(leaves, (leaf.parent.used, leaf.parent.id, leaf.parent))
         return drops
 
     def prune(self) -> list[tuple[int, bool]]:
@@ -178,6 +187,7 @@ class PrefixIndex:
         return drops
 
     def _drop_snapshot(self, node: Node, keep: Node | None) -> list[tuple[int, bool]]:
+        self.snapshots -= node.snapshot
         node.snapshot, node.logits = False, None
         if node.pins == 0 and node.children == 0 and node is not keep:
             return self._remove(node)
@@ -185,6 +195,8 @@ class PrefixIndex:
 
     def _remove(self, node: Node) -> list[tuple[int, bool]]:
         del self.nodes[node.key]
+        self.snapshots -= node.snapshot
+        self._unpinned -= node.page if node.pins == 0 else 0
         if node.parent is not None:
             node.parent.children -= 1
         return [(node.id, True)]
@@ -230,9 +242,7 @@ class KeptStates:
 
     def resume(self, seq: Sequence, path: list[int]) -> None:
         """A fresh sequence goes on from the last node of `path` (root first): its rows shared, its state copied."""
-        slots = [s for node in path for s in self.pages[node]]
-        self.pool.share(slots)
-        seq.adopt(slots)
+        seq.take_over(self._shared(path))
         kda, conv = self.snapshots[path[-1]]
         for layer in kda:
             seq.store_state(layer, kda[layer].clone(), conv[layer].clone())
@@ -240,12 +250,13 @@ class KeptStates:
     def adopt(self, seq: Sequence, path: list[int]) -> None:
         """`seq` has just prefilled up to the end of `path`, where another request kept the same chunks: it holds
         the kept rows instead of its own (the same bits), so the pool holds that prefix once."""
+        seq.take_over(self._shared(path))
+
+    def _shared(self, path: list[int]) -> list[int]:
+        """The rows of `path` (root first), one more holder added for each."""
         slots = [s for node in path for s in self.pages[node]]
         self.pool.share(slots)
-        own = seq.slot_ids[: len(slots)]
-        seq.slot_ids[: len(slots)] = slots
-        seq.slots[: len(slots)] = torch.tensor(slots, dtype=torch.long, device=seq.slots.device)
-        self.pool.release(own)
+        return slots
 
     def release_all(self) -> None:
         for node in list(self.pages):

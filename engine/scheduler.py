@@ -35,6 +35,7 @@ from typing import Any
 
 import torch.distributed
 
+from engine.cache import kda_state_bytes
 from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.reuse import Node, PrefixIndex, chunk_keys
@@ -209,12 +210,11 @@ class Scheduler:
         # drafts by position in the window (vLLM's spec-decode counters)
         self.drafts = {"windows": 0, "drafted_windows": 0, "drafted": 0, "accepted": 0, "committed": 0}
         self.accepted_at = [0] * self.draft_tokens
-        decoder = getattr(executor, "decoder", None)
-        self.index = (
-            PrefixIndex(prefill_chunk, _snapshot_bytes(decoder.state), reuse_bytes, reuse_marks)
-            if reuse_bytes is not None and decoder is not None
-            else None
-        )
+        decoder = executor.decoder
+        self.index: PrefixIndex | None = None
+        if reuse_bytes is not None and decoder is not None:
+            snapshot = kda_state_bytes(decoder.model.kda_state_shapes())
+            self.index = PrefixIndex(prefill_chunk, snapshot, reuse_bytes, reuse_marks)
         self._drops: list[tuple[int, bool]] = []
         self._first: list[tuple[Request, Any]] = []  # resumed at their prompt's end: sampled after the step
         self._stats: dict[str, Any] = {}
@@ -383,12 +383,12 @@ class Scheduler:
     def _match(self, req: Request) -> Node | None:
         if self.index is None or not self._resumable(req):
             return None
+        return self.index.match(self._keys(req))  # a kept state has its logits: set in the step that kept it
+
+    def _keys(self, req: Request) -> list[bytes]:
         if req.keys is None:
             req.keys = chunk_keys(req.prompt, self.prefill_chunk, req.cache_salt)
-        hit = self.index.match(req.keys)
-        if hit is not None and hit.end == len(req.prompt) and hit.logits is None:
-            hit = self.index.match(req.keys[:-1])  # (a state whose chunk is still running has no logits yet)
-        return hit
+        return req.keys
 
     def _resume(self, req: Request, hit: Node, plan: StepPlan) -> None:
         """An admitted request goes on from kept state `hit`: its lane adopts the rows and the KDA state there."""
@@ -410,9 +410,7 @@ class Scheduler:
         index = self.index
         if index is None or not self._resumable(req) or (end % self.prefill_chunk and end != len(req.prompt)):
             return None
-        if req.keys is None:
-            req.keys = chunk_keys(req.prompt, self.prefill_chunk, req.cache_salt)
-        key = req.keys[(end - 1) // self.prefill_chunk]
+        key = self._keys(req)[(end - 1) // self.prefill_chunk]
         existing = index.nodes.get(key)
         if existing is not None:  # another request kept these chunks meanwhile: hold its rows instead of our own
             index.pin(existing)  # first: unpinning our own states may prune, never what we adopt
@@ -626,21 +624,6 @@ class Scheduler:
                 **self.drafts,
                 "accepted_at": list(self.accepted_at),
             },
-            "prompt_reuse": (
-                self.index.stats(_pool_bytes_per_token(pool)) if self.index is not None else {"enabled": False}
-            ),
+            "prompt_reuse": (self.index.stats(pool.token_bytes) if self.index is not None else {"enabled": False}),
             "broken": self.broken,
         }
-
-
-def _snapshot_bytes(state: Any) -> int:
-    """One kept KDA snapshot on this rank: every layer's state and conv window of one lane."""
-    return sum(t[0].numel() * t.element_size() for t in (*state.kda.values(), *state.conv.values()))
-
-
-def _pool_bytes_per_token(pool: Any) -> int:
-    rows = getattr(pool, "rows", None)
-    if rows is None:
-        return 0
-    scales = getattr(pool, "scales", None)
-    return (rows.nbytes + (scales.nbytes if scales is not None else 0)) // rows.shape[1]
