@@ -1,10 +1,11 @@
-"""Copy drafts on the CPU, through the scheduler (the server's path minus HTTP), on the committed trained demo.
+"""Drafts on the CPU, through the scheduler (the server's path minus HTTP), on the committed trained demo.
 
-    python bench/drafts_cpu.py [--out drafts_cpu.json]
+    python bench/drafts_cpu.py [--drafters copy,mtp,mtp+copy] [--out drafts_cpu.json]
 
 For two prompt sets — prose (the demo's own chat kinds: answers, tool calls, thinking) and copy-heavy (a list to
-repeat) — one request at a time, greedy, 64 tokens: wall time and decode steps with copy drafts (3 a step) and with
-"draft": false, tokens committed per lane window, acceptance. The replies are checked equal (they must be).
+repeat) — one request at a time, greedy, 64 tokens: wall time and decode steps with each drafter (3 drafts a step)
+and with "draft": false, tokens committed per lane window, acceptance (by drafter too). The replies are checked
+equal (they must be).
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ def prompt_sets(tokenizer: Tokenizer) -> dict[str, list[list[int]]]:
     return {"prose": prose, "copy_heavy": copy}
 
 
-def run(model, eos, prompts, draft: bool) -> tuple[list[list[int]], float, dict]:
+def run(model, eos, prompts, draft: bool, drafter: str = "copy") -> tuple[list[list[int]], float, dict]:
     executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=1, graphs=False, window=4)
     sched = Scheduler(
-        executor, ParallelGroup.single(), parallel=1, max_queued=len(prompts), drafter="copy", draft_tokens=3
+        executor, ParallelGroup.single(), parallel=1, max_queued=len(prompts), drafter=drafter, draft_tokens=3
     )
     sched.start()
     outputs = []
@@ -72,29 +73,29 @@ def run(model, eos, prompts, draft: bool) -> tuple[list[list[int]], float, dict]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--drafters", default="copy,mtp,mtp+copy")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = Glm5NextForCausalLM.load(TRAINED)
+    model = Glm5NextForCausalLM.load(TRAINED, mtp=True)
     tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
     eos = frozenset(json.loads((TRAINED / "config.json").read_text())["text_config"]["eos_token_id"])
-    result = {}
+    result: dict = {}
     for name, prompts in prompt_sets(tokenizer).items():
         serial, t_serial, _ = run(model, eos, prompts, draft=False)
-        drafted, t_drafted, stats = run(model, eos, prompts, draft=True)
-        assert serial == drafted, f"{name}: drafted replies differ from serial ones"
-        tokens = sum(len(t) for t in serial)
-        result[name] = {
-            "requests": len(prompts),
-            "tokens": tokens,
-            "serial_s": round(t_serial, 3),
-            "drafted_s": round(t_drafted, 3),
-            "speedup": round(t_serial / t_drafted, 2),
-            "tokens_per_step": round(stats["committed"] / stats["windows"], 2),
-            "acceptance": round(stats["accepted"] / stats["drafted"], 3) if stats["drafted"] else None,
-            "drafted": stats["drafted"],
-            "accepted": stats["accepted"],
-        }
-        print(name, result[name], flush=True)
+        result[name] = {"requests": len(prompts), "tokens": sum(len(t) for t in serial), "serial_s": round(t_serial, 3)}
+        for drafter in args.drafters.split(","):
+            drafted, t_drafted, stats = run(model, eos, prompts, True, drafter)
+            assert serial == drafted, f"{name}, {drafter}: drafted replies differ from serial ones"
+            result[name][drafter] = {
+                "drafted_s": round(t_drafted, 3),
+                "speedup": round(t_serial / t_drafted, 2),
+                "tokens_per_step": round(stats["committed"] / stats["windows"], 2),
+                "acceptance": round(stats["accepted"] / stats["drafted"], 3) if stats["drafted"] else None,
+                "drafted": stats["drafted"],
+                "accepted": stats["accepted"],
+                "by_drafter": stats["by_drafter"],
+            }
+            print(name, drafter, result[name][drafter], flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

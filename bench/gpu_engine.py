@@ -125,9 +125,9 @@ def timed(fn, repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-def build(layers: str, device: str, config: Path, group: ParallelGroup | None = None):
+def build(layers: str, device: str, config: Path, group: ParallelGroup | None = None, mtp: bool = False):
     """The full-width model with `layers` (K: KDA, D: DSA; the first layer's MLP dense, the rest MoE), random weights
-    (this rank's share of them under `group`); (model, cfg)."""
+    (this rank's share of them under `group`), with the MTP layer loaded to draft when `mtp`; (model, cfg)."""
     raw = json.loads(config.read_text())
     text = dict(raw.get("text_config") or raw)
     kinds = {"K": "linear_attention", "D": "full_attention"}
@@ -136,12 +136,12 @@ def build(layers: str, device: str, config: Path, group: ParallelGroup | None = 
         layer_types=[kinds[c] for c in layers],
         mlp_layer_types=["dense"] + ["sparse"] * (len(layers) - 1),
         indexer_types=["full"] * len(layers),
-        num_nextn_predict_layers=0,
+        num_nextn_predict_layers=int(mtp),
     )
     raw = {"text_config": text}
     cfg = TextConfig.from_dict(raw)
     group = group or ParallelGroup.single(device)
-    return Glm5NextForCausalLM(cfg, RandomReader(raw, torch.bfloat16, device, group), group), cfg
+    return Glm5NextForCausalLM(cfg, RandomReader(raw, torch.bfloat16, device, group), group, mtp=mtp), cfg
 
 
 def prompt_ids(cfg: TextConfig, n: int) -> list[int]:

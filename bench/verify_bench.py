@@ -1,11 +1,15 @@
 """Verify-window step times on the GPU: the full-width GLM-5.3-Flash config at reduced depth (bench/gpu_engine.py's
 random bf16 weights), replayed from CUDA graphs.
 
-    python bench/verify_bench.py [--layers KKKD] [--out verify.json]
+    python bench/verify_bench.py [--layers KKKD] [--mtp] [--out verify.json]
 
 For batch 1 and 4 (after a 128-token prompt per lane): the plain decode step (one token a lane) and verify steps of
 windows 2..5 (the pending token and 1..4 drafts a lane). A verify step's cost against the plain step is what a
 draft must win back: with acceptance a, a window of w commits 1 + (accepted drafts) tokens for one step.
+
+`--mtp`: the model has its MTP layer (full width, random weights), and each verify step drafts with it first — the
+layer absorbs the lane's committed token (one a step here) and chains w-2 more rows — so the figure is the whole
+cost of an MTP-drafted step; `mtp_only_ms` is the MTP part alone (absorb + chain, its own graph).
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", default="KKKD")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--mtp", action="store_true", help="draft with the MTP layer in every verify step")
     parser.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"))
     args = parser.parse_args()
-    model, cfg = build(args.layers, "cuda", Path(args.config))
+    model, cfg = build(args.layers, "cuda", Path(args.config), mtp=args.mtp)
     pool = model.make_pool(8192, "bf16")
     decoder = LaneDecoder(model, pool, 4, graphs=True, window=5)
     ids = prompt_ids(cfg, 128)
-    result: dict = {"layers": args.layers, "graphs": True}
+    result: dict = {"layers": args.layers, "graphs": True, "mtp": args.mtp}
     for batch in (1, 4):
         seqs = [decoder.new_sequence(lane) for lane in range(batch)]
         for seq in seqs:
@@ -43,9 +48,17 @@ def main() -> None:
         base = timed(lambda: decoder.decode(seqs, plain), 20)
         figures = {"plain_ms": round(base * 1e3, 3)}
         for width in range(2, 6):
-            windows = [[11 + t for t in range(width)] for _ in seqs]
-            decoder.verify(seqs, windows)  # capture
-            step = timed(lambda: decoder.verify(seqs, windows), 20)
+            if args.mtp:
+                windows = [[11, *([-1] * (width - 1))] for _ in seqs]
+                absorb = [[11] for _ in seqs]
+                decoder.verify(seqs, windows, absorb)  # capture
+                step = timed(lambda: decoder.verify(seqs, windows, absorb), 20)
+                drafts_only = timed(lambda: decoder._draft(seqs, windows, absorb), 20)
+                figures[f"window{width}_mtp_only_ms"] = round(drafts_only * 1e3, 3)
+            else:
+                windows = [[11 + t for t in range(width)] for _ in seqs]
+                decoder.verify(seqs, windows)  # capture
+                step = timed(lambda: decoder.verify(seqs, windows), 20)
             figures[f"window{width}_ms"] = round(step * 1e3, 3)
             figures[f"window{width}_vs_plain"] = round(step / base, 2)
         for seq in seqs:

@@ -121,6 +121,9 @@ class Sequence:
     lane: int | None = None
     table: torch.Tensor | None = None  # [max_tokens] long: the lane's row of the slot table
     slot_ids: list[int] = field(default_factory=list)
+    # with an MTP layer (engine/models/glm5_next/mtp.py): the main model's final hidden rows its next MTP rows
+    # follow — row 0 the last prompt row after a prefill chunk, rows 0..W-1 a verify window's (the lane's view)
+    hidden: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self._slots = torch.zeros(0, dtype=torch.long, device=self.pool.rows.device)
@@ -191,14 +194,16 @@ class Sequence:
 
 
 def lane_state_bytes(
-    kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], num_lanes: int, window: int = 1
+    kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]], num_lanes: int, window: int = 1, hidden: int = 0
 ) -> tuple[int, int]:
     """What a `LaneState` for `num_lanes` lanes will take: (fixed bytes, bytes per pool token). Fixed: the fp32 KDA
-    state and conv window of every lane and the scratch lane, and with verify windows (`window` > 1) those after
-    every row of a window too; per pool token: the slot table's entry on each lane (int64). Pool sizing subtracts
-    it, so a Spark's memory is not promised twice."""
+    state and conv window of every lane and the scratch lane, with verify windows (`window` > 1) those after
+    every row of a window too, and with an MTP layer (`hidden`: its width) a window of fp32 hidden rows; per pool
+    token: the slot table's entry on each lane (int64). Pool sizing subtracts it, so a Spark's memory is not
+    promised twice."""
     rows = 1 + (window if window > 1 else 0)
-    return (num_lanes + 1) * kda_state_bytes(kda_shapes) * rows, (num_lanes + 1) * 8
+    fixed = kda_state_bytes(kda_shapes) * rows + window * hidden * 4
+    return (num_lanes + 1) * fixed, (num_lanes + 1) * 8
 
 
 def kda_state_bytes(kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]) -> int:
@@ -224,6 +229,7 @@ class LaneState:
         kda_shapes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]],
         max_tokens: int | None = None,
         window: int = 1,
+        hidden: int = 0,
     ) -> None:
         dev = pool.rows.device
         self.pool, self.num_lanes, self.window = pool, num_lanes, window
@@ -239,6 +245,8 @@ class LaneState:
         }
         width = max_tokens or pool.num_tokens
         self.slots = torch.full((num_lanes + 1, width), pool.scratch_slot, dtype=torch.long, device=dev)
+        # with an MTP layer (`hidden`: its width): each lane's last main hidden rows, one per window row
+        self.hidden = torch.zeros(num_lanes + 1, window, hidden, device=dev) if hidden else None
 
     def commit(self, lane: int, rows: int) -> None:
         """After a verify step: the lane goes on from the state after its first `rows` rows."""
@@ -247,7 +255,7 @@ class LaneState:
             self.conv[layer][lane].copy_(self.conv_rows[layer][lane, rows - 1])
 
     def reset(self, lane: int) -> None:
-        for buf in (*self.kda.values(), *self.conv.values()):
+        for buf in (*self.kda.values(), *self.conv.values(), *([self.hidden] if self.hidden is not None else [])):
             buf[lane].zero_()
         self.slots[lane].fill_(self.pool.scratch_slot)
 
@@ -262,4 +270,5 @@ class LaneState:
             {layer: buf[lane] for layer, buf in self.conv.items()},
             lane=lane,
             table=self.slots[lane],
+            hidden=self.hidden[lane] if self.hidden is not None else None,
         )

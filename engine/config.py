@@ -20,7 +20,9 @@ EXIT_REFUSED = 3  # the ranks were started with different settings
 EXIT_WINDOW = 4  # the window does not fit; stderr holds a WINDOW_LINE with the largest that does
 WINDOW_LINE = "window-does-not-fit: "  # followed by JSON: {"context": asked, "largest_window": fits, ...}
 DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}  # memory left to the system when --memory-reserve-gib is not given
-DRAFTERS = ("none", "copy")  # built drafters (the MTP layer's is not yet: the recipe refuses DRAFTER=mtp)
+# mtp: the checkpoint's multi-token-prediction layer; mtp+copy: per lane and step, a copy match filling the window
+# wins, else the MTP layer (copy alone when the checkpoint has no MTP layer)
+DRAFTERS = ("none", "copy", "mtp", "mtp+copy")
 MAX_DRAFT_TOKENS = 7  # a verify window holds at most 8 rows a lane
 
 
@@ -79,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--drafter",
         choices=DRAFTERS,
         default="none",
-        help="speculative drafts, verified exactly: copy (prompt lookup; CPU only so far) or none",
+        help="speculative drafts, verified exactly: mtp (the checkpoint's MTP layer), copy (prompt lookup), "
+        "mtp+copy (either, per lane and step), or none",
     )
     p.add_argument("--draft-tokens", type=int, default=3, help="most drafts a lane verifies per step (0-7)")
     p.add_argument(
@@ -182,6 +185,11 @@ class EngineConfig:
     @property
     def drafting(self) -> bool:
         return self.drafter != "none" and self.draft_tokens > 0
+
+    @property
+    def drafts_with_mtp(self) -> bool:
+        """Whether the MTP layer is loaded to draft (DRAFTER mtp or mtp+copy)."""
+        return self.drafting and "mtp" in self.drafter
 
     @property
     def verify_window(self) -> int:

@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(
+        "--drafter",
+        choices=("none", "copy", "mtp", "mtp+copy"),
+        default="none",
+        help="as serve's: with mtp the MTP layer's pool rows count too",
+    )
+    p.add_argument(
         "--memory-reserve-gib",
         type=float,
         default=None,
@@ -86,7 +92,7 @@ def fit(args: argparse.Namespace, device: str) -> dict[str, Any]:
     config = json.loads(Path(args.checkpoint, "config.json").read_text())
     from engine.models.glm5_next.model import cache_bytes_per_token
 
-    per_token = cache_bytes_per_token(TextConfig.from_dict(config), args.kv)
+    per_token = cache_bytes_per_token(TextConfig.from_dict(config), args.kv, mtp="mtp" in args.drafter)
     weights = rank_weight_bytes(Path(args.checkpoint), config, args.tp, device)
     reserve = _reserve_bytes(args, device)
     answers = []

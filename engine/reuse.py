@@ -223,7 +223,8 @@ class KeptStates:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.pages: dict[int, list[int]] = {}
-        self.snapshots: dict[int, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]] = {}
+        # node -> (KDA states, conv windows, the MTP layer's carried hidden row or None), copies
+        self.snapshots: dict[int, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor | None]] = {}
 
     def keep(self, node: int, seq: Sequence, start: int) -> None:
         """After a prefill chunk: keep `seq`'s state at its length, and its rows from `start` (its parent's end)."""
@@ -233,6 +234,7 @@ class KeptStates:
         self.snapshots[node] = (
             {layer: t.clone() for layer, t in seq.kda_state.items()},
             {layer: t.clone() for layer, t in seq.conv_state.items()},
+            seq.hidden[:1].clone() if seq.hidden is not None else None,
         )
 
     def drop(self, node: int, whole: bool) -> None:
@@ -243,9 +245,14 @@ class KeptStates:
     def resume(self, seq: Sequence, path: list[int]) -> None:
         """A fresh sequence goes on from the last node of `path` (root first): its rows shared, its state copied."""
         seq.take_over(self._shared(path))
-        kda, conv = self.snapshots[path[-1]]
+        kda, conv, hidden = self.snapshots[path[-1]]
         for layer in kda:
             seq.store_state(layer, kda[layer].clone(), conv[layer].clone())
+        if hidden is not None:
+            if seq.hidden is None:
+                seq.hidden = hidden.clone()
+            else:
+                seq.hidden[:1] = hidden
 
     def adopt(self, seq: Sequence, path: list[int]) -> None:
         """`seq` has just prefilled up to the end of `path`, where another request kept the same chunks: it holds

@@ -117,7 +117,10 @@ class Request:
     output: list[int] = field(default_factory=list)
     done: bool = False
     drafter: CopyDrafter | None = None
+    mtp: bool = False  # the MTP layer drafts for it (and absorbs its tokens every decode step)
+    fresh: list[int] = field(default_factory=list)  # tokens emitted since its last decode step (the MTP absorbs them)
     window: list[int] = field(default_factory=list)  # the last decode round's tokens: pending, then drafts
+    window_by: str = ""  # which drafter made the window's drafts ("copy", "mtp"; "" without drafts)
     commit: int = 0  # rows of its last verify step the lane keeps (told to the ranks in the next plan)
     drafted: int = 0
     accepted: int = 0
@@ -184,6 +187,8 @@ class Scheduler:
         it needs the lane decoder)."""
         if drafter != "none" and draft_tokens > executor.window - 1:
             raise ValueError(f"{draft_tokens} drafts need verify windows of {draft_tokens + 1} rows")
+        if "mtp" in drafter and draft_tokens > 0 and not executor.drafts_with_mtp:
+            raise ValueError(f"drafter {drafter} needs the model loaded with its MTP layer (and verify windows)")
         self.drafter = drafter if draft_tokens > 0 else "none"
         self.draft_tokens = draft_tokens if self.drafter != "none" else 0
         self.executor = executor
@@ -210,6 +215,9 @@ class Scheduler:
         # drafts by position in the window (vLLM's spec-decode counters)
         self.drafts = {"windows": 0, "drafted_windows": 0, "drafted": 0, "accepted": 0, "committed": 0}
         self.accepted_at = [0] * self.draft_tokens
+        # the same counts by drafter (mtp+copy chooses per lane per step)
+        self.by_drafter = {name: {"windows": 0, "drafted": 0, "accepted": 0} for name in ("copy", "mtp")}
+        self._verifies = False  # whether the decode step in flight verifies (its lanes commit in the next plan)
         decoder = executor.decoder
         self.index: PrefixIndex | None = None
         if reuse_bytes is not None and decoder is not None:
@@ -348,8 +356,9 @@ class Scheduler:
                     plan.drops += self.index.evict(excess, hit)
             req = line.popleft()
             req.lane, reserved = lane, reserved + req.budget
-            if self.drafter == "copy" and req.draft:
+            if "copy" in self.drafter and req.draft:
                 req.drafter = CopyDrafter()
+            req.mtp = "mtp" in self.drafter and req.draft
             self.totals["prompt_tokens"] += len(req.prompt)
             self._lanes[lane] = req
             plan.admits.append(lane)
@@ -372,6 +381,11 @@ class Scheduler:
             for r in decoding:
                 r.window = [r.output[-1], *self._drafts(r)]
             plan.decode = ([_lane(r) for r in decoding], [r.window for r in decoding])
+            if any(r.mtp for r in decoding):
+                plan.absorb = [r.fresh if r.mtp else [] for r in decoding]
+            for r in decoding:
+                r.fresh = []
+            self._verifies = plan.verifies
             self._prefill_turn = True
             return plan, ("decode", decoding)
         return plan, None
@@ -441,12 +455,16 @@ class Scheduler:
 
     def _drafts(self, req: Request) -> list[int]:
         """The drafts a lane verifies this round: at most draft_tokens, and never past the request's max_tokens
-        (so its rows stay inside the budget the pool reserved for it)."""
-        if req.drafter is None:
-            return []
-        drafts = req.drafter.propose(min(self.draft_tokens, req.params.max_tokens - len(req.output) - 1))
+        (so its rows stay inside the budget the pool reserved for it). With both drafters, a copy match that fills
+        the whole window wins; otherwise the MTP layer drafts (-1: made on the device in the step)."""
+        room = min(self.draft_tokens, req.params.max_tokens - len(req.output) - 1)
+        drafts = req.drafter.propose(room) if req.drafter is not None else []
         if req.constraint is not None:  # a draft its format rejects could never equal the sample: not verified
             drafts = drafts[: req.constraint.admissible(drafts)]
+        if req.mtp and room > 0 and len(drafts) < room:
+            req.window_by = "mtp"
+            return [-1] * room
+        req.window_by = "copy" if drafts else ""
         return drafts
 
     def _run(self, plan: StepPlan) -> Any:
@@ -481,9 +499,13 @@ class Scheduler:
                     self._send(req, PromptLogprobs(tuple(req.prompt_lps)))
                 self._sample(req, logits)
             return
-        verified = any(len(req.window) > 1 for req in reqs)
+        proposed = self.executor.proposed
         for row, req in enumerate(reqs):
-            self._take_window(req, logits[row], verified)
+            if req.window_by == "mtp":
+                if proposed is None:
+                    raise RuntimeError("the step made no MTP drafts for a window that asked for them")
+                req.window = [req.window[0], *proposed[row][: len(req.window) - 1]]
+            self._take_window(req, logits[row], self._verifies)
 
     def _take_window(self, req: Request, logits: Any, verified: bool) -> None:
         """Sample a lane's rows in order, each at its own position; a draft counts while it equals the sample
@@ -508,6 +530,10 @@ class Scheduler:
             self.drafts["accepted"] += accepted
             for position in range(accepted):
                 self.accepted_at[position] += 1
+            counts = self.by_drafter[req.window_by]
+            counts["windows"] += 1
+            counts["drafted"] += len(window) - 1
+            counts["accepted"] += accepted
         if verified and not req.done:
             req.commit = kept
 
@@ -551,6 +577,8 @@ class Scheduler:
         req.output.append(token)
         if req.drafter is not None:
             req.drafter.extend((token,))
+        if req.mtp:
+            req.fresh.append(token)
         self.totals["completion_tokens"] += 1
         if token in req.stop_ids:
             self._finish(req, "stop")
@@ -623,6 +651,7 @@ class Scheduler:
                 "draft_tokens": self.draft_tokens,
                 **self.drafts,
                 "accepted_at": list(self.accepted_at),
+                "by_drafter": {name: dict(counts) for name, counts in self.by_drafter.items()},
             },
             "prompt_reuse": (self.index.stats(pool.token_bytes) if self.index is not None else {"enabled": False}),
             "broken": self.broken,

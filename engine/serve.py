@@ -10,6 +10,7 @@ connections. The API key comes from --api-key-file or the SPARKS_API_KEY environ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -125,12 +126,22 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     started = time.monotonic()
     model = Glm5NextForCausalLM.load(
-        cfg.checkpoint, group, progress=lambda m: say(f"loading: {m}"), kda_chunked=cfg.kda_chunked
+        cfg.checkpoint,
+        group,
+        progress=lambda m: say(f"loading: {m}"),
+        kda_chunked=cfg.kda_chunked,
+        mtp=cfg.drafts_with_mtp,
     )
     say(f"loading: done in {time.monotonic() - started:.1f} s (KDA prompts: {model.kda_prompt_form or 'none'})")
+    if cfg.drafts_with_mtp and model.mtp is None:  # the same checkpoint on every rank: they all decide alike
+        if cfg.drafter == "mtp":
+            say(f"error: --drafter mtp: {cfg.checkpoint} has no MTP layer (write DRAFTER=copy or mtp+copy)")
+            return EXIT_USAGE
+        say("drafts: the checkpoint has no MTP layer; mtp+copy drafts with copy alone")
+        cfg = dataclasses.replace(cfg, drafter="copy")
     from engine.cache import lane_state_bytes
 
-    lanes = lane_state_bytes(model.kda_state_shapes(), cfg.parallel, cfg.verify_window)
+    lanes = lane_state_bytes(model.kda_state_shapes(), cfg.parallel, cfg.verify_window, model.mtp_hidden_size)
     context, pool_tokens = size_pool(cfg, model.cache_bytes_per_token(cfg.kv), device, group, lanes)
     executor = StepExecutor.for_config(model, model.make_pool(pool_tokens, cfg.kv), cfg)
     say(

@@ -35,8 +35,12 @@ class StepPlan:
     prefill_logits: bool = False  # every token's logits of the chunk, not only the last one's (prompt logprobs)
     keep: tuple[int, int] | None = None  # after the prefill chunk: keep the lane's state as (node, page start)
     adopt: list[int] = field(default_factory=list)  # after the prefill chunk: its rows so far are these kept ones
-    # (lanes, each lane's window: its pending token, then its drafts); all windows of one token: a decode step
+    # (lanes, each lane's window: its pending token, then its drafts, -1 for a draft the MTP layer makes in the
+    # step); all windows of one token and nothing to absorb: a plain decode step
     decode: tuple[list[int], list[list[int]]] | None = None
+    # with the MTP layer: per decode lane, the tokens it committed since its last step, which the layer takes in
+    # before it drafts (empty: the lane does not use it)
+    absorb: list[list[int]] | None = None
     shutdown: bool = False
 
     @property
@@ -54,8 +58,11 @@ class StepPlan:
 
     @property
     def verifies(self) -> bool:
-        """A decode step with drafts: every lane of it keeps row states, and commits in a later plan."""
-        return self.decode is not None and any(len(window) > 1 for window in self.decode[1])
+        """A decode step with drafts (or with MTP rows to absorb): every lane of it keeps row states, and commits in a
+        later plan."""
+        if self.decode is None:
+            return False
+        return any(len(window) > 1 for window in self.decode[1]) or any(self.absorb or ())
 
 
 class StepExecutor:
@@ -74,6 +81,7 @@ class StepExecutor:
         self.pool = pool
         self.lanes: dict[int, Any] = {}
         self.kept = KeptStates(pool)
+        self.proposed: list[list[int]] | None = None  # the last decode step's MTP drafts by lane row (rank 0 reads)
         self.decoder = (
             LaneDecoder(model, pool, lanes, graphs, window=window) if isinstance(model, LaneCapable) else None
         )
@@ -82,6 +90,11 @@ class StepExecutor:
     def window(self) -> int:
         """The most tokens a lane may have in one decode step (1: no drafts can be verified)."""
         return self.decoder.state.window if self.decoder is not None else 1
+
+    @property
+    def drafts_with_mtp(self) -> bool:
+        """Whether the model's MTP layer can draft here (loaded, with verify windows)."""
+        return self.decoder is not None and self.decoder.mtp
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:
@@ -119,10 +132,14 @@ class StepExecutor:
         if plan.decode is not None:
             lanes, windows = plan.decode
             seqs = [self.lanes[lane] for lane in lanes]
+            self.proposed = None
             if plan.verifies:
                 if self.decoder is None:
                     raise RuntimeError("drafts need the lane decoder")
-                return self.decoder.verify(seqs, [list(w) for w in windows]).cpu()
+                logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb).cpu()
+                if self.decoder.proposed is not None:
+                    self.proposed = self.decoder.proposed.cpu().tolist()
+                return logits
             decode = self.decoder.decode if self.decoder is not None else self.model.decode
             return decode(seqs, [w[0] for w in windows]).cpu().unsqueeze(1)
         return None

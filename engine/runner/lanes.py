@@ -22,7 +22,9 @@ The warm-up before each capture runs the step's collectives eagerly, so the comm
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -36,28 +38,27 @@ MIN_SPAN = 64
 
 
 class CapturedStep:
-    """The decode step for one (batch, width, span), captured; `replay(inputs)` -> the graph's logits buffer."""
+    """One static step captured: `run(inputs)` over a fixed inputs buffer (its first capture warms up on the scratch
+    lane, which is reset after); `replay(inputs)` -> the graph's output buffer."""
 
-    def __init__(self, model: LaneModel, lanes: LaneState, batch: int, span: int, mempool, width: int = 1) -> None:
+    def __init__(self, run: Callable[[torch.Tensor], torch.Tensor], scratch: torch.Tensor, lanes: LaneState, mempool):
         dev = lanes.pool.rows.device
-        rows = batch * width
-        scratch = [[lanes.scratch_lane] * rows, [0] * rows, [0] * rows, [lanes.pool.scratch_slot] * rows]
-        self.inputs = torch.tensor(scratch, dtype=torch.long, device=dev)
+        self.inputs = scratch
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels, nothing syncs later
             for _ in range(2):
-                model.decode_step(lanes, self.inputs, span, width)
+                run(self.inputs)
         torch.cuda.current_stream(dev).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=mempool, capture_error_mode="thread_local"):
-            self.logits = model.decode_step(lanes, self.inputs, span, width)
+            self.output = run(self.inputs)
         lanes.reset(lanes.scratch_lane)
 
     def replay(self, inputs: torch.Tensor) -> torch.Tensor:
         self.inputs.copy_(inputs, non_blocking=True)
         self.graph.replay()
-        return self.logits
+        return self.output
 
 
 class LaneDecoder:
@@ -76,7 +77,12 @@ class LaneDecoder:
         says so (EngineConfig.cuda_graphs is part of the ranks' fingerprint, so they do). `window`: the most rows a
         lane may have in a verify step (1 + the most drafts; 1 = no drafts)."""
         self.model, self.pool = model, pool
-        self.state = LaneState(pool, num_lanes, model.kda_state_shapes(), window=window)
+        # with an MTP layer that drafts, lanes keep their last hidden rows for it (models without one say 0)
+        self.mtp = window > 1 and getattr(model, "mtp_hidden_size", 0) > 0
+        hidden = model.mtp_hidden_size if self.mtp else 0
+        self.state = LaneState(pool, num_lanes, model.kda_state_shapes(), window=window, hidden=hidden)
+        self.proposed: torch.Tensor | None = None  # the last verify step's MTP drafts [B, 1 + chain] (device)
+        self._advanced: set[int] = set()  # lanes of the last verify step, when it was one row wide
         if window > 1:  # a verified draft must equal the serial token: a row's bits may not depend on its batch
             ops.require_row_invariance()
         self.device = pool.rows.device
@@ -84,7 +90,7 @@ class LaneDecoder:
         self.group = model.group
         if self.group.is_distributed:  # every rank constructs its decoder at the same point of the same plan
             graphs = self.group.all_agree(graphs)
-        self.graphs: dict[tuple[int, int, int], CapturedStep] | None = {} if graphs else None
+        self.graphs: dict[tuple, CapturedStep] | None = {} if graphs else None
         self._mempool = torch.cuda.graph_pool_handle() if graphs else None
         self.min_span = min_span
         self.pad_spans = graphs  # a graph needs a span from a few buckets; eager steps read exactly what they need
@@ -109,56 +115,129 @@ class LaneDecoder:
         if any(seq.lane is None for seq in seqs):
             raise ValueError("LaneDecoder.decode takes sequences from LaneDecoder.new_sequence")
         rows = [[_lane(s) for s in seqs], list(ids), [s.length for s in seqs], [s.next_slot() for s in seqs]]
-        logits = self._step(rows, len(seqs), 1, max(s.length for s in seqs) + 1)
+        logits = self._step(torch.tensor(rows, dtype=torch.long), len(seqs), 1, max(s.length for s in seqs) + 1)
         for seq in seqs:
             seq.length += 1
         return logits
 
     @torch.no_grad()
-    def verify(self, seqs: list[Sequence], windows: list[list[int]]) -> torch.Tensor:
+    def verify(
+        self, seqs: list[Sequence], windows: list[list[int]], absorb: list[list[int]] | None = None
+    ) -> torch.Tensor:
         """A verify step: each lane-bound sequence gets its window of tokens (its pending token, then its drafts) at
         the positions that follow it; fp32 logits [B, W, vocab] for every row (W: the widest window; a shorter
-        window's rows past its end are padding on the scratch lane). No sequence advances until `commit`."""
+        window's rows past its end are padding on the scratch lane). No sequence advances until `commit`.
+
+        With the MTP layer, `absorb` gives each lane the tokens it committed since its last step (the pending token
+        last; empty: the lane does not use the layer): the layer takes them in first, then drafts, and a window's
+        tokens given as -1 are its drafts, filled on the device (`proposed` keeps them for rank 0 to compare)."""
         if any(seq.lane is None for seq in seqs):
             raise ValueError("LaneDecoder.verify takes sequences from LaneDecoder.new_sequence")
         width = max(len(w) for w in windows)
         if not 1 <= width <= self.state.window or min(len(w) for w in windows) < 1:
             raise ValueError(f"verify windows hold 1..{self.state.window} tokens (got {[len(w) for w in windows]})")
+        drafts = self._draft(seqs, windows, absorb) if absorb is not None and any(absorb) else None
         rows: list[list[int]] = [[], [], [], []]
+        fill: tuple[list[int], list[int]] = ([], [])  # rows whose token is an MTP draft, and which draft
         pad = (self.state.scratch_lane, 0, 0, self.pool.scratch_slot)
-        for seq, window in zip(seqs, windows):
+        for b, (seq, window) in enumerate(zip(seqs, windows)):
             for t in range(width):
                 pos = seq.length + t
-                row = (_lane(seq), window[t], pos, seq.slot_at(pos)) if t < len(window) else pad
+                row = (_lane(seq), max(window[t], 0), pos, seq.slot_at(pos)) if t < len(window) else pad
+                if t < len(window) and window[t] < 0:
+                    if drafts is None or t == 0:
+                        raise ValueError("a window's first token is its pending one; only drafts can come from MTP")
+                    fill[0].append(b * width + t)
+                    fill[1].append(b * drafts.shape[1] + t - 1)
                 for column, value in zip(rows, row):
                     column.append(value)
-        logits = self._step(rows, len(seqs), width, max(s.length for s in seqs) + width)
+        inputs = torch.tensor(rows, dtype=torch.long)
+        if fill[0]:
+            assert drafts is not None
+            inputs = inputs.to(self.device)
+            where = torch.tensor(fill, dtype=torch.long).to(self.device, non_blocking=True)
+            inputs[1, where[0]] = drafts.reshape(-1)[where[1]]
+        self.proposed = drafts
+        logits = self._step(inputs, len(seqs), width, max(s.length for s in seqs) + width)
+        # a step one row wide advances the lanes' own states (no row states are kept): their commit only counts
+        self._advanced = {_lane(seq) for seq in seqs} if width == 1 else set()
         return logits.view(len(seqs), width, -1)
+
+    def _draft(self, seqs: list[Sequence], windows: list[list[int]], absorb: list[list[int]]) -> torch.Tensor:
+        """The MTP layer's step before a verify: each lane absorbs its committed tokens (right-aligned in a block as
+        wide as the most any lane absorbs), then the layer chains as far as the widest run of -1 drafts needs.
+        Drafts [B, 1 + chain]."""
+        if not self.mtp:
+            raise RuntimeError("MTP drafts need the model loaded with its MTP layer and verify windows")
+        width = max(len(tokens) for tokens in absorb)
+        if any(min(w[1:], default=0) < 0 and max(w[1:]) >= 0 for w in windows):
+            raise ValueError("a window's drafts come all from the MTP layer (-1) or none do")
+        chain = max(0, max(sum(1 for token in w[1:] if token < 0) for w in windows) - 1)
+        pad = (self.state.scratch_lane, 0, 0, self.pool.scratch_slot, 0)
+        cols: list[list[int]] = [[], [], [], [], []]
+
+        def add(row: tuple[int, ...]) -> None:
+            for column, value in zip(cols, row):
+                column.append(value)
+
+        for seq, tokens in zip(seqs, absorb):
+            if len(tokens) > self.state.window:
+                raise ValueError(f"a lane absorbs at most {self.state.window} tokens a step (got {len(tokens)})")
+            first = seq.length - len(tokens) + 1  # the last absorbed token is the pending one, at seq.length
+            for j in range(width):
+                t = j - (width - len(tokens))
+                add((_lane(seq), tokens[t], first + t, seq.slot_at(first + t), t) if t >= 0 else pad)
+        for j in range(1, chain + 1):
+            for seq, window in zip(seqs, windows):
+                used = sum(1 for token in window[1:] if token < 0)
+                add((_lane(seq), 0, seq.length + j, seq.slot_at(seq.length + j), 0) if j < used else pad)
+        batch, span = len(seqs), self.span_for(max(s.length for s in seqs) + self.state.window)
+        run = functools.partial(self._mtp_run, span=span, width=width, chain=chain)
+        return self._run(("mtp", batch, width, chain, span), run, torch.tensor(cols, dtype=torch.long), 5)
+
+    def _mtp_run(self, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor:
+        return self.model.mtp_draft(self.state, inputs, span, width, chain)
 
     def commit(self, seq: Sequence, rows: int) -> None:
         """After `verify`: the sequence keeps its first `rows` rows (its pending token and the accepted drafts)."""
         if seq.lane is None or not 1 <= rows <= self.state.window:
             raise ValueError(f"commit of {rows} rows on lane {seq.lane}")
-        self.state.commit(seq.lane, rows)
+        if seq.lane in self._advanced:
+            if rows != 1:
+                raise ValueError(f"commit of {rows} rows after a one-row step on lane {seq.lane}")
+            self._advanced.discard(seq.lane)
+        else:
+            self.state.commit(seq.lane, rows)
         seq.length += rows
 
-    def _step(self, rows: list[list[int]], batch: int, width: int, tokens: int) -> torch.Tensor:
-        """Run the static step on `rows` ([lane, token, position, slot] columns), from a graph when there is one."""
-        inputs = torch.tensor(rows, dtype=torch.long)
+    def _step(self, inputs: torch.Tensor, batch: int, width: int, tokens: int) -> torch.Tensor:
+        """Run the static step on `inputs` ([lane, token, position, slot] rows), from a graph when there is one."""
         span = self.span_for(tokens)
-        graph = self._graph(batch, span, width) if self.graphs is not None else None
-        if graph is not None:
-            return graph.replay(inputs.pin_memory()).clone()
-        return self.model.decode_step(self.state, inputs.to(self.device), span, width)
+        run = functools.partial(self.model.decode_step, self.state, span=span, width=width)
+        return self._run((batch, width, span), run, inputs, 4)
 
-    def _graph(self, batch: int, span: int, width: int = 1) -> CapturedStep | None:
-        key, graphs = (batch, width, span), self.graphs
+    def _run(
+        self, key: tuple, run: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, fields: int
+    ) -> torch.Tensor:
+        """`run(inputs)` eagerly, or replayed from the graph captured for `key` (inputs of `fields` rows)."""
+        graph = self._graph(key, run, inputs.shape[1], fields) if self.graphs is not None else None
+        if graph is not None:
+            source = inputs if inputs.is_cuda else inputs.pin_memory()
+            return graph.replay(source).clone()
+        return run(inputs.to(self.device))
+
+    def _graph(
+        self, key: tuple, run: Callable[[torch.Tensor], torch.Tensor], columns: int, fields: int
+    ) -> CapturedStep | None:
+        graphs = self.graphs
         if graphs is None:
             return None
         if key not in graphs:
             captured, reason = None, ""
+            scratch = [self.state.scratch_lane, 0, 0, self.pool.scratch_slot, 0][:fields]
+            inputs = torch.tensor([[v] * columns for v in scratch], dtype=torch.long, device=self.device)
             try:
-                captured = CapturedStep(self.model, self.state, batch, span, self._mempool, width)
+                captured = CapturedStep(run, inputs, self.state, self._mempool)
             except Exception as exc:  # any capture failure: serve on, eagerly
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 _restore_generator(self.device)
@@ -167,17 +246,17 @@ class LaneDecoder:
             if not everyone or captured is None:
                 if not reason:
                     reason = "another rank's capture failed"
-                log.warning(
-                    "CUDA graph capture failed (batch %d, width %d, span %d: %s); decoding without graphs",
-                    batch,
-                    width,
-                    span,
-                    reason,
-                )
+                log.warning("CUDA graph capture failed (%s: %s); decoding without graphs", _describe(key), reason)
                 self.graphs = None
                 return None
             graphs[key] = captured
         return graphs[key]
+
+
+def _describe(key: tuple) -> str:
+    if key[0] == "mtp":
+        return "MTP drafts, batch {}, width {}, chain {}, span {}".format(*key[1:])
+    return "batch {}, width {}, span {}".format(*key)
 
 
 def _lane(seq: Sequence) -> int:

@@ -25,6 +25,11 @@ class LaneModel(ServingModel, Protocol):
 
     def decode_step(self, lanes: Any, inputs: torch.Tensor, span: int, width: int = 1) -> torch.Tensor: ...
 
+    @property
+    def mtp_hidden_size(self) -> int: ...  # 0 without an MTP layer that drafts
+
+    def mtp_draft(self, lanes: Any, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor: ...
+
 
 @runtime_checkable
 class LaneCapable(Protocol):
@@ -33,3 +38,8 @@ class LaneCapable(Protocol):
     def decode_step(self, lanes: Any, inputs: torch.Tensor, span: int, width: int = 1) -> torch.Tensor: ...
 
     def kda_state_shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]: ...
+
+    @property
+    def mtp_hidden_size(self) -> int: ...
+
+    def mtp_draft(self, lanes: Any, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor: ...

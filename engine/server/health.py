@@ -24,10 +24,15 @@ def _drafts(counts: dict[str, Any]) -> dict[str, Any]:
     """The drafter and its counts, with the two ratios people ask for: accepted / drafted tokens, and tokens
     committed per lane window (1.0 without drafts)."""
     windows, drafted = counts["windows"], counts["drafted"]
+    by_drafter = {
+        name: {**c, "acceptance": round(c["accepted"] / c["drafted"], 3) if c["drafted"] else None}
+        for name, c in counts.get("by_drafter", {}).items()
+    }
     return {
         **counts,
         "acceptance": round(counts["accepted"] / drafted, 3) if drafted else None,
         "tokens_per_step": round(counts["committed"] / windows, 3) if windows else None,
+        "by_drafter": by_drafter,
     }
 
 

@@ -80,6 +80,13 @@ class Metrics:
             "sparks:decode_lane_windows", "lane windows decoded (with or without drafts)", registry=r
         )
         self.committed = Counter("sparks:decode_committed_tokens", "tokens committed by decode windows", registry=r)
+        # the same by drafter (mtp+copy picks one per lane window)
+        self.drafter_tokens = Counter(
+            "sparks:draft_tokens", "drafted tokens verified, by drafter", labelnames=("drafter",), registry=r
+        )
+        self.drafter_accepted = Counter(
+            "sparks:draft_accepted_tokens", "drafted tokens accepted, by drafter", labelnames=("drafter",), registry=r
+        )
         # prompt reuse (vLLM's prefix-cache names, in tokens): prompt tokens of requests that could resume, and of
         # those the tokens resumed from kept states; what the kept states hold now
         self.reuse_queries = both(
@@ -119,6 +126,9 @@ class Metrics:
             self._advance("reuse_hits", reuse["hits_tokens"], self.reuse_hits.inc)
             self.kept_states.set(reuse["states"])
             self.kept_tokens.set(reuse["tokens"])
+        for name, counts in drafts.get("by_drafter", {}).items():
+            self._advance(f"drafted:{name}", counts["drafted"], self.drafter_tokens.labels(drafter=name).inc)
+            self._advance(f"accepted:{name}", counts["accepted"], self.drafter_accepted.labels(drafter=name).inc)
         for position, count in enumerate(drafts["accepted_at"]):
             for metric in self.accepted_at.metrics:
                 self._advance(f"{metric}:{position}", count, metric.labels(position=str(position)).inc)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.train.trainer import PRESET, TrainSettings
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS.threads,
         help="torch threads; the weights hash is only stable for the same value",
     )
+    parser.add_argument("--mtp-steps", type=int, default=DEFAULTS.mtp_steps, help="optimizer steps of the MTP layer")
     parser.add_argument("--every", type=int, default=25, help="print the loss every this many steps")
 
 
@@ -44,21 +46,30 @@ def run(args: argparse.Namespace) -> int:
     from engine.train.trainer import train
 
     settings = TrainSettings(
-        seed=args.seed, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr, threads=args.threads
+        seed=args.seed,
+        steps=args.steps,
+        tokens_per_step=args.tokens_per_step,
+        lr=args.lr,
+        threads=args.threads,
+        mtp_steps=args.mtp_steps,
     )
     window: list[float] = []
 
-    def report(step: int, loss: float) -> None:
-        window.append(loss)
-        if (step + 1) % args.every == 0 or step + 1 == settings.steps:
-            print(f"step {step + 1:>5}/{settings.steps}  loss {sum(window) / len(window):.4f}", flush=True)
-            window.clear()
+    def reporter(label: str, steps: int) -> Callable[[int, float], None]:
+        def report(step: int, loss: float) -> None:
+            window.append(loss)
+            if (step + 1) % args.every == 0 or step + 1 == steps:
+                print(f"{label}step {step + 1:>5}/{steps}  loss {sum(window) / len(window):.4f}", flush=True)
+                window.clear()
 
-    result = train(settings, report)
-    out = write_trained(result.model, args.directory, seed=settings.seed, preset=PRESET)
+        return report
+
+    result = train(settings, reporter("", settings.steps), reporter("mtp ", settings.mtp_steps))
+    out = write_trained(result.model, args.directory, seed=settings.seed, preset=PRESET, mtp=result.mtp)
     print(
-        f"trained {settings.steps} steps ({result.tokens} padded tokens) in "
+        f"trained {settings.steps} steps ({result.tokens} padded tokens) and {settings.mtp_steps} MTP steps in "
         f"{result.seconds:.0f} s on {settings.threads} thread(s); final loss {result.losses[-1]:.4f}"
+        + (f", MTP {result.mtp_losses[-1]:.4f}" if result.mtp_losses else "")
     )
     digest = weights_hash(out)
     record = dict(
@@ -66,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         seconds=round(result.seconds),
         tokens=result.tokens,
         final_loss=round(result.losses[-1], 4),
+        final_mtp_loss=round(result.mtp_losses[-1], 4) if result.mtp_losses else None,
         weights_sha256=digest,
     )
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -2,7 +2,8 @@
 
 The layout (file names, shards, tensor names, dtypes, tokenizer, template, configs) is exactly `write_demo`'s for
 the same preset and seed: the demo is written first, then every tensor transformers trained is put in its place,
-cast to the dtype the demo stored. Tensors transformers does not hold (the MTP layer) keep their seeded values.
+cast to the dtype the demo stored; the MTP layer (which transformers does not hold) is put in place from its own
+training (engine/train/mtp.py) the same way.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ def _trained_tensors(model) -> dict[str, torch.Tensor]:
         return out
 
 
-def write_trained(model, directory: str | Path, seed: int, preset: str) -> Path:
-    """Write `model` (a trained transformers glm5_next) as the `preset` demo checkpoint in `directory`."""
+def write_trained(
+    model, directory: str | Path, seed: int, preset: str, mtp: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """Write `model` (a trained transformers glm5_next) and `mtp` (the trained MTP layer's tensors by checkpoint
+    name) as the `preset` demo checkpoint in `directory`."""
     out = write_demo(directory, seed=seed, size=preset)
-    trained = _trained_tensors(model)
+    trained = {**_trained_tensors(model), **(mtp or {})}
     index = json.loads((out / "model.safetensors.index.json").read_text())
     missing = sorted(n for n in trained if n not in index["weight_map"])
     if missing:

@@ -16,6 +16,7 @@ transformers is a dev dependency; this module imports it only inside `train`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
@@ -49,6 +50,8 @@ class TrainSettings:
     warmup: int = 30
     threads: int = 1
     preset: str = PRESET
+    mtp_steps: int = 400  # then the MTP layer, the main model frozen (engine/train/mtp.py)
+    mtp_lr: float = 3e-3
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class TrainResult:
     losses: list[float]
     seconds: float
     tokens: int
+    mtp: dict[str, torch.Tensor]  # the trained MTP layer's tensors by checkpoint name (fp32)
+    mtp_losses: list[float]
 
 
 def encode(example: synthetic.Example, tokenizer) -> tuple[list[int], list[int]]:
@@ -140,8 +145,13 @@ def load_start(directory: Path):
     return model
 
 
-def train(settings: TrainSettings, progress: Callable[[int, float], None] | None = None) -> TrainResult:
-    """Train from the preset's seeded start; `progress(step, loss)` after every step."""
+def train(
+    settings: TrainSettings,
+    progress: Callable[[int, float], None] | None = None,
+    mtp_progress: Callable[[int, float], None] | None = None,
+) -> TrainResult:
+    """Train from the preset's seeded start, then its MTP layer on the trained model; `progress(step, loss)` /
+    `mtp_progress(step, loss)` after every step."""
     with _reproducible(settings.threads), _kda_chunk(KDA_CHUNK), tempfile.TemporaryDirectory() as start_dir:
         torch.manual_seed(settings.seed)
         write_demo(start_dir, seed=settings.seed, size=settings.preset)
@@ -164,4 +174,30 @@ def train(settings: TrainSettings, progress: Callable[[int, float], None] | None
             tokens += int(ids.numel())
             if progress:
                 progress(step, losses[-1])
-        return TrainResult(model.eval(), losses, time.perf_counter() - began, tokens)
+        model.eval()
+        mtp, mtp_losses = _train_mtp(model, Path(start_dir), settings, mtp_progress)
+        return TrainResult(model, losses, time.perf_counter() - began, tokens, mtp, mtp_losses)
+
+
+def _train_mtp(
+    model, start: Path, settings: TrainSettings, progress: Callable[[int, float], None] | None
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The MTP layer's seeded start from the demo written at `start`, trained on fresh batches (engine/train/mtp.py)."""
+    from safetensors.torch import load_file
+
+    from engine.checkpoint.layout import PREFIX
+    from engine.models.glm5_next.config import TextConfig
+    from engine.train.mtp import train_mtp
+
+    cfg = TextConfig.from_file(start)
+    prefix = f"{PREFIX}layers.{cfg.num_hidden_layers}."
+    weights: dict[str, torch.Tensor] = {}
+    for path in sorted(start.glob("*.safetensors")):
+        for name, value in load_file(str(path)).items():
+            if name.startswith(prefix):
+                weights[name[len(prefix) :]] = value.float().clone()
+    if not weights or settings.mtp_steps <= 0:
+        return {}, []
+    data = batches(dataclasses.replace(settings, seed=settings.seed + 1))
+    losses, _ = train_mtp(model, weights, cfg, data, settings.mtp_steps, settings.mtp_lr, progress)
+    return {prefix + name: t.detach() for name, t in weights.items()}, losses

@@ -178,6 +178,8 @@ def ask_fit(settings: Settings, plan: Plan, reporter: Reporter) -> dict | None:
         str(settings.context),
         "--kv",
         settings.kv,
+        "--drafter",
+        settings.drafter if settings.draft_tokens > 0 else "none",
     ]
     if settings.memory_reserve_gib is not None:
         argv += ["--memory-reserve-gib", str(settings.memory_reserve_gib)]

@@ -18,11 +18,6 @@ def validate(settings: Settings) -> None:
 NOT_BUILT = {
     ("DENSE", "q4"): ("dense weights load as bf16 today", "write DENSE=bf16 (or remove DENSE)"),
     ("DENSE", "fp8"): ("dense weights load as bf16 today", "write DENSE=bf16 (or remove DENSE)"),
-    ("DRAFTER", "mtp"): ("the MTP layer does not draft yet; copy drafts do", "write DRAFTER=copy (or remove it)"),
-    ("DRAFTER", "mtp+copy"): (
-        "the MTP layer does not draft yet; copy drafts do",
-        "write DRAFTER=copy (or remove it)",
-    ),
     ("VISION", True): ("the engine reads text only: image parts get a 400", "write VISION=0 (or remove it)"),
     ("VISION_URLS", True): ("the engine reads text only: image parts get a 400", "write VISION_URLS=0 (or remove it)"),
 }

@@ -178,7 +178,7 @@ def params_for(i: int) -> SamplingParams:
 
 
 def serve(
-    model, eos, prompts, draft: bool, parallel: int, stagger: bool, graphs: bool = False
+    model, eos, prompts, draft: bool, parallel: int, stagger: bool, graphs: bool = False, drafter: str = "copy"
 ) -> tuple[list[list[int]], dict]:
     """Every prompt through a real Scheduler + StepExecutor (the server's path minus HTTP); per request its
     tokens, and the scheduler's draft counts."""
@@ -192,7 +192,7 @@ def serve(
         max_queued=len(prompts),
         prefill_chunk=32,
         heartbeat_s=0.05,
-        drafter="copy",
+        drafter=drafter,
         draft_tokens=3,
     )
     sched.start()

@@ -1,6 +1,7 @@
-"""Copy drafts through a live 2-rank server (gloo, real HTTP) on the trained demo, where copy-heavy prompts get
-drafts accepted: `"draft": true` (the default) against `"draft": false` must give the same token ids, with the
-`openai` SDK, greedy and sampled, alone and in a burst; /health and /metrics count drafted and accepted tokens."""
+"""MTP and copy drafts (mtp+copy) through a live 2-rank server (gloo, real HTTP) on the trained demo, whose MTP
+layer is trained and whose copy-heavy prompts get copy drafts accepted: `"draft": true` (the default) against
+`"draft": false` must give the same token ids, with the `openai` SDK, greedy and sampled, alone and in a burst;
+/health and /metrics count drafted and accepted tokens, by drafter too."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    flags = ["--drafter", "copy", "--draft-tokens", "3", "--parallel", "4", "--max-queued", "4", "--context", "512"]
+    flags = ["--drafter", "mtp+copy", "--draft-tokens", "3", "--parallel", "4", "--max-queued", "4", "--context", "512"]
     yield from serve_checkpoint(TRAINED, tmp_path_factory, flags)
 
 
@@ -60,6 +61,8 @@ def test_drafted_equals_draft_false_through_the_api(server: LiveServer) -> None:
     assert [drafted.get(k) for k in range(len(cases))] == serial
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
         drafts = http.get("/health").json()["drafts"]
-        assert drafts["accepted"] > 0 and drafts["tokens_per_step"] > 1.0, drafts
+        assert drafts["drafter"] == "mtp+copy" and drafts["tokens_per_step"] > 1.0, drafts
+        assert all(drafts["by_drafter"][name]["accepted"] > 0 for name in ("mtp", "copy")), drafts
         metrics = http.get("/metrics").text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in metrics
+    assert 'sparks:draft_accepted_tokens_total{drafter="mtp"}' in metrics

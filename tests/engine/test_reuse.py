@@ -1,7 +1,7 @@
 """Prompt reuse (engine/reuse.py): kept prompt states and requests resumed from them.
 
 The bookkeeping is tested on its own (keys, shared pool rows, the index's pins and evictions); exactness goes through
-the serving path — a real Scheduler and StepExecutor on the trained demo, lanes, batches, copy drafts — where every
+the serving path — a real Scheduler and StepExecutor on the trained demo, lanes, batches, MTP and copy drafts — where every
 resumed request must give the token ids of the same request served cold (`reuse=False`), and `cached_tokens` must be
 the tokens it really skipped.
 """
@@ -120,7 +120,7 @@ def test_the_snapshot_cap_is_set_aside_from_the_pools_memory_and_caps_the_index(
 def demo():
     from tokenizers import Tokenizer
 
-    model = Glm5NextForCausalLM.load(TRAINED)
+    model = Glm5NextForCausalLM.load(TRAINED, mtp=True)  # kept states carry the MTP layer's rows and hidden row
     tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
     eos = frozenset(json.loads((TRAINED / "config.json").read_text())["text_config"]["eos_token_id"])
     marks = frozenset(i for i in map(tokenizer.token_to_id, ROLE_TOKENS) if i is not None)
@@ -138,7 +138,7 @@ def scheduler(demo, parallel: int, pool_tokens: int = 4096, drafts: bool = False
         max_queued=64,
         prefill_chunk=CHUNK,
         heartbeat_s=0.05,
-        drafter="copy" if drafts else "none",
+        drafter="mtp+copy" if drafts else "none",
         draft_tokens=3 if drafts else 0,
         reuse_bytes=cap,
         reuse_marks=marks,

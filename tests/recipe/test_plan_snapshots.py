@@ -129,17 +129,18 @@ def test_a_checkpoint_setting_is_the_positional_argument_only(root: Path) -> Non
 
 
 def test_drafts_follow_the_device(root: Path) -> None:
-    """The default DRAFTER=copy reaches CPU ranks; on a GPU host the default is off (a step that may verify drafts
-    costs ~10 % more there), and DRAFTER=copy written out turns it on."""
+    """The default DRAFTER=mtp+copy reaches CPU ranks; on a GPU host the default is off (a step that may verify
+    drafts costs ~10 % more there), and a drafter written out turns it on."""
 
     def drafter(plan) -> str:
         argv = plan.ranks[-1].argv
         return argv[argv.index("--drafter") + 1]
 
-    assert drafter(build_plan(load_settings(root, BASE), HOST)) == "copy"
+    assert drafter(build_plan(load_settings(root, BASE), HOST)) == "mtp+copy"
     gpu = build_plan(load_settings(root, BASE), SPARK)
     assert drafter(gpu) == "none" and gpu.summary["drafter"] == "none"
     assert drafter(build_plan(load_settings(root, {**BASE, "DRAFTER": "copy"}), SPARK)) == "copy"
+    assert drafter(build_plan(load_settings(root, {**BASE, "DRAFTER": "mtp"}), SPARK)) == "mtp"
 
 
 def test_the_prefill_chunk_follows_the_device(root: Path) -> None:

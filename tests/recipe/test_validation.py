@@ -62,9 +62,7 @@ INVALID = {
 }
 
 RULES = [
-    ({"DRAFTER": "mtp"}, "DRAFTER=mtp is not built yet"),  # a setting is a promise: refused until built
-    ({"DRAFTER": "mtp+copy"}, "DRAFTER=mtp+copy is not built yet"),
-    ({"DENSE": "q4"}, "DENSE=q4 is not built yet"),
+    ({"DENSE": "q4"}, "DENSE=q4 is not built yet"),  # a setting is a promise: refused until built
     ({"DENSE": "fp8"}, "DENSE=fp8 is not built yet"),
     ({"VISION": "1"}, "VISION=1 is not built yet"),
     ({"TP": "3", "WORKER": "me@spark2"}, "WORKER2 is empty"),

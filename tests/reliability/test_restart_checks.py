@@ -255,10 +255,11 @@ def test_fit_bytes_per_token_are_the_loaded_models(tmp_path: Path) -> None:
     from engine.parallel import ParallelGroup
 
     write_demo(tmp_path / "tiny", seed=0, size="tiny")
-    model = Glm5NextForCausalLM.load(tmp_path / "tiny", ParallelGroup.single())
-    for kv in ("fp32", "bf16", "fp8"):
-        answer = _fit(tmp_path / "tiny", "--kv", kv, "--device", "cpu")
-        assert answer["bytes_per_token"] == model.cache_bytes_per_token(kv), kv
+    for drafter, mtp in (("copy", False), ("mtp+copy", True)):  # the MTP layer's rows join the pool when it drafts
+        model = Glm5NextForCausalLM.load(tmp_path / "tiny", ParallelGroup.single(), mtp=mtp)
+        for kv in ("fp32", "bf16", "fp8"):
+            answer = _fit(tmp_path / "tiny", "--kv", kv, "--device", "cpu", "--drafter", drafter)
+            assert answer["bytes_per_token"] == model.cache_bytes_per_token(kv), (kv, drafter)
 
 
 def test_fit_compares_with_total_memory_not_what_is_free_now() -> None:

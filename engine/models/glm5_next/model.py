@@ -5,13 +5,14 @@ Two entry points over explicit per-stream state (`engine.cache.Sequence`):
 - `decode(seqs, ids)`: one token for each of several streams.
 Both return fp32 logits for the last token of each stream, identical on every rank.
 Serving decodes through the runner instead (engine/runner/lanes.py `LaneDecoder`): the same step with per-lane state
-tensors and fixed shapes (`decode_step`), replayed from CUDA graphs on a GPU.
+tensors and fixed shapes (`decode_step`), replayed from CUDA graphs on a GPU. Loaded with `mtp=True`, the checkpoint's
+multi-token-prediction layer drafts (mtp.py, `mtp_draft`): every prompt chunk also writes its rows, so a lane can
+draft from its first decode step on.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,13 +20,13 @@ import torch
 
 from engine import ops
 from engine.cache import KVPool, LaneState, Sequence
-from engine.checkpoint.layout import split_of
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import DSA, TextConfig
 from engine.models.glm5_next.dsa import SparseMLA
 from engine.models.glm5_next.kda import KimiDeltaAttention
 from engine.models.glm5_next.mhc import HyperConnection
 from engine.models.glm5_next.moe import DenseMLP, MoE
+from engine.models.glm5_next.mtp import MtpLayer
 from engine.models.glm5_next.step import LaneStep
 from engine.ops import fla_kda
 from engine.parallel import ParallelGroup, shard_range
@@ -40,9 +41,11 @@ def _checkpoint_prefix(reader: CheckpointReader) -> str:
     raise RuntimeError(f"{reader.path}: no embed_tokens.weight under {PREFIX!r} or 'model.'")
 
 
-def cache_bytes_per_token(cfg: TextConfig, kv: str) -> int:
-    """Pool bytes one token takes across the DSA layers, from the config alone (`engine fit` asks without loading)."""
-    return KVPool.bytes_per_token(cfg.pool_layers, cfg.pool_row_width, kv)
+def cache_bytes_per_token(cfg: TextConfig, kv: str, mtp: bool = False) -> int:
+    """Pool bytes one token takes across the DSA layers (and the MTP layer when it drafts: `mtp`), from the config
+    alone (`engine fit` asks without loading)."""
+    layers = len(cfg.dsa_layers) + (mtp and cfg.num_nextn_predict_layers > 0)
+    return KVPool.bytes_per_token(max(layers, 1), cfg.pool_row_width, kv)
 
 
 class DecoderLayer:
@@ -83,6 +86,7 @@ class Glm5NextForCausalLM:
         group: ParallelGroup,
         progress: Callable[[str], None] | None = None,
         kda_chunked: bool = True,
+        mtp: bool = False,
     ) -> None:
         self.cfg, self.group = cfg, group
         prefix = _checkpoint_prefix(reader)
@@ -112,8 +116,10 @@ class Glm5NextForCausalLM:
             dsa_seen += cfg.layer_types[i] == DSA
             if progress:
                 progress(f"loaded layer {i + 1}/{cfg.num_hidden_layers}")
-        self.num_pool_layers = dsa_seen
-        self.mtp = self._load_mtp(reader, prefix)
+        # the MTP layer only when it drafts (`mtp`): its weights and its pool layer cost nothing otherwise
+        mtp_prefix = f"{prefix}layers.{cfg.num_hidden_layers}."
+        self.mtp = MtpLayer(cfg, reader, mtp_prefix, group, dsa_seen) if mtp and self.has_mtp(reader) else None
+        self.num_pool_layers = max(dsa_seen + (self.mtp is not None), 1)
         if self.kda_prompt_form == "fla":  # autotune fla-core's prompt kernels now, not on the first request
             if progress:
                 progress("tuning the KDA prompt kernels (fla-core; cached after the first start)")
@@ -128,33 +134,24 @@ class Glm5NextForCausalLM:
         progress: Callable[[str], None] | None = None,
         dtype: torch.dtype | None = None,
         kda_chunked: bool = True,
+        mtp: bool = False,
     ) -> Glm5NextForCausalLM:
         """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms, gates,
-        the router and the hyper-connections are always kept in fp32, and activations are fp32 throughout."""
+        the router and the hyper-connections are always kept in fp32, and activations are fp32 throughout. `mtp`:
+        load the multi-token-prediction layer to draft with (when the checkpoint has one)."""
         group = group or ParallelGroup.single()
         cfg = TextConfig.from_file(path)
         dtype = dtype or (torch.bfloat16 if group.device.type == "cuda" else torch.float32)
         reader = CheckpointReader(path, group, dtype=dtype, device=group.device)
         try:
-            return cls(cfg, reader, group, progress, kda_chunked)
+            return cls(cfg, reader, group, progress, kda_chunked, mtp)
         finally:
             reader.close()
 
-    def _load_mtp(self, reader: CheckpointReader, prefix: str) -> dict[str, torch.Tensor]:
-        """The next-token-prediction layer's weights (kept for drafting; not used by the forward pass yet), each
-        rank reading only its share as `layout.split_of` plans it (the MTP layer is a whole MoE layer: read whole
-        on every rank it would cost each rank the full layer)."""
-        mtp_prefix = f"{prefix}layers.{self.cfg.num_hidden_layers}."
-        names = [n for n in reader.names() if n.startswith(mtp_prefix)]
-        if not names:
-            return {}
-        raw = json.loads((reader.path / "config.json").read_text())
-        weights = {}
-        for name in names:
-            plan = split_of(name, raw)
-            units = None if plan.dim is None else reader.shape(name)[plan.dim] // plan.unit
-            weights[name[len(mtp_prefix) :]] = reader.get(name, plan.dim, units)
-        return weights
+    def has_mtp(self, reader: CheckpointReader) -> bool:
+        """Whether the checkpoint holds the multi-token-prediction layer (`layers.{num_hidden_layers}`)."""
+        prefix = f"{_checkpoint_prefix(reader)}layers.{self.cfg.num_hidden_layers}."
+        return self.cfg.num_nextn_predict_layers > 0 and reader.has(prefix + "eh_proj.weight")
 
     @property
     def kda_prompt_form(self) -> str | None:
@@ -173,10 +170,15 @@ class Glm5NextForCausalLM:
         return self.cfg.pool_row_width
 
     def cache_bytes_per_token(self, kv: str = "fp32") -> int:
-        return cache_bytes_per_token(self.cfg, kv)
+        return KVPool.bytes_per_token(self.num_pool_layers, self.cfg.pool_row_width, kv)
 
     def make_pool(self, num_tokens: int, kv: str = "fp32") -> KVPool:
-        return KVPool(self.cfg.pool_layers, num_tokens, self.cfg.pool_row_width, kv, self.embed.device)
+        return KVPool(self.num_pool_layers, num_tokens, self.cfg.pool_row_width, kv, self.embed.device)
+
+    @property
+    def mtp_hidden_size(self) -> int:
+        """Width of the hidden rows a lane keeps for the MTP layer (0 without it)."""
+        return self.cfg.hidden_size if self.mtp is not None else 0
 
     def new_sequence(self, pool: KVPool) -> Sequence:
         return Sequence(pool)
@@ -192,11 +194,17 @@ class Glm5NextForCausalLM:
         rows = self.embed[local.clamp(0, self.embed.shape[0] - 1)].float() * inside[:, None]
         return self.group.sum_partials(rows)
 
-    def _logits(self, streams: torch.Tensor) -> torch.Tensor:
-        hidden = ops.rms_norm(
+    def _final(self, streams: torch.Tensor) -> torch.Tensor:
+        """The streams' mean, normed: the rows the LM head reads (and the MTP layer's hidden input)."""
+        return ops.rms_norm(
             ops.row_blocks(lambda rows: rows.mean(dim=1), streams, kind="mean"), self.norm, self.cfg.rms_norm_eps
         )
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.group.gather_last_dim(ops.linear(hidden, self.lm_head), self.vocab_widths)
+
+    def _logits(self, streams: torch.Tensor) -> torch.Tensor:
+        return self._head(self._final(streams))
 
     def _run(
         self, ids: list[int] | torch.Tensor, attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]
@@ -219,8 +227,25 @@ class Glm5NextForCausalLM:
             seq.grow(seq.length + len(ids) - seq.num_slots)
         selection: dict = {}
         streams = self._run(ids, lambda layer, h: layer.attn.prefill(h, seq, selection))
+        if self.mtp is None:
+            seq.length += len(ids)
+            return self._logits(streams) if all_logits else self._logits(streams[-1:])[0]
+        self._mtp_prefill(seq, ids, self._final(streams))
         seq.length += len(ids)
+        # the logits as without the MTP layer, bit for bit (the last row's alone)
         return self._logits(streams) if all_logits else self._logits(streams[-1:])[0]
+
+    def _mtp_prefill(self, seq: Sequence, ids: list[int], hidden: torch.Tensor) -> None:
+        """The MTP layer's rows of a prompt chunk: position q from token q and the main hidden row at q-1 (the row
+        before the chunk is the one the sequence carries; zeros before position 0)."""
+        assert self.mtp is not None
+        if seq.hidden is None:
+            seq.hidden = hidden.new_zeros(1, hidden.shape[-1])
+        before = seq.hidden[:1] if seq.length > 0 else torch.zeros_like(seq.hidden[:1])
+        tokens = torch.tensor(ids, dtype=torch.long, device=hidden.device)
+        mtp = self.mtp
+        mtp.forward(self._embed(tokens), torch.cat([before, hidden[:-1]]), lambda h: mtp.attn.prefill(h, seq, {}))
+        seq.hidden[0] = hidden[-1]
 
     @torch.no_grad()
     def decode(self, seqs: list[Sequence], ids: list[int]) -> torch.Tensor:
@@ -248,4 +273,36 @@ class Glm5NextForCausalLM:
         lanes.slots[lane_ids, positions] = new_slots
         step = LaneStep(lanes, lane_ids, positions, new_slots, lanes.slots[lane_ids, :span], width)
         streams = self._run(tokens, lambda layer, h: layer.attn.decode_lanes(h, step))
-        return self._logits(streams)
+        hidden = self._final(streams)
+        if self.mtp is not None and lanes.hidden is not None:  # what the next step's MTP absorb reads
+            row = torch.arange(hidden.shape[0], device=hidden.device) % width
+            lanes.hidden[lane_ids, row] = hidden
+        return self._head(hidden)
+
+    @torch.no_grad()
+    def mtp_draft(self, lanes: LaneState, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor:
+        """Drafts [B, 1 + chain] from the MTP layer, with every shape fixed by (batch, width, span, chain) and no
+        host read (capturable like `decode_step`). inputs [5, B * width + chain * B] long on the device: first the
+        absorb rows, `width` a lane, right-aligned (lane, token, position, slot, the lane's hidden row the token
+        follows; the rows before a lane's first are padding on the scratch lane), whose last row per lane gives
+        draft 1; then `chain` blocks of B rows (lane, -, position, slot, -) where draft j+1 is made from draft j."""
+        mtp = self.mtp
+        if mtp is None or lanes.hidden is None:
+            raise RuntimeError("mtp_draft needs the model loaded with mtp=True and lanes that keep hidden rows")
+        batch = (inputs.shape[1]) // (width + chain)
+        absorb = inputs[:, : batch * width]
+        lane_ids, tokens, positions, slots, rows = absorb
+        lanes.slots[lane_ids, positions] = slots
+        step = LaneStep(lanes, lane_ids, positions, slots, lanes.slots[lane_ids, :span], width)
+        out = mtp.forward(self._embed(tokens), lanes.hidden[lane_ids, rows], lambda h: mtp.attn.decode_lanes(h, step))
+        last = out.view(batch, width, -1)[:, -1]
+        draft = self._head(mtp.head_input(last)).argmax(dim=-1)
+        drafts = [draft]
+        for j in range(chain):
+            lane_j, _, pos_j, slot_j, _ = inputs[:, batch * (width + j) : batch * (width + j + 1)]
+            lanes.slots[lane_j, pos_j] = slot_j
+            chained = LaneStep(lanes, lane_j, pos_j, slot_j, lanes.slots[lane_j, :span])
+            last = mtp.forward(self._embed(draft), last, functools.partial(mtp.attn.decode_lanes, step=chained))
+            draft = self._head(mtp.head_input(last)).argmax(dim=-1)
+            drafts.append(draft)
+        return torch.stack(drafts, dim=1)
