@@ -568,6 +568,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel of the batch-1 serving step")
     ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
+    ap.add_argument("--moe-loop", action="store_true", help="prompt MoE as the loop over experts, not grouped GEMMs")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
     ap.add_argument(
         "--prefill-breakdown", default="", help="time per layer part of the 2k chunk ending at these contexts"
@@ -592,12 +593,17 @@ def main() -> None:
         tp2_rank(args)
         return
     global OUT, MODES, PREFILL, LONG_CONTEXTS, BREAKDOWN
+    if args.moe_loop:
+        from engine.models.glm5_next import moe
+
+        moe.GROUPED_GEMM = False
     LONG_CONTEXTS = tuple(int(n) for n in args.long_contexts.split(",") if n)
     BREAKDOWN = tuple(int(n) for n in args.prefill_breakdown.split(",") if n)
     OUT = Path(args.out) if args.out else None
     MODES, PREFILL = tuple(m for m in args.modes.split(",") if m and m != "none"), not args.no_prefill
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(
+        moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
         gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         torch=torch.__version__,
         date=time.strftime("%Y-%m-%d"),

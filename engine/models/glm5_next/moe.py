@@ -10,6 +10,8 @@ row-wise. The routed and shared outputs of a rank are one partial sum, reduced o
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine import ops
@@ -17,6 +19,16 @@ from engine.checkpoint.exl3 import read_expert_banks, read_projection
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
+
+# prompt chunks of bf16 experts on a GPU run as two grouped GEMMs (`MoE._grouped`); False: the loop over experts
+# (bench/gpu_engine.py --moe-loop times the two against each other)
+GROUPED_GEMM = True
+
+
+def _no_grouped_gemm(exc: Exception) -> None:
+    global GROUPED_GEMM
+    GROUPED_GEMM = False
+    logging.getLogger("engine.moe").warning("grouped GEMMs failed (%s); prompt MoE runs a loop over experts", exc)
 
 
 class SwiGLU:
@@ -95,10 +107,32 @@ class MoE:
         out = self.shared.partial(x)
         if self.exl3 is not None:
             return self.group.sum_partials(out + self.exl3(x, chosen, weights, self.limit))
+        if self.stacked is not None and GROUPED_GEMM:
+            try:
+                return self.group.sum_partials(out + self._grouped(x, chosen, weights))
+            except RuntimeError as exc:  # a GPU or torch without grouped GEMMs: the loop from now on
+                _no_grouped_gemm(exc)
         for expert in chosen.unique().tolist():
             token, slot = (chosen == expert).nonzero(as_tuple=True)
             out.index_add_(0, token, self.experts[expert].partial(x[token]) * weights[token, slot, None])
         return self.group.sum_partials(out)
+
+    def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """A prompt chunk's routed experts on a GPU: the (token, expert) pairs sorted by expert once, then gate‖up and
+        down as two grouped GEMMs over the stacked bank (torch's `_grouped_mm`: one launch each, tensor cores, no host
+        read), the pairs' outputs weighted and summed back per token."""
+        if self.stacked is None:
+            raise RuntimeError("the grouped MoE runs over the stacked experts, which this layer does not hold")
+        gate_up, down = self.stacked
+        flat = chosen.flatten()
+        order = torch.argsort(flat, stable=True)
+        token = order // self.top_k
+        ends = torch.cumsum(torch.bincount(flat, minlength=gate_up.shape[0]), 0).to(torch.int32)
+        hidden = torch._grouped_mm(x[token].to(gate_up.dtype), gate_up.transpose(1, 2), offs=ends)
+        gate, up = hidden.float().chunk(2, dim=-1)
+        act = ops.swiglu_clamped(gate, up, self.limit).to(down.dtype)
+        routed = torch._grouped_mm(act, down.transpose(1, 2), offs=ends).float()
+        return torch.zeros_like(x, dtype=torch.float32).index_add_(0, token, routed * weights.flatten()[order, None])
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing, gate‖up and down as
