@@ -231,7 +231,8 @@ def test_unreachable_worker_is_refused_before_anything_stops(bed, docker_env) ->
 
 def test_three_nodes_with_start_tp3_and_a_refit_window(bed, docker_env) -> None:
     w1, w2 = (f"root@{bed.nodes[n].address}" for n in ("w1", "w2"))
-    # 210 KiB of cache per rank (~128 bytes a token) cannot hold an 8192-token window: rank 0 names the largest that fits.
+    # 210 KiB of cache per rank (~256 bytes a token with MTP drafts) cannot hold an 8192-token window: rank 0 names
+    # the largest that fits.
     env = {**docker_env, "WORKER2": w2, "KV_POOL_GIB": "0.0002"}
     env.pop("TP")  # ./start-tp3.sh sets it
     done = run_on_head(bed, [str(REPO / "start-tp3.sh")], env, timeout_s=START_TIMEOUT_S)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 
 class LiveServer:
-    def __init__(self, checkpoint: Path, logs: Path, flags: list[str], key: str | None = KEY) -> None:
+    def __init__(self, checkpoint: Path, logs: Path, flags: list[str], key: str | None = KEY, tp: int = 2) -> None:
         self.port, master = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -42,7 +42,7 @@ class LiveServer:
             "serve",
             str(checkpoint),
             "--tp",
-            "2",
+            str(tp),
             "--master",
             f"127.0.0.1:{master}",
             "--port",
@@ -51,19 +51,20 @@ class LiveServer:
             "127.0.0.1",
             *flags,
         ]
-        self.logs = [logs / "rank1.log", logs / "rank0.log"]
+        ranks = [*range(1, tp), 0]  # rank 0 last: self.logs[-1] and self.procs[-1] are its
+        self.logs = [logs / f"rank{rank}.log" for rank in ranks]
         self.procs = [
             subprocess.Popen(
                 [*common, "--rank", str(rank)], cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT
             )
-            for rank, log in ((1, self.logs[0]), (0, self.logs[1]))
+            for rank, log in zip(ranks, self.logs)
         ]
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if "ready: serving" in self.logs[1].read_text():
+            if "ready: serving" in self.logs[-1].read_text():
                 return
             if any(p.poll() is not None for p in self.procs):
                 break
@@ -72,10 +73,10 @@ class LiveServer:
         raise RuntimeError("server did not start:\n" + "\n".join(log.read_text()[-2000:] for log in self.logs))
 
     def stop(self) -> None:
-        rank1, rank0 = self.procs
+        rank0 = self.procs[-1]
         if rank0.poll() is None:
             rank0.send_signal(signal.SIGTERM)
-        for proc in (rank0, rank1):
+        for proc in (rank0, *self.procs[:-1]):
             try:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
@@ -116,10 +117,10 @@ def demo_server(
 
 
 def serve_checkpoint(
-    checkpoint: Path, factory: pytest.TempPathFactory, flags: list[str], key: str | None = KEY
+    checkpoint: Path, factory: pytest.TempPathFactory, flags: list[str], key: str | None = KEY, tp: int = 2
 ) -> Iterator[LiveServer]:
-    """A live 2-rank server on `checkpoint`, stopped afterwards (the body of a module-scoped `server` fixture)."""
-    live = LiveServer(checkpoint, factory.mktemp("logs"), flags, key=key)
+    """A live `tp`-rank server on `checkpoint`, stopped afterwards (the body of a module-scoped `server` fixture)."""
+    live = LiveServer(checkpoint, factory.mktemp("logs"), flags, key=key, tp=tp)
     try:
         yield live
     finally:

@@ -1,4 +1,4 @@
-"""MTP and copy drafts (mtp+copy) through a live 2-rank server (gloo, real HTTP) on the trained demo, whose MTP
+"""MTP and copy drafts (mtp+copy) through a live 2- and 3-rank server (gloo, real HTTP) on the trained demo, whose MTP
 layer is trained and whose copy-heavy prompts get copy drafts accepted: `"draft": true` (the default) against
 `"draft": false` must give the same token ids, with the `openai` SDK, greedy and sampled, alone and in a burst;
 /health and /metrics count drafted and accepted tokens, by drafter too."""
@@ -18,10 +18,10 @@ from engine.checkpoint.demo import TRAINED
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+@pytest.fixture(scope="module", params=[2, 3], ids=["tp2", "tp3"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     flags = ["--drafter", "mtp+copy", "--draft-tokens", "3", "--parallel", "4", "--max-queued", "4", "--context", "512"]
-    yield from serve_checkpoint(TRAINED, tmp_path_factory, flags)
+    yield from serve_checkpoint(TRAINED, tmp_path_factory, flags, tp=request.param)
 
 
 def prompt(i: int) -> str:
