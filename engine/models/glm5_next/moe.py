@@ -20,8 +20,8 @@ from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
 
-# prompt chunks of bf16 experts on a GPU run as two grouped GEMMs (`MoE._grouped`); False: the loop over experts
-# (bench/gpu_engine.py --moe-loop times the two against each other)
+# prompt chunks of bf16 experts on a GPU run as two grouped GEMMs (`MoE._grouped`; fp32 weights, the exact GPU mode,
+# keep the loop); False: the loop over experts (bench/gpu_engine.py --moe-loop times the two against each other)
 GROUPED_GEMM = True
 
 
@@ -107,7 +107,7 @@ class MoE:
         out = self.shared.partial(x)
         if self.exl3 is not None:
             return self.group.sum_partials(out + self.exl3(x, chosen, weights, self.limit))
-        if self.stacked is not None and GROUPED_GEMM:
+        if self.stacked is not None and GROUPED_GEMM and self.stacked[0].dtype == torch.bfloat16:
             try:
                 return self.group.sum_partials(out + self._grouped(x, chosen, weights))
             except RuntimeError as exc:  # a GPU or torch without grouped GEMMs: the loop from now on
