@@ -5,7 +5,8 @@ DeepSeek-V3 form, one layer: the row at position q mixes the embedding of token 
 (absorbed MLA with its own indexer and its own pool layer, then the routed MoE with its shared expert; no
 hyper-connections) and predicts token q+1 through `shared_head.norm` and the main model's LM head. Feeding the final
 normed hidden row (not the streams' pre-norm mean) follows vLLM; its reported next-token agreement is 0.739 against
-0.696 (../shared/research/engine_model.md §1.3).
+0.696 (../shared/research/engine_model.md §1.3). On the trained demo the two feeds train to the same draft-1
+agreement (85.2 % and 85.5 %, bench/mtp_feed.py, docs/BENCHMARKS.md).
 
 Its cache rows follow the main model's positions: the row of position q holds (h_{q-1}, t_q), so a prompt chunk
 writes exactly its own positions (the hidden row before the chunk is carried on the sequence: `Sequence.hidden`) and
