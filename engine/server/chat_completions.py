@@ -195,6 +195,7 @@ class _Reply:
             end.completion_tokens,
             reasoning_tokens(self.state, self.generation, self.thinking),
             self.generation.cached_tokens,
+            self.generation.draft_counts,
         )
 
     def _finish_reason(self, end: End) -> str:

@@ -113,16 +113,28 @@ def start_generation(
 
 
 def usage(
-    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None, cached_tokens: int = 0
+    prompt_tokens: int,
+    completion_tokens: int,
+    reasoning_tokens: int | None = None,
+    cached_tokens: int = 0,
+    drafts: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
+    """Chat's and completions' usage. `drafts` (drafted, accepted): the reply's own draft counts, under OpenAI's
+    predicted-output names (accepted_prediction_tokens, rejected_prediction_tokens)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    details: dict[str, int] = {}
     if reasoning_tokens is not None:
-        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        details["reasoning_tokens"] = reasoning_tokens
+    if drafts is not None:
+        details["accepted_prediction_tokens"] = drafts[1]
+        details["rejected_prediction_tokens"] = drafts[0] - drafts[1]
+    if details:
+        out["completion_tokens_details"] = details
     return out
 
 

@@ -103,7 +103,14 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     reply = frame(
         text,
         end.finish_reason,
-        {"usage": usage(len(prompt_ids), end.completion_tokens, cached_tokens=generation.cached_tokens)},
+        {
+            "usage": usage(
+                len(prompt_ids),
+                end.completion_tokens,
+                cached_tokens=generation.cached_tokens,
+                drafts=generation.draft_counts,
+            )
+        },
         logprobs,
     )
     if body.return_token_ids:
@@ -133,7 +140,10 @@ async def _stream(generation: Generation, frame: Any, echo: str, include_usage: 
                 else:
                     counts = {
                         "usage": usage(
-                            len(generation.prompt_ids), event.completion_tokens, cached_tokens=generation.cached_tokens
+                            len(generation.prompt_ids),
+                            event.completion_tokens,
+                            cached_tokens=generation.cached_tokens,
+                            drafts=generation.draft_counts,
                         )
                     }
                     yield sse(frame("", event.finish_reason, counts))

@@ -129,6 +129,11 @@ class Generation:
         """Prompt tokens resumed from a kept prompt state (set by the scheduler before the first token is sent)."""
         return self._request.cached if self._request is not None else 0
 
+    @property
+    def draft_counts(self) -> tuple[int, int]:
+        """(drafted, accepted) tokens of this reply's verify windows (final once the reply has ended)."""
+        return (self._request.drafted, self._request.accepted) if self._request is not None else (0, 0)
+
     def cancel(self) -> None:
         if not self._finished:
             self._finished = True

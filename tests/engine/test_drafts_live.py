@@ -1,7 +1,7 @@
 """MTP and copy drafts (mtp+copy) through a live 2- and 3-rank server (gloo, real HTTP) on the trained demo, whose MTP
 layer is trained and whose copy-heavy prompts get copy drafts accepted: `"draft": true` (the default) against
 `"draft": false` must give the same token ids, with the `openai` SDK, greedy and sampled, alone and in a burst;
-/health and /metrics count drafted and accepted tokens, by drafter too."""
+/health and /metrics count drafted and accepted tokens, by drafter too; each reply's usage has its own counts."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def test_drafted_equals_draft_false_through_the_api(server: LiveServer) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     cases = [(i, s) for i in range(4) for s in SAMPLINGS]
 
+    predicted: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # (accepted, rejected) by "draft"
+
     def ids(i: int, sampling: dict, draft: bool) -> list[int]:
         reply = client.completions.create(
             model="GLM-5.3-Flash",
@@ -44,6 +46,8 @@ def test_drafted_equals_draft_false_through_the_api(server: LiveServer) -> None:
             extra_body={"draft": draft, "return_token_ids": True},
             **sampling,
         )
+        details = reply.usage.completion_tokens_details
+        predicted[draft].append((details.accepted_prediction_tokens, details.rejected_prediction_tokens))
         return reply.choices[0].model_extra["token_ids"]
 
     serial = [ids(i, s, False) for i, s in cases]
@@ -59,6 +63,9 @@ def test_drafted_equals_draft_false_through_the_api(server: LiveServer) -> None:
         for t in threads:
             t.join(180)
     assert [drafted.get(k) for k in range(len(cases))] == serial
+    # each reply's usage carries its own draft counts (OpenAI's predicted-output names); none without drafts
+    assert set(predicted[False]) == {(0, 0)}
+    assert sum(a for a, _ in predicted[True]) > 0 and sum(r for _, r in predicted[True]) > 0
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
         drafts = http.get("/health").json()["drafts"]
         assert drafts["drafter"] == "mtp+copy" and drafts["tokens_per_step"] > 1.0, drafts
