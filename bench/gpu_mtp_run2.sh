@@ -15,9 +15,7 @@ BUDGET=${BUDGET:-580}
 . bench/run_steps.sh
 
 machine
-names=$(ls .wheels | sed 's/-[0-9].*//' | sort -u | grep -v -e fla_core -e einops)
-python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib $names > "$OUT/pip.log" 2>&1
-say "pip exit $? (without fla-core)"
+wheels fla_core einops
 step "1. tests/gpu" 330 "$OUT/gpu_tests.txt" \
     python -m pytest -q -rs -p no:cacheprovider tests/gpu/test_mtp_gpu.py tests/gpu/test_moe_prompt_gpu.py \
     tests/gpu/test_graphs.py tests/gpu/test_reuse_gpu.py tests/gpu/test_drafts_gpu.py -k "not full_width and not exl3"

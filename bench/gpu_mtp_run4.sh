@@ -11,8 +11,7 @@ BUDGET=${BUDGET:-300}
 . bench/run_steps.sh
 
 machine
-names=$(ls .wheels | sed 's/-[0-9].*//' | sort -u | grep -v -e fla_core -e einops)
-python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib $names > "$OUT/pip.log" 2>&1
+wheels fla_core einops
 step "1. tests/gpu" 260 "$OUT/gpu_tests.txt" \
     python -m pytest -q -rs -p no:cacheprovider tests/gpu/test_moe_prompt_gpu.py tests/gpu/test_cuda_parity.py \
     tests/gpu/test_kda_prompt_gpu.py tests/gpu/test_exl3_moe_gpu.py tests/gpu/test_structured_gpu.py

@@ -15,9 +15,11 @@ machine() {
     say "## machine ($(date -u +%FT%TZ))"
     timeout 20 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
 }
-# wheels: every package .wheels carries (the lent machine has no network), into /tmp/pylib (on PYTHONPATH)
+# wheels [SKIP...]: every package .wheels carries (the lent machine has no network) but those named, into /tmp/pylib
+# (on PYTHONPATH); e.g. `wheels fla_core einops` leaves fla-core out (no first-start autotune)
 wheels() {
-    local names; names=$(ls .wheels | sed 's/-[0-9].*//' | sort -u)
+    local names skip; names=$(ls .wheels | sed 's/-[0-9].*//' | sort -u)
+    for skip in "$@"; do names=$(echo "$names" | grep -v -x "$skip"); done
     python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib $names > "$OUT/pip.log" 2>&1
     say "pip exit $?"
 }

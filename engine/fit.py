@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from engine.config import DRAFTERS
+
 GIB = 2**30
 LARGEST = 1_048_576  # what serve's `size_pool` takes for --context 0 at most
 LOAD_ITEM = {"cpu": 4, "cuda": 2}  # bytes per weight as loaded: fp32 on the CPU, bf16 on CUDA (model.load)
@@ -30,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(
         "--drafter",
-        choices=("none", "copy", "mtp", "mtp+copy"),
+        choices=DRAFTERS,
         default="none",
         help="as serve's: with mtp the MTP layer's pool rows count too",
     )

@@ -172,7 +172,8 @@ class LaneDecoder:
         width = max(len(tokens) for tokens in absorb)
         if any(min(w[1:], default=0) < 0 and max(w[1:]) >= 0 for w in windows):
             raise ValueError("a window's drafts come all from the MTP layer (-1) or none do")
-        chain = max(0, max(sum(1 for token in w[1:] if token < 0) for w in windows) - 1)
+        used = [sum(1 for token in w[1:] if token < 0) for w in windows]  # MTP drafts each window asks for
+        chain = max(0, max(used) - 1)
         pad = (self.state.scratch_lane, 0, 0, self.pool.scratch_slot, 0)
         cols: list[list[int]] = [[], [], [], [], []]
 
@@ -188,15 +189,11 @@ class LaneDecoder:
                 t = j - (width - len(tokens))
                 add((_lane(seq), tokens[t], first + t, seq.slot_at(first + t), t) if t >= 0 else pad)
         for j in range(1, chain + 1):
-            for seq, window in zip(seqs, windows):
-                used = sum(1 for token in window[1:] if token < 0)
-                add((_lane(seq), 0, seq.length + j, seq.slot_at(seq.length + j), 0) if j < used else pad)
+            for seq, wanted in zip(seqs, used):
+                add((_lane(seq), 0, seq.length + j, seq.slot_at(seq.length + j), 0) if j < wanted else pad)
         batch, span = len(seqs), self.span_for(max(s.length for s in seqs) + self.state.window)
-        run = functools.partial(self._mtp_run, span=span, width=width, chain=chain)
+        run = functools.partial(self.model.mtp_draft, self.state, span=span, width=width, chain=chain)
         return self._run(("mtp", batch, width, chain, span), run, torch.tensor(cols, dtype=torch.long), 5)
-
-    def _mtp_run(self, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor:
-        return self.model.mtp_draft(self.state, inputs, span, width, chain)
 
     def commit(self, seq: Sequence, rows: int) -> None:
         """After `verify`: the sequence keeps its first `rows` rows (its pending token and the accepted drafts)."""

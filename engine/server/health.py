@@ -23,17 +23,19 @@ def _ranks(state: Any) -> list[dict[str, Any]]:
 def _drafts(counts: dict[str, Any]) -> dict[str, Any]:
     """The drafter and its counts, with the two ratios people ask for: accepted / drafted tokens, and tokens
     committed per lane window (1.0 without drafts)."""
-    windows, drafted = counts["windows"], counts["drafted"]
     by_drafter = {
-        name: {**c, "acceptance": round(c["accepted"] / c["drafted"], 3) if c["drafted"] else None}
-        for name, c in counts.get("by_drafter", {}).items()
+        name: {**c, "acceptance": _ratio(c["accepted"], c["drafted"])} for name, c in counts["by_drafter"].items()
     }
     return {
         **counts,
-        "acceptance": round(counts["accepted"] / drafted, 3) if drafted else None,
-        "tokens_per_step": round(counts["committed"] / windows, 3) if windows else None,
+        "acceptance": _ratio(counts["accepted"], counts["drafted"]),
+        "tokens_per_step": _ratio(counts["committed"], counts["windows"]),
         "by_drafter": by_drafter,
     }
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 3) if whole else None
 
 
 def _reuse(counts: dict[str, Any]) -> dict[str, Any]:
@@ -41,8 +43,7 @@ def _reuse(counts: dict[str, Any]) -> dict[str, Any]:
     prompt tokens that were resumed rather than prefilled."""
     if not counts["enabled"]:
         return counts
-    queries = counts["queries_tokens"]
-    return {**counts, "hit_rate": round(counts["hits_tokens"] / queries, 3) if queries else None}
+    return {**counts, "hit_rate": _ratio(counts["hits_tokens"], counts["queries_tokens"])}
 
 
 @router.get("/health")

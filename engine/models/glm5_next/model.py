@@ -118,7 +118,8 @@ class Glm5NextForCausalLM:
                 progress(f"loaded layer {i + 1}/{cfg.num_hidden_layers}")
         # the MTP layer only when it drafts (`mtp`): its weights and its pool layer cost nothing otherwise
         mtp_prefix = f"{prefix}layers.{cfg.num_hidden_layers}."
-        self.mtp = MtpLayer(cfg, reader, mtp_prefix, group, dsa_seen) if mtp and self.has_mtp(reader) else None
+        held = cfg.num_nextn_predict_layers > 0 and reader.has(mtp_prefix + "eh_proj.weight")
+        self.mtp = MtpLayer(cfg, reader, mtp_prefix, group, dsa_seen) if mtp and held else None
         self.num_pool_layers = max(dsa_seen + (self.mtp is not None), 1)
         if self.kda_prompt_form == "fla":  # autotune fla-core's prompt kernels now, not on the first request
             if progress:
@@ -147,11 +148,6 @@ class Glm5NextForCausalLM:
             return cls(cfg, reader, group, progress, kda_chunked, mtp)
         finally:
             reader.close()
-
-    def has_mtp(self, reader: CheckpointReader) -> bool:
-        """Whether the checkpoint holds the multi-token-prediction layer (`layers.{num_hidden_layers}`)."""
-        prefix = f"{_checkpoint_prefix(reader)}layers.{self.cfg.num_hidden_layers}."
-        return self.cfg.num_nextn_predict_layers > 0 and reader.has(prefix + "eh_proj.weight")
 
     @property
     def kda_prompt_form(self) -> str | None:
