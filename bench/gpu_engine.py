@@ -103,6 +103,7 @@ def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int]:
 
 RESULT: dict = {}
 OUT: Path | None = None
+DENSE = "bf16"  # --dense: how the dense weights are kept (engine/quant/dense.py)
 
 
 def save() -> None:
@@ -141,7 +142,8 @@ def build(layers: str, device: str, config: Path, group: ParallelGroup | None = 
     raw = {"text_config": text}
     cfg = TextConfig.from_dict(raw)
     group = group or ParallelGroup.single(device)
-    return Glm5NextForCausalLM(cfg, RandomReader(raw, torch.bfloat16, device, group), group, mtp=mtp), cfg
+    reader = RandomReader(raw, torch.bfloat16, device, group)
+    return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=DENSE), cfg
 
 
 def prompt_ids(cfg: TextConfig, n: int) -> list[int]:
@@ -206,8 +208,10 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         # matmul FLOPs a prompt token costs: 2 per bf16 weight it multiplies (bytes / 2), the LM head left out
         # (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta rule
         # are not counted, so the fraction of peak is a floor
-        head = model.lm_head.numel() * model.lm_head.element_size()
-        flops = fixed - head + moe_layers * cfg.num_experts_per_tok * expert if held else 0  # CPU: not counted
+        # (counted from bf16 bytes: with DENSE q4 / fp8 only the rates are given)
+        head = model.lm_head.numel() * model.lm_head.element_size() if DENSE == "bf16" else 0
+        bf16 = held and DENSE == "bf16"
+        flops = fixed - head + moe_layers * cfg.num_experts_per_tok * expert if bf16 else 0  # CPU: not counted
         out["prefill"] = prefill_rates(model, pool, ids, (2048, 8192, 32768) if device == "cuda" else (256,), flops)
         save()
     return out
@@ -569,6 +573,7 @@ def main() -> None:
     ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--moe-loop", action="store_true", help="prompt MoE as the loop over experts, not grouped GEMMs")
+    ap.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how the dense weights are kept")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
     ap.add_argument(
         "--prefill-breakdown", default="", help="time per layer part of the 2k chunk ending at these contexts"
@@ -592,7 +597,8 @@ def main() -> None:
     if args.tp_rank is not None:
         tp2_rank(args)
         return
-    global OUT, MODES, PREFILL, LONG_CONTEXTS, BREAKDOWN
+    global OUT, MODES, PREFILL, LONG_CONTEXTS, BREAKDOWN, DENSE
+    DENSE = args.dense
     if args.moe_loop:
         from engine.models.glm5_next import moe
 
@@ -604,6 +610,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
+        dense=args.dense,
         gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         torch=torch.__version__,
         date=time.strftime("%Y-%m-%d"),

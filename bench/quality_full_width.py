@@ -41,9 +41,9 @@ def main() -> None:
 
     def factory(mode: dict[str, str]):
         reader = RandomReader(raw, quality.DTYPES[mode["weights"]], "cuda", group)
-        return Glm5NextForCausalLM(cfg, reader, group, None, mode["kda"] == "chunked")
+        return Glm5NextForCausalLM(cfg, reader, group, None, mode["kda"] == "chunked", dense=mode["dense"])
 
-    args.mode = args.mode or ["kv=fp8", "kda=chunked"]
+    args.mode = args.mode or ["dense=q4", "dense=fp8", "kv=fp8", "kda=chunked", "dense=q4,kv=fp8,kda=chunked"]
     result = quality.measure(args, "cuda", prompt_ids(cfg, args.tokens), factory)
     result["checkpoint"] = "random full-width KKKD (bench/gpu_engine.py), synthetic ids"
     print(quality.table(result))

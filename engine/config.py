@@ -23,6 +23,7 @@ DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}  # memory left to the system whe
 # mtp: the checkpoint's multi-token-prediction layer; mtp+copy: per lane and step, a copy match filling the window
 # wins, else the MTP layer (copy alone when the checkpoint has no MTP layer)
 DRAFTERS = ("none", "copy", "mtp", "mtp+copy")
+DENSE_MODES = ("bf16", "q4", "fp8")  # how the dense weights are kept (engine/quant/dense.py)
 MAX_DRAFT_TOKENS = 7  # a verify window holds at most 8 rows a lane
 
 
@@ -45,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=8192, help="prompt + reply window per request; 0 = largest fit")
     p.add_argument("--max-tokens", type=int, default=1024, help="reply budget when a request sets none")
     p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
+    p.add_argument(
+        "--dense",
+        choices=DENSE_MODES,
+        default="bf16",
+        help="how the dense (non-expert) weights are kept: bf16 as loaded, q4 or fp8 quantised at load",
+    )
     p.add_argument("--kv-pool-gib", type=float, default=0.0, help="cap of the cache pool in GiB per rank (0 = none)")
     p.add_argument(
         "--memory-reserve-gib",
@@ -113,6 +120,7 @@ class EngineConfig:
     context: int = 8192
     max_tokens: int = 1024
     kv: str = "bf16"
+    dense: str = "bf16"
     kv_pool_gib: float = 0.0
     memory_reserve_gib: float | None = None
     max_queued: int = 16
@@ -136,6 +144,7 @@ class EngineConfig:
         "context",
         "max_tokens",
         "kv",
+        "dense",
         "kv_pool_gib",
         "prefill_chunk",
         "name",

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine.config import DRAFTERS
+from engine.config import DENSE_MODES, DRAFTERS
 
 GIB = 2**30
 LARGEST = 1_048_576  # what serve's `size_pool` takes for --context 0 at most
@@ -37,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="as serve's: with mtp the MTP layer's pool rows count too",
     )
     p.add_argument(
+        "--dense",
+        choices=DENSE_MODES,
+        default="bf16",
+        help="as serve's: the dense weights counted as kept in this mode",
+    )
+    p.add_argument(
         "--memory-reserve-gib",
         type=float,
         default=None,
@@ -44,16 +50,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def rank_weight_bytes(directory: Path, config: dict[str, Any], tp: int, device: str) -> list[int]:
+def rank_weight_bytes(directory: Path, config: dict[str, Any], tp: int, device: str, dense: str = "bf16") -> list[int]:
     """At least what each rank's weights take once loaded (text tower and MTP; the vision tower is not loaded):
-    its TP share of every tensor, at the smaller of the stored and the loaded element size."""
+    its TP share of every tensor, at the smaller of the stored and the loaded element size, or as kept with
+    DENSE=`dense` (engine/quant/dense.py `kept_bytes`)."""
     from engine.checkpoint.info import DTYPE_BYTES, checkpoint_tensors, rank_share
+    from engine.quant.dense import kept_bytes
 
     shares = [0] * tp
     for tensor in checkpoint_tensors(directory) or ():
         if ".visual." in tensor.name or tensor.name.startswith(("visual.", "model.visual")):
             continue
-        scale = min(1.0, LOAD_ITEM[device] / DTYPE_BYTES.get(tensor.dtype, 2))
+        kept = kept_bytes(tensor.name, tensor.shape, dense)
+        scale = min(1.0, (LOAD_ITEM[device] if kept is None else kept) / DTYPE_BYTES.get(tensor.dtype, 2))
         for rank in range(tp):
             shares[rank] += int(rank_share(tensor, config, rank, tp) * scale)
     return shares
@@ -95,7 +104,7 @@ def fit(args: argparse.Namespace, device: str) -> dict[str, Any]:
     from engine.models.glm5_next.model import cache_bytes_per_token
 
     per_token = cache_bytes_per_token(TextConfig.from_dict(config), args.kv, mtp="mtp" in args.drafter)
-    weights = rank_weight_bytes(Path(args.checkpoint), config, args.tp, device)
+    weights = rank_weight_bytes(Path(args.checkpoint), config, args.tp, device, args.dense)
     reserve = _reserve_bytes(args, device)
     answers = []
     for total, ranks in memories(device, args.tp):

@@ -58,10 +58,23 @@ def held_bytes(obj: Any) -> int:
     return sum(_storages(obj).values())
 
 
-def dense_dtype(model: Any) -> str:
-    """What the dense weights are held in (fp32, bf16), as /health and the banner say it."""
-    name = str(getattr(getattr(model, "embed", None), "dtype", "unknown")).removeprefix("torch.")
+def _dtype_name(tensor: Any) -> str:
+    name = str(getattr(tensor, "dtype", "unknown")).removeprefix("torch.")
     return name.replace("float32", "fp32").replace("bfloat16", "bf16")
+
+
+def dense_dtype(model: Any) -> str:
+    """What the dense weights are held in, as /health and the banner say it: q4 or fp8 when quantised at load
+    (DENSE), else the element type they loaded in (fp32, bf16)."""
+    mode = getattr(model, "dense_mode", "bf16")
+    return mode if mode != "bf16" else _dtype_name(getattr(model, "embed", None))
+
+
+def head_dtype(model: Any) -> str:
+    """What the LM head is held in (q4 / fp8 when quantised, else its element type)."""
+    head = getattr(model, "lm_head", None)
+    mode = getattr(head, "mode", None)
+    return mode if isinstance(mode, str) else _dtype_name(head)
 
 
 def report(model: Any, pool: Any, lane_bytes: int) -> dict[str, Any]:
@@ -74,6 +87,7 @@ def report(model: Any, pool: Any, lane_bytes: int) -> dict[str, Any]:
     return {
         "weights_bytes": {**weights, "total": sum(weights.values())},
         "dense_dtype": dense_dtype(model),
+        "head_dtype": head_dtype(model),
         "pool_bytes": pool_bytes,
         "pool_rows": pool.kv,
         "lane_state_bytes": lane_bytes,

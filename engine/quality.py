@@ -1,11 +1,12 @@
 """`python -m engine quality CHECKPOINT [--mode K=V,...]... [--text FILE] [--tokens N] [--continuation N]`: what each
 precision mode costs in quality, against the exact mode, on one text.
 
-A mode is a set of choices: `weights` (the dense weights' element type as loaded: fp32 | bf16), `kv` (the cached
-attention rows: fp32 | bf16 | fp8) and `kda` (a prompt's linear-attention form: steps — token by token, as decode
-steps compute it — | chunked — the served default, fla-core's kernel on a GPU where installed). The reference (the
-exact mode) is the device's own weights (fp32 on the CPU, bf16 as stored on a GPU), fp32 cache rows on the CPU (bf16 on
-a GPU) and token-by-token KDA; `--reference` changes it. (DENSE q4 / fp8 are not built: they are not modes here.)
+A mode is a set of choices: `weights` (the element type the weights load in: fp32 | bf16), `dense` (how the dense,
+non-expert weights are kept — DENSE: bf16 is as loaded, q4 and fp8 quantised at load, engine/quant/dense.py), `kv`
+(the cached attention rows: fp32 | bf16 | fp8) and `kda` (a prompt's linear-attention form: steps — token by token,
+as decode steps compute it — | chunked — the served default, fla-core's kernel on a GPU where installed). The
+reference (the exact mode) is the device's own weights (fp32 on the CPU, bf16 as stored on a GPU) kept as loaded,
+fp32 cache rows on the CPU (bf16 on a GPU) and token-by-token KDA; `--reference` changes it.
 
 For each mode, against the reference, over the text's first N tokens fed as one prompt (teacher forcing, in prefill
 chunks of --chunk):
@@ -26,7 +27,12 @@ from typing import Any
 
 import torch
 
-CHOICES = {"weights": ("fp32", "bf16"), "kv": ("fp32", "bf16", "fp8"), "kda": ("steps", "chunked")}
+CHOICES = {
+    "weights": ("fp32", "bf16"),
+    "dense": ("bf16", "q4", "fp8"),
+    "kv": ("fp32", "bf16", "fp8"),
+    "kda": ("steps", "chunked"),
+}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_TEXT = Path(__file__).parent / "checkpoint" / "tokenizer_corpus.txt"
 
@@ -37,8 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--mode",
         action="append",
         default=None,
-        help="a mode to measure, e.g. kv=fp8 or weights=bf16,kv=bf16,kda=chunked (repeatable; default: the served "
-        "choices one at a time: kv=bf16, kv=fp8, kda=chunked, and weights=bf16 on the CPU)",
+        help="a mode to measure, e.g. kv=fp8 or dense=q4,kv=fp8,kda=chunked (repeatable; default: the served "
+        "choices one at a time — dense=q4, dense=fp8, kv=bf16, kv=fp8, kda=chunked, and weights=bf16 on the CPU — "
+        "then the reference recipe's defaults together, dense=q4,kv=fp8,kda=chunked)",
     )
     p.add_argument("--reference", default="", help="the exact mode's choices, over the device's defaults")
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="the text to teacher-force (UTF-8)")
@@ -67,18 +74,18 @@ def label(mode: dict[str, str]) -> str:
 
 
 class Runner:
-    """Loads the checkpoint once per (weights, kda) and runs a mode's teacher-forced logits and greedy tokens."""
+    """Loads the checkpoint once per (weights, dense, kda) and runs a mode's teacher-forced logits and greedy tokens."""
 
     def __init__(self, checkpoint: str, device: str, factory: Callable[[dict[str, str]], Any] | None = None) -> None:
         from engine.parallel import ParallelGroup
 
         self.checkpoint, self.group, self.factory = checkpoint, ParallelGroup.single(device), factory
-        self._models: dict[tuple[str, str], Any] = {}
+        self._models: dict[tuple[str, str, str], Any] = {}
 
     def model(self, mode: dict[str, str]) -> Any:
         from engine.models.glm5_next.model import Glm5NextForCausalLM
 
-        key = (mode["weights"], mode["kda"])
+        key = (mode["weights"], mode["dense"], mode["kda"])
         if key not in self._models:
             self._models.clear()  # one model in memory at a time
             if self.device_type == "cuda":
@@ -87,7 +94,11 @@ class Runner:
                 self.factory(mode)
                 if self.factory is not None
                 else Glm5NextForCausalLM.load(
-                    self.checkpoint, self.group, dtype=DTYPES[mode["weights"]], kda_chunked=mode["kda"] == "chunked"
+                    self.checkpoint,
+                    self.group,
+                    dtype=DTYPES[mode["weights"]],
+                    kda_chunked=mode["kda"] == "chunked",
+                    dense=mode["dense"],
                 )
             )
         return self._models[key]
@@ -141,8 +152,12 @@ def measure(
     """The results for args' modes (`factory`: builds a mode's model instead of loading args.checkpoint: the
     full-width random configs of bench/quality_full_width.py)."""
     base = {"weights": "fp32" if device == "cpu" else "bf16", "kv": "fp32" if device == "cpu" else "bf16"}
-    reference = parse_mode(args.reference, {**base, "kda": "steps"})
-    default_modes = ["kv=bf16", "kv=fp8", "kda=chunked"] + (["weights=bf16"] if device == "cpu" else [])
+    reference = parse_mode(args.reference, {**base, "dense": "bf16", "kda": "steps"})
+    default_modes = (
+        ["dense=q4", "dense=fp8", "kv=bf16", "kv=fp8", "kda=chunked"]
+        + (["weights=bf16"] if device == "cpu" else [])
+        + ["dense=q4,kv=fp8,kda=chunked"]
+    )
     modes = [parse_mode(m, reference) for m in (args.mode or default_modes)]
     runner = Runner(args.checkpoint, device, factory)
     prompt = ids[: args.prompt_tokens]
@@ -169,11 +184,11 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"reference: {result['reference']} · {result['tokens']} tokens teacher-forced on {result['device']} · "
         f"greedy: {result['continuation']} tokens after {result['prompt_tokens']}",
-        f"{'mode':<36} {'KL mean':>10} {'KL p99':>10} {'top-1':>7} {'greedy same':>12}",
+        f"{'mode':<46} {'KL mean':>10} {'KL p99':>10} {'top-1':>7} {'greedy same':>12}",
     ]
     for row in result["modes"]:
         lines.append(
-            f"{row['mode']:<36} {row['kl_mean']:>10.2e} {row['kl_p99']:>10.2e} {row['top1_agreement']:>7.1%} "
+            f"{row['mode']:<46} {row['kl_mean']:>10.2e} {row['kl_p99']:>10.2e} {row['top1_agreement']:>7.1%} "
             f"{row['greedy_same']:>5} / {result['continuation']:<4}"
         )
     return "\n".join(lines)

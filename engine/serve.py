@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         progress=lambda m: say(f"loading: {m}"),
         kda_chunked=cfg.kda_chunked,
         mtp=cfg.drafts_with_mtp,
+        dense=cfg.dense,
     )
     say(f"loading: done in {time.monotonic() - started:.1f} s (KDA prompts: {model.kda_prompt_form or 'none'})")
     if cfg.drafts_with_mtp and model.mtp is None:  # the same checkpoint on every rank: they all decide alike
@@ -228,6 +229,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     say(
         "memory: weights "
         + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in memory["weights_bytes"].items())
+        + f" (dense {memory['dense_dtype']}, head {memory['head_dtype']})"
         + f"; pool {memory['pool_bytes'] / 2**20:.1f} MiB ({memory['pool_rows']} rows); lane states "
         f"{memory['lane_state_bytes'] / 2**20:.1f} MiB"
     )

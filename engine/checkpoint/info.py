@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint.layout import split_of, text_config, text_tensors, vision_tensors
+from engine.config import DENSE_MODES
 from engine.parallel import shard_range
 
 DTYPE_BYTES = {
@@ -72,8 +73,10 @@ class CheckpointInfo:
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     rank_bytes: list[int] = field(default_factory=list)
     text_bytes: int = 0
-    # rank 0's bytes as stored by kind: routed experts, dense, embeddings and head, MTP (footprint.py's kinds)
+    # rank 0's bytes by kind — routed experts, dense, embeddings and head, MTP (footprint.py's kinds) — as stored, or
+    # as kept with DENSE=`dense` (q4 / fp8)
     rank0_kinds: dict[str, int] = field(default_factory=dict)
+    dense: str = "bf16"
 
     @property
     def total_params(self) -> int:
@@ -115,7 +118,16 @@ def rank_share(tensor: Tensor, config: dict[str, Any], rank: int, world: int) ->
     return tensor.nbytes * (stop - start) * unit // size
 
 
-def describe(path: str | Path, tp: int = 1, config_only: bool = False) -> CheckpointInfo:
+def kept_share(tensor: Tensor, config: dict[str, Any], rank: int, world: int, dense: str) -> int:
+    """`rank_share` once loaded with DENSE=`dense` (engine/quant/dense.py `kept_bytes`)."""
+    from engine.quant.dense import kept_bytes
+
+    share = rank_share(tensor, config, rank, world)
+    kept = kept_bytes(tensor.name, tensor.shape, dense)
+    return share if kept is None else int(share * kept / DTYPE_BYTES.get(tensor.dtype, 2))
+
+
+def describe(path: str | Path, tp: int = 1, config_only: bool = False, dense: str = "bf16") -> CheckpointInfo:
     path = Path(path)
     config_file = path if path.suffix == ".json" else path / "config.json"
     config = json.loads(config_file.read_text())
@@ -126,7 +138,7 @@ def describe(path: str | Path, tp: int = 1, config_only: bool = False) -> Checkp
         source = "config only (every tensor counted as bf16)"
     text = text_config(config)
     layers, experts = text["num_hidden_layers"], text.get("n_routed_experts", 1)
-    info = CheckpointInfo(config, source, tp, dict(text=0, mtp=0, vision=0, active=0), {}, [0] * tp)
+    info = CheckpointInfo(config, source, tp, dict(text=0, mtp=0, vision=0, active=0), {}, [0] * tp, dense=dense)
     for t in tensors:
         info.bytes_by_dtype[t.dtype] = info.bytes_by_dtype.get(t.dtype, 0) + t.nbytes
         if ".visual." in t.name or t.name.startswith(("visual.", "model.visual")):
@@ -145,7 +157,7 @@ def describe(path: str | Path, tp: int = 1, config_only: bool = False) -> Checkp
         info.text_bytes += t.nbytes
         for rank in range(tp):
             info.rank_bytes[rank] += rank_share(t, config, rank, tp)
-        info.rank0_kinds[kind] = info.rank0_kinds.get(kind, 0) + rank_share(t, config, 0, tp)
+        info.rank0_kinds[kind] = info.rank0_kinds.get(kind, 0) + kept_share(t, config, 0, tp, dense)
     return info
 
 
@@ -196,7 +208,7 @@ def render(info: CheckpointInfo) -> str:
         f"bytes per rank at TP={info.tp} (text tower + MTP; vision not loaded): "
         + ", ".join(f"rank {r} {_size(b)}" for r, b in enumerate(info.rank_bytes))
         + f" (sum {_size(sum(info.rank_bytes))} vs {_size(info.text_bytes)} unsplit)",
-        "rank 0 by kind, as stored: "
+        f"rank 0 by kind, {'as stored' if info.dense == 'bf16' else f'kept with DENSE={info.dense}'}: "
         + ", ".join(
             f"{name} {_size(info.rank0_kinds.get(kind, 0))}"
             for kind, name in (
@@ -218,6 +230,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="derive the tensors from config.json (bf16) instead of the safetensors headers",
     )
+    parser.add_argument(
+        "--dense",
+        choices=DENSE_MODES,
+        default="bf16",
+        help="rank 0's bytes by kind as kept with this DENSE mode (default: as stored)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,5 +247,5 @@ def run(args: argparse.Namespace) -> int:
     if args.tp < 1:
         print(f"error: --tp {args.tp} is not a world size\nfix: pass --tp 1 or more")
         return 2
-    print(render(describe(target, tp=args.tp, config_only=args.config_only)))
+    print(render(describe(target, tp=args.tp, config_only=args.config_only, dense=args.dense)))
     return 0

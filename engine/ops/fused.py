@@ -14,10 +14,36 @@ from typing import Any
 import torch
 
 from engine.ops import reference
+from engine.quant.dense import QuantWeight
 
 HC_FUSED_MAX_TOKENS = 64  # up to this many tokens (decode, verify windows) the fused hyper-connection kernels
 MOE_FUSED_MAX_PAIRS = 576  # (token, expert) pairs the small-batch MoE kernels take: 64 rows (8 lanes × a verify
 # window of 8) at top-8 plus the shared expert; each pair reads its expert once, so prompt chunks go per expert
+
+
+def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
+    """x [N, in] times a dense weight [out, in] -> fp32 [N, out] (`reference.linear` says how a tensor weight runs).
+    A reduced weight (engine/quant/dense.py `QuantWeight`): on CUDA, up to ROW_INVARIANT_ROWS rows (decode, verify
+    windows) through engine/ops/triton_dense.py — the weight read once in its stored bits, a row's result
+    independent of the others — and larger prompt chunks as a tensor-core matmul with the weight dequantised to bf16
+    for the call; on the CPU the reference: dequantised to fp32, then `reference.linear`."""
+    if not isinstance(weight, QuantWeight):
+        return reference.linear(x, weight)
+    if not x.is_cuda:
+        return reference.linear(x, weight.dequantize(torch.float32))
+    if x.dim() == 2 and x.shape[0] <= reference.ROW_INVARIANT_ROWS:
+        from engine.ops.triton_dense import dense_rows
+
+        return dense_rows(x, weight)
+    return reference.linear(x, weight.dequantize(torch.bfloat16))
+
+
+def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor:
+    """P products x [P, N, in] times weight [P, out, in] -> [P, N, out] fp32: one batched matmul over stacked tensor
+    weights (`reference.linear_pairs`), or one `linear` each for a tuple of reduced weights."""
+    if isinstance(weight, torch.Tensor):
+        return reference.linear_pairs(x, weight)
+    return torch.stack([linear(x[i], w) for i, w in enumerate(weight)])
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:

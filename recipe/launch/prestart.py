@@ -178,6 +178,8 @@ def ask_fit(settings: Settings, plan: Plan, reporter: Reporter) -> dict | None:
         str(settings.context),
         "--kv",
         settings.kv,
+        "--dense",
+        settings.dense,
         "--drafter",
         settings.drafter if settings.draft_tokens > 0 else "none",
     ]

@@ -16,8 +16,6 @@ def validate(settings: Settings) -> None:
 
 # Values the settings schema names but the engine cannot run yet: refused with one line, never accepted and ignored.
 NOT_BUILT = {
-    ("DENSE", "q4"): ("dense weights load as bf16 today", "write DENSE=bf16 (or remove DENSE)"),
-    ("DENSE", "fp8"): ("dense weights load as bf16 today", "write DENSE=bf16 (or remove DENSE)"),
     ("VISION", True): ("the engine reads text only: image parts get a 400", "write VISION=0 (or remove it)"),
     ("VISION_URLS", True): ("the engine reads text only: image parts get a 400", "write VISION_URLS=0 (or remove it)"),
 }

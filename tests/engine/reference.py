@@ -51,6 +51,26 @@ CONFIGS = {
         layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention"],
         mlp_layer_types=["dense", "dense", "sparse", "sparse"],
     ),
+    # every dense weight's input a multiple of 64 at TP=1 and TP=2 (DENSE=q4 groups of 64 apply to all of them):
+    # hidden 128, 4 MLA heads of v 32, 8 KDA heads of 16 (f_b / g_b, 16 inputs wide, stay as loaded), MLP and expert
+    # widths 128; K K D K, one dense MLP. (2 KDA heads of 64 would give b_proj 2 outputs: MKL's product of a
+    # [8, 128] block with a [2, 128] weight gives a row other bits at another place in the block.)
+    "grouped64": dict(
+        num_hidden_layers=4,
+        hidden_size=128,
+        intermediate_size=128,
+        moe_intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        v_head_dim=32,
+        linear_head_dim=16,
+        linear_num_heads=8,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+    ),
     # 16 experts top-4, larger pool budget, KDA-heavy
     "moe16": dict(
         num_hidden_layers=5,

@@ -23,15 +23,15 @@ def test_quality_table_and_json(tmp_path, capsys):
     args.out = out
     assert quality.run(args) == 0
     result = json.loads(out.read_text())
-    assert result["reference"] == "weights=fp32,kv=fp32,kda=steps" and result["tokens"] == 96
+    assert result["reference"] == "weights=fp32,dense=bf16,kv=fp32,kda=steps" and result["tokens"] == 96
     same, fp8 = result["modes"]
     assert same["mode"] == result["reference"]
     assert same["kl_mean"] == same["kl_p99"] == 0.0 and same["top1_agreement"] == 1.0 and same["greedy_same"] == 12
     assert 0.0 < fp8["kl_mean"] <= fp8["kl_p99"] and 0.5 < fp8["top1_agreement"] <= 1.0
     printed = capsys.readouterr().out
-    assert "weights=fp32,kv=fp8,kda=steps" in printed and "12 / 12" in printed
+    assert "weights=fp32,dense=bf16,kv=fp8,kda=steps" in printed and "12 / 12" in printed
 
 
 def test_a_mode_that_is_not_one_is_refused(capsys):
-    assert quality.run(parse("--mode", "dense=q4")) == 2
-    assert "dense=q4" in capsys.readouterr().out
+    assert quality.run(parse("--mode", "dense=int8")) == 2
+    assert "dense=int8" in capsys.readouterr().out

@@ -19,8 +19,10 @@ WORKER = Path(__file__).with_name("tp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu", timeout_s: float = 180) -> list[dict]:
-    """Run `world` tp_worker.py ranks to the end. A rank still running after `timeout_s` gets SIGABRT first, so its
+def run_ranks(
+    checkpoint: Path, world: int, out_dir: Path, device: str = "cpu", timeout_s: float = 180, dense: str = "bf16"
+) -> list[dict]:
+    """Run `world` tp_worker.py ranks to the end (`dense`: the DENSE mode they load with). A rank still running after `timeout_s` gets SIGABRT first, so its
     Python stacks (faulthandler, every thread) land in the captured stderr and show where it waits."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'engine'}")
@@ -37,6 +39,7 @@ def run_ranks(checkpoint: Path, world: int, out_dir: Path, device: str = "cpu", 
                 str(port),
                 str(out_dir / f"tp{world}-rank{r}.pt"),
                 device,
+                dense,
             ],
             env=env,
         )

@@ -27,13 +27,13 @@ def greedy(model, prefill, decode, seqs, ids) -> tuple[list, torch.Tensor]:
     return tokens, torch.stack(logits).cpu()
 
 
-def main(checkpoint: str, world: int, rank: int, port: int, out: str, device: str = "cpu") -> None:
+def main(checkpoint: str, world: int, rank: int, port: int, out: str, device: str = "cpu", dense: str = "bf16") -> None:
     torch.set_num_threads(1)
     if device == "cuda":
         device = f"cuda:{rank}"
         torch.cuda.set_device(device)
     group = ParallelGroup.init(world, rank, "127.0.0.1", port, device=device, timeout_s=120)
-    model = Glm5NextForCausalLM.load(checkpoint, group, dtype=torch.float32)  # the reference precision
+    model = Glm5NextForCausalLM.load(checkpoint, group, dtype=torch.float32, dense=dense)  # the reference precision
     ids = torch.randint(1, 97, (40,), generator=torch.Generator().manual_seed(7)).tolist()
     pool = model.make_pool(128)
     tokens, logits = greedy(model, model.prefill, model.decode, [model.new_sequence(pool) for _ in range(2)], ids)

@@ -62,8 +62,6 @@ INVALID = {
 }
 
 RULES = [
-    ({"DENSE": "q4"}, "DENSE=q4 is not built yet"),  # a setting is a promise: refused until built
-    ({"DENSE": "fp8"}, "DENSE=fp8 is not built yet"),
     ({"VISION": "1"}, "VISION=1 is not built yet"),
     ({"TP": "3", "WORKER": "me@spark2"}, "WORKER2 is empty"),
     ({"TP": "2", "WORKER": "me@spark2", "WORKER2": "me@spark3"}, "WORKER2 is set too"),

@@ -41,16 +41,17 @@ from engine.cache import Sequence
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
+from engine.quant.dense import Store, Weight, keep
 
 
 class SparseMLA:
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
     # views into `x_proj`, one per projection of x (set in __init__ by name)
-    q_a: torch.Tensor
-    kv_a: torch.Tensor
-    wk: torch.Tensor
-    pool_gate: torch.Tensor
-    head_weights: torch.Tensor
+    q_a: Weight
+    kv_a: Weight
+    wk: Weight
+    pool_gate: Weight
+    head_weights: Weight
 
     def __init__(
         self,
@@ -60,6 +61,7 @@ class SparseMLA:
         group: ParallelGroup,
         pool_layer: int,
         runs_indexer: bool,
+        store: Store = keep,
     ) -> None:
         self.group, self.pool_layer, self.runs_indexer = group, pool_layer, runs_indexer
         self.eps = cfg.rms_norm_eps
@@ -69,19 +71,19 @@ class SparseMLA:
         p = prefix + "self_attn."
         x_proj = {"q_a": reader.get(p + "q_a_proj.weight"), "kv_a": reader.get(p + "kv_a_proj_with_mqa.weight")}
         self.q_a_norm = reader.get(p + "q_a_layernorm.weight").float()
-        self.q_b = reader.get(p + "q_b_proj.weight", dim=0, units=heads)
+        self.q_b = store(reader.get(p + "q_b_proj.weight", dim=0, units=heads))
         self.kv_a_norm = reader.get(p + "kv_a_layernorm.weight").float()
         kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads).float()  # absorbed: used in einsums
         self.local_heads = kv_b.shape[0] // (self.nope + self.v_dim)
         kv_b = kv_b.view(self.local_heads, self.nope + self.v_dim, self.rank_dim)
         self.w_k, self.w_v = kv_b[:, : self.nope], kv_b[:, self.nope :]
-        self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
+        self.o_proj = store(reader.get(p + "o_proj.weight", dim=1, units=heads))
         self.kpool, self.pick = cfg.index_kpool, cfg.index_topk // cfg.index_kpool
         self.keep_tail = cfg.index_kpool_always_select_tail
         self.idx_heads, self.idx_dim = cfg.index_n_heads, cfg.index_head_dim
         if runs_indexer:
             i = p + "indexer."
-            self.wq_b = reader.get(i + "wq_b.weight")
+            self.wq_b = store(reader.get(i + "wq_b.weight"))
             x_proj.update(
                 wk=reader.get(i + "wk.weight"),
                 pool_gate=reader.get(i + "index_kpool_compress_gate"),
@@ -93,7 +95,7 @@ class SparseMLA:
         # every projection of x in one matrix (a decode token reads them in one launch); the named weights (q_a,
         # kv_a, and the indexer's wk, pool_gate, head_weights) are views into it
         self.x_names, self.x_widths = list(x_proj), [t.shape[0] for t in x_proj.values()]
-        self.x_proj = torch.cat(list(x_proj.values()))
+        self.x_proj = store(torch.cat(list(x_proj.values())))
         for name, view in zip(self.x_names, self.x_proj.split(self.x_widths)):
             setattr(self, name, view)
         del x_proj

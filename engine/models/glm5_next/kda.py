@@ -22,6 +22,7 @@ from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.ops import fla_kda
 from engine.parallel import ParallelGroup
+from engine.quant.dense import Store, Weight, keep
 
 
 def prompt_form(device: torch.device, head_dim: int, chunked: bool = True) -> str:
@@ -55,6 +56,7 @@ class KimiDeltaAttention:
         group: ParallelGroup,
         layer: int,
         chunked: bool = True,
+        store: Store = keep,
     ) -> None:
         self.layer, self.group = layer, group
         self.head_dim = cfg.linear_head_dim
@@ -73,18 +75,25 @@ class KimiDeltaAttention:
             reader.get(p + "g_a_proj.weight"),
             column("b_proj.weight"),
         ]
-        self.in_proj = torch.cat(parts)  # [3*Hl*d + 2*d + Hl, hidden]
+        self.in_proj = store(torch.cat(parts))  # [3*Hl*d + 2*d + Hl, hidden]
+        self.qkv_proj: Weight
+        self.f_a: Weight
+        self.g_a: Weight
+        self.b_proj: Weight
         self.qkv_proj, self.f_a, self.g_a, self.b_proj = self.in_proj.split(
             [sum(t.shape[0] for t in parts[:3]), parts[3].shape[0], parts[4].shape[0], parts[5].shape[0]]
         )
         del parts
-        self.low_b = torch.stack([column("f_b_proj.weight"), column("g_b_proj.weight")])  # [2, Hl*d, d]
+        low_b = [store(column("f_b_proj.weight")), store(column("g_b_proj.weight"))]  # [Hl*d, d] each
+        # stacked [2, Hl*d, d] for one batched product when kept as loaded; a pair of reduced weights otherwise
+        tensors = [w for w in low_b if isinstance(w, torch.Tensor)]
+        self.low_b: torch.Tensor | tuple[Weight, ...] = torch.stack(tensors) if len(tensors) == 2 else tuple(low_b)
         self.f_b, self.g_b = self.low_b[0], self.low_b[1]
         self.conv = torch.cat([column(f"{n}_conv1d.weight") for n in "qkv"]).squeeze(1).float()  # [3*Hl*d, K]
         self.dt_bias = column("dt_bias").float()
         self.a_decay = column("A_log").float().exp()  # [Hl]
         self.o_norm = reader.get(p + "o_norm.weight").float()
-        self.o_proj = reader.get(p + "o_proj.weight", dim=1, units=heads)
+        self.o_proj = store(reader.get(p + "o_proj.weight", dim=1, units=heads))
         self.local_heads = self.b_proj.shape[0]
         self.width = self.local_heads * self.head_dim
         self.prompt_form = prompt_form(self.conv.device, self.head_dim, chunked)

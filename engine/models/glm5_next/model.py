@@ -30,6 +30,7 @@ from engine.models.glm5_next.mtp import MtpLayer
 from engine.models.glm5_next.step import LaneStep
 from engine.ops import fla_kda
 from engine.parallel import ParallelGroup, shard_range
+from engine.quant.dense import HEAD_MODE, Store, keep, storer
 
 PREFIX = "model.language_model."
 
@@ -58,6 +59,7 @@ class DecoderLayer:
         index: int,
         pool_layer: int | None,
         kda_chunked: bool = True,
+        store: Store = keep,
     ) -> None:
         self.eps = cfg.rms_norm_eps
         self.input_norm = reader.get(prefix + "input_layernorm.weight").float()
@@ -67,11 +69,11 @@ class DecoderLayer:
         self.is_dsa = cfg.layer_types[index] == DSA
         self.attn: SparseMLA | KimiDeltaAttention
         if pool_layer is not None:  # a DSA layer: its rows in the pool
-            self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, cfg.indexer_types[index] == "full")
+            self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, cfg.indexer_types[index] == "full", store)
         else:
-            self.attn = KimiDeltaAttention(cfg, reader, prefix, group, index, kda_chunked)
+            self.attn = KimiDeltaAttention(cfg, reader, prefix, group, index, kda_chunked, store)
         sparse = cfg.mlp_layer_types[index] == "sparse"
-        self.mlp = (MoE if sparse else DenseMLP)(cfg, reader, prefix, group)
+        self.mlp = (MoE if sparse else DenseMLP)(cfg, reader, prefix, group, store)
 
     def forward(self, streams: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         streams = self.attn_hc.around(streams, attend, self.input_norm, self.eps)
@@ -87,8 +89,11 @@ class Glm5NextForCausalLM:
         progress: Callable[[str], None] | None = None,
         kda_chunked: bool = True,
         mtp: bool = False,
+        dense: str = "bf16",
     ) -> None:
         self.cfg, self.group = cfg, group
+        self.dense_mode = dense  # how the dense weights are kept (engine/quant/dense.py); the head: HEAD_MODE[dense]
+        store = storer(dense)
         prefix = _checkpoint_prefix(reader)
         self.vocab_start, self.vocab_stop = shard_range(cfg.vocab_size, group.rank, group.world)
         # every rank's vocab shard width, fixed at load: the logits gather reads nothing back from the device
@@ -98,7 +103,7 @@ class Glm5NextForCausalLM:
         self.embed = reader.get(prefix + "embed_tokens.weight", dim=0)
         self.norm = reader.get(prefix + "norm.weight").float()
         head = "lm_head.weight" if reader.has("lm_head.weight") else prefix + "embed_tokens.weight"
-        self.lm_head = reader.get(head, dim=0)
+        self.lm_head = storer(HEAD_MODE[dense])(reader.get(head, dim=0))
         self.layers: list[DecoderLayer] = []
         dsa_seen = 0
         for i in range(cfg.num_hidden_layers):
@@ -111,6 +116,7 @@ class Glm5NextForCausalLM:
                     i,
                     dsa_seen if cfg.layer_types[i] == DSA else None,
                     kda_chunked,
+                    store,
                 )
             )
             dsa_seen += cfg.layer_types[i] == DSA
@@ -119,7 +125,7 @@ class Glm5NextForCausalLM:
         # the MTP layer only when it drafts (`mtp`): its weights and its pool layer cost nothing otherwise
         mtp_prefix = f"{prefix}layers.{cfg.num_hidden_layers}."
         held = cfg.num_nextn_predict_layers > 0 and reader.has(mtp_prefix + "eh_proj.weight")
-        self.mtp = MtpLayer(cfg, reader, mtp_prefix, group, dsa_seen) if mtp and held else None
+        self.mtp = MtpLayer(cfg, reader, mtp_prefix, group, dsa_seen, store) if mtp and held else None
         self.num_pool_layers = max(dsa_seen + (self.mtp is not None), 1)
         if self.kda_prompt_form == "fla":  # autotune fla-core's prompt kernels now, not on the first request
             if progress:
@@ -136,16 +142,19 @@ class Glm5NextForCausalLM:
         dtype: torch.dtype | None = None,
         kda_chunked: bool = True,
         mtp: bool = False,
+        dense: str = "bf16",
     ) -> Glm5NextForCausalLM:
         """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms, gates,
         the router and the hyper-connections are always kept in fp32, and activations are fp32 throughout. `mtp`:
-        load the multi-token-prediction layer to draft with (when the checkpoint has one)."""
+        load the multi-token-prediction layer to draft with (when the checkpoint has one). `dense`: how the dense
+        (non-expert) weights are kept — bf16 as loaded (`dtype`), or q4 / fp8 quantised at load
+        (engine/quant/dense.py)."""
         group = group or ParallelGroup.single()
         cfg = TextConfig.from_file(path)
         dtype = dtype or (torch.bfloat16 if group.device.type == "cuda" else torch.float32)
         reader = CheckpointReader(path, group, dtype=dtype, device=group.device)
         try:
-            return cls(cfg, reader, group, progress, kda_chunked, mtp)
+            return cls(cfg, reader, group, progress, kda_chunked, mtp, dense)
         finally:
             reader.close()
 

@@ -19,6 +19,7 @@ from engine.checkpoint.exl3 import read_expert_banks, read_projection
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
+from engine.quant.dense import Store, keep
 
 # prompt chunks of bf16 experts on a GPU run as two grouped GEMMs (`MoE._grouped`; fp32 weights, the exact GPU mode,
 # keep the loop); False: the loop over experts (bench/gpu_engine.py --moe-loop times the two against each other)
@@ -34,12 +35,18 @@ def _no_grouped_gemm(exc: Exception) -> None:
 class SwiGLU:
     """gate/up [I_local, hidden], down [hidden, I_local]; returns this rank's partial sum."""
 
-    def __init__(self, reader: CheckpointReader, prefix: str, limit: float) -> None:
-        # plain .weight or an EXL3 group decoded on load (engine/checkpoint/exl3.py)
-        self.gate_up = torch.cat(
-            [read_projection(reader, prefix + "gate_proj", dim=0), read_projection(reader, prefix + "up_proj", dim=0)]
+    def __init__(self, reader: CheckpointReader, prefix: str, limit: float, store: Store = keep) -> None:
+        # plain .weight or an EXL3 group decoded on load (engine/checkpoint/exl3.py); `store` keeps a dense MLP's and
+        # the shared expert's weights in the dense mode (routed experts are not dense weights: kept as loaded)
+        self.gate_up = store(
+            torch.cat(
+                [
+                    read_projection(reader, prefix + "gate_proj", dim=0),
+                    read_projection(reader, prefix + "up_proj", dim=0),
+                ]
+            )
         )
-        self.down = read_projection(reader, prefix + "down_proj", dim=1)
+        self.down = store(read_projection(reader, prefix + "down_proj", dim=1))
         self.limit = limit
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,15 +55,19 @@ class SwiGLU:
 
 
 class DenseMLP:
-    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup) -> None:
-        self.mlp, self.group = SwiGLU(reader, prefix + "mlp.", cfg.swiglu_limit), group
+    def __init__(
+        self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup, store: Store = keep
+    ) -> None:
+        self.mlp, self.group = SwiGLU(reader, prefix + "mlp.", cfg.swiglu_limit, store), group
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.sum_partials(self.mlp.partial(x))
 
 
 class MoE:
-    def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup) -> None:
+    def __init__(
+        self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup, store: Store = keep
+    ) -> None:
         p = prefix + "mlp."
         self.group = group
         self.top_k, self.scale, self.renorm = cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.norm_topk_prob
@@ -70,12 +81,14 @@ class MoE:
             if self.exl3 is not None
             else [SwiGLU(reader, f"{p}experts.{e}.", cfg.swiglu_limit) for e in range(cfg.n_routed_experts)]
         )
-        self.shared = SwiGLU(reader, p + "shared_experts.", cfg.swiglu_limit)
+        self.shared = SwiGLU(reader, p + "shared_experts.", cfg.swiglu_limit, store)
         self.limit = cfg.swiglu_limit
         self.num_routed = cfg.n_routed_experts
-        # the shared expert joins the routed experts' bank (as expert E) when it has their shape: one more pair
+        # the shared expert joins the routed experts' bank (as expert E) when it has their shape and type: one more
+        # pair (kept in a reduced dense mode, it runs on its own)
         self.shared_in_bank = (
             self.exl3 is None
+            and isinstance(self.shared.gate_up, torch.Tensor)
             and self.experts[0].gate_up.shape == self.shared.gate_up.shape
             and self.experts[0].down.shape == self.shared.down.shape
         )
@@ -85,8 +98,8 @@ class MoE:
         """All experts' weights (the shared one last, when `shared_in_bank`) as [E, 2I, H] and [E, H, I] for the GPU
         kernels; the per-expert tensors become views into them, so nothing is held twice."""
         members = self.experts + ([self.shared] if self.shared_in_bank else [])
-        gate_up = torch.stack([e.gate_up for e in members])
-        down = torch.stack([e.down for e in members])
+        gate_up = torch.stack([e.gate_up for e in members if isinstance(e.gate_up, torch.Tensor)])
+        down = torch.stack([e.down for e in members if isinstance(e.down, torch.Tensor)])
         for i, expert in enumerate(members):
             expert.gate_up, expert.down = gate_up[i], down[i]
         return gate_up, down

@@ -32,21 +32,28 @@ from engine.models.glm5_next.config import TextConfig
 from engine.models.glm5_next.dsa import SparseMLA
 from engine.models.glm5_next.moe import MoE
 from engine.parallel import ParallelGroup
+from engine.quant.dense import Store, keep
 
 
 class MtpLayer:
     def __init__(
-        self, cfg: TextConfig, reader: CheckpointReader, prefix: str, group: ParallelGroup, pool_layer: int
+        self,
+        cfg: TextConfig,
+        reader: CheckpointReader,
+        prefix: str,
+        group: ParallelGroup,
+        pool_layer: int,
+        store: Store = keep,
     ) -> None:
         self.eps = cfg.rms_norm_eps
         self.enorm = reader.get(prefix + "enorm.weight").float()
         self.hnorm = reader.get(prefix + "hnorm.weight").float()
-        self.eh_proj = reader.get(prefix + "eh_proj.weight")  # replicated [hidden, 2 * hidden]
+        self.eh_proj = store(reader.get(prefix + "eh_proj.weight"))  # replicated [hidden, 2 * hidden]
         self.input_norm = reader.get(prefix + "input_layernorm.weight").float()
         self.post_norm = reader.get(prefix + "post_attention_layernorm.weight").float()
         self.head_norm = reader.get(prefix + "shared_head.norm.weight").float()
-        self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, runs_indexer=True)
-        self.mlp = MoE(cfg, reader, prefix, group)
+        self.attn = SparseMLA(cfg, reader, prefix, group, pool_layer, runs_indexer=True, store=store)
+        self.mlp = MoE(cfg, reader, prefix, group, store)
 
     def forward(
         self, embedded: torch.Tensor, hidden: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]

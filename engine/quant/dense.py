@@ -1,0 +1,187 @@
+"""Dense (non-expert) weights stored in fewer bits at load: `DENSE=q4 | fp8 | bf16`.
+
+- **q4**: each output row of a [out, in] weight in groups of GROUP inputs; a group holds 4-bit codes q in 0..15 and
+  an fp16 scale s and offset z, w ≈ q·s + z. The range of a group is searched: for each of CLIPS the group's
+  [min, max] is shrunk by that factor around its middle, codes rounded and clamped, and the factor with the least
+  squared error kept (deterministic: a fixed list, ties to the first). Codes are packed two a byte along the input:
+  byte j of an output's column holds input 2j in its low nibble and 2j+1 in its high one.
+- **fp8**: e4m3 with an fp32 scale (amax / 448) per output row and GROUP inputs: a per-output-channel scale taken
+  group by group. (One scale over a whole row would differ between TP=1 and a rank holding half the row's inputs.)
+
+Everything is stored input-major — [inputs (/2 for q4 codes, /GROUP for scales), outputs], the outputs contiguous —
+so a kernel reads a tile of several outputs' codes as whole vectors and a group's scales as one row (the tensor-core
+operand's own layout). A weight's groups lie along its input, so a tensor-parallel rank's slice holds whole groups of the full matrix (a
+column split cuts output rows; a row split cuts inputs at head boundaries, multiples of GROUP at the real widths) and
+quantising a slice gives the bits of the same slice of the quantised whole. A q4 weight whose input width is not a
+multiple of GROUP stays as loaded (`quantize` says so by returning it); fp8 takes any width (a last, shorter group).
+
+What stays in the loaded precision (engine/models/glm5_next/*.py `store_dense`): norms, the router (fp32, it picks
+experts), the hyper-connection maps (fp32), embeddings, the absorbed MLA kv_b (per-head einsums) and the routed
+experts (EXL3 or as stored: the experts are not dense weights). The LM head is stored fp8 in both reduced modes
+(HEAD_MODE; docs/QUALITY.md has the measurement behind it).
+
+`QuantWeight` is what `engine.ops.linear` takes in place of a tensor: on the CPU a reference product (dequantise,
+then the fp32 matmul); on CUDA engine/ops/triton_dense.py (decode rows and verify windows, row-invariant) or a
+dequantised bf16 matmul (prompt chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+
+from engine.config import DENSE_MODES as MODES
+
+GROUP = 64
+CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+HEAD_MODE = {"q4": "fp8", "fp8": "fp8", "bf16": "bf16"}
+FP8_MAX = 448.0
+_ROWS_AT_ONCE = 2048  # rows quantised per pass (bounds the search's temporary memory)
+# the checkpoint tensors the model keeps in the dense mode (its `store` calls), by name ending; routed experts
+# (`.mlp.experts.N.`) and the vision tower (not loaded) excluded
+STORED = (
+    *(f".{n}_proj.weight" for n in ("q", "k", "v", "f_a", "g_a", "b", "f_b", "g_b", "o", "q_a", "q_b", "eh")),
+    ".kv_a_proj_with_mqa.weight",
+    ".indexer.wk.weight",
+    ".indexer.wq_b.weight",
+    ".indexer.weights_proj.weight",
+    ".indexer.index_kpool_compress_gate",
+    *(f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")),
+    *(f"shared_experts.{n}_proj.weight" for n in ("gate", "up", "down")),
+)
+
+
+class QuantWeight:
+    """A [out, in] weight in `mode` (q4 | fp8), stored input-major. q4: `data` uint8 [in/2, out], `scale` and
+    `offset` fp16 [in/group, out]; fp8: `data` float8_e4m3fn [in, out], `scale` fp32 [ceil(in/group), out] (`offset`
+    None). Output slices (`rows`) are column views."""
+
+    def __init__(
+        self, mode: str, data: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int
+    ) -> None:
+        self.mode, self.data, self.scale, self.offset, self.group = mode, data, scale, offset, group
+
+    @property
+    def shape(self) -> torch.Size:
+        width, out = self.data.shape
+        return torch.Size((out, width * 2 if self.mode == "q4" else width))
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.data.is_cuda
+
+    def rows(self, start: int, stop: int) -> QuantWeight:
+        """Output rows start..stop (views: nothing is copied)."""
+        offset = None if self.offset is None else self.offset[:, start:stop]
+        return QuantWeight(self.mode, self.data[:, start:stop], self.scale[:, start:stop], offset, self.group)
+
+    def split(self, widths: Sequence[int]) -> list[QuantWeight]:
+        """Consecutive output-row blocks of these widths, as `torch.Tensor.split` along dim 0."""
+        out, start = [], 0
+        for width in widths:
+            out.append(self.rows(start, start + width))
+            start += width
+        return out
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [out, in] as `dtype` (the values the codes stand for, computed in fp32)."""
+        if self.mode == "fp8":
+            width = self.data.shape[0]
+            scales = self.scale.repeat_interleave(self.group, dim=0)[:width]
+            return (self.data.float() * scales).t().to(dtype)
+        codes = torch.stack([self.data & 15, self.data >> 4], dim=1).flatten(0, 1).float()  # [in, out]
+        width, out = codes.shape
+        grouped = codes.view(width // self.group, self.group, out)
+        values = grouped * self.scale.float()[:, None] + self.offset.float()[:, None]  # type: ignore[union-attr]
+        return values.view(width, out).t().to(dtype)
+
+    def nbytes(self) -> int:
+        parts = [self.data, self.scale] + ([self.offset] if self.offset is not None else [])
+        return sum(t.numel() * t.element_size() for t in parts)
+
+
+def kept_bytes(name: str, shape: Sequence[int], mode: str) -> float | None:
+    """Bytes per value a checkpoint tensor takes once loaded with DENSE=`mode`, or None where it stays as loaded
+    (`engine fit` and `engine info` count with it; the model's `store` calls make the same choice)."""
+    if name == "lm_head.weight" or name.endswith(".lm_head.weight"):
+        mode = HEAD_MODE[mode]
+    elif ".mlp.experts." in name or "visual." in name or not name.endswith(STORED):
+        return None
+    if mode == "bf16" or len(shape) != 2:
+        return None
+    if mode == "fp8":
+        return 1 + 4 * -(-shape[1] // GROUP) / shape[1]
+    return None if shape[1] % GROUP else 0.5 + 4 / GROUP
+
+
+Weight = torch.Tensor | QuantWeight  # what `engine.ops.linear` takes
+Store = Callable[[torch.Tensor], Weight]  # how a module keeps a dense weight it has just read
+
+
+def keep(weight: torch.Tensor) -> Weight:
+    """The dense weights as loaded (DENSE=bf16; on the CPU, the reference fp32)."""
+    return weight
+
+
+def storer(mode: str) -> Store:
+    """How the dense weights are kept in `mode`."""
+    return keep if mode == "bf16" else partial(quantize, mode=mode)
+
+
+def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tensor | QuantWeight:
+    """`weight` [out, in] stored in `mode`; bf16 (or a q4 weight whose input width is not a multiple of `group`) comes
+    back unchanged."""
+    if mode not in MODES:
+        raise ValueError(f"dense mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "bf16" or weight.dim() != 2:
+        return weight
+    if mode == "fp8":
+        return _fp8(weight, group)
+    if weight.shape[1] % group:
+        return weight
+    parts = [_q4_rows(weight[i : i + _ROWS_AT_ONCE], group) for i in range(0, weight.shape[0], _ROWS_AT_ONCE)]
+    codes, scale, offset = (torch.cat([p[k] for p in parts], dim=1).contiguous() for k in range(3))
+    return QuantWeight("q4", codes, scale, offset, group)
+
+
+def _fp8(weight: torch.Tensor, group: int) -> QuantWeight:
+    out, width = weight.shape
+    w = weight.float()
+    padded = torch.nn.functional.pad(w, (0, -width % group)).view(out, -1, group)
+    scale = (padded.abs().amax(dim=2) / FP8_MAX).clamp(min=1e-12)  # [out, groups]
+    data = (w / scale.repeat_interleave(group, dim=1)[:, :width]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return QuantWeight("fp8", data.t().contiguous(), scale.t().contiguous(), None, group)
+
+
+def _q4_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of a weight -> packed codes [in/2, rows], scales and offsets [in/group, rows] (the searched range per
+    group)."""
+    out, width = weight.shape
+    w = weight.float().view(out, width // group, group)
+    low, high = w.amin(-1), w.amax(-1)
+    middle, half = (high + low) / 2, (high - low) / 2
+    best_err = best_scale = best_offset = None
+    for clip in CLIPS:
+        lo = middle - half * clip
+        scale = ((2 * half * clip) / 15).clamp(min=1e-8).half()
+        offset = lo.half()
+        codes = torch.round((w - offset.float()[..., None]) / scale.float()[..., None]).clamp(0, 15)
+        err = ((codes * scale.float()[..., None] + offset.float()[..., None] - w) ** 2).sum(-1)
+        if best_err is None:
+            best_err, best_scale, best_offset = err, scale, offset
+        else:
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_scale = torch.where(better, scale, best_scale)  # type: ignore[arg-type]
+            best_offset = torch.where(better, offset, best_offset)  # type: ignore[arg-type]
+    assert best_scale is not None and best_offset is not None
+    codes = torch.round((w - best_offset.float()[..., None]) / best_scale.float()[..., None]).clamp(0, 15)
+    codes = codes.to(torch.uint8).view(out, width)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return packed.t(), best_scale.t(), best_offset.t()

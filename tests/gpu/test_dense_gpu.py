@@ -1,0 +1,125 @@
+"""DENSE=q4 / fp8 on the GPU: engine/ops/triton_dense.py against the dequantised bf16 product (its operands' own
+rounding), a row's bits independent of how many rows share the call (1..64, any place), a CUDA graph replay equal
+to the eager call, the CPU reference path agreeing; then the model: a row's logits invariant in verify windows and
+rejected drafts leaving no trace with q4 weights, eager and from graphs, and drafted ≡ serial through the scheduler
+on the trained demo with DENSE=q4.
+Runs on the lent H200 machine (PYTHONPATH=.:tests/engine python -m pytest -q tests/gpu); skipped elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import make_reference
+from test_drafts import (
+    test_a_rejected_draft_leaves_every_state_bit_as_if_never_proposed as rejected_draft_check,
+)
+from test_drafts import (
+    test_a_rows_logits_do_not_depend_on_window_width_or_neighbours as row_invariance_check,
+)
+from test_drafts import (
+    test_drafted_replies_equal_serial_replies as drafted_equals_serial_check,
+)
+
+from engine import ops
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.parallel import ParallelGroup
+from engine.quant.dense import QuantWeight, quantize
+
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# [out, in]: a wide layer (split over the inputs), a tall one, a small one, an output count no block divides
+SHAPES = [(4096, 2048), (1024, 6144), (96, 1024), (1000, 192)]
+
+
+def weight(shape, mode, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return quantize((torch.randn(*shape, generator=gen, device="cuda") * 0.02).bfloat16(), mode)
+
+
+def rows(n, width, seed=1):
+    return torch.randn(n, width, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda")
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_kernel_equals_the_dequantised_product(mode, shape):
+    from engine.ops.triton_dense import dense_rows
+
+    w = weight(shape, mode)
+    assert isinstance(w, QuantWeight)
+    x = rows(64, shape[1])
+    got = dense_rows(x, w)
+    exact = x.bfloat16().double() @ w.dequantize(torch.float32).bfloat16().double().t()
+    assert (got.double() - exact).abs().max() <= 2e-3 * exact.abs().max()
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_rows_bits_do_not_depend_on_the_other_rows(mode, shape):
+    w = weight(shape, mode)
+    x = rows(64, shape[1])
+    full = ops.linear(x, w)
+    for n in (1, 2, 3, 5, 8, 16, 17, 40):
+        for start in (0, 7, 64 - n):
+            assert torch.equal(ops.linear(x[start : start + n], w), full[start : start + n]), (n, start)
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_a_graph_replay_equals_the_eager_call(mode):
+    w = weight((4096, 2048), mode)
+    x = rows(4, 2048)
+    eager = ops.linear(x, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.linear(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_the_cpu_reference_and_the_prompt_path_agree(mode):
+    """The CPU path (dequantise to fp32, fp32 product), the GPU prompt path (more than 64 rows: dequantised bf16
+    matmul) and the kernel give the same products within bf16 operand rounding."""
+    w = weight((512, 1024), mode)
+    x = rows(80, 1024)
+    kernel = torch.cat([ops.linear(x[i : i + 16], w) for i in range(0, 80, 16)])
+    prompt = ops.linear(x, w)
+    cpu_w = QuantWeight(w.mode, w.data.cpu(), w.scale.cpu(), None if w.offset is None else w.offset.cpu(), w.group)
+    cpu = ops.linear(x.cpu(), cpu_w)
+    scale = cpu.abs().max()
+    assert (kernel.cpu() - cpu).abs().max() <= 1e-2 * scale
+    assert (prompt.cpu() - cpu).abs().max() <= 1e-2 * scale
+
+
+@pytest.fixture(scope="module")
+def q4_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("grouped64")
+    make_reference(path, "grouped64", seed=3)
+    model = Glm5NextForCausalLM.load(path, ParallelGroup.single("cuda"), dense="q4")
+    assert isinstance(model.layers[0].attn.in_proj, QuantWeight)
+    return model
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_rows_are_invariant_with_q4_weights(q4_model, graphs):
+    row_invariance_check(q4_model, graphs)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_rejected_drafts_leave_no_trace_with_q4_weights(q4_model, graphs):
+    rejected_draft_check(q4_model, graphs)
+
+
+def test_drafted_equals_serial_through_the_scheduler_with_q4_weights():
+    import json
+
+    from tokenizers import Tokenizer
+
+    from engine.checkpoint.demo import TRAINED
+
+    model = Glm5NextForCausalLM.load(TRAINED, ParallelGroup.single("cuda"), mtp=True, dense="q4")
+    tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
+    eos = frozenset(json.loads((TRAINED / "config.json").read_text())["text_config"]["eos_token_id"])
+    drafted_equals_serial_check((model, tokenizer, eos), 4, False, graphs=True)
