@@ -79,7 +79,9 @@ def sweep(out_path: Path | None) -> None:
             stored = quantize(weight, mode)
             default = launch_shape(out, width, mode == "fp8", stored.group)  # type: ignore[union-attr]
             results = []
-            for block_o, mult, splits, warps, stages in itertools.product((64, 128, 256), (1, 2, 4), (1, 4), (4, 8), (3,)):
+            for block_o, mult, splits, warps, stages in itertools.product(
+                (64, 128, 256), (1, 2, 4), (1, 4), (4, 8), (3,)
+            ):
                 tuning = dict(block_o=block_o, block_k=mult * 64, splits=splits, num_warps=warps, num_stages=stages)
                 if (out // block_o) * splits > 4096 or width // splits < mult * 64:
                     continue

@@ -3,8 +3,10 @@ offset, or e4m3 with per-row scales) for decode rows and verify windows, on the 
 
 One program computes a [16 rows, BLOCK_O outputs] tile over one slice of the inputs: it streams that slice of its
 BLOCK_O outputs' stored weight once (input-major, the outputs contiguous: whole vectors per load), one group of
-inputs at a time — the group's scales (and offsets) one row, its codes turned into bf16 in registers (q·s + z, or
-e4m3 · s) — and multiplies it with the rows' activations, rounded to bf16, on the tensor cores (fp32 accumulation). Rows go in fixed blocks of
+inputs at a time — the group's scales (and offsets) one row each, its weights made bf16 in registers (q·s + z, or
+e4m3 · s, in fp32 then rounded) — and multiplies it with the rows' activations, rounded to bf16, on the tensor cores
+(fp32 accumulation). (Measured slower on the H200: scaling each group's product instead of its weights, and q4
+codes as the bf16 values 128 + q with the bias taken off after — the product no longer accumulates in place.) Rows go in fixed blocks of
 16 (zero-padded), and the launch shape (BLOCK_O, BLOCK_K, the split of the inputs, warps) is chosen from the weight's
 shape alone, so a row's bits never depend on how many rows share the call (drafted ≡ serial rests on it). With the
 inputs split in S slices, the S partial tiles are summed by a second kernel in slice order (fixed, not atomics).
@@ -22,8 +24,7 @@ ROW_BLOCK = 16  # rows per program: the smallest tensor-core tile
 # Triton's CPU interpreter multiplies bf16 operands wrongly (their raw bits); there the products take fp16 operands,
 # so the CPU tests check the kernel's indexing, splits and row invariance, and tests/gpu its bf16 numbers
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-NUM_WARPS, NUM_STAGES = 4, 3
-TARGET_PROGRAMS = 264  # about two programs per SM on an H200 (132 SMs): the split of the inputs aims for this
+NUM_STAGES = 3
 
 
 @triton.jit
@@ -107,15 +108,18 @@ def _sum_splits(part_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.conste
     tl.store(out_ptr + offs, acc, mask=ok)
 
 
-def launch_shape(out_features: int, in_features: int, fp8: bool, group: int) -> tuple[int, int, int]:
-    """(BLOCK_O, BLOCK_K, splits) for a weight's shape — never for the row count."""
-    block_o = 128 if out_features >= 128 * TARGET_PROGRAMS // 2 else 64
-    block_k = 2 * group if in_features % (2 * group) == 0 else group
-    programs = triton.cdiv(out_features, block_o)
+def launch_shape(out_features: int, in_features: int, fp8: bool, group: int) -> tuple[int, int, int, int]:
+    """(BLOCK_O, BLOCK_K, splits, warps) for a weight's shape — never for the row count. From a sweep on the H200
+    (bench/dense_bench.py --sweep, docs/BENCHMARKS.md): tall weights (many outputs) best in 256-output blocks, one
+    group a step; wide ones in 128-output blocks, two groups a step; the inputs split in 4 at these widths."""
+    tall = out_features >= 16384
+    block_o = 256 if tall else 128
+    block_k = group if tall or in_features % (2 * group) else 2 * group
     splits = 1
-    while programs * splits * 2 <= TARGET_PROGRAMS and in_features // (splits * 2) >= 2 * block_k:
+    while splits < 4 and in_features // (splits * 2) >= 2 * block_k:
         splits *= 2
-    return block_o, block_k, splits
+    warps = 8 if not fp8 and block_k > group else 4
+    return block_o, block_k, splits, warps
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
@@ -126,9 +130,9 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     o = weight.shape[0]
     fp8 = weight.mode == "fp8"
     tuning = tuning or {}
-    block_o, block_k, splits = launch_shape(o, k, fp8, weight.group)
+    block_o, block_k, splits, warps = launch_shape(o, k, fp8, weight.group)
     block_o, block_k = tuning.get("block_o", block_o), tuning.get("block_k", block_k)
-    splits = tuning.get("splits", splits)
+    splits, warps = tuning.get("splits", splits), tuning.get("num_warps", warps)
     per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     out = torch.empty((splits, n, o), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(o, block_o), triton.cdiv(n, ROW_BLOCK), splits)
@@ -150,7 +154,7 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
         BLOCK_O=block_o,
         BLOCK_K=block_k,
         FP16=INTERPRETED,
-        num_warps=tuning.get("num_warps", NUM_WARPS),
+        num_warps=warps,
         num_stages=tuning.get("num_stages", NUM_STAGES),
     )
     if splits == 1:

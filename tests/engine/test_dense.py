@@ -174,3 +174,40 @@ def test_tp2_equals_tp1_per_mode(grouped, tmp_path, mode):
         assert r["tokens"] == single["tokens"] and r["lane_tokens"] == single["tokens"]
         assert (r["logits"] - single["logits"]).abs().max() < 1e-4
     assert torch.equal(ranks[0]["logits"], ranks[1]["logits"]), "ranks must hold bit-identical logits"
+
+
+@pytest.mark.slow
+def test_a_server_started_with_dense_q4_says_so_and_serves(tmp_path):
+    """`engine serve --dense q4` (what DENSE=q4 hands every rank) on the trained demo: /health names the dense and
+    head types and holds fewer dense bytes than the bf16 run, and the openai SDK's greedy completion is the one the
+    model gives when loaded with dense=q4 in this process."""
+    import httpx
+    from openai import OpenAI
+    from test_api_live import LiveServer
+    from tokenizers import Tokenizer
+
+    flags = ["--parallel", "1", "--context", "256", "--max-tokens", "12", "--name", "demo", "--drafter", "none"]
+    prompt = "<|user|>what is the capital of france?<|assistant|></think>"
+    sizes = {}
+    for mode in ("bf16", "q4"):
+        live = LiveServer(TRAINED, tmp_path, [*flags, "--dense", mode], key=None, tp=1)
+        try:
+            health = httpx.get(f"{live.url}/health", timeout=10).json()
+            sizes[mode] = health["memory"]["weights_bytes"]["dense"]
+            if mode == "q4":
+                assert health["weights"] == "q4" and health["memory"]["dense_dtype"] == "q4"
+                assert health["memory"]["head_dtype"] == "fp8"
+                client = OpenAI(base_url=f"{live.url}/v1", api_key="none")
+                reply = client.completions.create(model="demo", prompt=prompt, temperature=0, max_tokens=12)
+        finally:
+            live.stop()
+    assert sizes["q4"] < sizes["bf16"]
+    tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
+    model = Glm5NextForCausalLM.load(TRAINED, dense="q4")
+    seq = model.new_sequence(model.make_pool(256))
+    logits = model.prefill(seq, tokenizer.encode(prompt).ids)
+    tokens = []
+    for _ in range(reply.usage.completion_tokens):
+        tokens.append(int(torch.argmax(logits.reshape(-1))))
+        logits = model.decode([seq], [tokens[-1]])[0]
+    assert reply.usage.completion_tokens > 0 and reply.choices[0].text == tokenizer.decode(tokens)

@@ -26,7 +26,7 @@ def _kernel_figures() -> dict:
         assert isinstance(w, QuantWeight)
         x = torch.randn(20, k, generator=torch.Generator().manual_seed(k))
         got = triton_dense.dense_rows(x, w)
-        # the interpreter's operands are fp16 (triton_dense.INTERPRETED): the dequantised weight rounded to them
+        # the interpreter's operands are fp16 (triton_dense.INTERPRETED): the rows and the dequantised weights rounded
         exact = x.half().double() @ w.dequantize(torch.half).double().t()
         out[f"{mode}-{o}x{k}"] = {
             "error": float((got.double() - exact).abs().max() / exact.abs().max()),

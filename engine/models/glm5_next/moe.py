@@ -133,7 +133,7 @@ class MoE:
     def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """A prompt chunk's routed experts on a GPU: the (token, expert) pairs sorted by expert once, then gate‖up and
         down as two grouped GEMMs over the stacked bank (torch's `_grouped_mm`: one launch each, tensor cores, no host
-        read), the pairs' outputs weighted and summed back per token."""
+        read), the pairs' outputs weighted and summed back per token in a fixed order."""
         if self.stacked is None:
             raise RuntimeError("the grouped MoE runs over the stacked experts, which this layer does not hold")
         gate_up, down = self.stacked
@@ -144,8 +144,13 @@ class MoE:
         hidden = torch._grouped_mm(x[token].to(gate_up.dtype), gate_up.transpose(1, 2), offs=ends)
         gate, up = hidden.float().chunk(2, dim=-1)
         act = ops.swiglu_clamped(gate, up, self.limit).to(down.dtype)
-        routed = torch._grouped_mm(act, down.transpose(1, 2), offs=ends).float()
-        return torch.zeros_like(x, dtype=torch.float32).index_add_(0, token, routed * weights.flatten()[order, None])
+        routed = torch._grouped_mm(act, down.transpose(1, 2), offs=ends).float() * weights.flatten()[order, None]
+        # back to (token, slot) order (a permutation: one write each), then each token's k pairs summed in slot
+        # order — an index_add_ over the sorted pairs adds a token's k rows by atomics, in no fixed order (measured on
+        # the H200: the same prompt's logits 0.012 apart between two prefills)
+        pairs = torch.empty_like(routed)
+        pairs[order] = routed
+        return pairs.view(-1, self.top_k, routed.shape[-1]).sum(1)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing, gate‖up and down as
