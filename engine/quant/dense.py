@@ -10,12 +10,12 @@
 
 Everything is stored input-major — [inputs (/2 for q4 codes, /GROUP for scales), outputs], the outputs contiguous —
 so a kernel reads a tile of several outputs' codes as whole vectors and a group's scales as one row (the tensor-core
-operand's own layout). A weight's groups lie along its input, so a tensor-parallel rank's slice holds whole groups of the full matrix (a
-column split cuts output rows; a row split cuts inputs at head boundaries, multiples of GROUP at the real widths) and
-quantising a slice gives the bits of the same slice of the quantised whole. A q4 weight whose input width is not a
+operand's own layout). A weight's groups lie along its input, so a tensor-parallel rank's slice holds whole groups
+of the full matrix (a column split cuts output rows; a row split cuts inputs at head boundaries, multiples of GROUP
+at the real widths) and quantising a slice gives the bits of the same slice of the quantised whole. A q4 weight whose input width is not a
 multiple of GROUP stays as loaded (`quantize` says so by returning it); fp8 takes any width (a last, shorter group).
 
-What stays in the loaded precision (engine/models/glm5_next/*.py `store_dense`): norms, the router (fp32, it picks
+What stays in the loaded precision (the modules in engine/models/glm5_next/ apply their `store` to the rest): norms, the router (fp32, it picks
 experts), the hyper-connection maps (fp32), embeddings, the absorbed MLA kv_b (per-head einsums) and the routed
 experts (EXL3 or as stored: the experts are not dense weights). The LM head is stored fp8 in both reduced modes
 (HEAD_MODE; docs/QUALITY.md has the measurement behind it).
@@ -141,22 +141,25 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
         raise ValueError(f"dense mode {mode!r} is not one of {', '.join(MODES)}")
     if mode == "bf16" or weight.dim() != 2:
         return weight
-    if mode == "fp8":
-        return _fp8(weight, group)
-    if weight.shape[1] % group:
+    if mode == "q4" and weight.shape[1] % group:
         return weight
-    parts = [_q4_rows(weight[i : i + _ROWS_AT_ONCE], group) for i in range(0, weight.shape[0], _ROWS_AT_ONCE)]
-    codes, scale, offset = (torch.cat([p[k] for p in parts], dim=1).contiguous() for k in range(3))
-    return QuantWeight("q4", codes, scale, offset, group)
+    rows = _q4_rows if mode == "q4" else _fp8_rows
+    parts = [rows(weight[i : i + _ROWS_AT_ONCE], group) for i in range(0, weight.shape[0], _ROWS_AT_ONCE)]
+    data = torch.cat([p[0] for p in parts], dim=1).contiguous()
+    scale = torch.cat([p[1] for p in parts], dim=1).contiguous()
+    offsets = [p[2] for p in parts if p[2] is not None]
+    offset = torch.cat(offsets, dim=1).contiguous() if offsets else None
+    return QuantWeight(mode, data, scale, offset, group)
 
 
-def _fp8(weight: torch.Tensor, group: int) -> QuantWeight:
+def _fp8_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """Rows of a weight -> e4m3 values [in, rows] and scales [ceil(in/group), rows]."""
     out, width = weight.shape
     w = weight.float()
     padded = torch.nn.functional.pad(w, (0, -width % group)).view(out, -1, group)
-    scale = (padded.abs().amax(dim=2) / FP8_MAX).clamp(min=1e-12)  # [out, groups]
+    scale = (padded.abs().amax(dim=2) / FP8_MAX).clamp(min=1e-12)  # [rows, groups]
     data = (w / scale.repeat_interleave(group, dim=1)[:, :width]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return QuantWeight("fp8", data.t().contiguous(), scale.t().contiguous(), None, group)
+    return data.t(), scale.t(), None
 
 
 def _q4_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
