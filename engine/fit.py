@@ -54,17 +54,14 @@ def rank_weight_bytes(directory: Path, config: dict[str, Any], tp: int, device: 
     """At least what each rank's weights take once loaded (text tower and MTP; the vision tower is not loaded):
     its TP share of every tensor, at the smaller of the stored and the loaded element size, or as kept with
     DENSE=`dense` (engine/quant/dense.py `kept_bytes`)."""
-    from engine.checkpoint.info import DTYPE_BYTES, checkpoint_tensors, rank_share
-    from engine.quant.dense import kept_bytes
+    from engine.checkpoint.info import checkpoint_tensors, kept_share
 
     shares = [0] * tp
     for tensor in checkpoint_tensors(directory) or ():
         if ".visual." in tensor.name or tensor.name.startswith(("visual.", "model.visual")):
             continue
-        kept = kept_bytes(tensor.name, tensor.shape, dense)
-        scale = min(1.0, (LOAD_ITEM[device] if kept is None else kept) / DTYPE_BYTES.get(tensor.dtype, 2))
         for rank in range(tp):
-            shares[rank] += int(rank_share(tensor, config, rank, tp) * scale)
+            shares[rank] += kept_share(tensor, config, rank, tp, dense, LOAD_ITEM[device])
     return shares
 
 

@@ -118,13 +118,18 @@ def rank_share(tensor: Tensor, config: dict[str, Any], rank: int, world: int) ->
     return tensor.nbytes * (stop - start) * unit // size
 
 
-def kept_share(tensor: Tensor, config: dict[str, Any], rank: int, world: int, dense: str) -> int:
-    """`rank_share` once loaded with DENSE=`dense` (engine/quant/dense.py `kept_bytes`)."""
+def kept_share(
+    tensor: Tensor, config: dict[str, Any], rank: int, world: int, dense: str, loaded: float | None = None
+) -> int:
+    """`rank_share` once loaded: at DENSE=`dense`'s bytes per value where that mode reduces the tensor
+    (engine/quant/dense.py `kept_bytes`), else at `loaded` bytes per value (None: as stored); never more than
+    stored."""
     from engine.quant.dense import kept_bytes
 
     share = rank_share(tensor, config, rank, world)
     kept = kept_bytes(tensor.name, tensor.shape, dense)
-    return share if kept is None else int(share * kept / DTYPE_BYTES.get(tensor.dtype, 2))
+    item = loaded if kept is None else kept
+    return share if item is None else int(share * min(1.0, item / DTYPE_BYTES.get(tensor.dtype, 2)))
 
 
 def describe(path: str | Path, tp: int = 1, config_only: bool = False, dense: str = "bf16") -> CheckpointInfo:

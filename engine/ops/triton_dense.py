@@ -14,6 +14,7 @@ inputs split in S slices, the S partial tiles are summed by a second kernel in s
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -108,8 +109,10 @@ def _sum_splits(part_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.conste
     tl.store(out_ptr + offs, acc, mask=ok)
 
 
-def launch_shape(out_features: int, in_features: int, fp8: bool, group: int) -> tuple[int, int, int, int]:
-    """(BLOCK_O, BLOCK_K, splits, warps) for a weight's shape — never for the row count. From a sweep on the H200
+@functools.cache
+def launch_shape(out_features: int, in_features: int, fp8: bool, group: int) -> dict[str, int]:
+    """block_o, block_k, splits, num_warps, num_stages for a weight's shape — never for the row count (each distinct
+    shape once: the table is cached). From a sweep on the H200
     (bench/dense_bench.py --sweep, docs/BENCHMARKS.md): tall weights (many outputs) best in 256-output blocks, one
     group a step; wide ones in 128-output blocks, two groups a step; the inputs split in 4 at these widths."""
     tall = out_features >= 16384
@@ -119,7 +122,7 @@ def launch_shape(out_features: int, in_features: int, fp8: bool, group: int) -> 
     while splits < 4 and in_features // (splits * 2) >= 2 * block_k:
         splits *= 2
     warps = 8 if not fp8 and block_k > group else 4
-    return block_o, block_k, splits, warps
+    return dict(block_o=block_o, block_k=block_k, splits=splits, num_warps=warps, num_stages=NUM_STAGES)
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
@@ -129,10 +132,10 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     n, k = x.shape
     o = weight.shape[0]
     fp8 = weight.mode == "fp8"
-    tuning = tuning or {}
-    block_o, block_k, splits, warps = launch_shape(o, k, fp8, weight.group)
-    block_o, block_k = tuning.get("block_o", block_o), tuning.get("block_k", block_k)
-    splits, warps = tuning.get("splits", splits), tuning.get("num_warps", warps)
+    launch = launch_shape(o, k, fp8, weight.group)
+    if tuning:
+        launch = {**launch, **tuning}
+    block_o, block_k, splits = launch["block_o"], launch["block_k"], launch["splits"]
     per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     out = torch.empty((splits, n, o), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(o, block_o), triton.cdiv(n, ROW_BLOCK), splits)
@@ -154,8 +157,8 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
         BLOCK_O=block_o,
         BLOCK_K=block_k,
         FP16=INTERPRETED,
-        num_warps=warps,
-        num_stages=tuning.get("num_stages", NUM_STAGES),
+        num_warps=launch["num_warps"],
+        num_stages=launch["num_stages"],
     )
     if splits == 1:
         return out[0]

@@ -68,14 +68,6 @@ class QuantWeight:
         width, out = self.data.shape
         return torch.Size((out, width * 2 if self.mode == "q4" else width))
 
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.data.is_cuda
-
     def rows(self, start: int, stop: int) -> QuantWeight:
         """Output rows start..stop (views: nothing is copied)."""
         offset = None if self.offset is None else self.offset[:, start:stop]

@@ -19,7 +19,7 @@ from engine.checkpoint.exl3 import read_expert_banks, read_projection
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
-from engine.quant.dense import Store, keep
+from engine.quant.dense import Store, Weight, keep
 
 # prompt chunks of bf16 experts on a GPU run as two grouped GEMMs (`MoE._grouped`; fp32 weights, the exact GPU mode,
 # keep the loop); False: the loop over experts (bench/gpu_engine.py --moe-loop times the two against each other)
@@ -30,6 +30,13 @@ def _no_grouped_gemm(exc: Exception) -> None:
     global GROUPED_GEMM
     GROUPED_GEMM = False
     logging.getLogger("engine.moe").warning("grouped GEMMs failed (%s); prompt MoE runs a loop over experts", exc)
+
+
+def _tensor(weight: Weight) -> torch.Tensor:
+    """A bank member's weight: a plain tensor (routed experts are never reduced; a reduced shared expert stays out)."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"a {type(weight).__name__} cannot join the stacked expert bank")
+    return weight
 
 
 class SwiGLU:
@@ -98,8 +105,8 @@ class MoE:
         """All experts' weights (the shared one last, when `shared_in_bank`) as [E, 2I, H] and [E, H, I] for the GPU
         kernels; the per-expert tensors become views into them, so nothing is held twice."""
         members = self.experts + ([self.shared] if self.shared_in_bank else [])
-        gate_up = torch.stack([e.gate_up for e in members if isinstance(e.gate_up, torch.Tensor)])
-        down = torch.stack([e.down for e in members if isinstance(e.down, torch.Tensor)])
+        gate_up = torch.stack([_tensor(e.gate_up) for e in members])
+        down = torch.stack([_tensor(e.down) for e in members])
         for i, expert in enumerate(members):
             expert.gate_up, expert.down = gate_up[i], down[i]
         return gate_up, down
