@@ -27,7 +27,7 @@ DENSE_MODES = ("bf16", "q4", "fp8")  # how the dense weights are kept (engine/qu
 MAX_DRAFT_TOKENS = 7  # a verify window holds at most 8 rows a lane
 
 
-def _switch(text: str) -> bool:
+def switch(text: str) -> bool:
     if text not in ("0", "1", "on", "off"):
         raise argparse.ArgumentTypeError(f"{text!r} is not 0/1 (or on/off)")
     return text in ("1", "on")
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-queued", type=int, default=16, help="requests that may wait beyond the lanes; more get 429 + Retry-After"
     )
     p.add_argument("--prefill-chunk", type=int, default=128, help="prompt tokens per prefill step")
-    p.add_argument("--thinking", type=_switch, default=True, help="replies think first unless a request says (1/0)")
+    p.add_argument("--thinking", type=switch, default=True, help="replies think first unless a request says (1/0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--keepalive-s", type=float, default=15.0, help="SSE keep-alive comment after this silence")
     p.add_argument(
@@ -74,13 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cuda-graphs",
-        type=_switch,
+        type=switch,
         default=True,
         help="replay decode steps from CUDA graphs on a GPU (1/0; every rank must agree)",
     )
     p.add_argument(
         "--kda-chunked",
-        type=_switch,
+        type=switch,
         default=True,
         help="KDA prompt chunks in chunked form (fla-core on a GPU); 0: token by token (every rank agrees)",
     )
@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-tokens", type=int, default=3, help="most drafts a lane verifies per step (0-7)")
     p.add_argument(
         "--prompt-reuse",
-        type=_switch,
+        type=switch,
         default=True,
         help="resume requests from kept prompt states (same reply, fewer tokens prefilled) (1/0)",
     )
@@ -103,6 +103,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=4.0,
         help="cap of the kept prompt states' KDA snapshots in GiB per rank (their rows live in the pool)",
+    )
+    p.add_argument(
+        "--vision",
+        type=switch,
+        default=False,
+        help="take images in chat requests through the checkpoint's vision tower (rank 0 runs it) (1/0)",
+    )
+    p.add_argument(
+        "--vision-urls",
+        type=switch,
+        default=False,
+        help="fetch https image URLs (public addresses only, no redirects) as well as data: URLs (1/0)",
+    )
+    p.add_argument("--vision-max-images", type=int, default=8, help="images one request may hold")
+    p.add_argument("--vision-max-mb", type=float, default=20.0, help="bytes of one image as sent, in MiB")
+    p.add_argument(
+        "--vision-max-pixels", type=int, default=40_000_000, help="pixels (width x height) of one image as sent"
     )
     p.add_argument("--api-key-file", default=None, help="file holding the API key (or set SPARKS_API_KEY)")
 
@@ -135,6 +152,11 @@ class EngineConfig:
     draft_tokens: int = 3
     prompt_reuse: bool = True
     prompt_reuse_gib: float = 4.0
+    vision: bool = False
+    vision_urls: bool = False
+    vision_max_images: int = 8
+    vision_max_mb: float = 20.0
+    vision_max_pixels: int = 40_000_000
     api_key_file: str | None = None
 
     # What every rank must share (the others are per rank: its address, port, device, secrets, local timeouts).
@@ -187,6 +209,15 @@ class EngineConfig:
             out.append(f"--drafter must be one of {', '.join(DRAFTERS)} (got {self.drafter})")
         if not 0 <= self.prompt_reuse_gib <= 1024:
             out.append(f"--prompt-reuse-gib must be 0..1024 (got {self.prompt_reuse_gib:g})")
+        if self.vision_urls and not self.vision:
+            out.append("--vision-urls 1 fetches images, but --vision 0 takes none (pass --vision 1 too)")
+        if self.vision_max_images < 1 or self.vision_max_pixels < 1:
+            out.append(
+                f"--vision-max-images and --vision-max-pixels must be at least 1 (got {self.vision_max_images}, "
+                f"{self.vision_max_pixels})"
+            )
+        if not 0 < self.vision_max_mb <= 1024:
+            out.append(f"--vision-max-mb must be in (0, 1024] (got {self.vision_max_mb:g})")
         if self.context < 0:
             out.append(f"--context must be 0 (the largest that fits) or a positive window (got {self.context})")
         return out

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine.config import DENSE_MODES, DRAFTERS
+from engine.config import DENSE_MODES, DRAFTERS, switch
 
 GIB = 2**30
 LARGEST = 1_048_576  # what serve's `size_pool` takes for --context 0 at most
@@ -48,17 +48,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="memory left free for the system (default: 1 GiB on the CPU, 4 GiB on a GPU)",
     )
+    p.add_argument("--vision", type=switch, default=False, help="as serve's: rank 0 holds the vision tower too (1/0)")
 
 
-def rank_weight_bytes(directory: Path, config: dict[str, Any], tp: int, device: str, dense: str = "bf16") -> list[int]:
-    """At least what each rank's weights take once loaded (text tower and MTP; the vision tower is not loaded):
-    its TP share of every tensor, at the smaller of the stored and the loaded element size, or as kept with
-    DENSE=`dense` (engine/quant/dense.py `kept_bytes`)."""
-    from engine.checkpoint.info import checkpoint_tensors, kept_share
+def rank_weight_bytes(
+    directory: Path, config: dict[str, Any], tp: int, device: str, dense: str = "bf16", vision: bool = False
+) -> list[int]:
+    """At least what each rank's weights take once loaded (text tower and MTP; with `vision` the vision tower,
+    whole, on rank 0): its TP share of every tensor, at the smaller of the stored and the loaded element size, or as
+    kept with DENSE=`dense` (engine/quant/dense.py `kept_bytes`)."""
+    from engine.checkpoint.info import checkpoint_tensors, is_vision, kept_share
 
     shares = [0] * tp
     for tensor in checkpoint_tensors(directory) or ():
-        if ".visual." in tensor.name or tensor.name.startswith(("visual.", "model.visual")):
+        if is_vision(tensor.name):
+            if vision:
+                shares[0] += kept_share(tensor, config, 0, 1, "bf16", LOAD_ITEM[device])
             continue
         for rank in range(tp):
             shares[rank] += kept_share(tensor, config, rank, tp, dense, LOAD_ITEM[device])
@@ -101,7 +106,7 @@ def fit(args: argparse.Namespace, device: str) -> dict[str, Any]:
     from engine.models.glm5_next.model import cache_bytes_per_token
 
     per_token = cache_bytes_per_token(TextConfig.from_dict(config), args.kv, mtp="mtp" in args.drafter)
-    weights = rank_weight_bytes(Path(args.checkpoint), config, args.tp, device, args.dense)
+    weights = rank_weight_bytes(Path(args.checkpoint), config, args.tp, device, args.dense, args.vision)
     reserve = _reserve_bytes(args, device)
     answers = []
     for total, ranks in memories(device, args.tp):

@@ -77,10 +77,12 @@ def head_dtype(model: Any) -> str:
     return mode if isinstance(mode, str) else _dtype_name(head)
 
 
-def report(model: Any, pool: Any, lane_bytes: int) -> dict[str, Any]:
+def report(model: Any, pool: Any, lane_bytes: int, vision_bytes: int = 0) -> dict[str, Any]:
     """/health's `memory`: the weights by kind and in all, the pool (its rows and fp8 scales) and the lane states, in
-    bytes, with the element types they are held in."""
+    bytes, with the element types they are held in. `vision_bytes`: the vision tower's (rank 0 holds it)."""
     weights = weight_bytes(model)
+    if vision_bytes:
+        weights["vision"] = vision_bytes
     pool_bytes = pool.rows.numel() * pool.rows.element_size()
     if pool.scales is not None:
         pool_bytes += pool.scales.numel() * pool.scales.element_size()

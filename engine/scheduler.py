@@ -42,6 +42,7 @@ from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepPlan
 from engine.sampling import SamplingParams, sample, token_logprobs
 from engine.structured import Constraint
+from engine.vision.prompt import PromptImage, chunk_rows, key_ids
 
 log = logging.getLogger("engine.scheduler")
 
@@ -111,6 +112,8 @@ class Request:
     constraint: Constraint | None = None  # a format the reply must follow (engine/structured.py)
     reuse: bool = True  # False: neither resumes from kept prompt states nor keeps its own ("prompt_reuse": false)
     cache_salt: str = ""  # only prompts with the same salt share kept states
+    images: list[PromptImage] = field(default_factory=list)  # the prompt's images (engine/vision/prompt.py)
+    image_rows: list[Any] | None = None  # their tower output, made (once) when the first chunk holding one runs
     arrival: float = field(default_factory=time.monotonic)
     lane: int | None = None
     filled: int = 0
@@ -151,10 +154,15 @@ def _lane(req: Request) -> int:
 class Scheduler:
     @classmethod
     def for_config(
-        cls, executor: StepExecutor, group: Any, cfg: EngineConfig, marks: frozenset[int] = frozenset()
+        cls,
+        executor: StepExecutor,
+        group: Any,
+        cfg: EngineConfig,
+        marks: frozenset[int] = frozenset(),
+        encode_images: Callable[[list[PromptImage]], list[Any]] | None = None,
     ) -> Scheduler:
         """Rank 0's scheduler as the flags set it: PARALLEL lanes, the queue cap, the prompt chunk size, drafts,
-        prompt reuse (`marks`: the tokenizer's chat role tokens)."""
+        prompt reuse (`marks`: the tokenizer's chat role tokens), the vision tower when --vision is on."""
         return cls(
             executor,
             group,
@@ -165,6 +173,7 @@ class Scheduler:
             draft_tokens=cfg.draft_tokens,
             reuse_bytes=int(cfg.prompt_reuse_gib * 2**30) if cfg.prompt_reuse else None,
             reuse_marks=marks,
+            encode_images=encode_images,
         )
 
     def __init__(
@@ -182,9 +191,10 @@ class Scheduler:
         draft_tokens: int = 0,
         reuse_bytes: int | None = None,
         reuse_marks: frozenset[int] = frozenset(),
+        encode_images: Callable[[list[PromptImage]], list[Any]] | None = None,
     ) -> None:
         """`reuse_bytes`: keep prompt states, their KDA snapshots capped at this many bytes (None: prompt reuse off;
-        it needs the lane decoder)."""
+        it needs the lane decoder). `encode_images`: the vision tower (rank 0), images -> their rows each."""
         if drafter != "none" and draft_tokens > executor.window - 1:
             raise ValueError(f"{draft_tokens} drafts need verify windows of {draft_tokens + 1} rows")
         if "mtp" in drafter and draft_tokens > 0 and not executor.drafts_with_mtp:
@@ -198,6 +208,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.heartbeat_s = heartbeat_s
         self.retry_after_s = retry_after_s
+        self.encode_images = encode_images
         self.on_broken = on_broken
         self.broken: str | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -372,6 +383,13 @@ class Scheduler:
         if filling and (self._prefill_turn or not decoding):
             req = filling[0]
             chunk = req.prompt[req.filled : req.filled + self.prefill_chunk]
+            if req.images:
+                try:
+                    plan.embeds = self._image_rows(req, req.filled, len(chunk))
+                except Exception as exc:  # this request's images only: every other request and rank go on
+                    log.exception("the vision tower failed on request %s", req.id)
+                    self._finish(req, "failed", f"its images could not be encoded ({type(exc).__name__}: {exc})")
+                    return plan, None
             plan.prefill = (_lane(req), chunk)
             plan.prefill_logits = req.prompt_logprobs
             plan.keep = self._keep(req, req.filled + len(chunk), plan)
@@ -390,6 +408,17 @@ class Scheduler:
             return plan, ("decode", decoding)
         return plan, None
 
+    def _image_rows(self, req: Request, start: int, count: int) -> tuple[list[int], Any] | None:
+        """The image rows of the prompt chunk at `start` (None when it holds no image position); every image of the
+        request goes through the tower once, when the first chunk holding one is planned."""
+        if not any(image.start < start + count and image.end > start for image in req.images):
+            return None
+        if req.image_rows is None:
+            if self.encode_images is None:
+                raise RuntimeError("this server has no vision tower")
+            req.image_rows = [rows.cpu() for rows in self.encode_images(req.images)]
+        return chunk_rows(req.images, req.image_rows, start, count)
+
     def _resumable(self, req: Request) -> bool:
         """Whether a request may resume from kept states (prompt logprobs need every prompt row's logits)."""
         return req.reuse and not req.prompt_logprobs
@@ -401,7 +430,7 @@ class Scheduler:
 
     def _keys(self, req: Request) -> list[bytes]:
         if req.keys is None:
-            req.keys = chunk_keys(req.prompt, self.prefill_chunk, req.cache_salt)
+            req.keys = chunk_keys(key_ids(req.prompt, req.images), self.prefill_chunk, req.cache_salt)
         return req.keys
 
     def _resume(self, req: Request, hit: Node, plan: StepPlan) -> None:
@@ -495,6 +524,7 @@ class Scheduler:
                     req.prompt_lps.append(token_logprobs(logits[row], token, req.logprobs or 0))
                 logits = logits[-1]
             if not req.prefilling:
+                req.image_rows = None  # every image row is in the caches now
                 if req.prompt_logprobs:
                     self._send(req, PromptLogprobs(tuple(req.prompt_lps)))
                 self._sample(req, logits)

@@ -124,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         say(f"refused: {exc}")
         return EXIT_REFUSED
+    from engine.models.glm5_next.vision import VisionTower, has_tower
+
+    if cfg.vision and not has_tower(cfg.checkpoint):  # the same checkpoint on every rank: they all refuse alike
+        say(f"error: --vision 1: {cfg.checkpoint} has no vision tower (model.visual.*); write VISION=0")
+        return EXIT_USAGE
     started = time.monotonic()
     model = Glm5NextForCausalLM.load(
         cfg.checkpoint,
@@ -140,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         say("drafts: the checkpoint has no MTP layer; mtp+copy drafts with copy alone")
         cfg = dataclasses.replace(cfg, drafter="copy")
+    tower = None
+    if cfg.vision and cfg.rank == 0:  # before the pool is sized: the pool takes what the tower leaves
+        tower = VisionTower.load(cfg.checkpoint, torch.device(device))
+        say(f"loading: vision tower {tower.nbytes / 2**20:.1f} MiB on rank 0 ({tower.dtype})".replace("torch.", ""))
     from engine.cache import lane_state_bytes
 
     lanes = lane_state_bytes(model.kda_state_shapes(), cfg.parallel, cfg.verify_window, model.mtp_hidden_size)
@@ -154,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         code = follow_plans(group, executor)
         say(f"rank {cfg.rank}: exiting ({'shutdown' if code == 0 else 'peer lost'})")
         exit_process(code)  # rank 0 may already be gone (always, once it has sent the shutdown plan)
-    return _serve(cfg, group, executor, context, api_key, watch)
+    return _serve(cfg, group, executor, context, api_key, watch, tower)
 
 
 def _watch_peers(cfg: EngineConfig) -> Any:
@@ -209,7 +218,35 @@ def _generation_defaults(checkpoint: str) -> dict[str, Any]:
     }
 
 
-def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: str | None, watch: Any) -> int:
+def _vision_service(cfg: EngineConfig) -> Any:
+    """What the routes need to take images (--vision 1): the processor's settings and the limits."""
+    from engine.models.glm5_next.vision import ImageTokens, read_config
+    from engine.server.images import VisionService
+    from engine.vision.fetch import FetchPolicy
+    from engine.vision.preprocess import ProcessorSpec
+
+    config = read_config(cfg.checkpoint)
+    max_bytes = int(cfg.vision_max_mb * 2**20)
+    return VisionService(
+        spec=ProcessorSpec.from_config(config["vision_config"]),
+        tokens=ImageTokens.from_config(config),
+        max_images=cfg.vision_max_images,
+        max_bytes=max_bytes,
+        max_pixels=cfg.vision_max_pixels,
+        urls=cfg.vision_urls,
+        fetch=FetchPolicy(max_bytes=max_bytes),
+    )
+
+
+def _serve(
+    cfg: EngineConfig,
+    group: Any,
+    executor: Any,
+    context: int,
+    api_key: str | None,
+    watch: Any,
+    tower: Any = None,
+) -> int:
     import uvicorn
     from tokenizers import Tokenizer
 
@@ -223,9 +260,20 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
     defaults = _generation_defaults(cfg.checkpoint)
     tokenizer = Tokenizer.from_file(str(Path(cfg.checkpoint, "tokenizer.json")))
     marks = frozenset(i for i in map(tokenizer.token_to_id, ROLE_TOKENS) if i is not None)
-    scheduler = Scheduler.for_config(executor, group, cfg, marks)
+    encode = None
+    if tower is not None:
+
+        def encode(images: list[Any]) -> list[Any]:
+            """Every image of one request through the tower in one call; its rows split back per image."""
+            import torch
+
+            rows = tower.forward(torch.cat([im.patches for im in images]), [im.grid for im in images])
+            return list(rows.split([im.tokens for im in images]))
+
+    scheduler = Scheduler.for_config(executor, group, cfg, marks, encode)
     decoder = getattr(executor, "decoder", None)
-    memory = footprint.report(executor.model, executor.pool, footprint.held_bytes(decoder.state) if decoder else 0)
+    lane_bytes = footprint.held_bytes(decoder.state) if decoder else 0
+    memory = footprint.report(executor.model, executor.pool, lane_bytes, tower.nbytes if tower is not None else 0)
     say(
         "memory: weights "
         + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in memory["weights_bytes"].items())
@@ -246,6 +294,7 @@ def _serve(cfg: EngineConfig, group: Any, executor: Any, context: int, api_key: 
         peers=watch,
         weights=footprint.dense_dtype(executor.model),
         memory=memory,
+        vision=_vision_service(cfg) if cfg.vision else None,
         **defaults,
     )
     server = uvicorn.Server(

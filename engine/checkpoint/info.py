@@ -7,8 +7,8 @@ derived from the config (`layout.text_tensors`) and every tensor is counted as b
 the released GLM-5.3-Flash config (glm53_flash_config.json in this package) are produced.
 
 Per-rank bytes follow the engine's TP plan (`layout.split_of`); replicated tensors count on every rank, so the
-ranks' sum is at least the text tower's total. The vision tower is reported but not placed on ranks: the engine
-does not load it.
+ranks' sum is at least the text tower's total. The vision tower is not split: rank 0 alone holds it, whole, when
+the engine serves with --vision 1 (shown with rank 0's kinds).
 """
 
 from __future__ import annotations
@@ -118,6 +118,11 @@ def rank_share(tensor: Tensor, config: dict[str, Any], rank: int, world: int) ->
     return tensor.nbytes * (stop - start) * unit // size
 
 
+def is_vision(name: str) -> bool:
+    """Whether a checkpoint tensor is the vision tower's (rank 0 alone loads it, with --vision 1)."""
+    return ".visual." in name or name.startswith(("visual.", "model.visual"))
+
+
 def kept_share(
     tensor: Tensor, config: dict[str, Any], rank: int, world: int, dense: str, loaded: float | None = None
 ) -> int:
@@ -146,8 +151,9 @@ def describe(path: str | Path, tp: int = 1, config_only: bool = False, dense: st
     info = CheckpointInfo(config, source, tp, dict(text=0, mtp=0, vision=0, active=0), {}, [0] * tp, dense=dense)
     for t in tensors:
         info.bytes_by_dtype[t.dtype] = info.bytes_by_dtype.get(t.dtype, 0) + t.nbytes
-        if ".visual." in t.name or t.name.startswith(("visual.", "model.visual")):
+        if is_vision(t.name):
             info.params["vision"] += t.numel
+            info.rank0_kinds["vision"] = info.rank0_kinds.get("vision", 0) + t.nbytes
             continue
         layer = _LAYER.search(t.name)
         routed = _EXPERT.search(t.name) is not None
@@ -210,7 +216,7 @@ def render(info: CheckpointInfo) -> str:
         "bytes on disk: "
         + ", ".join(f"{k} {_size(v)}" for k, v in sorted(info.bytes_by_dtype.items()))
         + f"; total {_size(sum(info.bytes_by_dtype.values()))}",
-        f"bytes per rank at TP={info.tp} (text tower + MTP; vision not loaded): "
+        f"bytes per rank at TP={info.tp} (text tower + MTP; the vision tower is rank 0's alone, below): "
         + ", ".join(f"rank {r} {_size(b)}" for r, b in enumerate(info.rank_bytes))
         + f" (sum {_size(sum(info.rank_bytes))} vs {_size(info.text_bytes)} unsplit)",
         f"rank 0 by kind, {'as stored' if info.dense == 'bf16' else f'kept with DENSE={info.dense}'}: "
@@ -221,6 +227,7 @@ def render(info: CheckpointInfo) -> str:
                 ("dense", "dense"),
                 ("embeddings_and_head", "embeddings and head"),
                 ("mtp", "MTP"),
+                ("vision", "vision tower (with VISION=1)"),
             )
         ),
     ]

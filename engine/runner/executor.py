@@ -33,6 +33,9 @@ class StepPlan:
     drops: list[tuple[int, bool]] = field(default_factory=list)  # kept states dropped: (node, whole or snapshot only)
     prefill: tuple[int, list[int]] | None = None  # (lane, prompt chunk ids)
     prefill_logits: bool = False  # every token's logits of the chunk, not only the last one's (prompt logprobs)
+    # rows in place of some of the chunk's token embeddings: (offsets in the chunk, rows [n, hidden] on the CPU), an
+    # image's share of the vision tower's output (rank 0 runs the tower; every rank takes the rows from the plan)
+    embeds: tuple[list[int], torch.Tensor] | None = None
     keep: tuple[int, int] | None = None  # after the prefill chunk: keep the lane's state as (node, page start)
     adopt: list[int] = field(default_factory=list)  # after the prefill chunk: its rows so far are these kept ones
     # (lanes, each lane's window: its pending token, then its drafts, -1 for a draft the MTP layer makes in the
@@ -119,10 +122,11 @@ class StepExecutor:
         if plan.prefill is not None:
             lane, ids = plan.prefill
             seq = self.lanes[lane]
+            extra: dict[str, Any] = {"embeds": plan.embeds} if plan.embeds is not None else {}
             logits = (
-                self.model.prefill(seq, list(ids), all_logits=True)
+                self.model.prefill(seq, list(ids), all_logits=True, **extra)
                 if plan.prefill_logits
-                else self.model.prefill(seq, list(ids))
+                else self.model.prefill(seq, list(ids), **extra)
             )
             if plan.adopt:
                 self.kept.adopt(seq, plan.adopt)

@@ -34,9 +34,11 @@ from engine.server.formats import (
     forced_call_format,
 )
 from engine.server.generation import Delta, End, EngineFailed, Generation
+from engine.server.images import image_urls, place_images, prepare_images
 from engine.server.logprobs import chat_entries
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from engine.server.tools import CALL_OPEN, offered_tools
+from engine.vision.prompt import PromptImage
 
 if TYPE_CHECKING:
     from engine.server.state import ServerState
@@ -144,17 +146,30 @@ async def start_chat(
         render, state.template, body.messages, shown, state.thinking, body.reasoning_effort, kwargs
     )
     prompt += forced
-    prompt_ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
+    prompt_ids, images = await prompt_ids_with_images(state, body.messages, prompt)
     max_tokens = reply_budget(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, "messages")
     thinking = starts_in_reasoning(prompt)
     param, fmt = reply_format(body, shown, forced, thinking)
     if format_param and param.startswith("response_format"):  # what the translated request's client sent
         param = format_param
     grammar = await compile_format(state, fmt, param)
-    generation = start_generation(state, body, prompt_ids, max_tokens, logprobs_wanted(body), grammar=grammar)
+    generation = start_generation(
+        state, body, prompt_ids, max_tokens, logprobs_wanted(body), grammar=grammar, images=images
+    )
     parser = ReplyParser(thinking, parsed, single_call=body.parallel_tool_calls is False)
     parser.feed(forced)  # held back until the model closes the call (the prefix alone is never a piece)
     return generation, parser, thinking
+
+
+async def prompt_ids_with_images(
+    state: ServerState, messages: list[Any], prompt: str
+) -> tuple[list[int], list[PromptImage]]:
+    """The rendered prompt's ids, each image's placeholder widened to its rows, and the images (read, decoded and
+    prepared off the event loop: fetching and decoding take time)."""
+    urls = image_urls(messages)
+    prepared = await run_in_threadpool(prepare_images, state.vision, urls) if urls else []
+    ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
+    return place_images(ids, prepared, state.vision.tokens if state.vision is not None else None)
 
 
 async def whole_reply(generation: Generation, parser: ReplyParser, request: Request) -> tuple[list[ReplyPiece], End]:

@@ -16,6 +16,7 @@ from engine.sampling import MASK64, SamplingParams, prompt_seed
 from engine.server.errors import APIError, bad_request, error_body
 from engine.server.generation import Delta, End, EngineFailed, Generation
 from engine.server.protocol import SamplingFields
+from engine.vision.prompt import PromptImage, key_ids
 
 if TYPE_CHECKING:
     from engine.server.state import ServerState
@@ -93,11 +94,14 @@ def start_generation(
     logprobs: int | None = None,
     prompt_logprobs: bool = False,
     grammar: Any = None,
+    images: list[PromptImage] | None = None,
 ) -> Generation:
+    """Submit a request; `images`: the prompt's images (their ids keyed by their pixels for the unseeded sampling
+    seed, so two images under the same text do not share it)."""
     generation = Generation(
         state,
         prompt_ids,
-        sampling_params(state, body, prompt_ids, max_tokens),
+        sampling_params(state, body, key_ids(prompt_ids, images or []), max_tokens),
         stop=stop_strings(body),
         background=body.priority == "background",
         draft=body.draft is not False,
@@ -107,6 +111,7 @@ def start_generation(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         grammar=grammar,
+        images=images or [],
     )
     generation.start()
     return generation

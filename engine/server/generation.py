@@ -76,6 +76,7 @@ class Generation:
     grammar: Any = None  # the compiled format the reply must follow (engine/structured.py), or None
     prompt_reuse: bool = True  # False: no kept prompt state is resumed or kept for this request
     cache_salt: str = ""  # kept prompt states are shared only between requests with the same salt
+    images: list[Any] = field(default_factory=list)  # the prompt's images (engine/vision/prompt.py PromptImage)
     request_id: str = field(default_factory=lambda: f"{next(_counter)}-{secrets.token_hex(6)}")
     token_ids: list[int] = field(default_factory=list)
     # with logprobs: per reply token (log-probability, top alternatives); per prompt token after the first, the same
@@ -109,6 +110,7 @@ class Generation:
             constraint=None if self.grammar is None else Constraint(self.grammar, stop_ids),
             reuse=self.prompt_reuse,
             cache_salt=self.cache_salt,
+            images=self.images,
         )
         self._request = request
         try:

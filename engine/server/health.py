@@ -38,6 +38,21 @@ def _ratio(part: int, whole: int) -> float | None:
     return round(part / whole, 3) if whole else None
 
 
+def _vision(vision: Any, memory: dict[str, Any]) -> dict[str, Any]:
+    """Whether images are taken, how (data URLs; https URLs too), the limits, and the tower's bytes on rank 0."""
+    if vision is None:
+        return {"enabled": False}
+    return {
+        "enabled": True,
+        "urls": vision.urls,
+        "max_images": vision.max_images,
+        "max_bytes": vision.max_bytes,
+        "max_pixels": vision.max_pixels,
+        "max_image_tokens": vision.spec.max_tokens,
+        "tower_bytes": (memory.get("weights_bytes") or {}).get("vision", 0),
+    }
+
+
 def _reuse(counts: dict[str, Any]) -> dict[str, Any]:
     """The kept prompt states (how many, the pool rows and snapshot bytes they hold) and the share of looked-up
     prompt tokens that were resumed rather than prefilled."""
@@ -66,6 +81,7 @@ async def health(request: Request) -> JSONResponse:
         "prompt_reuse": _reuse(stats["prompt_reuse"]),
         "context_length": state.context,
         "weights": state.weights,
+        "vision": _vision(state.vision, state.memory),
         "memory": state.memory,
         "ranks": _ranks(state),
         "uptime_s": round(time.time() - state.started, 1),

@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.server.chat import ReplyParser, ReplyPiece, render
-from engine.server.chat_completions import start_chat, tools_for, whole_reply
+from engine.server.chat_completions import prompt_ids_with_images, start_chat, tools_for, whole_reply
 from engine.server.common import check_request, server_state
 from engine.server.errors import APIError
 from engine.server.formats import CODE
@@ -69,10 +69,14 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Anthropic
             out.append({"role": message.role, "content": message.content})
             continue
         text, reasoning, calls = [], [], []
+        parts: list[dict[str, Any]] = []  # text and images in order (a turn with images sends parts)
         before = len(out)
         for block in message.content:
             if block.type == "text":
                 text.append(block.text)
+                parts.append({"type": "text", "text": block.text})
+            elif block.type == "image":
+                parts.append({"type": "image_url", "image_url": {"url": block.source.as_url}})
             elif block.type == "thinking":
                 reasoning.append(block.thinking)
             elif block.type == "tool_use":
@@ -83,12 +87,14 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Anthropic
             elif block.type == "tool_result":
                 out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _text(block.content)})
         if message.role == "assistant" or calls:  # a tool_use block is the assistant's, wherever it was sent
-            turn: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+            turn: dict[str, Any] = {"role": "assistant", "content": parts if len(parts) > len(text) else "".join(text)}
             if reasoning:
                 turn["reasoning_content"] = "".join(reasoning)
             if calls:
                 turn["tool_calls"] = calls
             out.append(turn)
+        elif len(parts) > len(text):  # it holds images
+            out.append({"role": "user", "content": parts})
         elif text or len(out) == before:  # a turn of only (redacted) thinking still is a turn
             out.append({"role": "user", "content": "".join(text)})
     return out
@@ -322,5 +328,5 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     prompt = await run_in_threadpool(
         render, state.template, chat.messages, shown, state.thinking, chat.reasoning_effort, chat.chat_template_kwargs
     )
-    ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
+    ids, _ = await prompt_ids_with_images(state, chat.messages, prompt)
     return {"input_tokens": len(ids)}

@@ -81,9 +81,22 @@ class RequestBody(Body):
         return data
 
 
+class ImageURL(Body):
+    url: StrictStr  # a data: URL (base64 image), or an https URL the server fetches when VISION_URLS=1
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; every image is read at the processor's size
+
+
 class ContentPart(Body):
-    type: StrictStr = Field(json_schema_extra={"enum": ["text"]})  # other part types: a 400 naming the type
+    # other part types: a 400 naming the type; image_url needs a server with VISION=1
+    type: StrictStr = Field(json_schema_extra={"enum": ["text", "image_url"]})
     text: StrictStr | None = None
+    image_url: ImageURL | None = None
+
+    @model_validator(mode="after")
+    def _image_has_url(self) -> ContentPart:
+        if self.type == "image_url" and self.image_url is None:
+            raise PydanticCustomError("missing_image_url", "an image_url part needs image_url.url")
+        return self
 
 
 class FunctionCall(Body):
@@ -255,6 +268,33 @@ class RedactedThinkingBlock(Body):
     data: StrictStr | None = None
 
 
+class ImageSource(Body):
+    type: Literal["base64", "url"]
+    media_type: StrictStr | None = None  # base64: image/png, image/jpeg, image/gif or image/webp
+    data: StrictStr | None = None  # base64
+    url: StrictStr | None = None  # url: fetched when VISION_URLS=1
+
+    @model_validator(mode="after")
+    def _complete(self) -> ImageSource:
+        if self.type == "base64" and (self.data is None or self.media_type is None):
+            raise PydanticCustomError("incomplete_image", "a base64 image source needs media_type and data")
+        if self.type == "url" and self.url is None:
+            raise PydanticCustomError("incomplete_image", "a url image source needs url")
+        return self
+
+    @property
+    def as_url(self) -> str:
+        """The source as the URL a chat image part carries: its own, or a data: URL of its base64 bytes."""
+        if self.type == "url":
+            return self.url or ""
+        return f"data:{self.media_type};base64,{self.data}"
+
+
+class ImageBlock(Body):
+    type: Literal["image"]
+    source: ImageSource
+
+
 class ToolUseBlock(Body):
     type: Literal["tool_use"]
     id: StrictStr
@@ -270,7 +310,8 @@ class ToolResultBlock(Body):
 
 
 AnthropicBlock = Annotated[
-    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")
+    TextBlock | ImageBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock,
+    Field(discriminator="type"),
 ]
 
 
@@ -350,10 +391,19 @@ class InputTextPart(Body):
     text: StrictStr
 
 
+class InputImagePart(Body):
+    type: Literal["input_image"]
+    image_url: StrictStr  # a data: URL, or an https URL fetched when VISION_URLS=1 (file_id is not supported)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+InputPart = Annotated[InputTextPart | InputImagePart, Field(discriminator="type")]
+
+
 class InputMessageItem(Body):
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: StrictStr | list[InputTextPart]
+    content: StrictStr | list[InputPart]
 
 
 class FunctionCallItem(Body):

@@ -76,9 +76,22 @@ def turns(items: str | list[ResponseInputItem]) -> list[dict[str, Any]]:
         elif item.type == "reasoning":
             continue
         else:
-            content = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
+            content = item.content if isinstance(item.content, str) else _content(item.content)
             out.append({"role": "system" if item.role == "developer" else item.role, "content": content})
     return out
+
+
+def _content(parts: list[Any]) -> str | list[dict[str, Any]]:
+    """A message item's parts as chat content: its text joined, or text and image parts in order when it holds an
+    image."""
+    if all(part.type != "input_image" for part in parts):
+        return "".join(part.text for part in parts)
+    return [
+        {"type": "image_url", "image_url": {"url": part.image_url}}
+        if part.type == "input_image"
+        else {"type": "text", "text": part.text}
+        for part in parts
+    ]
 
 
 def as_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:

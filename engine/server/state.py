@@ -33,6 +33,7 @@ class ServerState:
     peers: Any = None  # engine.peer_watch.PeerWatch with several ranks: silent ranks
     weights: str = "fp32"  # element type the dense weights are held in (fp32 on the CPU, bf16 on GPUs)
     memory: dict[str, Any] = field(default_factory=dict)  # rank 0's bytes by kind (engine/footprint.py)
+    vision: Any = None  # engine.server.images.VisionService with --vision 1 (None: image parts get a 400)
     grammars: Grammars = field(init=False)  # structured outputs' compiler (built on the first request with a format)
 
     def __post_init__(self) -> None:

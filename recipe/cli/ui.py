@@ -138,6 +138,16 @@ def memory_line(health: dict) -> str | None:
     )
 
 
+def vision_words(health: dict) -> str:
+    """Images as /health reports them: taken (data URLs, and https URLs when fetched) and the tower's bytes on rank 0,
+    or nothing when off."""
+    vision = health.get("vision") or {}
+    if not vision.get("enabled"):
+        return ""
+    sources = "data: and https URLs" if vision.get("urls") else "data: URLs"
+    return f" · images ({sources}; tower {_bytes(vision.get('tower_bytes', 0))} on rank 0)"
+
+
 def reuse_words(health: dict) -> str:
     """Prompt reuse as /health reports it: on (and its snapshot cap), or nothing when off or not reported."""
     reuse = health.get("prompt_reuse") or {}
@@ -150,7 +160,7 @@ def _bytes(n: int) -> str:
 
 def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult) -> None:
     window = health.get("context_length", plan.summary["context"])
-    extras = (" · thinking" if settings.thinking else "") + reuse_words(health)
+    extras = (" · thinking" if settings.thinking else "") + reuse_words(health) + vision_words(health)
     console.print(f"\n[bold green]✔ {escape(plan.served_name)} is LIVE[/] on port {settings.port}")
     rows = [
         ("API", f"{plan.api_url}  (model: {plan.served_name}; OpenAI-compatible)"),

@@ -182,6 +182,8 @@ def ask_fit(settings: Settings, plan: Plan, reporter: Reporter) -> dict | None:
         settings.dense,
         "--drafter",
         settings.drafter if settings.draft_tokens > 0 else "none",
+        "--vision",
+        "1" if settings.vision else "0",
     ]
     if settings.memory_reserve_gib is not None:
         argv += ["--memory-reserve-gib", str(settings.memory_reserve_gib)]

@@ -10,22 +10,8 @@ from recipe.settings.values import Settings
 
 
 def validate(settings: Settings) -> None:
-    for rule in (_not_built, _vision_urls, _ports, _workers_for_runtime, _distinct_workers, _fabric_peers):
+    for rule in (_vision_urls, _ports, _workers_for_runtime, _distinct_workers, _fabric_peers):
         rule(settings)
-
-
-# Values the settings schema names but the engine cannot run yet: refused with one line, never accepted and ignored.
-NOT_BUILT = {
-    ("VISION", True): ("the engine reads text only: image parts get a 400", "write VISION=0 (or remove it)"),
-    ("VISION_URLS", True): ("the engine reads text only: image parts get a 400", "write VISION_URLS=0 (or remove it)"),
-}
-
-
-def _not_built(s: Settings) -> None:
-    for (name, value), (today, fix) in NOT_BUILT.items():
-        if s.value(name) == value:
-            shown = s.shown(name)
-            raise SettingError(f"{name}={shown} is not built yet ({today}){_origin(s, name)}", fix)
 
 
 def _origin(settings: Settings, name: str) -> str:

@@ -48,6 +48,9 @@ class Settings:
     thinking: bool
     vision: bool
     vision_urls: bool
+    vision_max_images: int
+    vision_max_mb: float
+    vision_max_pixels: int
     kv_pool_gib: float
     memory_reserve_gib: float | None
     memory_warn_gib: float

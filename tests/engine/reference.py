@@ -83,11 +83,11 @@ CONFIGS = {
 }
 
 
-def _redraw(model: torch.nn.Module, seed: int) -> None:
+def _redraw(model: torch.nn.Module, seed: int, visual: bool = False) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "visual" in name:
+            if "visual" in name and not visual:
                 continue
             if name.endswith("A_log"):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
@@ -102,24 +102,36 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen) * (1.5 / math.sqrt(fan_in)))
 
 
-def make_reference(path: Path, name: str, seed: int = 0, **overrides):
+# image markup ids inside the tiny vocab (the defaults are the real tokenizer's, past 97)
+IMAGE_IDS = dict(
+    image_token_id=90,
+    image_start_token_id=91,
+    image_end_token_id=92,
+    video_start_token_id=93,
+    video_end_token_id=94,
+    video_token_id=95,
+)
+
+
+def make_reference(path: Path, name: str, seed: int = 0, vision: dict | None = None, **overrides):
     """Write a checkpoint for CONFIGS[name] (text config `overrides` on top) to `path`; return the transformers model
-    (fp32, eval)."""
+    (fp32, eval). `vision`: vision config fields on top of the tiny tower's; given, the tower's weights are redrawn
+    too and the image markup ids are IMAGE_IDS."""
     from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
     text = dict(TINY_BASE, **CONFIGS[name]) | overrides
-    vision = dict(
+    tower = dict(
         depth=1,
         hidden_size=16,
         num_heads=2,
         intermediate_size=16,
         out_hidden_size=text["hidden_size"],
         projection_intermediate_size=16,
-    )
-    config = Glm5NextConfig(text_config=text, vision_config=vision)
+    ) | (vision or {})
+    config = Glm5NextConfig(text_config=text, vision_config=tower, **(IMAGE_IDS if vision is not None else {}))
     torch.manual_seed(seed)
     model = Glm5NextForConditionalGeneration(config).eval()
-    _redraw(model, seed)
+    _redraw(model, seed, visual=vision is not None)
     model.save_pretrained(path)
     model.config._attn_implementation = "eager"
     model.model.language_model.config._attn_implementation = "eager"

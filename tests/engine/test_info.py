@@ -50,8 +50,12 @@ def test_rank_bytes_cover_the_model_with_replicated_tensors_on_every_rank(tiny: 
     replicated = sum(t.nbytes for t in tensors if split_of(t.name, config) == REPLICATED)
     assert sum(info.rank_bytes) == info.text_bytes + (tp - 1) * replicated
     assert sum(info.rank_bytes) >= info.text_bytes
-    assert sum(info.rank0_kinds.values()) == info.rank_bytes[0]  # the by-kind line splits rank 0's figure
-    assert set(info.rank0_kinds) <= {"routed_experts", "dense", "embeddings_and_head", "mtp"}
+    # the by-kind line splits rank 0's figure, and adds the vision tower rank 0 holds with VISION=1
+    text_kinds = {k: v for k, v in info.rank0_kinds.items() if k != "vision"}
+    assert sum(text_kinds.values()) == info.rank_bytes[0]
+    assert set(text_kinds) <= {"routed_experts", "dense", "embeddings_and_head", "mtp"}
+    vision = [t for t in checkpoint_tensors(tiny) if t.name.startswith("model.visual.")]
+    assert info.rank0_kinds["vision"] == sum(t.nbytes for t in vision) > 0
     assert info.rank0_kinds["routed_experts"] > 0 and info.rank0_kinds["embeddings_and_head"] > 0
     for t in tensors:  # every split tensor is covered exactly once
         if split_of(t.name, config) != REPLICATED:

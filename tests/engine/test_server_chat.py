@@ -9,6 +9,7 @@ import pytest
 
 from engine.server.chat import ReplyParser, render, starts_in_reasoning, thinking_options
 from engine.server.errors import APIError
+from engine.server.images import IMAGE_MARKUP, image_urls, prepare_images
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.template import load_chat_template
 from engine.server.tools import offered_tools, parse_call, type_value
@@ -205,13 +206,21 @@ def test_tool_round_trip_renders_the_call_and_the_observation() -> None:
     assert not starts_in_reasoning(off) and off.endswith("</think>")
 
 
-def test_non_text_content_parts_are_refused() -> None:
-    body = ChatCompletionRequest.model_validate(
-        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}
-    )
+def test_image_parts_render_as_markup_and_other_parts_are_refused() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "what is this?"}
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [image, text]}]})
+    prompt = render(load_chat_template(), body.messages, None, True, None, None)
+    assert "<|user|>" + IMAGE_MARKUP + "what is this?" in prompt
+    # without VISION the image is refused (400), whatever the rest of the request
+    with pytest.raises(APIError) as refused:
+        prepare_images(None, image_urls(body.messages))
+    assert refused.value.status == 400 and "VISION=0" in refused.value.message
+    audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [audio]}]})
     with pytest.raises(APIError) as refused:
         render(load_chat_template(), body.messages, None, True, None, None)
-    assert refused.value.status == 400
+    assert refused.value.status == 400 and "input_audio" in refused.value.message
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call_only() -> None:

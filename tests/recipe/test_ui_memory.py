@@ -3,7 +3,7 @@ engine does not report it."""
 
 from __future__ import annotations
 
-from recipe.cli.ui import memory_line, reuse_words
+from recipe.cli.ui import memory_line, reuse_words, vision_words
 
 GIB = 2**30
 
@@ -31,3 +31,12 @@ def test_the_window_row_names_prompt_reuse_only_when_health_says_it_runs():
         == " · prompt reuse (states up to 4.00 GiB)"
     )
     assert reuse_words({"prompt_reuse": {"enabled": False}}) == "" and reuse_words({}) == ""
+
+
+def test_vision_words_say_what_health_reports() -> None:
+    tower = {"enabled": True, "tower_bytes": 1_127_254_016}
+    assert vision_words({"vision": {**tower, "urls": False}}) == " · images (data: URLs; tower 1.05 GiB on rank 0)"
+    assert vision_words({"vision": {**tower, "urls": True}}) == (
+        " · images (data: and https URLs; tower 1.05 GiB on rank 0)"
+    )
+    assert vision_words({"vision": {"enabled": False}}) == "" and vision_words({}) == ""

@@ -38,6 +38,9 @@ INVALID = {
     "THINKING": "yes",
     "VISION": "2",
     "VISION_URLS": "true",
+    "VISION_MAX_IMAGES": "0",
+    "VISION_MAX_MB": "big",
+    "VISION_MAX_PIXELS": "-1",
     "KV_POOL_GIB": "-1",
     "MEMORY_RESERVE_GIB": "lots",
     "MEMORY_WARN_GIB": "-5",
@@ -62,14 +65,13 @@ INVALID = {
 }
 
 RULES = [
-    ({"VISION": "1"}, "VISION=1 is not built yet"),
     ({"TP": "3", "WORKER": "me@spark2"}, "WORKER2 is empty"),
     ({"TP": "2", "WORKER": "me@spark2", "WORKER2": "me@spark3"}, "WORKER2 is set too"),
     ({"TP": "3", "WORKER": "me@spark2", "WORKER2": "other@SPARK2"}, "same node"),
     ({"RUNTIME": "process", "TP": "3", "WORKER": "me@127.0.0.9"}, "WORKER2 is empty"),
     ({"RUNTIME": "docker", "TP": "2"}, "WORKER is empty"),
     ({"PORT": "9000", "MASTER_PORT": "9000"}, "PORT and MASTER_PORT"),
-    ({"VISION_URLS": "1"}, "VISION_URLS=1 is not built yet"),
+    ({"VISION": "0", "VISION_URLS": "1"}, "VISION_URLS=1"),
     ({"FABRIC_PEER": "10.0.0.2"}, "FABRIC_PEER=10.0.0.2"),
     ({"WORKER2": "me@spark3"}, "WORKER2=me@spark3"),
 ]

@@ -268,3 +268,15 @@ def test_fit_compares_with_total_memory_not_what_is_free_now() -> None:
     assert answer["fits"] and answer["memory_bytes"] == _memory_total() and answer["ranks_on_memory"] == 2
     assert answer["reserve_bytes"] == GIB and 0 < answer["weights_bytes"] <= 2 * 3_647_112  # the demo's bytes
     assert answer["largest_window"] == min(1_048_576, (_memory_total() - GIB - answer["weights_bytes"]) // 256)
+
+
+def test_fit_counts_the_vision_tower_on_rank_0_with_vision(tmp_path: Path) -> None:
+    from engine.checkpoint.demo import write_demo
+    from engine.checkpoint.info import checkpoint_tensors
+
+    write_demo(tmp_path / "tiny", seed=0, size="tiny")
+    tower = sum(t.nbytes for t in checkpoint_tensors(tmp_path / "tiny") or () if t.name.startswith("model.visual."))
+    without, with_tower = (
+        _fit(tmp_path / "tiny", "--tp", "2", "--device", "cpu", "--vision", flag)["weights_bytes"] for flag in "01"
+    )
+    assert tower > 0 and with_tower - without == tower

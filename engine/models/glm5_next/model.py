@@ -33,6 +33,8 @@ from engine.parallel import ParallelGroup, shard_range
 from engine.quant.dense import HEAD_MODE, Store, keep, storer
 
 PREFIX = "model.language_model."
+# rows in place of some tokens' embeddings in a prompt chunk: (offsets in the chunk, rows [n, hidden])
+Embeds = tuple[list[int], torch.Tensor]
 
 
 def _checkpoint_prefix(reader: CheckpointReader) -> str:
@@ -211,36 +213,51 @@ class Glm5NextForCausalLM:
     def _logits(self, streams: torch.Tensor) -> torch.Tensor:
         return self._head(self._final(streams))
 
+    def _inputs(self, ids: torch.Tensor, embeds: Embeds | None) -> torch.Tensor:
+        """The rows the layers take in: the tokens' embeddings, with `embeds` (chunk offsets, rows: an image's
+        tower output) in place of the embeddings at those offsets, as transformers places image rows."""
+        x = self._embed(ids)
+        if embeds is not None:
+            where, rows = embeds
+            x[torch.as_tensor(where, dtype=torch.long, device=x.device)] = rows.to(x.device, x.dtype)
+        return x
+
     def _run(
-        self, ids: list[int] | torch.Tensor, attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor]
+        self,
+        ids: list[int] | torch.Tensor,
+        attend_fn: Callable[[DecoderLayer, torch.Tensor], torch.Tensor],
+        embeds: Embeds | None = None,
     ) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(ids, dtype=torch.long, device=self.embed.device)
-        x = self._embed(ids)
+        x = self._inputs(ids, embeds)
         streams = x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
         for layer in self.layers:
             streams = layer.forward(streams, functools.partial(attend_fn, layer))
         return streams
 
     @torch.no_grad()
-    def prefill(self, seq: Sequence, ids: list[int], all_logits: bool = False) -> torch.Tensor:
+    def prefill(
+        self, seq: Sequence, ids: list[int], all_logits: bool = False, embeds: Embeds | None = None
+    ) -> torch.Tensor:
         """Consume a chunk of one stream's tokens; fp32 logits [vocab] of its last token (`all_logits`: [T, vocab],
-        every token's, for prompt logprobs)."""
+        every token's, for prompt logprobs). `embeds`: (offsets in the chunk, rows) taking the place of those
+        tokens' embeddings (an image's rows from the vision tower; the MTP layer takes them in too)."""
         if not ids:
             raise ValueError("prefill needs at least one token")
         if seq.num_slots < seq.length + len(ids):
             seq.grow(seq.length + len(ids) - seq.num_slots)
         selection: dict = {}
-        streams = self._run(ids, lambda layer, h: layer.attn.prefill(h, seq, selection))
+        streams = self._run(ids, lambda layer, h: layer.attn.prefill(h, seq, selection), embeds)
         if self.mtp is None:
             seq.length += len(ids)
             return self._logits(streams) if all_logits else self._logits(streams[-1:])[0]
-        self._mtp_prefill(seq, ids, self._final(streams))
+        self._mtp_prefill(seq, ids, self._final(streams), embeds)
         seq.length += len(ids)
         # the logits as without the MTP layer, bit for bit (the last row's alone)
         return self._logits(streams) if all_logits else self._logits(streams[-1:])[0]
 
-    def _mtp_prefill(self, seq: Sequence, ids: list[int], hidden: torch.Tensor) -> None:
+    def _mtp_prefill(self, seq: Sequence, ids: list[int], hidden: torch.Tensor, embeds: Embeds | None) -> None:
         """The MTP layer's rows of a prompt chunk: position q from token q and the main hidden row at q-1 (the row
         before the chunk is the one the sequence carries; zeros before position 0)."""
         assert self.mtp is not None
@@ -249,7 +266,9 @@ class Glm5NextForCausalLM:
         before = seq.hidden[:1] if seq.length > 0 else torch.zeros_like(seq.hidden[:1])
         tokens = torch.tensor(ids, dtype=torch.long, device=hidden.device)
         mtp = self.mtp
-        mtp.forward(self._embed(tokens), torch.cat([before, hidden[:-1]]), lambda h: mtp.attn.prefill(h, seq, {}))
+        mtp.forward(
+            self._inputs(tokens, embeds), torch.cat([before, hidden[:-1]]), lambda h: mtp.attn.prefill(h, seq, {})
+        )
         seq.hidden[0] = hidden[-1]
 
     @torch.no_grad()

@@ -1,0 +1,1 @@
+"""Vision inputs: image sources, preprocessing."""

@@ -1,0 +1,53 @@
+"""Images in a prompt, as the scheduler sees them: where each one's rows go, its tower input, its identity.
+
+An image takes `tokens` consecutive `<|image|>` positions of the prompt's ids; the vision tower (rank 0) turns its
+patches into that many rows, which replace those positions' embeddings when the chunk holding them is prefilled.
+The ids alone cannot tell two images apart (every position holds the same `<|image|>` id), so whatever keys a prompt
+by its ids — kept prompt states (engine/reuse.py) and the unseeded sampling seed — keys it by `key_ids` instead: the
+ids with each image's positions holding a number drawn from its pixels' digest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class PromptImage:
+    start: int  # the prompt position of its first row
+    tokens: int  # rows it takes (= positions holding `<|image|>`)
+    patches: torch.Tensor  # the tower's input [patches, patch width] (engine/vision/preprocess.py)
+    grid: tuple[int, int, int]  # (temporal, height, width) in patches
+    digest: bytes  # of its patches and grid: equal images, equal digests
+
+    @property
+    def end(self) -> int:
+        return self.start + self.tokens
+
+
+def key_ids(prompt: list[int], images: list[PromptImage]) -> list[int]:
+    """The prompt's ids with each image's positions holding a negative number from its digest (never a token id)."""
+    if not images:
+        return prompt
+    out = list(prompt)
+    for image in images:
+        mark = -1 - (int.from_bytes(image.digest[:7], "little"))
+        out[image.start : image.end] = [mark] * image.tokens
+    return out
+
+
+def chunk_rows(
+    images: list[PromptImage], rows: list[torch.Tensor], start: int, count: int
+) -> tuple[list[int], torch.Tensor] | None:
+    """The image rows of prompt positions start..start+count: (offsets in that chunk, rows), or None when the chunk
+    holds no image position. `rows[i]` is images[i]'s tower output."""
+    where: list[int] = []
+    parts: list[torch.Tensor] = []
+    for image, image_rows in zip(images, rows):
+        lo, hi = max(image.start, start), min(image.end, start + count)
+        if lo < hi:
+            where += range(lo - start, hi - start)
+            parts.append(image_rows[lo - image.start : hi - image.start])
+    return (where, torch.cat(parts)) if parts else None
