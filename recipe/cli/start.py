@@ -19,7 +19,7 @@ from recipe.image.image import ensure_image, plan_lines
 from recipe.launch import control, launch, prestart
 from recipe.launch.docker import ContainerLogFollower, ContainerWatch
 from recipe.launch.logs import LogFollower
-from recipe.launch.smoke import smoke_test
+from recipe.launch.smoke import smoke_image, smoke_test
 from recipe.plan.host import LinkFacts, detect_host
 from recipe.plan.plan import Plan, build_plan
 from recipe.preflight import preflight
@@ -230,12 +230,19 @@ def _wait_and_check(
             health = launch.wait_ready(the_plan, state, settings.wait_timeout, reporter)
     reporter.note(f"Rank 0 answered after {time.monotonic() - started:.0f}s")
     clock.lap("loading")
-    ui.step(6, STEPS, "Smoke test: one short chat request through rank 0")
+    ui.step(6, STEPS, "Smoke test: one short chat request through rank 0 (and one with an image, with VISION=1)")
     try:
         result = smoke_test(the_plan.api_url, the_plan.served_name, settings.api_key)
     except LaunchError as error:
         raise LaunchError(error.message, error.fix, logs=launch.last_lines(state)) from None
     reporter.note(f"OK: {result.text.strip()[:60]!r}, {result.completion_tokens} tokens in {result.seconds:.1f}s")
+    if (health.get("vision") or {}).get("enabled"):
+        try:
+            seconds = smoke_image(the_plan.api_url, the_plan.served_name, settings.api_key)
+        except LaunchError as error:
+            raise LaunchError(error.message, error.fix, logs=launch.last_lines(state)) from None
+        reporter.note(f"OK: an image request answered in {seconds:.1f}s")
+        result = dataclasses.replace(result, image_seconds=seconds)
     clock.lap("smoke")
     reporter.note(clock.summary())
     ui.live_banner(the_plan, settings, health, result)

@@ -171,7 +171,11 @@ def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult
         ),
         ("Ranks", f"{plan.tp} × {plan.runtime} on the {plan.device}" + (" (demo checkpoint)" if plan.prepare else "")),
         *([("Memory", line)] if (line := memory_line(health)) else []),
-        ("Smoke", f"{smoke.text.strip()[:40]!r} in {smoke.seconds:.1f}s"),
+        (
+            "Smoke",
+            f"{smoke.text.strip()[:40]!r} in {smoke.seconds:.1f}s"
+            + (f" · an image answered in {smoke.image_seconds:.1f}s" if smoke.image_seconds is not None else ""),
+        ),
         ("Logs", "  ".join(f"rank {r.rank}: {r.log}" for r in sorted(plan.ranks, key=lambda r: r.rank))),
         ("Restart", "./start.sh restart"),
         ("Stop", "./stop.sh"),

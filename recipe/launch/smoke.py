@@ -1,12 +1,17 @@
-"""The smoke test: one short chat request through rank 0 (and so through every rank's share of the model).
+"""The smoke test: one short chat request through rank 0 (and so through every rank's share of the model); with
+images on (/health's `vision`), one more with a small image, through the vision tower.
 
 Loading can succeed while the model is still broken (wrong shards, a bad reduction): such a model tends to answer
-nothing, or one character over and over. Either fails the test.
+nothing, or one character over and over. Either fails the test. The image request must be answered (a 200 with a
+reply); what a model says about a test pattern is not checked.
 """
 
 from __future__ import annotations
 
+import base64
+import struct
 import time
+import zlib
 from dataclasses import dataclass
 
 import httpx
@@ -21,6 +26,50 @@ class SmokeResult:
     text: str
     completion_tokens: int
     seconds: float
+    image_seconds: float | None = None  # the image request's time (None: images are off)
+
+
+def sample_png(width: int = 48, height: int = 32) -> bytes:
+    """A small RGB gradient as PNG bytes, written with the standard library (the recipe has no image library)."""
+    rows = b"".join(
+        b"\0" + bytes(v for x in range(width) for v in (x * 255 // width, y * 255 // height, 128))
+        for y in range(height)
+    )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def smoke_image(api_url: str, model: str, api_key: str = "", timeout_s: float = 180.0) -> float:
+    """POST one chat request holding a small image (a data: URL); its seconds, or LaunchError when not answered."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = "data:image/png;base64," + base64.b64encode(sample_png()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in the image?"}]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    started = time.monotonic()
+    try:
+        reply = httpx.post(f"{api_url}/chat/completions", json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise LaunchError(
+            f"the smoke test's image request to {api_url} failed: {exc}",
+            "the ranks are still running; read their last log lines above",
+        ) from None
+    if reply.status_code != 200:
+        raise LaunchError(
+            f"the smoke test's image request got HTTP {reply.status_code}: {reply.text[:200]}",
+            "text requests are answered but images are not: read rank 0's log (its vision tower), or write VISION=0",
+        )
+    _content(reply)
+    return time.monotonic() - started
 
 
 def is_collapsed(text: str) -> bool:

@@ -201,3 +201,10 @@ def test_urls_are_refused_without_vision_urls_and_private_addresses_with_it(tp1:
     health = httpx.get(tp1.url + "/health").json()
     assert health["ok"] and health["vision"]["enabled"] and health["vision"]["urls"]
     assert health["memory"]["weights_bytes"]["vision"] == health["vision"]["tower_bytes"] > 0
+
+
+def test_the_start_smoke_tests_image_request_is_answered(tp2: LiveServer) -> None:
+    from recipe.launch.smoke import sample_png, smoke_image
+
+    assert Image.open(io.BytesIO(sample_png())).size == (48, 32)  # the recipe's own PNG writer makes a real PNG
+    assert smoke_image(tp2.url + "/v1", "GLM-5.3-Flash", KEY) > 0
