@@ -13,12 +13,14 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from recipe.errors import LaunchError
 
 PROMPT = "Reply with OK."
+RUNNING = "the ranks are still running; read their last log lines above"
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,24 @@ def sample_png(width: int = 48, height: int = 32) -> bytes:
 
 def smoke_image(api_url: str, model: str, api_key: str = "", timeout_s: float = 180.0) -> float:
     """POST one chat request holding a small image (a data: URL); its seconds, or LaunchError when not answered."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = "data:image/png;base64," + base64.b64encode(sample_png()).decode()
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in the image?"}]
+    fix = "text requests are answered but images are not: read rank 0's log (its vision tower), or write VISION=0"
+    reply, seconds = _ask(api_url, model, content, 8, api_key, timeout_s, "the smoke test's image request", fix)
+    _content(reply)
+    return seconds
+
+
+def _ask(
+    api_url: str, model: str, content: Any, max_tokens: int, api_key: str, timeout_s: float, what: str, fix: str
+) -> tuple[httpx.Response, float]:
+    """One greedy chat request without thinking: the 200 reply and its seconds; LaunchError naming `what` on no
+    answer, or on another status (with `fix`)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     body = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
-        "max_tokens": 8,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "chat_template_kwargs": {"enable_thinking": False},
     }
@@ -59,17 +72,11 @@ def smoke_image(api_url: str, model: str, api_key: str = "", timeout_s: float = 
     try:
         reply = httpx.post(f"{api_url}/chat/completions", json=body, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        raise LaunchError(
-            f"the smoke test's image request to {api_url} failed: {exc}",
-            "the ranks are still running; read their last log lines above",
-        ) from None
+        raise LaunchError(f"{what} to {api_url} failed: {exc}", RUNNING) from None
+    seconds = time.monotonic() - started
     if reply.status_code != 200:
-        raise LaunchError(
-            f"the smoke test's image request got HTTP {reply.status_code}: {reply.text[:200]}",
-            "text requests are answered but images are not: read rank 0's log (its vision tower), or write VISION=0",
-        )
-    _content(reply)
-    return time.monotonic() - started
+        raise LaunchError(f"{what} got HTTP {reply.status_code}: {reply.text[:200]}", fix)
+    return reply, seconds
 
 
 def is_collapsed(text: str) -> bool:
@@ -82,28 +89,7 @@ def smoke_test(
     api_url: str, model: str, api_key: str = "", timeout_s: float = 180.0, max_tokens: int = 16
 ) -> SmokeResult:
     """POST /v1/chat/completions with a fixed prompt; raises LaunchError on no reply or a collapsed one."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-    started = time.monotonic()
-    try:
-        reply = httpx.post(f"{api_url}/chat/completions", json=body, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise LaunchError(
-            f"the smoke test request to {api_url} failed: {exc}",
-            "the ranks are still running; read their last log lines above",
-        ) from None
-    seconds = time.monotonic() - started
-    if reply.status_code != 200:
-        raise LaunchError(
-            f"the smoke test got HTTP {reply.status_code}: {reply.text[:200]}",
-            "the ranks are still running; read their last log lines above",
-        )
+    reply, seconds = _ask(api_url, model, PROMPT, max_tokens, api_key, timeout_s, "the smoke test request", RUNNING)
     text, tokens = _content(reply)
     if is_collapsed(text):
         raise LaunchError(
