@@ -409,14 +409,19 @@ class Scheduler:
         return plan, None
 
     def _image_rows(self, req: Request, start: int, count: int) -> tuple[list[int], Any] | None:
-        """The image rows of the prompt chunk at `start` (None when it holds no image position); every image of the
-        request goes through the tower once, when the first chunk holding one is planned."""
+        """The image rows of the prompt chunk at `start` (None when it holds no image position). The images still
+        ahead of the prompt's filled part go through the tower together, once, when the first chunk holding one is
+        planned; those a kept state already holds (a later turn of a conversation) never do."""
         if not any(image.start < start + count and image.end > start for image in req.images):
             return None
         if req.image_rows is None:
             if self.encode_images is None:
                 raise RuntimeError("this server has no vision tower")
-            req.image_rows = [rows.cpu() for rows in self.encode_images(req.images)]
+            ahead = [i for i, image in enumerate(req.images) if image.end > start]
+            rows = self.encode_images([req.images[i] for i in ahead])
+            req.image_rows = [None] * len(req.images)
+            for i, image_rows in zip(ahead, rows):
+                req.image_rows[i] = image_rows.cpu()
         return chunk_rows(req.images, req.image_rows, start, count)
 
     def _resumable(self, req: Request) -> bool:

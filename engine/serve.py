@@ -267,7 +267,7 @@ def _serve(
             """Every image of one request through the tower in one call; its rows split back per image."""
             import torch
 
-            rows = tower.forward(torch.cat([im.patches for im in images]), [im.grid for im in images])
+            rows = tower.forward(torch.cat([im.patches() for im in images]), [im.grid for im in images])
             return list(rows.split([im.tokens for im in images]))
 
     scheduler = Scheduler.for_config(executor, group, cfg, marks, encode)

@@ -112,7 +112,7 @@ def place_images(
     last = 0
     for spot, image in zip(spots, prepared):
         out += ids[last:spot]
-        images.append(PromptImage(len(out), image.tokens, image.patches, image.grid, image.digest))
+        images.append(PromptImage(len(out), image.tokens, image, image.grid, image.digest))
         out += [tokens.image] * image.tokens
         last = spot + 1
     out += ids[last:]

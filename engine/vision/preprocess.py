@@ -94,12 +94,24 @@ class ProcessorSpec:
 
 @dataclass(frozen=True)
 class PreparedImage:
-    """One image, ready for the vision tower."""
+    """One image, ready for the vision tower: its 8-bit canvas (resized and padded), normalised and patchified only
+    when the tower runs — a waiting request holds an eighth of the bytes the float patches take."""
 
-    patches: torch.Tensor  # float32 [grid_h * grid_w, in_channels * temporal_patch_size * patch_size**2]
+    canvas: torch.Tensor  # uint8 [3, grid_h * patch_size, grid_w * patch_size], the padding zero bytes
     grid: tuple[int, int, int]  # (1, grid_h, grid_w) in patches
     tokens: int  # LM rows this image becomes: grid_h * grid_w // merge_size**2
-    digest: bytes  # blake2b (16 bytes) of the patches' bytes, their shape and the grid
+    digest: bytes  # blake2b (16 bytes) of the canvas's bytes, its shape and the grid
+    spec: ProcessorSpec
+
+    @property
+    def patches(self) -> torch.Tensor:
+        """float32 [grid_h * grid_w, in_channels * temporal_patch_size * patch_size**2]: the tower's input (made on
+        each call)."""
+        levels = self.canvas.numpy()
+        normalised = np.empty(levels.shape, dtype=np.float32)
+        for channel in range(levels.shape[0]):
+            normalised[channel] = _LEVELS[channel][levels[channel]]
+        return _patchify(normalised, self.spec)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -215,10 +227,10 @@ def _patchify(canvas: np.ndarray, spec: ProcessorSpec) -> torch.Tensor:
     return frames.reshape(grid_h * grid_w, channels * t * p * p).contiguous()
 
 
-def _digest(patches: torch.Tensor, grid: tuple[int, int, int]) -> bytes:
+def _digest(canvas: np.ndarray, grid: tuple[int, int, int]) -> bytes:
     hasher = hashlib.blake2b(digest_size=16)
-    hasher.update(struct.pack("<5q", *patches.shape, *grid))
-    hasher.update(patches.numpy().data.cast("B"))  # contiguous, so no copy
+    hasher.update(struct.pack("<6q", *canvas.shape, *grid))
+    hasher.update(canvas.tobytes())
     return hasher.digest()
 
 
@@ -241,16 +253,11 @@ def prepare_image(image: Image.Image, spec: ProcessorSpec) -> PreparedImage:
         rgb = rgb.resize((content_w, content_h), resample=Image.Resampling.BICUBIC)
     pixels = np.asarray(rgb, dtype=np.uint8)  # [content_h, content_w, 3]
 
-    canvas = np.empty((3, canvas_h, canvas_w), dtype=np.float32)
-    for channel in range(3):
-        levels = _LEVELS[channel]
-        canvas[channel].fill(levels[0])  # padding: a zero byte, normalised like any other
-        canvas[channel, :content_h, :content_w] = levels[pixels[:, :, channel]]
-
-    patches = _patchify(canvas, spec)
+    canvas = np.zeros((3, canvas_h, canvas_w), dtype=np.uint8)  # padding: zero bytes, normalised like any other
+    canvas[:, :content_h, :content_w] = pixels.transpose(2, 0, 1)
     grid = (1, canvas_h // spec.patch_size, canvas_w // spec.patch_size)
     tokens = grid[1] * grid[2] // spec.merge_size**2
-    return PreparedImage(patches=patches, grid=grid, tokens=tokens, digest=_digest(patches, grid))
+    return PreparedImage(torch.from_numpy(canvas), grid, tokens, _digest(canvas, grid), spec)
 
 
 # --------------------------------------------------------------------------------------------------------------------

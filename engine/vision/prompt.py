@@ -10,6 +10,7 @@ ids with each image's positions holding a number drawn from its pixels' digest.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -18,13 +19,18 @@ import torch
 class PromptImage:
     start: int  # the prompt position of its first row
     tokens: int  # rows it takes (= positions holding `<|image|>`)
-    patches: torch.Tensor  # the tower's input [patches, patch width] (engine/vision/preprocess.py)
+    # the tower's input [patches, patch width], or what makes it when the tower runs (a PreparedImage of
+    # engine/vision/preprocess.py: its 8-bit canvas, an eighth of the float patches' bytes while the request waits)
+    source: Any
     grid: tuple[int, int, int]  # (temporal, height, width) in patches
-    digest: bytes  # of its patches and grid: equal images, equal digests
+    digest: bytes  # of its pixels and grid: equal images, equal digests
 
     @property
     def end(self) -> int:
         return self.start + self.tokens
+
+    def patches(self) -> torch.Tensor:
+        return self.source if isinstance(self.source, torch.Tensor) else self.source.patches
 
 
 def key_ids(prompt: list[int], images: list[PromptImage]) -> list[int]:
@@ -39,10 +45,10 @@ def key_ids(prompt: list[int], images: list[PromptImage]) -> list[int]:
 
 
 def chunk_rows(
-    images: list[PromptImage], rows: list[torch.Tensor], start: int, count: int
+    images: list[PromptImage], rows: list[Any], start: int, count: int
 ) -> tuple[list[int], torch.Tensor] | None:
     """The image rows of prompt positions start..start+count: (offsets in that chunk, rows), or None when the chunk
-    holds no image position. `rows[i]` is images[i]'s tower output."""
+    holds no image position. `rows[i]` is images[i]'s tower output (None for an image wholly before `start`)."""
     where: list[int] = []
     parts: list[torch.Tensor] = []
     for image, image_rows in zip(images, rows):

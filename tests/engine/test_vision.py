@@ -88,7 +88,7 @@ def image_prompt(seed: int = 5) -> tuple[list[int], list[PromptImage], torch.Ten
 def embeds_for(tower: VisionTower, images: list[PromptImage], start: int, count: int):
     from engine.vision.prompt import chunk_rows
 
-    rows = [tower.forward(im.patches, [im.grid]) for im in images]
+    rows = [tower.forward(im.patches(), [im.grid]) for im in images]
     return chunk_rows(images, rows, start, count)
 
 
@@ -153,6 +153,7 @@ def run_requests(
     graphs: bool = False,
     drafter: str = "none",
     draft: bool = True,
+    encoded: list | None = None,
 ):
     """Each (ids, images) through a real Scheduler and StepExecutor (kept prompt states on; copy drafts of up to 3
     tokens with `drafter` "copy", used when `draft`); greedy replies of 10 tokens and their cached-token counts, in
@@ -162,7 +163,9 @@ def run_requests(
     executor = StepExecutor(model, pool, lanes=parallel, graphs=graphs, window=window)
 
     def encode(images: list[PromptImage]) -> list[torch.Tensor]:
-        rows = tower.forward(torch.cat([im.patches for im in images]), [im.grid for im in images])
+        if encoded is not None:  # what the tower was asked to encode, call by call
+            encoded.append([im.digest for im in images])
+        rows = tower.forward(torch.cat([im.patches() for im in images]), [im.grid for im in images])
         return list(rows.split([im.tokens for im in images]))
 
     scheduler = Scheduler(
@@ -233,7 +236,7 @@ def test_served_image_requests_equal_the_model_alone_and_batched(pair):
 def test_kept_states_tell_images_apart(pair):
     _, _, tower, model = pair
     ids, images, _ = image_prompt(21)
-    other = [PromptImage(im.start, im.tokens, -im.patches, im.grid, b"other" + im.digest[5:]) for im in images]
+    other = [PromptImage(im.start, im.tokens, -im.patches(), im.grid, b"other" + im.digest[5:]) for im in images]
     assert key_ids(ids, images) != key_ids(ids, other)
     first, second, again = run_requests(model, tower, [(ids, images), (ids, other), (ids, images)], parallel=1)
     assert first[0] == model_greedy(model, tower, ids, images)
@@ -251,3 +254,15 @@ def test_attention_in_query_blocks_equals_one_block(pair, monkeypatch):
     whole = tower.forward(patches, GRIDS)
     monkeypatch.setattr(vision, "ATTEND_ELEMENTS", 2 * 2 * 24)  # 2 heads: blocks of 2 queries
     assert (tower.forward(patches, GRIDS) - whole).abs().max() < 1e-6
+
+
+def test_a_later_turn_does_not_encode_the_images_a_kept_state_holds(pair):
+    _, _, tower, model = pair
+    ids, images, _ = image_prompt(41)
+    later = ids + [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]  # the conversation goes on
+    encoded: list = []
+    first, second = run_requests(model, tower, [(ids, images), (later, images)], parallel=1, encoded=encoded)
+    # resumed at the last whole chunk (24): past the first image, before the second (24..25)
+    assert images[0].end <= second[1] == 24 < images[1].end
+    assert encoded == [[im.digest for im in images], [images[1].digest]]  # the first image is not encoded again
+    assert second[0] == model_greedy(model, tower, later, images)
