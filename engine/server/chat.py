@@ -14,7 +14,7 @@ from typing import Any
 from engine.server.errors import bad_request
 from engine.server.generation import held_suffix
 from engine.server.images import IMAGE_MARKUP
-from engine.server.protocol import ChatMessage, Tool
+from engine.server.protocol import ChatMessage, ImagePart, Tool
 from engine.server.template import render_chat
 from engine.server.tools import CALL_CLOSE, CALL_OPEN, KEY_OPEN, ArgumentStream, ParsedCall, new_call_id
 
@@ -30,14 +30,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         item = message.model_dump(exclude_none=True, exclude_unset=False)
         item["role"] = "system" if message.role == "developer" else message.role
         if isinstance(message.content, list):
-            for part in message.content:
-                if part.type not in ("text", "image_url"):
-                    raise bad_request(
-                        f"content part type {part.type!r} is not supported (text and image_url only)", "messages"
-                    )
             # an image part is the checkpoint's image markup where it stood (engine/server/images.py)
             item["content"] = "".join(
-                IMAGE_MARKUP if part.type == "image_url" else part.text or "" for part in message.content
+                IMAGE_MARKUP if isinstance(part, ImagePart) else part.text or "" for part in message.content
             )
         item.setdefault("content", "")
         if message.reasoning is not None and message.reasoning_content is None:

@@ -85,6 +85,10 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
         return str(first.get("msg")), where.split(".")[0]
     if not loc and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
         return "the request body must be a JSON object", None
+    # a value matching no alternative of a union gets an error per alternative: the deepest one names the problem
+    # (e.g. a content part's unknown type rather than "content is not a string")
+    first = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     where = ".".join(loc) or "body"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return f"{where}: {first.get('msg', 'invalid value')}{more}", (loc[0] if loc else None)

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.models.glm5_next.vision import ImageTokens
 from engine.server.errors import bad_request
+from engine.server.protocol import ImagePart
 from engine.vision.fetch import FetchPolicy, SourceError, fetch_image, read_data_url
 from engine.vision.preprocess import ImageError, PreparedImage, ProcessorSpec, decode_image, prepare_image
 from engine.vision.prompt import PromptImage
@@ -69,7 +70,7 @@ def image_urls(messages: list[Any]) -> list[str]:
         for message in messages
         if isinstance(message.content, list)
         for part in message.content
-        if part.type == "image_url" and part.image_url is not None
+        if isinstance(part, ImagePart)
     ]
 
 
@@ -106,6 +107,7 @@ def place_images(
             f"the messages' text holds the image placeholder token itself ({len(spots)} placeholders for "
             f"{len(prepared)} images); send images as image parts and leave <|image|> out of the text",
             "messages",
+            code="invalid_image",
         )
     out: list[int] = []
     images: list[PromptImage] = []

@@ -3,7 +3,8 @@
 FastAPI documents a 422 for every body it validates and only `application/json` replies. This server answers
 invalid bodies with 400 in OpenAI's error body (Anthropic's on /v1/messages; server/errors.py), streams SSE when `stream` is true, refuses a
 missing API key with 401, an oversized body with 413, a full queue with 429 and a stopped engine with 503. The
-paths are rewritten here once, so clients and schemathesis' conformance checks see the truth."""
+paths are rewritten here once, so clients and schemathesis' conformance checks see the truth. A server without
+--vision 1 publishes no image parts (it refuses them)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,29 @@ def _bound_token_ids(components: dict[str, Any], vocab: int) -> None:
         array["items"]["maximum"] = vocab - 1
 
 
+# the image request parts, and what only they use: left out of the document of a server without --vision 1
+IMAGE_SCHEMAS = ("ImagePart", "ImageBlock", "InputImagePart", "ImageURL", "Base64Source", "URLSource")
+
+
+def _drop_schemas(node: Any, names: tuple[str, ...]) -> None:
+    """Every reference to the named components removed from the unions (oneOf / anyOf) and discriminator mappings
+    that offer them, anywhere in the document."""
+    if isinstance(node, list):
+        for value in node:
+            _drop_schemas(value, names)
+        return
+    if not isinstance(node, dict):
+        return
+    for key in ("oneOf", "anyOf"):
+        if key in node:
+            node[key] = [alt for alt in node[key] if str(alt.get("$ref", "")).rsplit("/", 1)[-1] not in names]
+    mapping = (node.get("discriminator") or {}).get("mapping") or {}
+    for tag in [tag for tag, ref in mapping.items() if ref.rsplit("/", 1)[-1] in names]:
+        del mapping[tag]
+    for value in node.values():
+        _drop_schemas(value, names)
+
+
 def install_openapi(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -117,6 +141,10 @@ def install_openapi(app: FastAPI) -> None:
             components["AnthropicError"] = ANTHROPIC_ERROR_SCHEMA
             for unused in ("HTTPValidationError", "ValidationError"):
                 components.pop(unused, None)
+            if app.state.server.vision is None:  # images are refused: the document offers none
+                _drop_schemas(schema, IMAGE_SCHEMAS)
+                for name in IMAGE_SCHEMAS:
+                    components.pop(name, None)
             app.openapi_schema = schema
         return app.openapi_schema
 

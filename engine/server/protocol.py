@@ -86,17 +86,19 @@ class ImageURL(Body):
     detail: Literal["auto", "low", "high"] | None = None  # accepted; every image is read at the processor's size
 
 
-class ContentPart(Body):
-    # other part types: a 400 naming the type; image_url needs a server with VISION=1
-    type: StrictStr = Field(json_schema_extra={"enum": ["text", "image_url"]})
+class TextPart(Body):
+    type: Literal["text"]
     text: StrictStr | None = None
-    image_url: ImageURL | None = None
 
-    @model_validator(mode="after")
-    def _image_has_url(self) -> ContentPart:
-        if self.type == "image_url" and self.image_url is None:
-            raise PydanticCustomError("missing_image_url", "an image_url part needs image_url.url")
-        return self
+
+class ImagePart(Body):
+    """An image (VISION=1; a server without it publishes no image parts and refuses them)."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
 class FunctionCall(Body):
@@ -268,31 +270,31 @@ class RedactedThinkingBlock(Body):
     data: StrictStr | None = None
 
 
-class ImageSource(Body):
-    type: Literal["base64", "url"]
-    media_type: StrictStr | None = None  # base64: image/png, image/jpeg, image/gif or image/webp
-    data: StrictStr | None = None  # base64
-    url: StrictStr | None = None  # url: fetched when VISION_URLS=1
-
-    @model_validator(mode="after")
-    def _complete(self) -> ImageSource:
-        if self.type == "base64" and (self.data is None or self.media_type is None):
-            raise PydanticCustomError("incomplete_image", "a base64 image source needs media_type and data")
-        if self.type == "url" and self.url is None:
-            raise PydanticCustomError("incomplete_image", "a url image source needs url")
-        return self
+class Base64Source(Body):
+    type: Literal["base64"]
+    media_type: StrictStr  # image/png, image/jpeg, image/gif or image/webp
+    data: StrictStr  # base64
 
     @property
     def as_url(self) -> str:
-        """The source as the URL a chat image part carries: its own, or a data: URL of its base64 bytes."""
-        if self.type == "url":
-            return self.url or ""
+        """The source as the URL a chat image part carries: a data: URL of its bytes."""
         return f"data:{self.media_type};base64,{self.data}"
 
 
+class URLSource(Body):
+    type: Literal["url"]
+    url: StrictStr  # fetched when VISION_URLS=1
+
+    @property
+    def as_url(self) -> str:
+        return self.url
+
+
 class ImageBlock(Body):
+    """An image (VISION=1; a server without it publishes no image blocks and refuses them)."""
+
     type: Literal["image"]
-    source: ImageSource
+    source: Annotated[Base64Source | URLSource, Field(discriminator="type")]
 
 
 class ToolUseBlock(Body):
@@ -392,6 +394,8 @@ class InputTextPart(Body):
 
 
 class InputImagePart(Body):
+    """An image (VISION=1; a server without it publishes no image parts and refuses them)."""
+
     type: Literal["input_image"]
     image_url: StrictStr  # a data: URL, or an https URL fetched when VISION_URLS=1 (file_id is not supported)
     detail: Literal["auto", "low", "high"] | None = None

@@ -398,3 +398,14 @@ def test_health_and_metrics(http: httpx.Client) -> None:
     ):
         assert name in metrics, name
     assert json.loads(http.post("/tokenize", json={"prompt": "hello"}).text)["count"] > 0
+
+
+def test_without_vision_the_document_offers_no_images_and_they_are_refused(http: httpx.Client) -> None:
+    from engine.server.openapi import IMAGE_SCHEMAS
+
+    document = http.get("/openapi.json").text
+    assert not [name for name in IMAGE_SCHEMAS if f'"{name}"' in document or f"/{name}" in document]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    answer = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [image]}]})
+    assert answer.status_code == 400 and "VISION=0" in answer.json()["error"]["message"], answer.text
+    assert http.get("/health").json()["vision"] == {"enabled": False}

@@ -208,3 +208,11 @@ def test_the_start_smoke_tests_image_request_is_answered(tp2: LiveServer) -> Non
 
     assert Image.open(io.BytesIO(sample_png())).size == (48, 32)  # the recipe's own PNG writer makes a real PNG
     assert smoke_image(tp2.url + "/v1", "GLM-5.3-Flash", KEY) > 0
+
+
+def test_the_document_offers_image_parts(tp2: LiveServer) -> None:
+    from engine.server.openapi import IMAGE_SCHEMAS
+
+    document = httpx.get(tp2.url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()
+    components = document["components"]["schemas"]
+    assert set(IMAGE_SCHEMAS) <= set(components)
