@@ -64,14 +64,21 @@ class VisionService:
 
 
 def image_urls(messages: list[Any]) -> list[str]:
-    """The URLs of a chat request's image parts, in prompt order."""
-    return [
-        part.image_url.url
-        for message in messages
-        if isinstance(message.content, list)
-        for part in message.content
-        if isinstance(part, ImagePart)
-    ]
+    """The URLs of a chat request's image parts, in prompt order. Images are taken in user turns only: the template
+    renders those in order, where it may reorder others (tool results follow their calls' order), which would put
+    an image's rows at another image's place."""
+    urls = []
+    for message in messages:
+        for part in message.content if isinstance(message.content, list) else ():
+            if isinstance(part, ImagePart):
+                if message.role != "user":
+                    raise bad_request(
+                        f"an image in a {message.role} turn: images are taken in user turns only",
+                        "messages",
+                        code="invalid_image",
+                    )
+                urls.append(part.image_url.url)
+    return urls
 
 
 def prepare_images(vision: VisionService | None, urls: list[str]) -> list[PreparedImage]:

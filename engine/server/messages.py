@@ -87,6 +87,7 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Anthropic
             elif block.type == "tool_result":
                 out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _text(block.content)})
         if message.role == "assistant" or calls:  # a tool_use block is the assistant's, wherever it was sent
+            # (an image here is refused: images are taken in user turns, engine/server/images.py)
             turn: dict[str, Any] = {"role": "assistant", "content": parts if len(parts) > len(text) else "".join(text)}
             if reasoning:
                 turn["reasoning_content"] = "".join(reasoning)

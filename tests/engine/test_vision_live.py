@@ -184,6 +184,20 @@ REFUSALS = [
 ]
 
 
+def test_images_are_taken_in_user_turns_only(tp2: LiveServer) -> None:
+    image = _image(data_url(png(32, 32, 1)))
+    for role in ("system", "assistant"):
+        body = {
+            "model": "GLM-5.3-Flash",
+            "max_tokens": 4,
+            "messages": [{"role": role, "content": [image]}, {"role": "user", "content": "hi"}],
+        }
+        answer = httpx.post(
+            tp2.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+        )
+        assert answer.status_code == 400 and "user turns" in answer.json()["error"]["message"], answer.text
+
+
 @pytest.mark.parametrize("case, content, words", REFUSALS, ids=[r[0] for r in REFUSALS])
 def test_bad_images_get_a_400_and_the_server_serves_on(tp2: LiveServer, case: str, content: list, words: str) -> None:
     answer = _post(tp2, content)
