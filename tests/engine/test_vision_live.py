@@ -212,6 +212,11 @@ def test_urls_are_refused_without_vision_urls_and_private_addresses_with_it(tp1:
     for url in ("https://127.0.0.1:9/cat.png", "https://10.1.2.3/cat.png", "https://169.254.169.254/latest"):
         answer = _post(tp1, [_image(url)])  # VISION_URLS=1: checked before any connection
         assert answer.status_code == 400 and "address" in answer.json()["error"]["message"], answer.text
+    # an Anthropic url source goes the same way
+    client = anthropic.Anthropic(base_url=tp1.url, api_key=KEY, max_retries=0)
+    block = {"type": "image", "source": {"type": "url", "url": "https://10.1.2.3/cat.png"}}
+    with pytest.raises(anthropic.BadRequestError, match="address"):
+        client.messages.create(model="GLM-5.3-Flash", max_tokens=4, messages=[{"role": "user", "content": [block]}])
     health = httpx.get(tp1.url + "/health").json()
     assert health["ok"] and health["vision"]["enabled"] and health["vision"]["urls"]
     assert health["memory"]["weights_bytes"]["vision"] == health["vision"]["tower_bytes"] > 0
