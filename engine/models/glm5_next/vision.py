@@ -106,11 +106,7 @@ def has_tower(path: str | Path) -> bool:
     config = read_config(path)
     if not config.get("vision_config") or "image_token_id" not in config:
         return False
-    index = Path(path) / "model.safetensors.index.json"
-    if index.exists():
-        return PREFIX + "patch_embed.proj.weight" in json.loads(index.read_text())["weight_map"]
-    reader = CheckpointReader(path, ParallelGroup.single())
-    return reader.has(PREFIX + "patch_embed.proj.weight")
+    return CheckpointReader(path, ParallelGroup.single()).has(PREFIX + "patch_embed.proj.weight")
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
