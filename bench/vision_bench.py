@@ -2,6 +2,10 @@
 --device cuda` (GLM-5.3-Flash's tower at its real width, random bf16 weights) or `--config demo --device cpu` (the
 trained demo's tower, as the embedded default runs it). Prints a table and writes JSON with --out.
 
+`--videos`: also clips (H.264 MP4 made here with PyAV, smooth moving gradients) through the whole video path:
+decoding, sampling at 2 frames a second, fitting the frames to the canvas (CPU: `decode_ms`), then the tower over all
+frame pairs in one call (`ms`), under VISION_VIDEO_TOKENS' default budget (16,384).
+
 Each size is the image as sent; the processor resizes it to its canvas (≤ 8,000 tokens), so the patches and the
 rows follow from the size alone (engine/vision/preprocess.py `image_grid`). Times: median of --repeat calls after
 two warm-up calls, synchronised.
@@ -62,6 +66,72 @@ def prepare_ms(width: int, height: int, spec: ProcessorSpec, repeat: int) -> flo
     return statistics.median(times) * 1e3
 
 
+CLIPS = [(10, 30, 1280, 720), (30, 30, 1280, 720), (60, 25, 640, 360)]  # seconds, fps, width, height
+
+
+def make_clip(seconds: int, fps: int, width: int, height: int) -> bytes:
+    """An H.264 MP4 of smooth gradients that move each frame (encoded here, in memory)."""
+    import io
+
+    import av
+    import numpy as np
+
+    ys, xs = np.mgrid[0:height, 0:width]
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as file:
+        stream = file.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for k in range(seconds * fps):
+            frame = np.stack([(xs + 3 * k) % 256, (ys + 2 * k) % 256, ((xs + ys) // 2 + k) % 256], axis=-1)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame.astype(np.uint8), format="rgb24")):
+                file.mux(packet)
+        for packet in stream.encode():
+            file.mux(packet)
+    return out.getvalue()
+
+
+def video_rows(tower: VisionTower, spec: ProcessorSpec, device: torch.device, repeat: int) -> list[dict]:
+    """Each clip decoded and prepared (CPU), then its frame pairs through the tower in one call."""
+    import dataclasses
+
+    from engine.vision.video import decode_video
+
+    budget = dataclasses.replace(spec, max_tokens=16384)
+    rows = []
+    for seconds, fps, width, height in CLIPS:
+        data = make_clip(seconds, fps, width, height)
+        decode_times = []
+        for _ in range(max(1, repeat // 2)):
+            start = time.perf_counter()
+            video = decode_video(data, 10**8, 128, budget)
+            decode_times.append(time.perf_counter() - start)
+        patches = torch.cat([pair.patches for pair in video.pairs]).to(device)
+        grids = [pair.grid for pair in video.pairs]
+        times = []
+        for i in range(repeat + 2):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            tower.forward(patches, grids)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        row = dict(
+            clip=f"{seconds}s {fps}fps {width}x{height}",
+            bytes=len(data),
+            frames=len(video.indices),
+            pairs=len(video.pairs),
+            grid=list(grids[0]),
+            tokens=video.tokens,
+            decode_ms=round(statistics.median(decode_times) * 1e3, 1),
+            ms=round(statistics.median(times) * 1e3, 2),
+        )
+        rows.append(row)
+        print(f"video {row}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", choices=sorted(CONFIGS), default="real")
@@ -69,6 +139,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--prepare", action="store_true", help="also time the processor (decoded image -> patches)")
+    parser.add_argument("--videos", action="store_true", help="also time clips: decoding (CPU) and the tower")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -98,6 +169,7 @@ def main() -> None:
             row["prepare_ms"] = round(prepare_ms(width, height, spec, args.repeat), 2)
         rows.append(row)
         print(f"{width}x{height}: {grid[1] * grid[2]} patches -> {tokens} tokens: {ms:.1f} ms {row}", flush=True)
+    videos = video_rows(tower, spec, device, args.repeat) if args.videos else []
     result = dict(
         config=args.config,
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -105,6 +177,7 @@ def main() -> None:
         tower_bytes=tower.nbytes,
         threads=torch.get_num_threads(),
         rows=rows,
+        videos=videos,
     )
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -121,6 +121,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--vision-max-pixels", type=int, default=40_000_000, help="pixels (width x height) of one image as sent"
     )
+    p.add_argument("--vision-max-videos", type=int, default=2, help="videos one request may hold (0: none)")
+    p.add_argument("--vision-max-frames", type=int, default=128, help="frames sampled from one video at most")
+    p.add_argument(
+        "--vision-video-tokens", type=int, default=16384, help="prompt tokens one video's frames may take together"
+    )
     p.add_argument("--api-key-file", default=None, help="file holding the API key (or set SPARKS_API_KEY)")
 
 
@@ -157,6 +162,9 @@ class EngineConfig:
     vision_max_images: int = 8
     vision_max_mb: float = 20.0
     vision_max_pixels: int = 40_000_000
+    vision_max_videos: int = 2
+    vision_max_frames: int = 128
+    vision_video_tokens: int = 16384
     api_key_file: str | None = None
 
     # What every rank must share (the others are per rank: its address, port, device, secrets, local timeouts).
@@ -215,6 +223,17 @@ class EngineConfig:
             out.append(
                 f"--vision-max-images and --vision-max-pixels must be at least 1 (got {self.vision_max_images}, "
                 f"{self.vision_max_pixels})"
+            )
+        if self.vision_max_videos < 0 or self.vision_max_frames < 2 or not 16 <= self.vision_video_tokens <= 240_000:
+            out.append(
+                "--vision-max-videos must be at least 0, --vision-max-frames at least 2 and --vision-video-tokens "
+                f"in [16, 240000] (got {self.vision_max_videos}, {self.vision_max_frames}, {self.vision_video_tokens})"
+            )
+        elif self.vision_video_tokens < (self.vision_max_frames + 1) // 2:
+            out.append(
+                f"--vision-video-tokens {self.vision_video_tokens} cannot give each of the "
+                f"{(self.vision_max_frames + 1) // 2} frame pairs of --vision-max-frames {self.vision_max_frames} "
+                "one token (raise it, or lower --vision-max-frames)"
             )
         if not 0 < self.vision_max_mb <= 1024:
             out.append(f"--vision-max-mb must be in (0, 1024] (got {self.vision_max_mb:g})")

@@ -220,6 +220,8 @@ def _generation_defaults(checkpoint: str) -> dict[str, Any]:
 
 def _vision_service(cfg: EngineConfig) -> Any:
     """What the routes need to take images (--vision 1): the processor's settings and the limits."""
+    import dataclasses
+
     from engine.models.glm5_next.vision import ImageTokens, read_config
     from engine.server.images import VisionService
     from engine.vision.fetch import FetchPolicy
@@ -227,10 +229,14 @@ def _vision_service(cfg: EngineConfig) -> Any:
 
     config = read_config(cfg.checkpoint)
     max_bytes = int(cfg.vision_max_mb * 2**20)
+    spec = ProcessorSpec.from_config(config["vision_config"])
     return VisionService(
-        spec=ProcessorSpec.from_config(config["vision_config"]),
+        spec=spec,
         tokens=ImageTokens.from_config(config),
+        video_spec=dataclasses.replace(spec, max_tokens=cfg.vision_video_tokens),
         max_images=cfg.vision_max_images,
+        max_videos=cfg.vision_max_videos,
+        max_frames=cfg.vision_max_frames,
         max_bytes=max_bytes,
         max_pixels=cfg.vision_max_pixels,
         urls=cfg.vision_urls,

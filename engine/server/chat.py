@@ -13,8 +13,8 @@ from typing import Any
 
 from engine.server.errors import bad_request
 from engine.server.generation import held_suffix
-from engine.server.images import IMAGE_MARKUP
-from engine.server.protocol import ChatMessage, ImagePart, Tool
+from engine.server.images import IMAGE_MARKUP, VIDEO_MARKUP
+from engine.server.protocol import ChatMessage, ImagePart, Tool, VideoPart
 from engine.server.template import render_chat
 from engine.server.tools import CALL_CLOSE, CALL_OPEN, KEY_OPEN, ArgumentStream, ParsedCall, new_call_id
 
@@ -30,9 +30,14 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         item = message.model_dump(exclude_none=True, exclude_unset=False)
         item["role"] = "system" if message.role == "developer" else message.role
         if isinstance(message.content, list):
-            # an image part is the checkpoint's image markup where it stood (engine/server/images.py)
+            # an image (video) part is the checkpoint's image (video) markup where it stood (engine/server/images.py)
             item["content"] = "".join(
-                IMAGE_MARKUP if isinstance(part, ImagePart) else part.text or "" for part in message.content
+                IMAGE_MARKUP
+                if isinstance(part, ImagePart)
+                else VIDEO_MARKUP
+                if isinstance(part, VideoPart)
+                else part.text or ""
+                for part in message.content
             )
         item.setdefault("content", "")
         if message.reasoning is not None and message.reasoning_content is None:

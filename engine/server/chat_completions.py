@@ -34,7 +34,7 @@ from engine.server.formats import (
     forced_call_format,
 )
 from engine.server.generation import Delta, End, EngineFailed, Generation
-from engine.server.images import image_urls, place_images, prepare_images
+from engine.server.images import media_parts, place_media, prepare_media
 from engine.server.logprobs import chat_entries
 from engine.server.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from engine.server.tools import CALL_OPEN, offered_tools
@@ -164,12 +164,17 @@ async def start_chat(
 async def prompt_ids_with_images(
     state: ServerState, messages: list[Any], prompt: str
 ) -> tuple[list[int], list[PromptImage]]:
-    """The rendered prompt's ids, each image's placeholder widened to its rows, and the images (read, decoded and
-    prepared off the event loop: fetching and decoding take time)."""
-    urls = image_urls(messages)
-    prepared = await run_in_threadpool(prepare_images, state.vision, urls) if urls else []
+    """The rendered prompt's ids, each image's placeholder widened to its rows and each video's to its frames'
+    markup, and the images and frame pairs (read, decoded and prepared off the event loop: fetching and decoding
+    take time)."""
+    parts = media_parts(messages)
+    prepared = await run_in_threadpool(prepare_media, state.vision, parts) if parts else []
     ids = (await run_in_threadpool(state.tokenizer.encode, prompt, add_special_tokens=False)).ids
-    return place_images(ids, prepared, state.vision.tokens if state.vision is not None else None)
+
+    def encode(text: str) -> list[int]:
+        return list(state.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    return place_media(ids, prepared, state.vision.tokens if state.vision is not None else None, encode)
 
 
 async def whole_reply(generation: Generation, parser: ReplyParser, request: Request) -> tuple[list[ReplyPiece], End]:

@@ -39,7 +39,8 @@ def _ratio(part: int, whole: int) -> float | None:
 
 
 def _vision(vision: Any, memory: dict[str, Any]) -> dict[str, Any]:
-    """Whether images are taken, how (data URLs; https URLs too), the limits, and the tower's bytes on rank 0."""
+    """Whether images and videos are taken, how (data URLs; https URLs too), the limits, and the tower's bytes on
+    rank 0."""
     if vision is None:
         return {"enabled": False}
     return {
@@ -49,6 +50,9 @@ def _vision(vision: Any, memory: dict[str, Any]) -> dict[str, Any]:
         "max_bytes": vision.max_bytes,
         "max_pixels": vision.max_pixels,
         "max_image_tokens": vision.spec.max_tokens,
+        "max_videos": vision.max_videos,
+        "max_frames": vision.max_frames,
+        "max_video_tokens": vision.video_spec.max_tokens,
         "tower_bytes": (memory.get("weights_bytes") or {}).get("vision", 0),
     }
 

@@ -1,4 +1,5 @@
-"""Images in chat requests: which parts hold them, reading and preparing them, and placing their rows in the prompt.
+"""Images and videos in chat requests: which parts hold them, reading and preparing them, and placing their rows in
+the prompt.
 
 A request's image parts (chat `image_url`, Anthropic `image` blocks and Responses `input_image`, translated to chat
 parts) are rendered by the chat template as the checkpoint's image markup, `<|begin_of_image|><|image|><|end_of_image|>`
@@ -6,53 +7,66 @@ in the turn's text where the part stood. After tokenising, each image's one `<|i
 the image has rows (its size after the processor's resize), and the request carries the image (engine/vision/
 prompt.py `PromptImage`) for the vision tower, which rank 0 runs when the prompt chunk holding it is prefilled.
 
+A video part (chat `video_url`) is rendered as `<|begin_of_video|><|video|><|end_of_video|>`; its `<|video|>` id
+becomes its frame pairs' markup, each pair an image (`<|begin_of_image|>`, a row per `<|image|>`,
+`<|end_of_image|>`) followed by the time of its first frame ("1.5 seconds"), as the reference processor writes it
+(engine/vision/video.py); each pair is a PromptImage of its own.
+
 Sources: `data:` URLs always; https URLs only with VISION_URLS=1 (engine/vision/fetch.py: public addresses only,
 no redirects, a byte cap, timeouts). Limits (each breach a 400 naming the limit and its setting): images per request
-(VISION_MAX_IMAGES), bytes per image (VISION_MAX_MB), pixels per image as sent (VISION_MAX_PIXELS).
+(VISION_MAX_IMAGES), videos per request (VISION_MAX_VIDEOS), bytes per image or video (VISION_MAX_MB), pixels per
+image or video frame as sent (VISION_MAX_PIXELS); a video's frames are capped by sampling (VISION_MAX_FRAMES) and
+its rows by shrinking its frames (VISION_VIDEO_TOKENS).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.models.glm5_next.vision import ImageTokens
 from engine.server.errors import bad_request
-from engine.server.protocol import ImagePart
+from engine.server.protocol import ImagePart, VideoPart
 from engine.vision.fetch import FetchPolicy, SourceError, fetch_image, read_data_url
 from engine.vision.preprocess import ImageError, PreparedImage, ProcessorSpec, decode_image, prepare_image
 from engine.vision.prompt import PromptImage
+from engine.vision.video import PreparedVideo, decode_video
 
 IMAGE_MARKUP = "<|begin_of_image|><|image|><|end_of_image|>"
+VIDEO_MARKUP = "<|begin_of_video|><|video|><|end_of_video|>"
 
 
 @dataclass(frozen=True)
 class VisionService:
-    """What the routes need to take images: the processor's settings, the markup's ids, the limits."""
+    """What the routes need to take images and videos: the processor's settings, the markup's ids, the limits."""
 
     spec: ProcessorSpec
     tokens: ImageTokens
+    video_spec: ProcessorSpec = field(default_factory=lambda: ProcessorSpec(max_tokens=16384))  # a video's budget
     max_images: int = 8
+    max_videos: int = 2
+    max_frames: int = 128
     max_bytes: int = 20 * 2**20
     max_pixels: int = 40_000_000
     urls: bool = False  # VISION_URLS: fetch https URLs
     fetch: FetchPolicy = field(default_factory=lambda: FetchPolicy(max_bytes=20 * 2**20))
 
-    def read(self, url: str) -> bytes:
-        """The bytes behind an image part's URL (400 for a source this server refuses)."""
+    def read(self, url: str, kind: str = "image") -> bytes:
+        """The bytes behind an image (video) part's URL (400 for a source this server refuses)."""
         try:
             if url.startswith("data:"):
-                return read_data_url(url, self.max_bytes)[1]
+                return read_data_url(url, self.max_bytes, kind)[1]
             if url.startswith(("https://", "http://")):
                 if not self.urls:
                     raise SourceError(
-                        "this server does not fetch image URLs (VISION_URLS=0): send the image as a base64 data URL"
+                        f"this server does not fetch {kind} URLs (VISION_URLS=0): send the {kind} as a base64 data URL"
                     )
-                return fetch_image(url, self.fetch)[1]
-            raise SourceError(f"an image URL must be a data: URL or an https URL (got {url[:40]!r})")
+                return fetch_image(url, self.fetch, kind)[1]
+            raise SourceError(f"{ARTICLE[kind]} URL must be a data: URL or an https URL (got {url[:40]!r})")
         except SourceError as exc:
             named = " (VISION_MAX_MB)" if "byte limit" in str(exc) else ""  # the setting behind the cap
-            raise bad_request(f"{exc}{named}", "messages", code="invalid_image") from exc
+            raise bad_request(f"{exc}{named}", "messages", code=f"invalid_{kind}") from exc
 
     def prepare(self, url: str) -> PreparedImage:
         data = self.read(url)
@@ -62,67 +76,99 @@ class VisionService:
             named = " (VISION_MAX_PIXELS)" if "over the limit" in str(exc) else ""  # the setting behind the cap
             raise bad_request(f"{exc}{named}", "messages", code="invalid_image") from exc
 
+    def prepare_video(self, url: str) -> PreparedVideo:
+        data = self.read(url, "video")
+        try:
+            return decode_video(data, self.max_pixels, self.max_frames, self.video_spec)
+        except ImageError as exc:
+            named = " (VISION_MAX_PIXELS)" if "over the limit" in str(exc) else ""
+            raise bad_request(f"{exc}{named}", "messages", code="invalid_video") from exc
 
-def image_urls(messages: list[Any]) -> list[str]:
-    """The URLs of a chat request's image parts, in prompt order. Images are taken in user turns only: the template
-    renders those in order, where it may reorder others (tool results follow their calls' order), which would put
-    an image's rows at another image's place."""
-    urls = []
+
+ARTICLE = {"image": "an image", "video": "a video"}
+
+
+def media_parts(messages: list[Any]) -> list[tuple[str, str]]:
+    """(kind, URL) of a chat request's image and video parts, in prompt order. They are taken in user turns only:
+    the template renders those in order, where it may reorder others (tool results follow their calls' order),
+    which would put an image's rows at another image's place."""
+    parts = []
     for message in messages:
         for part in message.content if isinstance(message.content, list) else ():
-            if isinstance(part, ImagePart):
+            if isinstance(part, ImagePart | VideoPart):
+                kind = "image" if isinstance(part, ImagePart) else "video"
                 if message.role != "user":
                     raise bad_request(
-                        f"an image in a {message.role} turn: images are taken in user turns only",
+                        f"{ARTICLE[kind]} in a {message.role} turn: images and videos are taken in user turns only",
                         "messages",
-                        code="invalid_image",
+                        code=f"invalid_{kind}",
                     )
-                urls.append(part.image_url.url)
-    return urls
+                parts.append((kind, part.image_url.url if isinstance(part, ImagePart) else part.video_url.url))
+    return parts
 
 
-def prepare_images(vision: VisionService | None, urls: list[str]) -> list[PreparedImage]:
-    """Each image read and prepared for the tower (runs in a worker thread: decoding and fetching take time)."""
-    if not urls:
+def prepare_media(vision: VisionService | None, parts: list[tuple[str, str]]) -> list[PreparedImage | PreparedVideo]:
+    """Each image and video read and prepared for the tower (runs in a worker thread: decoding and fetching take
+    time)."""
+    if not parts:
         return []
     if vision is None:
         raise bad_request(
-            "this server does not take images (VISION=0); send text only, or start it with VISION=1",
+            "this server does not take images or videos (VISION=0); send text only, or start it with VISION=1",
             "messages",
             code="vision_disabled",
         )
-    if len(urls) > vision.max_images:
-        raise bad_request(
-            f"{len(urls)} images in one request; this server takes at most {vision.max_images} (VISION_MAX_IMAGES)",
-            "messages",
-            code="too_many_images",
-        )
-    return [vision.prepare(url) for url in urls]
+    for kind, limit, setting in (("image", vision.max_images, "IMAGES"), ("video", vision.max_videos, "VIDEOS")):
+        count = sum(1 for k, _ in parts if k == kind)
+        if count > limit:
+            raise bad_request(
+                f"{count} {kind}s in one request; this server takes at most {limit} (VISION_MAX_{setting})",
+                "messages",
+                code=f"too_many_{kind}s",
+            )
+    return [vision.prepare(url) if kind == "image" else vision.prepare_video(url) for kind, url in parts]
 
 
-def place_images(
-    ids: list[int], prepared: list[PreparedImage], tokens: ImageTokens | None
+def place_media(
+    ids: list[int],
+    prepared: list[PreparedImage | PreparedVideo],
+    tokens: ImageTokens | None,
+    encode: Callable[[str], list[int]],
 ) -> tuple[list[int], list[PromptImage]]:
-    """The prompt's ids with each image's `<|image|>` id repeated for its rows, and where each image sits. The
-    rendered markup gives exactly one `<|image|>` per image; text that writes the markup itself is refused."""
+    """The prompt's ids with each image's `<|image|>` id repeated for its rows and each video's `<|video|>` id
+    replaced by its frame pairs' markup (`encode` tokenises the times), and where each image or frame pair sits.
+    The rendered markup gives exactly one placeholder per part; text that writes one itself is refused."""
     if not prepared:
         return ids, []
     assert tokens is not None
-    spots = [i for i, t in enumerate(ids) if t == tokens.image]
-    if len(spots) != len(prepared):
+    spots = [i for i, t in enumerate(ids) if t in (tokens.image, tokens.video)]
+    expected = [tokens.image if isinstance(item, PreparedImage) else tokens.video for item in prepared]
+    if [ids[i] for i in spots] != expected:
         raise bad_request(
-            f"the messages' text holds the image placeholder token itself ({len(spots)} placeholders for "
-            f"{len(prepared)} images); send images as image parts and leave <|image|> out of the text",
+            f"the messages' text holds an image or video placeholder token itself ({len(spots)} placeholders for "
+            f"{len(prepared)} images and videos); send them as parts and leave <|image|> and <|video|> out of the "
+            "text",
             "messages",
             code="invalid_image",
         )
     out: list[int] = []
     images: list[PromptImage] = []
-    last = 0
-    for spot, image in zip(spots, prepared):
-        out += ids[last:spot]
+
+    def place(image: PreparedImage) -> None:
         images.append(PromptImage(len(out), image.tokens, image, image.grid, image.digest))
-        out += [tokens.image] * image.tokens
+        out.extend([tokens.image] * image.tokens)
+
+    last = 0
+    for spot, item in zip(spots, prepared):
+        out += ids[last:spot]
+        if isinstance(item, PreparedImage):
+            place(item)
+        else:
+            for pair, seconds in zip(item.pairs, item.seconds):
+                out.append(tokens.begin)
+                place(pair)
+                out.append(tokens.end)
+                out += encode(f"{seconds:.1f} seconds")
         last = spot + 1
     out += ids[last:]
     return out, images

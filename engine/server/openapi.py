@@ -105,8 +105,17 @@ def _bound_token_ids(components: dict[str, Any], vocab: int) -> None:
         array["items"]["maximum"] = vocab - 1
 
 
-# the image request parts, and what only they use: left out of the document of a server without --vision 1
-IMAGE_SCHEMAS = ("ImagePart", "ImageBlock", "InputImagePart", "ImageURL", "Base64Source", "URLSource")
+# the image and video request parts, and what only they use: left out of the document of a server without --vision 1
+IMAGE_SCHEMAS = (
+    "ImagePart",
+    "ImageBlock",
+    "InputImagePart",
+    "ImageURL",
+    "Base64Source",
+    "URLSource",
+    "VideoPart",
+    "VideoURL",
+)
 
 
 def _drop_schemas(node: Any, names: tuple[str, ...]) -> None:

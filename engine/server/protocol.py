@@ -98,7 +98,18 @@ class ImagePart(Body):
     image_url: ImageURL
 
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class VideoURL(Body):
+    url: StrictStr  # a data: URL (base64 video: data:video/mp4;base64,...), or an https URL with VISION_URLS=1
+
+
+class VideoPart(Body):
+    """A video (VISION=1): sampled at 2 frames a second, its frames read in pairs by the tower."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="type")]
 
 
 class FunctionCall(Body):

@@ -1,4 +1,4 @@
-"""Image sources a request may name: `data:` URLs decoded in place, and https URLs fetched under a strict policy.
+"""Image and video sources a request may name: `data:` URLs decoded in place, and https URLs fetched under a strict policy.
 
 Why strict: the server runs on a private network beside other machines (the other ranks, routers, a cloud metadata
 service at 169.254.169.254). A URL in a request makes the server open a connection on the requester's behalf, so an
@@ -12,11 +12,12 @@ The rules, each breach refused with a `SourceError` whose one-line message says 
   between the check and the connection (DNS rebinding). TLS still names and checks the host: SNI and the
   certificate are those of the name in the URL, verified against the system's trusted roots.
 - No redirects (a redirect could point anywhere, including inside the network); any status but 200 is refused.
-- The response must say it is an image (`Content-Type: image/*`) and stay within the byte cap: a declared length
+- The response must say it is of the kind asked for (`Content-Type: image/*`, or `video/*` for a video part) and stay within the byte cap: a declared length
   over the cap is refused before reading, and the body is read in pieces and refused as soon as it passes the cap
   (a server may lie about the length or leave it out).
-- Time is bounded: `timeout_s` for the connection and for each read, and `2 * timeout_s` for the whole exchange,
-  enforced by a timer that shuts the connection down, so a server dripping a byte at a time cannot hold a worker.
+- Time is bounded: `timeout_s` for the name lookup, for the connection and for each read, and `2 * timeout_s` for
+  the whole exchange, enforced by a timer that shuts the connection down, so a server dripping a byte at a time
+  cannot hold a worker.
 
 The fetch is synchronous (the server calls it from a worker thread) and uses the standard library alone.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
 import functools
 import http.client
 import ipaddress
@@ -40,7 +42,12 @@ from dataclasses import dataclass
 USER_AGENT = "glm-sparks-engine"
 _READ_PIECE = 64 * 1024  # bytes asked of the socket per read of the body
 _SHOWN_URL = 200  # characters of a URL quoted in an error message
-_IMAGE_TYPE = re.compile(r"image/[a-z0-9][a-z0-9!#$&^_.+-]*")  # a media type of image/* (lowercase)
+# media types of each kind a request may send (lowercase), and how messages name one of that kind
+MEDIA_TYPES = {
+    "image": re.compile(r"image/[a-z0-9][a-z0-9!#$&^_.+-]*"),
+    "video": re.compile(r"video/[a-z0-9][a-z0-9!#$&^_.+-]*"),
+}
+ARTICLES = {"image": "an image", "video": "a video"}
 
 # Addresses never fetched whatever the `ipaddress` module's tables say (they differ between Python versions).
 _BLOCKED_V4 = tuple(
@@ -77,12 +84,12 @@ _NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # local-use NAT64 prefix
 
 
 class SourceError(ValueError):
-    """An image source the server refuses; str(exc) is a one-line message fit for an HTTP 400 body."""
+    """An image or video source the server refuses; str(exc) is a one-line message fit for an HTTP 400 body."""
 
 
-def read_data_url(url: str, max_bytes: int) -> tuple[str, bytes]:
-    """A `data:` URL's media type and decoded bytes. Only base64 data URLs of image/* types (data:image/png;base64,...).
-    Refuse (SourceError) non-image media types, non-base64, invalid base64, and decoded payloads over max_bytes
+def read_data_url(url: str, max_bytes: int, kind: str = "image") -> tuple[str, bytes]:
+    """A `data:` URL's media type and decoded bytes. Only base64 data URLs of the kind's types (data:image/png;base64,
+    ... for an image, data:video/mp4;base64,... for a video). Refuse (SourceError) other media types, non-base64, invalid base64, and decoded payloads over max_bytes
     (check the encoded length first so a huge string is refused before decoding: base64 length*3/4 > max_bytes+3)."""
     if url[:5].lower() != "data:":
         raise SourceError("not a data URL: it must start with 'data:'")
@@ -91,21 +98,23 @@ def read_data_url(url: str, max_bytes: int) -> tuple[str, bytes]:
         raise SourceError("data URL has no ',' before its data")
     params = [p.strip() for p in header.split(";")]
     media_type = params[0].lower()
-    if not _IMAGE_TYPE.fullmatch(media_type):
+    if not MEDIA_TYPES[kind].fullmatch(media_type):
         shown = _printable(params[0], 60) or "(none)"
-        raise SourceError(f"data URL media type {shown} is not an image type: only image/* data URLs are accepted")
+        raise SourceError(
+            f"data URL media type {shown} is not {ARTICLES[kind]} type: only {kind}/* data URLs are accepted"
+        )
     if len(params) < 2 or params[-1].lower() != "base64":
-        raise SourceError("data URL is not base64-encoded: only ';base64,' image data URLs are accepted")
+        raise SourceError(f"data URL is not base64-encoded: only ';base64,' {kind} data URLs are accepted")
     if len(payload) * 3 / 4 > max_bytes + 3:
-        raise SourceError(f"data URL image is about {len(payload) * 3 // 4} bytes, over the {max_bytes} byte limit")
+        raise SourceError(f"data URL {kind} is about {len(payload) * 3 // 4} bytes, over the {max_bytes} byte limit")
     try:
         data = base64.b64decode(payload.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
         raise SourceError(f"data URL data is not valid base64 ({_reason(exc)})") from None
     if len(data) > max_bytes:
-        raise SourceError(f"data URL image is {len(data)} bytes, over the {max_bytes} byte limit")
+        raise SourceError(f"data URL {kind} is {len(data)} bytes, over the {max_bytes} byte limit")
     if not data:
-        raise SourceError("data URL image is empty")
+        raise SourceError(f"data URL {kind} is empty")
     return media_type, data
 
 
@@ -163,16 +172,16 @@ class FetchPolicy:
     ssl_context: ssl.SSLContext | None = None  # None: ssl.create_default_context(); tests pass one trusting their CA
 
 
-def fetch_image(url: str, policy: FetchPolicy) -> tuple[str, bytes]:
-    """GET an https image URL: media type and body bytes."""
-    shown = _shown_url(url)
+def fetch_image(url: str, policy: FetchPolicy, kind: str = "image") -> tuple[str, bytes]:
+    """GET an https URL of an image (or a video, `kind`): media type and body bytes."""
+    shown = f"{kind} URL {_shown_url(url)}"
     host, port, target = _parse(url, shown)
-    address = _resolve(host, port, shown, policy.allow_address)
+    address = _resolve(host, port, shown, policy.allow_address, policy.timeout_s)
     context = policy.ssl_context if policy.ssl_context is not None else _default_context()
     deadline = _Deadline(2 * policy.timeout_s)
     conn = _PinnedHTTPSConnection(host, port, address, policy.timeout_s, context, deadline)
     try:
-        return _exchange(conn, target, shown, policy, deadline)
+        return _exchange(conn, target, shown, policy, deadline, kind)
     except SourceError:
         raise
     except Exception as exc:  # every other failure becomes a one-line refusal; nothing raw leaves
@@ -185,46 +194,55 @@ def fetch_image(url: str, policy: FetchPolicy) -> tuple[str, bytes]:
 def _parse(url: str, shown: str) -> tuple[str, int, str]:
     """(host in ASCII, port, request target) of an https URL, or SourceError."""
     if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
-        raise SourceError(f"image URL {shown} contains spaces or control characters")
+        raise SourceError(f"{shown} contains spaces or control characters")
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise SourceError(f"image URL {shown} is not a valid URL ({_reason(exc)})") from None
+        raise SourceError(f"{shown} is not a valid URL ({_reason(exc)})") from None
     if parts.scheme.lower() != "https":
-        raise SourceError(f"image URL {shown} is not https: only https image URLs are fetched")
+        raise SourceError(f"{shown} is not https: only https URLs are fetched")
     if "@" in parts.netloc:
-        raise SourceError(f"image URL {shown} carries a user name or password: credentials in image URLs are refused")
+        raise SourceError(f"{shown} carries a user name or password: credentials in URLs are refused")
     host = parts.hostname
     if not host:
-        raise SourceError(f"image URL {shown} has no host")
+        raise SourceError(f"{shown} has no host")
     if port == 0:
-        raise SourceError(f"image URL {shown} has an invalid port 0")
+        raise SourceError(f"{shown} has an invalid port 0")
     if not host.isascii():
         try:
             host = host.encode("idna").decode("ascii")
         except UnicodeError:
-            raise SourceError(f"image URL {shown} has a host name that cannot be encoded (IDNA)") from None
+            raise SourceError(f"{shown} has a host name that cannot be encoded (IDNA)") from None
     path = urllib.parse.quote(parts.path or "/", safe="!$%&'()*+,/:;=@[]~")
     query = urllib.parse.quote(parts.query, safe="!$%&'()*+,/:;=?@[]~")
     return host, port or 443, path + ("?" + query if query else "")
 
 
-def _resolve(host: str, port: int, shown: str, allow: Callable[[str], bool]) -> str:
-    """Resolve the host once; every address must pass `allow`. The first address, to connect to."""
+# Name lookups run here, so a slow resolver cannot hold a request past its time limit (getaddrinfo takes none): the
+# request gives up after timeout_s; the lookup's thread is freed when the resolver answers or gives up itself.
+_LOOKUPS = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="image-dns")
+
+
+def _resolve(host: str, port: int, shown: str, allow: Callable[[str], bool], timeout_s: float) -> str:
+    """Resolve the host once, within timeout_s; every address must pass `allow`. The first address, to connect
+    to."""
     try:
         literal: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
     except ValueError:
         literal = None
     if literal is not None and not allow(str(literal)):  # refused before any resolver is asked
         raise _not_public(shown, str(literal))
+    lookup = _LOOKUPS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+        infos = lookup.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise SourceError(f"{shown}: the host {host} did not resolve within {timeout_s:g} s") from None
     except (OSError, UnicodeError) as exc:
-        raise SourceError(f"image URL {shown}: the host {host} does not resolve ({_reason(exc)})") from None
+        raise SourceError(f"{shown}: the host {host} does not resolve ({_reason(exc)})") from None
     addresses = [str(info[4][0]) for info in infos if info[0] in (socket.AF_INET, socket.AF_INET6)]
     if not addresses:
-        raise SourceError(f"image URL {shown}: the host {host} resolves to no IPv4 or IPv6 address")
+        raise SourceError(f"{shown}: the host {host} resolves to no IPv4 or IPv6 address")
     for address in addresses:
         if not allow(address):
             raise _not_public(shown, address)
@@ -232,9 +250,7 @@ def _resolve(host: str, port: int, shown: str, allow: Callable[[str], bool]) -> 
 
 
 def _not_public(shown: str, address: str) -> SourceError:
-    return SourceError(
-        f"image URL {shown} resolves to {address}, a private or local address: only public addresses are fetched"
-    )
+    return SourceError(f"{shown} resolves to {address}, a private or local address: only public addresses are fetched")
 
 
 @functools.lru_cache(maxsize=1)
@@ -311,33 +327,29 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
 
 
 def _exchange(
-    conn: _PinnedHTTPSConnection, target: str, shown: str, policy: FetchPolicy, deadline: _Deadline
+    conn: _PinnedHTTPSConnection, target: str, shown: str, policy: FetchPolicy, deadline: _Deadline, kind: str
 ) -> tuple[str, bytes]:
-    conn.request("GET", target, headers={"User-Agent": USER_AGENT, "Accept": "image/*"})
+    conn.request("GET", target, headers={"User-Agent": USER_AGENT, "Accept": f"{kind}/*"})
     _bound_next_read(conn, policy.timeout_s, deadline)
     response = conn.getresponse()
     if deadline.expired:  # the timer cut the connection while the headers came in: they may be cut short
         raise TimeoutError("deadline")
     status, reason = response.status, _printable(response.reason or "", 60)
     if 300 <= status < 400:
-        raise SourceError(
-            f"image URL {shown} answered HTTP status {status} {reason} (a redirect): redirects are not followed"
-        )
+        raise SourceError(f"{shown} answered HTTP status {status} {reason} (a redirect): redirects are not followed")
     if status != 200:
-        raise SourceError(f"image URL {shown} answered HTTP status {status} {reason}: only 200 is accepted")
+        raise SourceError(f"{shown} answered HTTP status {status} {reason}: only 200 is accepted")
     raw_type = response.getheader("Content-Type") or ""
     media_type = raw_type.split(";", 1)[0].strip().lower()
-    if not _IMAGE_TYPE.fullmatch(media_type):
+    if not MEDIA_TYPES[kind].fullmatch(media_type):
         shown_type = _printable(raw_type, 60) or "(none)"
-        raise SourceError(f"image URL {shown} has content type {shown_type}, not an image type (image/*)")
+        raise SourceError(f"{shown} has content type {shown_type}, not {ARTICLES[kind]} type ({kind}/*)")
     encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
     if encoding != "identity":
-        raise SourceError(
-            f"image URL {shown} sent a {_printable(encoding, 30)}-encoded body: only plain bodies are accepted"
-        )
+        raise SourceError(f"{shown} sent a {_printable(encoding, 30)}-encoded body: only plain bodies are accepted")
     declared = _content_length(response.getheader("Content-Length"), shown)
     if declared is not None and declared > policy.max_bytes:
-        raise SourceError(f"image URL {shown} is {declared} bytes, over the {policy.max_bytes} byte limit")
+        raise SourceError(f"{shown} is {declared} bytes, over the {policy.max_bytes} byte limit")
     pieces: list[bytes] = []
     received = 0
     while True:
@@ -348,13 +360,13 @@ def _exchange(
         pieces.append(piece)
         received += len(piece)
         if received > policy.max_bytes:
-            raise SourceError(f"image URL {shown} sent more than the {policy.max_bytes} byte limit")
+            raise SourceError(f"{shown} sent more than the {policy.max_bytes} byte limit")
     if deadline.expired:  # the timer cut the connection: what arrived may be only part of the body
         raise TimeoutError("deadline")
     if declared is not None and received != declared:
-        raise SourceError(f"image URL {shown} ended after {received} of the {declared} bytes it announced")
+        raise SourceError(f"{shown} ended after {received} of the {declared} bytes it announced")
     if not received:
-        raise SourceError(f"image URL {shown} sent an empty body")
+        raise SourceError(f"{shown} sent an empty body")
     return media_type, b"".join(pieces)
 
 
@@ -372,7 +384,7 @@ def _content_length(value: str | None, shown: str) -> int | None:
         return None
     text = value.strip()
     if not text.isdigit() or not text.isascii():
-        raise SourceError(f"image URL {shown} sent an invalid Content-Length {_printable(value, 30)}")
+        raise SourceError(f"{shown} sent an invalid Content-Length {_printable(value, 30)}")
     return int(text)
 
 
@@ -383,21 +395,21 @@ def _failure(
     TLS connection was up)."""
     if deadline.expired or isinstance(exc, TimeoutError):
         return SourceError(
-            f"image URL {shown} timed out (limits: {timeout_s:g} s to connect and per read, {2 * timeout_s:g} s in all)"
+            f"{shown} timed out (limits: {timeout_s:g} s to connect and per read, {2 * timeout_s:g} s in all)"
         )
     if isinstance(exc, ssl.SSLCertVerificationError):
         why = exc.verify_message or _reason(exc)
-        return SourceError(f"image URL {shown}: the server's TLS certificate was refused ({why})")
+        return SourceError(f"{shown}: the server's TLS certificate was refused ({why})")
     if isinstance(exc, ssl.SSLError):
         stage = "connection" if connected else "handshake"
-        return SourceError(f"image URL {shown}: the TLS {stage} failed ({_reason(exc)})")
+        return SourceError(f"{shown}: the TLS {stage} failed ({_reason(exc)})")
     if isinstance(exc, http.client.HTTPException):
-        return SourceError(f"image URL {shown}: the server sent an invalid HTTP response ({_reason(exc)})")
+        return SourceError(f"{shown}: the server sent an invalid HTTP response ({_reason(exc)})")
     if isinstance(exc, OSError) and connected:
-        return SourceError(f"image URL {shown}: the connection to {address} port {port} failed ({_reason(exc)})")
+        return SourceError(f"{shown}: the connection to {address} port {port} failed ({_reason(exc)})")
     if isinstance(exc, OSError):
-        return SourceError(f"image URL {shown}: could not connect to {address} port {port} ({_reason(exc)})")
-    return SourceError(f"image URL {shown} could not be fetched ({_reason(exc)})")
+        return SourceError(f"{shown}: could not connect to {address} port {port} ({_reason(exc)})")
+    return SourceError(f"{shown} could not be fetched ({_reason(exc)})")
 
 
 def _shown_url(url: str) -> str:

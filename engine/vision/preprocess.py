@@ -94,10 +94,13 @@ class ProcessorSpec:
 
 @dataclass(frozen=True)
 class PreparedImage:
-    """One image, ready for the vision tower: its 8-bit canvas (resized and padded), normalised and patchified only
-    when the tower runs — a waiting request holds an eighth of the bytes the float patches take."""
+    """One image (or one frame pair of a video, engine/vision/video.py), ready for the vision tower: its 8-bit canvas
+    (resized and padded), normalised and patchified only when the tower runs — a waiting request holds an eighth of
+    the bytes the float patches take."""
 
-    canvas: torch.Tensor  # uint8 [3, grid_h * patch_size, grid_w * patch_size], the padding zero bytes
+    # uint8, the padding zero bytes: [3, grid_h * patch_size, grid_w * patch_size] for a still image (repeated along
+    # time), [temporal_patch_size, 3, ...] for a video's frame pair
+    canvas: torch.Tensor
     grid: tuple[int, int, int]  # (1, grid_h, grid_w) in patches
     tokens: int  # LM rows this image becomes: grid_h * grid_w // merge_size**2
     digest: bytes  # blake2b (16 bytes) of the canvas's bytes, its shape and the grid
@@ -108,9 +111,10 @@ class PreparedImage:
         """float32 [grid_h * grid_w, in_channels * temporal_patch_size * patch_size**2]: the tower's input (made on
         each call)."""
         levels = self.canvas.numpy()
+        table = _LEVELS if levels.ndim == 3 else _VIDEO_LEVELS  # the two reference processors normalise differently
         normalised = np.empty(levels.shape, dtype=np.float32)
-        for channel in range(levels.shape[0]):
-            normalised[channel] = _LEVELS[channel][levels[channel]]
+        for channel in range(3):
+            normalised[..., channel, :, :] = table[channel][levels[..., channel, :, :]]
         return _patchify(normalised, self.spec)
 
 
@@ -122,15 +126,19 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
-def _canvas_size(height: int, width: int, spec: ProcessorSpec) -> tuple[int, int]:
-    """(height, width) of the aligned canvas; the reference's smart_resize with num_frames = temporal_patch_size.
+def _canvas_size(height: int, width: int, spec: ProcessorSpec, frames: int | None = None) -> tuple[int, int]:
+    """(height, width) of the aligned canvas; the reference's smart_resize with num_frames = temporal_patch_size for
+    an image, or a video's sampled frame count `frames` (always a multiple of temporal_patch_size here), the token
+    budget then being the whole video's.
 
     Integer rounding stands in for the reference's float ceil/floor where the two provably agree (quotients of
     integers far below 2**53); the upscale for small images keeps the reference's float expression as written.
     """
     step = spec.factor
-    frames = spec.temporal_patch_size  # one still image counts as a full temporal patch
-    per_token = frames * step * step
+    frames = spec.temporal_patch_size if frames is None else frames  # a still image counts as one temporal patch
+    if frames % spec.temporal_patch_size:
+        raise ValueError(f"{frames} frames: a video's frame count must be a multiple of {spec.temporal_patch_size}")
+    per_token = spec.temporal_patch_size * step * step  # pixels of one prompt token
     floor_pixels = spec.min_tokens * per_token
     ceiling_pixels = spec.max_tokens * per_token
 
@@ -143,7 +151,13 @@ def _canvas_size(height: int, width: int, spec: ProcessorSpec) -> tuple[int, int
     if frames * canvas_h * canvas_w <= ceiling_pixels:
         return canvas_h, canvas_w
 
-    # Over budget: binary-search the tallest content height whose aligned canvas fits.
+    # Over budget: binary-search the tallest content height whose aligned canvas fits (a budget under one block per
+    # frame cannot; the reference raises then too).
+    if ceiling_pixels < frames * step * step:
+        raise ImageError(
+            f"{frames} frames need at least {frames // spec.temporal_patch_size} prompt tokens, over the budget of "
+            f"{spec.max_tokens}"
+        )
     best_h, best_w = step, step
     low, high = 1, height
     while low <= high:
@@ -158,8 +172,11 @@ def _canvas_size(height: int, width: int, spec: ProcessorSpec) -> tuple[int, int
     return best_h, best_w
 
 
-def _content_size(height: int, width: int, canvas_h: int, canvas_w: int, spec: ProcessorSpec) -> tuple[int, int]:
-    """(height, width) the image is resized to inside its canvas (the rest is padding).
+def _content_size(
+    height: int, width: int, canvas_h: int, canvas_w: int, spec: ProcessorSpec, frames: int | None = None
+) -> tuple[int, int]:
+    """(height, width) the image (each frame of a video of `frames` frames) is resized to inside its canvas (the rest
+    is padding).
 
     Float arithmetic on purpose: `height * (canvas_h / height)` may land a hair under canvas_h, and the reference
     floors that, so this must too.
@@ -167,7 +184,8 @@ def _content_size(height: int, width: int, canvas_h: int, canvas_w: int, spec: P
     scale = min(canvas_h / height, canvas_w / width)
     step = spec.factor
     per_token = spec.temporal_patch_size * step * step
-    if spec.temporal_patch_size * height * width >= per_token * spec.min_tokens:
+    frames = spec.temporal_patch_size if frames is None else frames
+    if frames * height * width >= per_token * spec.min_tokens:
         scale = min(1.0, scale)  # never enlarge an image that already meets the minimum budget
     content_h = max(1, min(canvas_h, math.floor(height * scale)))
     content_w = max(1, min(canvas_w, math.floor(width * scale)))
@@ -215,21 +233,35 @@ def _level_table() -> np.ndarray:
 _LEVELS = _level_table()
 
 
+def _video_level_table() -> torch.Tensor:
+    """float32 [3, 256] for video frames: the reference video processor folds the 1/255 rescale into the mean and std
+    (each times 255 in float32) and normalises the 8-bit values as floats; the same operations, in torch."""
+    mean = torch.tensor(CLIP_MEAN) * (1.0 / (1 / 255.0))
+    std = torch.tensor(CLIP_STD) * (1.0 / (1 / 255.0))
+    return (torch.arange(256, dtype=torch.float32)[None, :] - mean[:, None]) / std[:, None]
+
+
+_VIDEO_LEVELS = _video_level_table().numpy()
+
+
 def _patchify(canvas: np.ndarray, spec: ProcessorSpec) -> torch.Tensor:
-    """[C, H, W] float32 -> [grid_h * grid_w, C * T * P * P] in merge-block order (see the module docstring)."""
-    channels, height, width = canvas.shape
+    """[C, H, W] (a still frame, repeated along time) or [T, C, H, W] (a frame pair) float32 -> [grid_h * grid_w,
+    C * T * P * P] in merge-block order (see the module docstring)."""
     p, m, t = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    frames = torch.from_numpy(canvas)
+    if frames.dim() == 3:
+        frames = frames.unsqueeze(0).expand(t, -1, -1, -1)
+    _, channels, height, width = frames.shape
     grid_h, grid_w = height // p, width // p
-    blocks = torch.from_numpy(canvas).view(channels, grid_h // m, m, p, grid_w // m, m, p)
-    # -> (block row, block col, row in block, col in block, channel, patch row, patch col)
-    blocks = blocks.permute(1, 4, 2, 5, 0, 3, 6).unsqueeze(5)
-    frames = blocks.expand(-1, -1, -1, -1, -1, t, -1, -1)  # the still frame, repeated along time
-    return frames.reshape(grid_h * grid_w, channels * t * p * p).contiguous()
+    blocks = frames.reshape(t, channels, grid_h // m, m, p, grid_w // m, m, p)
+    # -> (block row, block col, row in block, col in block, channel, time, patch row, patch col)
+    blocks = blocks.permute(2, 5, 3, 6, 1, 0, 4, 7)
+    return blocks.reshape(grid_h * grid_w, channels * t * p * p).contiguous()
 
 
 def _digest(canvas: np.ndarray, grid: tuple[int, int, int]) -> bytes:
     hasher = hashlib.blake2b(digest_size=16)
-    hasher.update(struct.pack("<6q", *canvas.shape, *grid))
+    hasher.update(struct.pack(f"<{canvas.ndim + 3}q", *canvas.shape, *grid))
     hasher.update(canvas.tobytes())
     return hasher.digest()
 

@@ -139,13 +139,14 @@ def memory_line(health: dict) -> str | None:
 
 
 def vision_words(health: dict) -> str:
-    """Images as /health reports them: taken (data URLs, and https URLs when fetched) and the tower's bytes on rank 0,
-    or nothing when off."""
+    """Images (and videos) as /health reports them: taken (data URLs, and https URLs when fetched) and the tower's
+    bytes on rank 0, or nothing when off."""
     vision = health.get("vision") or {}
     if not vision.get("enabled"):
         return ""
     sources = "data: and https URLs" if vision.get("urls") else "data: URLs"
-    return f" · images ({sources}; tower {_bytes(vision.get('tower_bytes', 0))} on rank 0)"
+    kinds = "images and video" if vision.get("max_videos") else "images"
+    return f" · {kinds} ({sources}; tower {_bytes(vision.get('tower_bytes', 0))} on rank 0)"
 
 
 def reuse_words(health: dict) -> str:

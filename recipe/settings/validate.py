@@ -10,7 +10,7 @@ from recipe.settings.values import Settings
 
 
 def validate(settings: Settings) -> None:
-    for rule in (_vision_urls, _ports, _workers_for_runtime, _distinct_workers, _fabric_peers):
+    for rule in (_vision_urls, _video_budget, _ports, _workers_for_runtime, _distinct_workers, _fabric_peers):
         rule(settings)
 
 
@@ -24,6 +24,16 @@ def _vision_urls(s: Settings) -> None:
         raise SettingError(
             f"VISION_URLS=1{_origin(s, 'VISION_URLS')} fetches images, but VISION=0 accepts none",
             "write VISION=1 too, or VISION_URLS=0",
+        )
+
+
+def _video_budget(s: Settings) -> None:
+    pairs = (s.vision_max_frames + 1) // 2  # frames are read in pairs, an odd count padded by one
+    if s.vision_video_tokens < pairs:
+        raise SettingError(
+            f"VISION_VIDEO_TOKENS={s.vision_video_tokens}{_origin(s, 'VISION_VIDEO_TOKENS')} cannot give each of "
+            f"the {pairs} frame pairs VISION_MAX_FRAMES={s.vision_max_frames} allows one token",
+            f"write VISION_VIDEO_TOKENS={pairs} or more, or a smaller VISION_MAX_FRAMES",
         )
 
 

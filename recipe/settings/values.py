@@ -51,6 +51,9 @@ class Settings:
     vision_max_images: int
     vision_max_mb: float
     vision_max_pixels: int
+    vision_max_videos: int
+    vision_max_frames: int
+    vision_video_tokens: int
     kv_pool_gib: float
     memory_reserve_gib: float | None
     memory_warn_gib: float

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from engine.server.chat import ReplyParser, render, starts_in_reasoning, thinking_options
 from engine.server.errors import APIError
-from engine.server.images import IMAGE_MARKUP, image_urls, prepare_images
+from engine.server.images import IMAGE_MARKUP, media_parts, prepare_media
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.template import load_chat_template
 from engine.server.tools import offered_tools, parse_call, type_value
@@ -215,7 +215,7 @@ def test_image_parts_render_as_markup_and_other_parts_are_refused() -> None:
     assert "<|user|>" + IMAGE_MARKUP + "what is this?" in prompt
     # without VISION the image is refused (400), whatever the rest of the request
     with pytest.raises(APIError) as refused:
-        prepare_images(None, image_urls(body.messages))
+        prepare_media(None, media_parts(body.messages))
     assert refused.value.status == 400 and "VISION=0" in refused.value.message
     audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
     with pytest.raises(ValidationError, match="input_audio"):  # a 400 naming the part's type (server/errors.py)

@@ -69,7 +69,10 @@ def test_video_rows_match_the_reference(pair):
     grids = [(3, 4, 4), (2, 2, 6)]  # temporal patches (frame pairs) × patches
     patches = pixels(grids, 2)
     theirs = torch.cat(ref.model.get_video_features(patches, torch.tensor(grids)).pooler_output)
-    assert (tower.forward(patches, grids) - theirs).abs().max() < 1e-4
+    ours = tower.forward(patches, grids)
+    assert (ours - theirs).abs().max() < 1e-4
+    # a frame pair alone gives its rows' bits (a later turn may encode only the pairs past a kept state)
+    assert torch.equal(tower.forward(patches[16:32], [(1, 4, 4)]), ours[4:8])
 
 
 def image_prompt(seed: int = 5) -> tuple[list[int], list[PromptImage], torch.Tensor]:
@@ -253,7 +256,9 @@ def test_attention_in_query_blocks_equals_one_block(pair, monkeypatch):
     patches = pixels(GRIDS, 4)
     whole = tower.forward(patches, GRIDS)
     monkeypatch.setattr(vision, "ATTEND_ELEMENTS", 2 * 2 * 24)  # 2 heads: blocks of 2 queries
-    assert (tower.forward(patches, GRIDS) - whole).abs().max() < 1e-6
+    # the same sums, in an order the CPU's attention kernel picks by the query count: a few fp32 ulps apart (rows up
+    # to ~15 in size); the served blocks depend on the image's size alone, so one image always gets the same bits
+    assert (tower.forward(patches, GRIDS) - whole).abs().max() < 2e-5
 
 
 def test_a_later_turn_does_not_encode_the_images_a_kept_state_holds(pair):

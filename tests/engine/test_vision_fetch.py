@@ -118,6 +118,14 @@ def test_data_url_refused(url: str, why: str) -> None:
         read_data_url(url, CAP)
 
 
+def test_data_urls_of_videos() -> None:
+    assert read_data_url(_data_url("video/mp4", b"mp4!"), CAP, "video") == ("video/mp4", b"mp4!")
+    with pytest.raises(SourceError, match="is not a video type: only video/"):
+        read_data_url(_data_url("image/png", PNG), CAP, "video")
+    with pytest.raises(SourceError, match="data URL video is empty"):
+        read_data_url("data:video/webm;base64,", CAP, "video")
+
+
 def test_data_url_at_the_cap() -> None:
     assert read_data_url(_data_url("image/png", bytes(CAP)), CAP) == ("image/png", bytes(CAP))
 
@@ -366,6 +374,7 @@ def _drip_headers(handler: http.server.BaseHTTPRequestHandler, stop: threading.E
 
 ROUTES: dict[str, Callable[[http.server.BaseHTTPRequestHandler, threading.Event], None]] = {
     "/ok.png": _png(),
+    "/clip.mp4": _png(body=b"not really an mp4", content_type="video/mp4"),
     "/typed.png": _png(content_type="Image/PNG; name=x.png"),
     "/nolength.png": _png(length=False),
     "/html": _png(body=b"<html></html>", content_type="text/html; charset=utf-8"),
@@ -458,6 +467,16 @@ def test_fetch_returns_the_image(server: ImageServer, certs: Certs) -> None:
     assert request["accept"] == "image/*"
 
 
+def test_fetch_of_a_video_asks_for_and_takes_video_types_only(server: ImageServer, certs: Certs) -> None:
+    policy = _loopback_policy(certs)
+    assert fetch_image(server.url("/clip.mp4"), policy, "video") == ("video/mp4", b"not really an mp4")
+    assert server.requests[-1]["accept"] == "video/*"
+    with pytest.raises(SourceError, match=r"^video URL .* has content type image/png, not a video type \(video/\*\)"):
+        fetch_image(server.url("/ok.png"), policy, "video")
+    with pytest.raises(SourceError, match="not an image type"):
+        fetch_image(server.url("/clip.mp4"), policy)
+
+
 def test_fetch_without_length_and_with_type_parameters(server: ImageServer, certs: Certs) -> None:
     policy = _loopback_policy(certs)
     assert fetch_image(server.url("/nolength.png"), policy) == ("image/png", PNG)
@@ -480,6 +499,24 @@ def test_fetch_connects_to_the_checked_address_and_sends_the_name(
     assert fetch_image(server.url("/ok.png", host="localhost"), _loopback_policy(certs)) == ("image/png", PNG)
     assert [h for h in lookups if h != "127.0.0.1"] == ["localhost"]  # create_connection parses its literal too
     assert server.requests[0]["host"] == f"localhost:{server.port}"
+
+
+def test_a_slow_name_lookup_is_cut_at_the_timeout(certs: Certs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo takes no timeout: the lookup runs aside, and the fetch gives up after timeout_s."""
+    release = threading.Event()
+
+    def stuck(*args: Any, **kwargs: Any) -> Any:
+        release.wait(10)
+        raise OSError("resolver gave up")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SourceError, match=r"^image URL .*: the host slow\.example did not resolve within 0\.3 s$"):
+            fetch_image("https://slow.example/a.png", _loopback_policy(certs, timeout_s=0.3))
+        assert time.monotonic() - started < 3
+    finally:
+        release.set()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Images end to end through live servers on the trained demo (its vision tower is random: it cannot really see;
+"""Images and videos end to end through live servers on the trained demo (its vision tower is random: it cannot really see;
 these tests show the path, not the model's eyes), with real HTTP clients: the `openai` SDK (chat image_url data
 URLs, Responses input_image), the `anthropic` SDK (base64 image blocks) and plain HTTP for the refusals.
 
@@ -6,6 +6,8 @@ URLs, Responses input_image), the `anthropic` SDK (base64 image blocks) and plai
 - An image's tokens count in usage: the prompt grows by the processor's token count plus the markup's two.
 - Kept prompt states: a resent image resumes past it with the same reply; another image under the same text does
   not resume past the text before it.
+- A video (chat video_url, an MP4 data URL): TP=2 with drafts ≡ TP=1 without, batched ≡ alone; its tokens count in
+  usage (each frame pair's rows, its markup and its time); each video refusal is a 400 and the server serves on.
 - Each limit is a 400 naming its setting (images per request, bytes, pixels), as are URLs while VISION_URLS=0, a
   private address while it is 1, bad base64, bytes that are no image, and text that writes the placeholder itself;
   the server serves on after every one.
@@ -23,15 +25,18 @@ import anthropic
 import httpx
 import openai
 import pytest
+from media import encode, frames
 from PIL import Image
 from test_api_live import KEY, LiveServer, serve_checkpoint
 
 from engine.checkpoint.demo import TRAINED
 from engine.vision.preprocess import ProcessorSpec, image_tokens
+from engine.vision.video import decode_video
 
 pytestmark = pytest.mark.slow
 FLAGS = [
     *("--vision", "1", "--vision-max-images", "2", "--vision-max-mb", "0.1", "--vision-max-pixels", "250000"),
+    *("--vision-max-videos", "1", "--vision-max-frames", "4", "--vision-video-tokens", "48"),
     *("--context", "1024", "--parallel", "3", "--prefill-chunk", "16", "--drafter", "mtp+copy"),
 ]
 SPEC = ProcessorSpec.from_config(json.loads((TRAINED / "config.json").read_text())["vision_config"])
@@ -182,6 +187,80 @@ REFUSALS = [
     ("placeholder", [_image(data_url(png(32, 32, 1))), {"type": "text", "text": "see <|image|>"}], "placeholder"),
     ("ftp", [_image("ftp://example.com/a.png")], "https"),
 ]
+
+
+def _video(url: str) -> dict:
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
+def video_url(data: bytes) -> str:
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
+
+
+def clip(seed: int, count: int = 16, width: int = 64, height: int = 48) -> bytes:
+    return encode(frames(count, width, height, seed=seed, noise=width * height < 10_000), fps=8)
+
+
+def video_chat(client: openai.OpenAI, data: bytes, **extra):
+    return client.chat.completions.create(
+        model="GLM-5.3-Flash",
+        messages=[{"role": "user", "content": [_video(video_url(data)), {"type": "text", "text": "What happens?"}]}],
+        max_tokens=16,
+        temperature=0.0,
+        extra_body={"return_token_ids": True, "chat_template_kwargs": {"enable_thinking": False}, **extra},
+    )
+
+
+def test_video_replies_agree_across_tp_drafts_and_batching_and_count_in_usage(tp1: LiveServer, tp2: LiveServer) -> None:
+    from tokenizers import Tokenizer
+
+    clips = [clip(1), clip(2, count=24)]
+    one, two = client_for(tp1), client_for(tp2)
+    serial = [ids(video_chat(one, c, draft=False)) for c in clips]
+    assert [ids(video_chat(two, c)) for c in clips] == serial
+    burst: dict[int, list[int]] = {}
+
+    def run(k: int) -> None:
+        burst[k] = ids(video_chat(two, clips[k]))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(clips))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [burst.get(k) for k in range(len(clips))] == serial
+    # usage: the text-only prompt + the video's markup: per pair begin, rows, end and its time; begin/end of video
+    tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
+    video = decode_video(clips[0], 250_000, 4, ProcessorSpec(max_tokens=48))
+    times = sum(len(tokenizer.encode(f"{s:.1f} seconds", add_special_tokens=False).ids) for s in video.seconds)
+    text_only = one.chat.completions.create(
+        model="GLM-5.3-Flash",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "What happens?"}]}],
+        max_tokens=1,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    expected = text_only.usage.prompt_tokens + 2 + video.tokens + 2 * len(video.pairs) + times
+    assert video_chat(one, clips[0]).usage.prompt_tokens == expected
+    assert len(video.pairs) == 2  # VISION_MAX_FRAMES=4: two pairs
+
+
+VIDEO_REFUSALS = [
+    ("two videos", [_video(video_url(clip(1))), _video(video_url(clip(2)))], "VISION_MAX_VIDEOS"),
+    ("too short", [_video(video_url(clip(1, count=2)))], "samples no frame"),
+    ("an image as a video", [_video(data_url(png(32, 32, 1)))], "not a video type"),
+    ("a video as an image", [_image(video_url(clip(1)))], "not an image type"),
+    ("no video stream", [_video(video_url(b"RIFF" + bytes(60)))], "video"),
+    ("pixels", [_video(video_url(clip(1, count=8, width=640, height=480)))], "VISION_MAX_PIXELS"),
+    ("placeholder", [_video(video_url(clip(1))), {"type": "text", "text": "and <|video|>"}], "placeholder"),
+]
+
+
+@pytest.mark.parametrize("case, content, words", VIDEO_REFUSALS, ids=[r[0] for r in VIDEO_REFUSALS])
+def test_bad_videos_get_a_400_and_the_server_serves_on(tp2: LiveServer, case: str, content: list, words: str) -> None:
+    answer = _post(tp2, content)
+    assert answer.status_code == 400, answer.text
+    assert words.lower() in answer.json()["error"]["message"].lower(), answer.text
+    assert _post(tp2, [_video(video_url(clip(3)))]).status_code == 200
 
 
 def test_images_are_taken_in_user_turns_only(tp2: LiveServer) -> None:

@@ -39,4 +39,7 @@ def test_vision_words_say_what_health_reports() -> None:
     assert vision_words({"vision": {**tower, "urls": True}}) == (
         " · images (data: and https URLs; tower 1.05 GiB on rank 0)"
     )
+    assert vision_words({"vision": {**tower, "urls": False, "max_videos": 2}}) == (
+        " · images and video (data: URLs; tower 1.05 GiB on rank 0)"
+    )
     assert vision_words({"vision": {"enabled": False}}) == "" and vision_words({}) == ""

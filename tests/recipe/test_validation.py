@@ -41,6 +41,9 @@ INVALID = {
     "VISION_MAX_IMAGES": "0",
     "VISION_MAX_MB": "big",
     "VISION_MAX_PIXELS": "-1",
+    "VISION_MAX_VIDEOS": "17",
+    "VISION_MAX_FRAMES": "1",
+    "VISION_VIDEO_TOKENS": "lots",
     "KV_POOL_GIB": "-1",
     "MEMORY_RESERVE_GIB": "lots",
     "MEMORY_WARN_GIB": "-5",
@@ -72,6 +75,7 @@ RULES = [
     ({"RUNTIME": "docker", "TP": "2"}, "WORKER is empty"),
     ({"PORT": "9000", "MASTER_PORT": "9000"}, "PORT and MASTER_PORT"),
     ({"VISION": "0", "VISION_URLS": "1"}, "VISION_URLS=1"),
+    ({"VISION_MAX_FRAMES": "129", "VISION_VIDEO_TOKENS": "64"}, "VISION_VIDEO_TOKENS=64"),
     ({"FABRIC_PEER": "10.0.0.2"}, "FABRIC_PEER=10.0.0.2"),
     ({"WORKER2": "me@spark3"}, "WORKER2=me@spark3"),
 ]

@@ -5,8 +5,8 @@ written in JSON Schema, and OpenAI answers them with a 400: a prompt plus max_to
 (`context_length_exceeded`: the prompt's length is known only once it is tokenised), a tool_choice naming a
 function the request does not offer (`invalid_tool_choice`), a structured-output format that cannot be followed
 (`invalid_format`: a JSON schema, regex or grammar the compiler rejects, or two formats asked at once), and an image
-whose bytes are no image the server takes, or too many of them (`invalid_image`, `too_many_images`: a URL string
-says nothing of what it decodes to). This check is that one with those codes allowed; every other 400 for
+or video whose bytes are none the server takes, or too many of them (`invalid_image`, `too_many_images`,
+`invalid_video`, `too_many_videos`: a URL string says nothing of what it decodes to). This check is that one with those codes allowed; every other 400 for
 schema-valid data still fails it."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ RULES_BEYOND_THE_SCHEMA = {
     "invalid_format",
     "invalid_image",
     "too_many_images",
+    "invalid_video",
+    "too_many_videos",
 }
 
 
