@@ -42,7 +42,7 @@ from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepPlan
 from engine.sampling import SamplingParams, sample, token_logprobs
 from engine.structured import Constraint
-from engine.vision.prompt import PromptImage, chunk_rows, key_ids
+from engine.vision.prompt import PromptImage, chunk_rows, items, key_ids
 
 log = logging.getLogger("engine.scheduler")
 
@@ -410,14 +410,15 @@ class Scheduler:
 
     def _image_rows(self, req: Request, start: int, count: int) -> tuple[list[int], Any] | None:
         """The image rows of the prompt chunk at `start` (None when it holds no image position). The images still
-        ahead of the prompt's filled part go through the tower together, once, when the first chunk holding one is
-        planned; those a kept state already holds (a later turn of a conversation) never do."""
+        ahead of the prompt's filled part go through the tower, once, when the first chunk holding one is planned, a
+        video's frame pairs all together (engine/vision/prompt.py `items`); those a kept state already holds (a
+        later turn of a conversation) never do."""
         if not any(image.start < start + count and image.end > start for image in req.images):
             return None
         if req.image_rows is None:
             if self.encode_images is None:
                 raise RuntimeError("this server has no vision tower")
-            ahead = [i for i, image in enumerate(req.images) if image.end > start]
+            ahead = items(req.images, [i for i, image in enumerate(req.images) if image.end > start])
             rows = self.encode_images([req.images[i] for i in ahead])
             req.image_rows = [None] * len(req.images)
             for i, image_rows in zip(ahead, rows):

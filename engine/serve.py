@@ -270,11 +270,10 @@ def _serve(
     if tower is not None:
 
         def encode(images: list[Any]) -> list[Any]:
-            """Every image of one request through the tower in one call; its rows split back per image."""
-            import torch
+            """A request's images through the tower, a call per media item (engine/vision/prompt.py)."""
+            from engine.vision.prompt import encode_items
 
-            rows = tower.forward(torch.cat([im.patches() for im in images]), [im.grid for im in images])
-            return list(rows.split([im.tokens for im in images]))
+            return encode_items(tower.forward, images)
 
     scheduler = Scheduler.for_config(executor, group, cfg, marks, encode)
     decoder = getattr(executor, "decoder", None)

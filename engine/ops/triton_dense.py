@@ -6,7 +6,8 @@ BLOCK_O outputs' stored weight once (input-major, the outputs contiguous: whole 
 inputs at a time — the group's scales (and offsets) one row each, its weights made bf16 in registers (q·s + z, or
 e4m3 · s, in fp32 then rounded) — and multiplies it with the rows' activations, rounded to bf16, on the tensor cores
 (fp32 accumulation). (Measured slower on the H200: scaling each group's product instead of its weights, and q4
-codes as the bf16 values 128 + q with the bias taken off after — the product no longer accumulates in place.) Rows go in fixed blocks of
+codes as the bf16 values 128 + q with the bias taken off after — the product no longer accumulates in place; no
+faster: codes made fp32 by OR-ing them into 2^23's mantissa instead of converting them.) Rows go in fixed blocks of
 16 (zero-padded), and the launch shape (BLOCK_O, BLOCK_K, the split of the inputs, warps) is chosen from the weight's
 shape alone, so a row's bits never depend on how many rows share the call (drafted ≡ serial rests on it). With the
 inputs split in S slices, the S partial tiles are summed by a second kernel in slice order (fixed, not atomics).
@@ -22,8 +23,10 @@ import triton
 import triton.language as tl
 
 ROW_BLOCK = 16  # rows per program: the smallest tensor-core tile
-# Triton's CPU interpreter multiplies bf16 operands wrongly (their raw bits); there the products take fp16 operands,
-# so the CPU tests check the kernel's indexing, splits and row invariance, and tests/gpu its bf16 numbers
+# Triton's CPU interpreter multiplies bf16 operands wrongly (their raw bits); there the products take fp16 operands
+# and are summed elementwise (the interpreter's tl.dot is numpy's matmul, whose BLAS may sum a row by its place in
+# the tile), so the CPU tests check the kernel's indexing, splits and row handling, and tests/gpu its bf16 numbers
+# and the tensor cores' row invariance
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 NUM_STAGES = 3
 
@@ -34,6 +37,14 @@ def _operand(x, FP16: tl.constexpr):
     if FP16:
         return x.to(tl.float16)
     return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _mma(a, b, FP16: tl.constexpr):
+    """a [16, k] times b [k, n], fp32: on the tensor cores, or (interpreted, see INTERPRETED) as a plain sum."""
+    if FP16:
+        return tl.sum(a[:, :, None].to(tl.float32) * b[None, :, :].to(tl.float32), axis=1)
+    return tl.dot(a, b)
 
 
 @triton.jit
@@ -80,7 +91,7 @@ def _dense_rows(
                     mask=k_ok[:, None] & out_ok[None, :],
                     other=0.0,
                 )
-                acc += tl.dot(_operand(x, FP16), _operand(w.to(tl.float32) * s[None, :], FP16))
+                acc += _mma(_operand(x, FP16), _operand(w.to(tl.float32) * s[None, :], FP16), FP16)
             else:
                 z = tl.load(z_ptr + (k0 // GROUP) * stride_s + outs, mask=out_ok & g_ok, other=0.0).to(tl.float32)
                 half = tl.arange(0, GROUP // 2)
@@ -93,8 +104,8 @@ def _dense_rows(
                     mask=out_ok[None, :] & g_ok,
                     other=0,
                 )
-                acc += tl.dot(xe, _operand((codes & 15).to(tl.float32) * s[None, :] + z[None, :], FP16))
-                acc += tl.dot(xo, _operand((codes >> 4).to(tl.float32) * s[None, :] + z[None, :], FP16))
+                acc += _mma(xe, _operand((codes & 15).to(tl.float32) * s[None, :] + z[None, :], FP16), FP16)
+                acc += _mma(xo, _operand((codes >> 4).to(tl.float32) * s[None, :] + z[None, :], FP16), FP16)
     dest = out_ptr + split.to(tl.int64) * N * OUT + rows[:, None].to(tl.int64) * OUT + outs[None, :]
     tl.store(dest, acc, mask=row_ok[:, None] & out_ok[None, :])
 

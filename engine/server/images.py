@@ -154,19 +154,19 @@ def place_media(
     out: list[int] = []
     images: list[PromptImage] = []
 
-    def place(image: PreparedImage) -> None:
-        images.append(PromptImage(len(out), image.tokens, image, image.grid, image.digest))
+    def place(image: PreparedImage, number: int) -> None:
+        images.append(PromptImage(len(out), image.tokens, image, image.grid, image.digest, number))
         out.extend([tokens.image] * image.tokens)
 
     last = 0
-    for spot, item in zip(spots, prepared):
+    for number, (spot, item) in enumerate(zip(spots, prepared)):
         out += ids[last:spot]
         if isinstance(item, PreparedImage):
-            place(item)
+            place(item, number)
         else:
             for pair, seconds in zip(item.pairs, item.seconds):
                 out.append(tokens.begin)
-                place(pair)
+                place(pair, number)
                 out.append(tokens.end)
                 out += encode(f"{seconds:.1f} seconds")
         last = spot + 1

@@ -24,7 +24,7 @@ from engine.parallel import ParallelGroup
 from engine.runner.executor import StepExecutor
 from engine.sampling import SamplingParams
 from engine.scheduler import Finished, Request, Scheduler, Token
-from engine.vision.prompt import PromptImage, key_ids
+from engine.vision.prompt import PromptImage, encode_items, key_ids
 
 TOWER = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=48, projection_intermediate_size=40)
 IMAGE, BEGIN, END = IMAGE_IDS["image_token_id"], IMAGE_IDS["image_start_token_id"], IMAGE_IDS["image_end_token_id"]
@@ -58,9 +58,14 @@ def test_image_rows_match_the_reference(pair):
     ours = tower.forward(patches, GRIDS)
     assert ours.shape == (sum(h * w // 4 for _, h, w in GRIDS), 48)
     assert (ours - theirs).abs().max() < 1e-4
-    # one image alone gives its rows' bits whatever else shares the call (attention stays within an image)
-    alone = tower.forward(patches[: 4 * 6], GRIDS[:1])
-    assert torch.equal(alone, ours[:6])
+    # served, each image goes through alone (encode_items): its rows' bits do not depend on the others
+    images = [
+        PromptImage(0, h * w // 4, part, (t, h, w), bytes(16))
+        for part, (t, h, w) in zip(patches.split([t * h * w for t, h, w in GRIDS]), GRIDS)
+    ]
+    served = encode_items(tower.forward, images)
+    assert torch.equal(served[0], encode_items(tower.forward, images[:1])[0])
+    assert torch.equal(served[1], tower.forward(patches[24:28], GRIDS[1:2]))
 
 
 @torch.no_grad()
@@ -69,10 +74,7 @@ def test_video_rows_match_the_reference(pair):
     grids = [(3, 4, 4), (2, 2, 6)]  # temporal patches (frame pairs) × patches
     patches = pixels(grids, 2)
     theirs = torch.cat(ref.model.get_video_features(patches, torch.tensor(grids)).pooler_output)
-    ours = tower.forward(patches, grids)
-    assert (ours - theirs).abs().max() < 1e-4
-    # a frame pair alone gives its rows' bits (a later turn may encode only the pairs past a kept state)
-    assert torch.equal(tower.forward(patches[16:32], [(1, 4, 4)]), ours[4:8])
+    assert (tower.forward(patches, grids) - theirs).abs().max() < 1e-4
 
 
 def image_prompt(seed: int = 5) -> tuple[list[int], list[PromptImage], torch.Tensor]:
@@ -168,8 +170,7 @@ def run_requests(
     def encode(images: list[PromptImage]) -> list[torch.Tensor]:
         if encoded is not None:  # what the tower was asked to encode, call by call
             encoded.append([im.digest for im in images])
-        rows = tower.forward(torch.cat([im.patches() for im in images]), [im.grid for im in images])
-        return list(rows.split([im.tokens for im in images]))
+        return encode_items(tower.forward, images)
 
     scheduler = Scheduler(
         executor,

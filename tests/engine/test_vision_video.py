@@ -293,3 +293,31 @@ def test_the_engine_refuses_a_video_budget_under_one_token_a_pair() -> None:
     )
     assert problems(vision_max_frames=129, vision_video_tokens=65) == []
     assert any("--vision-max-frames at least 2" in p for p in problems(vision_max_frames=1))
+
+
+@torch.no_grad()
+def test_a_prompt_resumed_inside_a_video_encodes_the_whole_video_and_equals_a_cold_start(pair) -> None:
+    """A first request ends inside a video (its first two frame pairs); the second, the whole prompt, resumes from
+    the state kept past the first pair, and the tower still encodes its video whole (one call per media item), so
+    its reply is the cold start's."""
+    from test_vision import run_requests
+
+    _, tower, model = pair
+    tokens = ImageTokens.from_config(dict(IMAGE_IDS))
+    clip = frames(30, 56, 56, seed=5)
+    indices = sample_indices(len(clip), 10.0, 16)
+    video = prepare_frames([clip[i] for i in indices], indices, 10.0, ProcessorSpec(max_tokens=24))
+    text = torch.randint(1, 89, (12,), generator=torch.Generator().manual_seed(7)).tolist()
+    ids, images = place_media(
+        [*text[:5], tokens.video_begin, tokens.video, tokens.video_end, *text[5:]],
+        [video],
+        tokens,
+        lambda s: [int(c) % 80 + 1 for c in s if c.isdigit()],
+    )
+    assert len(images) == 3 and images[0].end < 16 < images[1].end <= 20 < images[2].start
+    encoded: list = []
+    _, resumed = run_requests(model, tower, [(ids[:20], images[:2]), (ids, images)], parallel=1, encoded=encoded)
+    (cold,) = run_requests(model, tower, [(ids, images)], parallel=1)
+    assert resumed[1] == 16  # resumed past the first pair, inside the second
+    assert encoded[1] == [im.digest for im in images]  # yet the whole video went through the tower
+    assert resumed[0] == cold[0]

@@ -254,26 +254,18 @@ class VisionTower:
             raise ValueError(f"patches must be [N, {cfg.patch_width}], not {list(patches.shape)}")
         if sum(t * h * w for t, h, w in grids) != patches.shape[0]:
             raise ValueError(f"grids {grids} do not cover {patches.shape[0]} patches")
-        # Each frame (an image, or one temporal patch of a video) goes through alone: attention never crosses
-        # frames, and alone its rows have the same bits whatever else shares the call (a BLAS may order a
-        # product's sums by its row count), so a kept prompt state resumed inside a request's images, which
-        # encodes only the images past it, gets the rows a cold start computes.
-        sizes = [(h, w) for t, h, w in grids for _ in range(t)]
-        parts = patches.split([h * w for h, w in sizes])
-        return torch.cat([self._frame(part, h, w) for part, (h, w) in zip(parts, sizes)])
-
-    def _frame(self, patches: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        cfg = self.cfg
         x = F.linear(patches.to(self.device, self.dtype), *self.patch)
-        cos, sin = self._rotary([(1, height, width)])
+        cos, sin = self._rotary(grids)
         cos, sin = cos[:, None, :], sin[:, None, :]
+        frames = [h * w for t, h, w in grids for _ in range(t)]
         heads, dim = cfg.num_heads, cfg.head_dim
         for block in self.blocks:
             h = _rms(x, block.norm1, cfg.rms_norm_eps)
             q, k, v = F.linear(h, *block.qkv).view(-1, 3, heads, dim).unbind(1)
             q = _rotate(_rms(q, block.q_norm, cfg.rms_norm_eps).float(), cos, sin).to(x.dtype)
             k = _rotate(_rms(k, block.k_norm, cfg.rms_norm_eps).float(), cos, sin).to(x.dtype)
-            x = x + F.linear(_attend(q, k, v), *block.proj)
+            out = [_attend(*frame) for frame in zip(q.split(frames), k.split(frames), v.split(frames))]
+            x = x + F.linear(torch.cat(out), *block.proj)
             h = _rms(x, block.norm2, cfg.rms_norm_eps)
             x = x + _swiglu(h, block.gate, block.up, block.down, cfg.swiglu_limit)
         x = _rms(x, self.post_norm, cfg.rms_norm_eps)
