@@ -10,7 +10,9 @@ prompt.py `PromptImage`) for the vision tower, which rank 0 runs when the prompt
 A video part (chat `video_url`) is rendered as `<|begin_of_video|><|video|><|end_of_video|>`; its `<|video|>` id
 becomes its frame pairs' markup, each pair an image (`<|begin_of_image|>`, a row per `<|image|>`,
 `<|end_of_image|>`) followed by the time of its first frame ("1.5 seconds"), as the reference processor writes it
-(engine/vision/video.py); each pair is a PromptImage of its own.
+(engine/vision/video.py); each pair is a PromptImage of the video's media item, keyed by the whole video (a kept
+state past a pair is only resumed by the same video: the tower encodes a video's pairs in one call, so a pair's
+rows are those of its whole video).
 
 Sources: `data:` URLs always; https URLs only with VISION_URLS=1 (engine/vision/fetch.py: public addresses only,
 no redirects, a byte cap, timeouts). Limits (each breach a 400 naming the limit and its setting): images per request
@@ -154,19 +156,19 @@ def place_media(
     out: list[int] = []
     images: list[PromptImage] = []
 
-    def place(image: PreparedImage, number: int) -> None:
-        images.append(PromptImage(len(out), image.tokens, image, image.grid, image.digest, number))
+    def place(image: PreparedImage, number: int, digest: bytes) -> None:
+        images.append(PromptImage(len(out), image.tokens, image, image.grid, digest, number))
         out.extend([tokens.image] * image.tokens)
 
     last = 0
     for number, (spot, item) in enumerate(zip(spots, prepared)):
         out += ids[last:spot]
         if isinstance(item, PreparedImage):
-            place(item, number)
+            place(item, number, item.digest)
         else:
-            for pair, seconds in zip(item.pairs, item.seconds):
+            for index, (pair, seconds) in enumerate(zip(item.pairs, item.seconds)):
                 out.append(tokens.begin)
-                place(pair, number)
+                place(pair, number, item.pair_digest(index))
                 out.append(tokens.end)
                 out += encode(f"{seconds:.1f} seconds")
         last = spot + 1

@@ -26,6 +26,7 @@ needs, is installed).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 from dataclasses import dataclass
@@ -74,6 +75,15 @@ class PreparedVideo:
     def tokens(self) -> int:
         """LM rows of its frames (the markup around them not counted)."""
         return sum(pair.tokens for pair in self.pairs)
+
+    def pair_digest(self, index: int) -> bytes:
+        """Pair `index`'s identity for kept states and seeds: of the whole video (every pair's pixels and time) and
+        the pair's place in it, since the tower encodes a video's pairs together."""
+        hasher = hashlib.blake2b(digest_size=16)
+        for pair, seconds in zip(self.pairs, self.seconds):
+            hasher.update(pair.digest + repr(seconds).encode())
+        hasher.update(index.to_bytes(4, "little"))
+        return hasher.digest()
 
 
 def sample_indices(total: int, fps: float, max_frames: int, per_second: float = SAMPLE_FPS) -> list[int]:

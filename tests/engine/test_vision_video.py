@@ -115,6 +115,26 @@ def test_the_markup_gives_each_pair_its_rows_and_time() -> None:
     assert [ids[im.start - 1] for im in images] == [91, 91] and all(ids[im.end] == 92 for im in images)
 
 
+def test_two_videos_sharing_their_first_pairs_never_share_a_kept_state() -> None:
+    """A pair's rows come from its whole video's tower call, so its key is of the whole video: a prompt resumes past
+    a pair only for the same video."""
+    from engine.vision.prompt import key_ids
+
+    tokens = ImageTokens(image=90, begin=91, end=92, video_begin=93, video_end=94, video=95)
+    base = frames(20, 56, 56, seed=2)
+    changed = base[:10] + frames(10, 56, 56, seed=3)  # the first pair (frames 0 and 5) is the same
+    keys, videos = [], []
+    for clip in (base, changed, base):
+        indices = sample_indices(len(clip), 10.0, 16)
+        videos.append(prepare_frames([clip[i] for i in indices], indices, 10.0, SPEC))
+        ids, images = place_media([1, 93, 95, 94, 2], videos[-1:], tokens, lambda s: [7])
+        keys.append(key_ids(ids, images))
+    assert videos[0].pairs[0].digest == videos[1].pairs[0].digest != videos[1].pairs[1].digest  # the premise
+    first = images[0]
+    assert keys[0] == keys[2]  # the same video: the same keys
+    assert keys[0][: first.start] == keys[1][: first.start] and keys[0][first.start] != keys[1][first.start]
+
+
 # -- a video prompt through our model against the reference model (CPU, fp32) --------------------------------------
 
 TOWER = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=48, projection_intermediate_size=40)
