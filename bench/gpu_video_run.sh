@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Video on the lent H200 (session 12), ≤ BUDGET s: tests/engine/test_vision_video.py where torchvision is installed
 # (the reference video processor's parity tests run there, skipped on the CPU machine), then the tower's time per
-# clip at GLM-5.3-Flash's real width and the CPU's decoding with and without FFmpeg's threads (bench/vision_bench.py
-# --videos). (tests/engine/test_vision_preprocess.py is left out: the machine's transformers 5.17 has an older image
+# clip at GLM-5.3-Flash's real width and the CPU's decoding (bench/vision_bench.py --videos). (tests/engine/test_vision_preprocess.py is left out: the machine's transformers 5.17 has an older image
 # processor than the one this project pins.) `.wheels` carries PyAV and the server's
 # pydantic/fastapi.
 #     BUDGET=300 bash bench/gpu_video_run.sh

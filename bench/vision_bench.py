@@ -100,15 +100,11 @@ def video_rows(tower: VisionTower, spec: ProcessorSpec, device: torch.device, re
     rows = []
     for seconds, fps, width, height in CLIPS:
         data = make_clip(seconds, fps, width, height)
-        decode_times, threaded_times = [], []
+        decode_times = []
         for _ in range(max(1, repeat // 2)):
             start = time.perf_counter()
             video = decode_video(data, 10**8, 128, budget)
             decode_times.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            threaded = decode_video(data, 10**8, 128, budget, threads=True)
-            threaded_times.append(time.perf_counter() - start)
-            assert [p.digest for p in threaded.pairs] == [p.digest for p in video.pairs]
         patches = torch.cat([pair.patches for pair in video.pairs]).to(device)
         grids = [pair.grid for pair in video.pairs]
         times = []
@@ -129,7 +125,6 @@ def video_rows(tower: VisionTower, spec: ProcessorSpec, device: torch.device, re
             grid=list(grids[0]),
             tokens=video.tokens,
             decode_ms=round(statistics.median(decode_times) * 1e3, 1),
-            decode_threaded_ms=round(statistics.median(threaded_times) * 1e3, 1),
             ms=round(statistics.median(times) * 1e3, 2),
         )
         rows.append(row)

@@ -165,9 +165,7 @@ def _pairs(fitted: list[np.ndarray], indices: list[int], fps: float, spec: Proce
     return PreparedVideo(pairs, seconds, list(indices))
 
 
-def decode_video(
-    data: bytes, max_pixels: int, max_frames: int, spec: ProcessorSpec, threads: bool = False
-) -> PreparedVideo:
+def decode_video(data: bytes, max_pixels: int, max_frames: int, spec: ProcessorSpec) -> PreparedVideo:
     """Decode a video's bytes (anything FFmpeg reads), sample its frames, and prepare them for the tower. Refused
     (VideoError, a one-line reason): no video stream, frames over `max_pixels` (width * height, from the stream's
     header, before decoding), no frame rate, a clip too short to sample, data FFmpeg cannot read."""
@@ -183,8 +181,6 @@ def decode_video(
         if not container.streams.video:
             raise VideoError("the file holds no video stream")
         stream = container.streams.video[0]
-        if threads:  # FFmpeg's own frame and slice threads (the same frames, in order)
-            stream.thread_type = "AUTO"
         width, height = stream.codec_context.width, stream.codec_context.height
         if width < 1 or height < 1:
             raise VideoError(f"video frames have no pixels ({width}x{height})")
