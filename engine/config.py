@@ -121,7 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--vision-max-pixels", type=int, default=40_000_000, help="pixels (width x height) of one image as sent"
     )
-    p.add_argument("--vision-max-videos", type=int, default=2, help="videos one request may hold (0: none)")
+    p.add_argument("--vision-max-videos", type=int, default=4, help="videos one request may hold (0: none)")
     p.add_argument("--vision-max-frames", type=int, default=128, help="frames sampled from one video at most")
     p.add_argument(
         "--vision-video-tokens", type=int, default=16384, help="prompt tokens one video's frames may take together"
@@ -162,7 +162,7 @@ class EngineConfig:
     vision_max_images: int = 8
     vision_max_mb: float = 20.0
     vision_max_pixels: int = 40_000_000
-    vision_max_videos: int = 2
+    vision_max_videos: int = 4
     vision_max_frames: int = 128
     vision_video_tokens: int = 16384
     api_key_file: str | None = None

@@ -47,7 +47,7 @@ class VisionService:
     tokens: ImageTokens
     video_spec: ProcessorSpec = field(default_factory=lambda: ProcessorSpec(max_tokens=16384))  # a video's budget
     max_images: int = 8
-    max_videos: int = 2
+    max_videos: int = 4
     max_frames: int = 128
     max_bytes: int = 20 * 2**20
     max_pixels: int = 40_000_000
