@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 12's H200 call, ≤ BUDGET s: the video tests against the reference processor (torchvision is installed
-# there), the GPU vision tests (the tower now encodes each frame alone), the tower's time per image and per clip at
+# there), the GPU vision tests (the tower then encoded each frame alone; now one call per media item), the tower's time per image and per clip at
 # the real width, then the DENSE products (tests/gpu/test_dense_gpu.py, bench/dense_bench.py --tp 1). When it ran
 # (before 0b105a9), q4 codes were made floats by the 2^23 trick; no faster, so taken back (docs/BENCHMARKS.md). `.wheels` carries PyAV and the server's pydantic/fastapi.
 #     BUDGET=480 bash bench/gpu_session12_run.sh
