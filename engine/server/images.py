@@ -30,7 +30,7 @@ from typing import Any
 from engine.models.glm5_next.vision import ImageTokens
 from engine.server.errors import bad_request
 from engine.server.protocol import ImagePart, VideoPart
-from engine.vision.fetch import FetchPolicy, SourceError, fetch_image, read_data_url
+from engine.vision.fetch import ARTICLES, FetchPolicy, SourceError, fetch_image, read_data_url
 from engine.vision.preprocess import ImageError, PreparedImage, ProcessorSpec, decode_image, prepare_image
 from engine.vision.prompt import PromptImage
 from engine.vision.video import PreparedVideo, decode_video
@@ -65,29 +65,21 @@ class VisionService:
                         f"this server does not fetch {kind} URLs (VISION_URLS=0): send the {kind} as a base64 data URL"
                     )
                 return fetch_image(url, self.fetch, kind)[1]
-            raise SourceError(f"{ARTICLE[kind]} URL must be a data: URL or an https URL (got {url[:40]!r})")
+            raise SourceError(f"{ARTICLES[kind]} URL must be a data: URL or an https URL (got {url[:40]!r})")
         except SourceError as exc:
             named = " (VISION_MAX_MB)" if "byte limit" in str(exc) else ""  # the setting behind the cap
             raise bad_request(f"{exc}{named}", "messages", code=f"invalid_{kind}") from exc
 
-    def prepare(self, url: str) -> PreparedImage:
-        data = self.read(url)
+    def prepare(self, url: str, kind: str = "image") -> PreparedImage | PreparedVideo:
+        """An image (video) part read, decoded under the limits and prepared for the tower (400 when refused)."""
+        data = self.read(url, kind)
         try:
-            return prepare_image(decode_image(data, self.max_pixels), self.spec)
-        except ImageError as exc:
-            named = " (VISION_MAX_PIXELS)" if "over the limit" in str(exc) else ""  # the setting behind the cap
-            raise bad_request(f"{exc}{named}", "messages", code="invalid_image") from exc
-
-    def prepare_video(self, url: str) -> PreparedVideo:
-        data = self.read(url, "video")
-        try:
+            if kind == "image":
+                return prepare_image(decode_image(data, self.max_pixels), self.spec)
             return decode_video(data, self.max_pixels, self.max_frames, self.video_spec)
-        except ImageError as exc:
-            named = " (VISION_MAX_PIXELS)" if "over the limit" in str(exc) else ""
-            raise bad_request(f"{exc}{named}", "messages", code="invalid_video") from exc
-
-
-ARTICLE = {"image": "an image", "video": "a video"}
+        except ImageError as exc:  # VideoError is one too
+            named = " (VISION_MAX_PIXELS)" if "over the limit" in str(exc) else ""  # the setting behind the cap
+            raise bad_request(f"{exc}{named}", "messages", code=f"invalid_{kind}") from exc
 
 
 def media_parts(messages: list[Any]) -> list[tuple[str, str]]:
@@ -101,7 +93,7 @@ def media_parts(messages: list[Any]) -> list[tuple[str, str]]:
                 kind = "image" if isinstance(part, ImagePart) else "video"
                 if message.role != "user":
                     raise bad_request(
-                        f"{ARTICLE[kind]} in a {message.role} turn: images and videos are taken in user turns only",
+                        f"{ARTICLES[kind]} in a {message.role} turn: images and videos are taken in user turns only",
                         "messages",
                         code=f"invalid_{kind}",
                     )
@@ -128,7 +120,7 @@ def prepare_media(vision: VisionService | None, parts: list[tuple[str, str]]) ->
                 "messages",
                 code=f"too_many_{kind}s",
             )
-    return [vision.prepare(url) if kind == "image" else vision.prepare_video(url) for kind, url in parts]
+    return [vision.prepare(url, kind) for kind, url in parts]
 
 
 def place_media(

@@ -1,7 +1,7 @@
 """Video bytes -> frame pairs for the vision tower, prepared as transformers' glm5_next video processor prepares them.
 
 The numerical reference is `Glm5NextVideoProcessor` given the decoded frames and their metadata (fps, frame count):
-for the same frames, `prepare_video` gives the same `pixel_values_videos` (the pairs' patches, in order) and grid,
+for the same frames, `decode_video` (or `prepare_frames`) gives the same `pixel_values_videos` (the pairs' patches, in order) and grid,
 bit for bit, and the prompt markup its processor writes. Step by step:
 
 1. Decode (PyAV, which bundles FFmpeg: MP4, WebM, MOV, MKV, ... whatever it reads). The first video stream; its
@@ -26,6 +26,7 @@ needs, is installed).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import math
@@ -76,14 +77,18 @@ class PreparedVideo:
         """LM rows of its frames (the markup around them not counted)."""
         return sum(pair.tokens for pair in self.pairs)
 
-    def pair_digest(self, index: int) -> bytes:
-        """Pair `index`'s identity for kept states and seeds: of the whole video (every pair's pixels and time) and
-        the pair's place in it, since the tower encodes a video's pairs together."""
+    @functools.cached_property
+    def digest(self) -> bytes:
+        """The whole video's identity: every pair's pixels and time."""
         hasher = hashlib.blake2b(digest_size=16)
         for pair, seconds in zip(self.pairs, self.seconds):
             hasher.update(pair.digest + repr(seconds).encode())
-        hasher.update(index.to_bytes(4, "little"))
         return hasher.digest()
+
+    def pair_digest(self, index: int) -> bytes:
+        """Pair `index`'s identity for kept states and seeds: of the whole video and the pair's place in it, since
+        the tower encodes a video's pairs together."""
+        return hashlib.blake2b(self.digest + index.to_bytes(4, "little"), digest_size=16).digest()
 
 
 def sample_indices(total: int, fps: float, max_frames: int, per_second: float = SAMPLE_FPS) -> list[int]:
