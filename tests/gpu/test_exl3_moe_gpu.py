@@ -126,24 +126,27 @@ def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
     assert_nccl_tp2_equals_cpu(checkpoint, tmp_path)
 
 
+def _bank(gen: torch.Generator, matrices: int, k: int, n: int):
+    """A random 4-bit mcg EXL3 bank on the GPU (any trellis bitstream is a valid encoding)."""
+    from engine.quant import exl3
+
+    trellis = torch.randint(
+        -32768, 32768, (matrices, k // 16, n // 16, 64), generator=gen, device="cuda", dtype=torch.int32
+    ).to(torch.int16)
+    suh = (torch.rand(matrices, k, generator=gen, device="cuda") / k**0.5).half()
+    return exl3.Exl3Bank(trellis, suh, (torch.rand(matrices, n, generator=gen, device="cuda") + 0.5).half(), "mcg")
+
+
 def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
     """GLM-5.3-Flash's expert shapes (hidden 4096, width 2048, top-8): a row alone (8 pairs) and among 64 rows
     (512 pairs: 8 lanes × a verify window of 8) gives the same bits; the launch (split-K, tiles a program) must
     depend on the matrix, never on the number of pairs."""
     from engine.ops.triton_exl3 import PAIRS_MAX, routed_experts
-    from engine.quant import exl3
 
     gen = torch.Generator(device="cuda").manual_seed(4)
     experts, hidden, width, k, rows = 16, 4096, 2048, 8, 64
 
-    def bank(matrices, kk, n):
-        trellis = torch.randint(
-            -32768, 32768, (matrices, kk // 16, n // 16, 64), generator=gen, device="cuda", dtype=torch.int32
-        ).to(torch.int16)
-        suh = (torch.rand(matrices, kk, generator=gen, device="cuda") / kk**0.5).half()
-        return exl3.Exl3Bank(trellis, suh, (torch.rand(matrices, n, generator=gen, device="cuda") + 0.5).half(), "mcg")
-
-    gate_up, down = bank(2 * experts, hidden, width), bank(experts, width, hidden)
+    gate_up, down = _bank(gen, 2 * experts, hidden, width), _bank(gen, experts, width, hidden)
     x = torch.randn(rows, hidden, generator=gen, device="cuda")
     chosen = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:k] for _ in range(rows)])
     weights = torch.rand(rows, k, generator=gen, device="cuda")
@@ -152,3 +155,32 @@ def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
     for t in (0, 5, 63):
         alone = routed_experts(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], gate_up, down, 10.0)
         assert torch.equal(alone[0], together[t]), t
+
+
+@pytest.mark.parametrize("split_x", [True, False])
+def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x):
+    """A prompt chunk at GLM-5.3-Flash's expert shapes (hidden 4096, width 2048, top-8 of 32 experts, 96 tokens: 768
+    pairs, past PAIRS_MAX): the grouped kernel (each expert's trellis decoded into TF32 MMA operands) against the
+    first prompt path (W_q decoded whole, fp32 matmul), within TF32's rounding of x (split_x: x as two TF32 parts,
+    as close as fp32); two runs give the same bits; a token's bits do not depend on the chunk's other tokens."""
+    from engine.ops import triton_exl3 as tx
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    experts, hidden, width, k, rows = 32, 4096, 2048, 8, 96
+
+    gate_up, down = _bank(gen, 2 * experts, hidden, width), _bank(gen, experts, width, hidden)
+    x = torch.randn(rows, hidden, generator=gen, device="cuda")
+    chosen = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:k] for _ in range(rows)])
+    weights = torch.rand(rows, k, generator=gen, device="cuda")
+    assert chosen.numel() > tx.PAIRS_MAX
+    looped = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
+    grouped = tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, split_x=split_x)
+    error = float((grouped - looped).abs().max() / looped.abs().max())
+    assert error <= (1e-4 if split_x else 3e-3), error  # measured 5.4e-5 and 1.3e-3 on the H200
+    assert torch.equal(grouped, tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, split_x=split_x))
+    # the first 80 tokens again beside 16 others: their pairs sit elsewhere in the experts' blocks
+    other = torch.cat([x[:80], torch.randn(16, hidden, generator=gen, device="cuda")])
+    again = tx.grouped_experts(
+        other, torch.cat([chosen[:80], chosen[16:32]]), weights[:96], gate_up, down, 10.0, split_x=split_x
+    )
+    assert torch.equal(again[:80], grouped[:80])

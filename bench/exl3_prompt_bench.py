@@ -1,0 +1,151 @@
+"""A prompt chunk through one GLM-5.3-Flash MoE layer's routed experts on one GPU: EXL3 experts on the tensor cores
+(engine/ops/triton_exl3.grouped_experts: pairs sorted by expert, each expert's trellis decoded once per block of its
+pairs straight into TF32 MMA operands) against the first EXL3 prompt path (`_looped_experts`: per selected expert a
+host read, W_q decoded whole to fp16, an fp32 matmul) and against bf16 experts' grouped GEMMs (moe.MoE._grouped:
+torch's `_grouped_mm`, what a bf16 checkpoint's prompt runs).
+
+The layer's real bank (288 experts, hidden 4096, width 2048 at TP=1, 1024 at TP=2's shard, top-8; read from
+engine/checkpoint/glm53_flash_config.json), random 4-bit mcg trellis, each token's 8 experts drawn uniformly.
+Figures per chunk of T tokens: time (median of triton.testing.do_bench), TFLOP/s of the useful products
+(2 · pairs · 3 · hidden · width), the share of the H200's dense peak (bf16 989 TFLOP/s, TF32 494), tokens a second
+through this layer's experts, and the largest difference from the expert loop (relative to its largest value).
+
+    PYTHONPATH=. python bench/exl3_prompt_bench.py --out exl3_prompt.json [--tokens 128,2048,8192] [--tp 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from engine.models.glm5_next.moe import MoE
+from engine.ops import triton_exl3 as tx
+from engine.quant import exl3
+
+FLASH = json.loads((Path(__file__).resolve().parents[1] / "engine/checkpoint/glm53_flash_config.json").read_text())
+HIDDEN, INTER, TOP_K, EXPERTS = (
+    FLASH["text_config"][k] for k in ("hidden_size", "moe_intermediate_size", "num_experts_per_tok", "n_routed_experts")
+)
+PEAK = {"bf16": 989e12, "tf32": 494e12}  # H200 dense tensor-core peaks
+# launch variants timed beside the default (engine/ops/triton_exl3.PROMPT_LAUNCH)
+VARIANTS = {
+    "one_tf32_product": {"split_x": False},
+    "bm128": {"bm": 128},
+    "bm32": {"bm": 32},
+    "bnt16": {"bnt": 16},
+    "warps8": {"num_warps": 8},
+    "ku2": {"ku": 2},
+    "no_prefetch": {"prefetch": False},
+    "bm128_ku2": {"bm": 128, "ku": 2},
+}
+
+
+def _bank(matrices: int, k: int, n: int, gen: torch.Generator) -> exl3.Exl3Bank:
+    trellis = torch.randint(-32768, 32768, (matrices, k // 16, n // 16, 64), device="cuda", generator=gen)
+    return exl3.Exl3Bank(
+        trellis.to(torch.int16),
+        (torch.rand(matrices, k, device="cuda", generator=gen) / k**0.5).half(),
+        (torch.rand(matrices, n, device="cuda", generator=gen) + 0.5).half(),
+        "mcg",
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokens", default="128,2048,8192")
+    parser.add_argument("--tp", default="1,2")
+    parser.add_argument("--budget", type=float, default=240.0, help="seconds; what is left is skipped")
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 bank (14.5 GB at TP=1)")
+    args = parser.parse_args()
+    start = time.time()
+    result: dict = {
+        "schema": "exl3-prompt-bench/1",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "launch": {k: v for k, v in tx.PROMPT_LAUNCH.items()},
+        "rows": [],
+        "skipped": [],
+    }
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for tp in (int(t) for t in args.tp.split(",")):
+        width = INTER // tp
+        gate_up, down = _bank(2 * EXPERTS, HIDDEN, width, gen), _bank(EXPERTS, width, HIDDEN, gen)
+        bf16 = None
+        if not args.no_bf16:
+            bf16 = SimpleNamespace(
+                stacked=(
+                    (torch.randn(EXPERTS, 2 * width, HIDDEN, device="cuda", generator=gen) * 0.02).bfloat16(),
+                    (torch.randn(EXPERTS, HIDDEN, width, device="cuda", generator=gen) * 0.02).bfloat16(),
+                ),
+                top_k=TOP_K,
+                limit=10.0,
+            )
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            if time.time() - start > args.budget:
+                result["skipped"].append(f"tp{tp} T={tokens}")
+                continue
+            x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen)
+            chosen = torch.rand(tokens, EXPERTS, device="cuda", generator=gen).topk(TOP_K, dim=-1).indices
+            weights = torch.rand(tokens, TOP_K, device="cuda", generator=gen)
+            pairs = tokens * TOP_K
+            flops = 2 * pairs * 3 * HIDDEN * width
+            row: dict = {"tp": tp, "tokens": tokens, "pairs": pairs, "tflop": flops / 1e12}
+
+            def grouped(kw: dict):
+                return lambda: tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, **kw)
+
+            runs = {"exl3_grouped": grouped({}), **{f"exl3_grouped_{n}": grouped(kw) for n, kw in VARIANTS.items()}}
+            if tokens <= 2048:
+                runs["exl3_looped"] = lambda: tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
+            if bf16 is not None:
+                runs["bf16_grouped_mm"] = lambda: MoE._grouped(bf16, x, chosen, weights)  # type: ignore[arg-type]
+            reference = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0) if tokens <= 2048 else None
+            for name, fn in runs.items():
+                try:
+                    ms = do_bench(fn, warmup=10, rep=60, return_mode="median")
+                except Exception as exc:  # a variant that does not compile or fit: say so, keep the rest
+                    row[name] = {"error": repr(exc)[:300]}
+                    continue
+                peak = PEAK["bf16" if name.startswith("bf16") else "tf32"]
+                entry = {
+                    "ms": ms,
+                    "tflops": flops / ms / 1e9,
+                    "peak_fraction": flops / ms / 1e-3 / peak,
+                    "tokens_per_s": tokens / ms * 1e3,
+                }
+                if reference is not None and name.startswith("exl3_grouped"):
+                    y = fn()
+                    entry["max_rel_diff"] = float((y - reference).abs().max() / reference.abs().max())
+                row[name] = entry
+            result["rows"].append(row)
+            print(
+                f"tp{tp} T={tokens}: "
+                + "  ".join(
+                    f"{k} {v['ms']:.2f} ms {v['tflops']:.0f} TF/s"
+                    + (f" d={v['max_rel_diff']:.1e}" if "max_rel_diff" in v else "")
+                    for k, v in row.items()
+                    if isinstance(v, dict) and "ms" in v
+                ),
+                flush=True,
+            )
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+    result["seconds"] = time.time() - start
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
