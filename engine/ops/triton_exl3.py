@@ -471,8 +471,8 @@ def _tile_fragment(
     which `rotate_rows(mma_order=True)` gives the activations), columns the outputs in their natural order (tile,
     then c = l//4 + 8 (j>>2)). Value (l, j) is decoded as in the GEMV. A thread's values of one lane and one column
     half are 4 consecutive inputs, so the operand is built as [outputs, inputs] with them innermost and transposed:
-    16-byte stores to the MMA's K-major shared layout (the GEMV's input order here: 19-way bank conflicts, ncu; this
-    order: 1.3x faster, still ~21-way on the register shuffle before the stores).
+    16-byte stores to the MMA's K-major shared layout (the GEMV's input order here stored through stmatrix with 19-way
+    bank conflicts, ncu; this order is 1.3x faster, though its stores are still ~21-way conflicted: docs/BENCHMARKS.md).
     cur / prev: the 4-bit path's words (`_tile_words`), loaded by the caller ahead."""
     D4: tl.constexpr = BITS2 == 8
     w0 = _tile_values(base, quad, lane4, 0, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
@@ -517,7 +517,7 @@ def _exl3_grouped(
     (b, n, m) takes block b of the block table ((expert, first pair, end pair): at most BM pairs of one expert),
     output columns n·16·BNT.., and matrix MATS·expert + m (gate / up: MATS = 2, x row 2p + m; down: MATS = 1, x row
     p). Each K tile's trellis words are decoded once for the block's BM rows straight into the MMA operand
-    (`_tile_fragment`; W_q never reaches memory); x rows in the GEMV's input order, fp32. The MMA is TF32: W_q's fp16
+    (`_tile_fragment`; W_q never reaches memory); x rows in the grouped MMA's input order, fp32. The MMA is TF32: W_q's fp16
     values are exact in it, and with SPLIT_X each x is the sum of its TF32 part and the remainder, two products, so
     the result is as close as fp32 (without: one product, x rounded to TF32's 11 bits). Output row: MATS·p + m, or
     dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on the pair count alone."""
@@ -810,7 +810,7 @@ PAIRS_MAX = 576  # (row, expert) pairs up to which the routed experts run as syn
 # a verify window of 8) at top-8 plus one; a prompt chunk beyond decodes each selected expert once
 
 
-# `grouped_experts`' launch (bench/exl3_bench.py --prompt times alternatives); grouped False: `_looped_experts`
+# `grouped_experts`' launch (bench/exl3_prompt_bench.py times alternatives); grouped False: `_looped_experts`
 PROMPT_LAUNCH: dict = {
     "grouped": True,
     "bm": None,  # pairs a program: 128 where the experts average 128 pairs or more, else 64 (`_block_rows`)
