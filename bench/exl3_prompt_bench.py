@@ -48,7 +48,8 @@ VARIANTS = {
 }
 
 
-def _bank(matrices: int, k: int, n: int, gen: torch.Generator) -> exl3.Exl3Bank:
+def random_bank(matrices: int, k: int, n: int, gen: torch.Generator) -> exl3.Exl3Bank:
+    """A random 4-bit mcg bank on the GPU (any trellis bitstream is a valid encoding)."""
     trellis = torch.randint(-32768, 32768, (matrices, k // 16, n // 16, 64), device="cuda", generator=gen)
     return exl3.Exl3Bank(
         trellis.to(torch.int16),
@@ -73,14 +74,14 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "launch": {k: v for k, v in tx.PROMPT_LAUNCH.items()},
+        "launch": dict(tx.PROMPT_LAUNCH),
         "rows": [],
         "skipped": [],
     }
     gen = torch.Generator(device="cuda").manual_seed(0)
     for tp in (int(t) for t in args.tp.split(",")):
         width = INTER // tp
-        gate_up, down = _bank(2 * EXPERTS, HIDDEN, width, gen), _bank(EXPERTS, width, HIDDEN, gen)
+        gate_up, down = random_bank(2 * EXPERTS, HIDDEN, width, gen), random_bank(EXPERTS, width, HIDDEN, gen)
         bf16 = None
         if not args.no_bf16:
             bf16 = SimpleNamespace(

@@ -65,6 +65,8 @@ from engine.quant import exl3
 CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_ROWS = 8  # rows per matrix in one launch (decode and verify windows)
+# how `rotate_rows` stores each 16-input tile: as is, in the GEMV's input order, in the grouped MMA's
+INPUT_ORDERS = {"natural": 0, "gemv": 1, "mma": 2}
 LAST_LAUNCH: dict = {}  # the last compiled GEMV (registers, spills: bench/exl3_bench.py)
 SPLIT_TILES = 16  # K tiles a program when the split is not given (K=4096: 16 runs)
 LAUNCH_DEFAULTS: dict = {}  # block_n_tiles / split / unroll / num_warps / asm when a call gives none
@@ -468,7 +470,7 @@ def _tile_fragment(
 ):
     """BNT tiles at `base` ([1, BNT, 1] word pointers; quad [1, 1, 8], lane4 [4, 1, 1]) as one [16, 16 BNT] fp32 tensor-
     core operand: rows are the tile's inputs in the grouped MMA's order (position 4 (l%4) + 2 (j>>1 & 1) + (j&1),
-    which `rotate_rows(mma_order=True)` gives the activations), columns the outputs in their natural order (tile,
+    which `rotate_rows(order="mma")` gives the activations), columns the outputs in their natural order (tile,
     then c = l//4 + 8 (j>>2)). Value (l, j) is decoded as in the GEMV. A thread's values of one lane and one column
     half are 4 consecutive inputs, so the operand is built as [outputs, inputs] with them innermost and transposed:
     16-byte stores to the MMA's K-major shared layout (the GEMV's input order here stored through stmatrix with 19-way
@@ -659,8 +661,7 @@ def rotate_rows(
     post: torch.Tensor | None = None,
     add: torch.Tensor | None = None,
     live_rows: int | None = None,
-    to_kernel_order: bool = False,
-    mma_order: bool = False,
+    order: str = "natural",
     share: int = 1,
     paired: bool = False,
     gather: torch.Tensor | None = None,
@@ -668,7 +669,8 @@ def rotate_rows(
     """x [PARTS, G*rows / share, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
     [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]. `paired`: mats holds
     G/2 ids and group g uses matrix 2 ids[g // 2] + g % 2 (an expert's gate and up). `gather` [G*rows / share]:
-    output row r reads input row gather[r // share] of x [1, any, W] instead."""
+    output row r reads input row gather[r // share] of x [1, any, W] instead. `order` (INPUT_ORDERS): how each
+    16-input tile is stored — as is, in `_exl3_gemv`'s input order or in `_exl3_grouped`'s."""
     parts, total, width = x.shape
     if gather is not None:
         if parts != 1:
@@ -693,7 +695,7 @@ def rotate_rows(
         PRE=pre is not None,
         POST=post is not None,
         ADD=add is not None,
-        ORDER=2 if mma_order else int(to_kernel_order),
+        ORDER=INPUT_ORDERS[order],
         PAIRED=paired,
         GATHER=gather is not None,
     )
@@ -777,9 +779,7 @@ def exl3_matmul(
     xin = x.float()
     if rows != m:
         xin = torch.cat([xin, xin.new_zeros(groups, rows - m, k)], dim=1)
-    xp = rotate_rows(
-        xin.reshape(1, groups * rows, k), rows, mats, pre=suh.contiguous(), live_rows=m, to_kernel_order=True
-    )
+    xp = rotate_rows(xin.reshape(1, groups * rows, k), rows, mats, pre=suh.contiguous(), live_rows=m, order="gemv")
     parts = exl3_gemv_parts(xp.view(groups, rows, k), trellis, mats, codebook, **kw)
     y = rotate_rows(
         parts.view(parts.shape[0], groups * rows, -1),
@@ -810,9 +810,8 @@ PAIRS_MAX = 576  # (row, expert) pairs up to which the routed experts run as syn
 # a verify window of 8) at top-8 plus one; a prompt chunk beyond decodes each selected expert once
 
 
-# `grouped_experts`' launch (bench/exl3_prompt_bench.py times alternatives); grouped False: `_looped_experts`
+# `grouped_experts`' launch (bench/exl3_prompt_bench.py times alternatives)
 PROMPT_LAUNCH: dict = {
-    "grouped": True,
     "bm": None,  # pairs a program: 128 where the experts average 128 pairs or more, else 64 (`_block_rows`)
     "bnt": 8,
     "split_x": True,
@@ -847,7 +846,13 @@ def _block_table(counts: torch.Tensor, bm: int, pairs: int) -> torch.Tensor:
 
 
 def _grouped_launch(
-    xp: torch.Tensor, bank: exl3.Exl3Bank, table: torch.Tensor, mats: int, out: torch.Tensor, dest, launch: dict
+    xp: torch.Tensor,
+    bank: exl3.Exl3Bank,
+    table: torch.Tensor,
+    mats: int,
+    out: torch.Tensor,
+    dest: torch.Tensor | None,
+    launch: dict,
 ) -> None:
     bits2, cb = _format(bank.trellis, bank.codebook)
     _, k_tiles, n_tiles, _ = bank.trellis.shape
@@ -899,7 +904,7 @@ def grouped_experts(
     experts = flat[order]
     launch["bm"] = _block_rows(pairs, len(down), launch["bm"])
     table = _block_table(torch.bincount(flat, minlength=len(down)), launch["bm"], pairs)
-    xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, mma_order=True, share=2, paired=True, gather=order // k)
+    xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, order="mma", share=2, paired=True, gather=order // k)
     h = torch.empty(2 * pairs, width, dtype=torch.float32, device=x.device)
     _grouped_launch(xp, gate_up, table, 2, h, None, launch)
     hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
@@ -956,7 +961,7 @@ def routed_experts(
         # GEMV, (sum, rotate, weight, add the row's k pairs in order)
         pairs, width = rows * k, gate_up.svh.shape[-1]
         experts = chosen.reshape(-1)  # on the device; gate / up: matrices 2e, 2e+1
-        xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, to_kernel_order=True, share=2 * k, paired=True)
+        xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, order="gemv", share=2 * k, paired=True)
         parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, experts, gate_up.codebook, paired=True)
         hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
         _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
@@ -964,9 +969,7 @@ def routed_experts(
         )
         parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook)
         return _pairs_summed(parts, rows, experts, down, weights)
-    if PROMPT_LAUNCH["grouped"]:
-        return grouped_experts(x, chosen, weights, gate_up, down, limit)
-    return _looped_experts(x, chosen, weights, gate_up, down, limit)
+    return grouped_experts(x, chosen, weights, gate_up, down, limit)
 
 
 def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:
@@ -985,8 +988,9 @@ def _looped_experts(
     down: exl3.Exl3Bank,
     limit: float,
 ) -> torch.Tensor:
-    """The first prompt path, kept for bench/exl3_bench.py --prompt to time the grouped one against: per selected
-    expert (a host read), its W_q decoded whole to fp16 and an fp32 matmul."""
+    """The first prompt path, kept as the baseline of bench/exl3_prompt_bench.py and the reference of
+    tests/gpu/test_exl3_moe_gpu.py: per selected expert (a host read), its W_q decoded whole to fp16 and an fp32
+    matmul."""
     from engine.ops.reference import swiglu_clamped
 
     out = torch.zeros(chosen.shape[0], down.svh.shape[-1], dtype=torch.float32, device=x.device)
