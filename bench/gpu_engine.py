@@ -1,6 +1,7 @@
 """Engine benchmark on the GPU: the full-width GLM-5.3-Flash config at reduced depth, random bf16 weights.
 
-    python bench/gpu_engine.py [--layers KKKD] [--out results.json] [--small DEMO_DIR] [--tp2 auto|on|off]
+    python bench/gpu_engine.py [--layers KKKD|released] [--exl3-experts] [--shard 2] [--out results.json]
+                               [--small DEMO_DIR] [--tp2 auto|on|off]
 
 Measures the decode step at batch 1..4 (after a 128-token prompt) three ways — the serving path replayed from CUDA
 graphs (`graphs`), the same static step run op by op (`eager`), and the plain `model.decode` (`plain`) — with the
@@ -13,6 +14,12 @@ layer kind's time is a difference; projected to the full depth from the released
 inside) and their projection to full depth. With --small, also decode tok/s of our engine (graphs and eager) vs
 transformers' `generate` on the same demo checkpoint. Weights are generated on the GPU (no checkpoint on disk);
 see docs/BENCHMARKS.md. The JSON is rewritten after every figure, so a run cut short keeps what it measured.
+
+The served model at its real depth: `--layers released` builds the config's own 45 layers (its attention and MLP
+pattern), `--exl3-experts` keeps the routed experts as random 4-bit mcg EXL3 banks (the served checkpoint's format,
+the engine's EXL3 kernels) instead of bf16, and `--shard 2` builds rank 0's TP=2 share on this one GPU
+(`ShardStandIn`): every kernel runs at the shapes a Spark of the pair runs, the collectives become local copies of
+their size, and `gb10_projection` adds the link's share by arithmetic (collectives counted in one step).
 """
 
 from __future__ import annotations
@@ -37,9 +44,14 @@ from engine.checkpoint.layout import text_config, text_tensors  # noqa: E402
 from engine.models.glm5_next.config import TextConfig  # noqa: E402
 from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
 from engine.parallel import ParallelGroup, shard_range  # noqa: E402
+from engine.quant import exl3  # noqa: E402
 from engine.runner.lanes import LaneDecoder  # noqa: E402
 
 HBM_BYTES_S = 4.8e12
+GB10_BYTES_S = 273e9  # one Spark's LPDDR5x, nominal
+GB10_CEILING_BYTES_S = 232e9  # its measured read ceiling (FACTS.md: ~231-234 GB/s)
+GB10_BEST_FRACTION = 0.85  # of that ceiling: the best single-stream MoE decode measured there (FACTS.md: 85-90 %)
+LINK_US = {"one-shot RoCE all-reduce": 23.0, "NCCL all-reduce": 60.0}  # one small collective, FACTS.md
 BF16_PEAK_FLOPS = 989e12  # H200 SXM, dense bf16 tensor cores
 BATCHES = (1, 2, 3, 4)
 CUTS = (0, 1, 3, 4)  # layers kept for the per-layer times (KKKD: head, +K dense, +2 K MoE, +D MoE)
@@ -80,7 +92,9 @@ class RandomReader:
         units = units or full.shape[dim]
         width = full.shape[dim] // units
         start, stop = shard_range(units, self.group.rank, self.group.world)
-        return full.narrow(dim, start * width, (stop - start) * width).contiguous()
+        share = full.narrow(dim, start * width, (stop - start) * width)
+        # a copy of its own: a view would keep the whole tensor's storage alive (the memory, and the bytes counted)
+        return torch.empty_like(share, memory_format=torch.contiguous_format).copy_(share)
 
     def _draw(self, name: str) -> torch.Tensor:
         shape = self.specs[name].shape
@@ -92,18 +106,68 @@ class RandomReader:
         return (torch.randn(shape, generator=self.gen, device=self.device) * std).to(self.dtype)
 
 
-def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int]:
-    """(bytes a decode step reads whatever the routing, bytes of one routed expert), from the `held` weight bytes:
-    everything but the routed experts (an embedding lookup reads one row, so the table is left out too)."""
-    moes = [layer.mlp for layer in model.layers if getattr(layer.mlp, "stacked", None) is not None]
-    expert = sum(t[0].numel() * t.element_size() for t in moes[0].stacked) if moes else 0
-    routed = sum(moe.num_routed for moe in moes) * expert  # the bank may also hold the shared expert: read always
-    return held - routed - model.embed.numel() * model.embed.element_size(), expert
+class ShardStandIn(ParallelGroup):
+    """Rank 0 of a `world`-rank tensor-parallel group, alone on one GPU (a bench stand-in: the second GPU, or the
+    Sparks' link, is not here). The weights are rank 0's share, so every kernel runs at the shard's shapes; a
+    collective becomes a local copy of the size it would gather (the other ranks' parts are rank 0's own, so the
+    numbers are not the model's, the work is). The step then times the shard's compute and memory traffic, not the
+    link: `calls` and `bytes` count the collectives, for the link's share added by arithmetic."""
+
+    calls: int = 0
+    bytes: int = 0
+
+    def _gather_flat(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.bytes += tensor.numel() * tensor.element_size()
+        return tensor.contiguous().reshape(1, *tensor.shape).expand(self.world, *tensor.shape).clone()
+
+    def all_agree(self, ok: bool) -> bool:
+        return ok
+
+    def broadcast_object(self, obj=None):
+        return obj
+
+    def all_gather_object(self, obj) -> list:
+        return [obj] * self.world
+
+
+def random_expert_banks(reader: RandomReader, prefix: str, experts: int) -> tuple[exl3.Exl3Bank, exl3.Exl3Bank]:
+    """Stands in for engine/checkpoint/exl3.py `read_expert_banks`: a MoE layer's routed experts as random 4-bit mcg
+    EXL3 banks (the served checkpoint's format; any trellis bitstream is a valid encoding), this rank's whole-block
+    TP share of the expert width (gate/up by outputs, down by inputs)."""
+    from exl3_prompt_bench import random_bank
+
+    width, hidden = reader.specs[f"{prefix}experts.0.gate_proj.weight"].shape
+    start, stop = shard_range(width // exl3.HADAMARD_BLOCK, reader.group.rank, reader.group.world)
+    share = (stop - start) * exl3.HADAMARD_BLOCK
+    return random_bank(2 * experts, hidden, share, reader.gen), random_bank(experts, share, hidden, reader.gen)
+
+
+def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int, int]:
+    """(bytes a decode step reads whatever the routing, bytes of one routed expert, weights of one routed expert),
+    from the `held` weight bytes: everything but the routed experts (an embedding lookup reads one row, so the table
+    is left out too). EXL3 experts: their trellis and scales."""
+    moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "num_routed")]
+    expert = weights = 0
+    if moes and moes[0].exl3 is not None:
+        banks = (moes[0].exl3.gate_up, moes[0].exl3.down)
+        parts = [(bank, 2 if bank is banks[0] else 1) for bank in banks]  # gate and up: two matrices an expert
+        expert = sum(n * sum(t[0].nbytes for t in (b.trellis, b.suh, b.svh)) for b, n in parts)
+        weights = sum(n * b.suh.shape[1] * b.svh.shape[1] for b, n in parts)
+    elif moes and moes[0].stacked is not None:
+        expert = sum(t[0].numel() * t.element_size() for t in moes[0].stacked)
+        weights = sum(t[0].numel() for t in moes[0].stacked)
+    routed = sum(moe.num_routed for moe in moes) * expert  # a bf16 bank may also hold the shared expert: read always
+    return held - routed - model.embed.numel() * model.embed.element_size(), expert, weights
 
 
 RESULT: dict = {}
 OUT: Path | None = None
 DENSE = "bf16"  # --dense: how the dense weights are kept (engine/quant/dense.py)
+EXL3 = False  # --exl3-experts
+SHARD = 1  # --shard
+PREFILL_LENGTHS = (2048, 8192, 32768)
+PREFILL_REPEATS = 3
 
 
 def save() -> None:
@@ -126,24 +190,51 @@ def timed(fn, repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-def build(layers: str, device: str, config: Path, group: ParallelGroup | None = None, mtp: bool = False):
-    """The full-width model with `layers` (K: KDA, D: DSA; the first layer's MLP dense, the rest MoE), random weights
-    (this rank's share of them under `group`), with the MTP layer loaded to draft when `mtp`; (model, cfg)."""
+def text_config_for(layers: str, config: Path, mtp: bool = False) -> dict:
+    """`config`'s text config cut to `layers` (K: KDA, D: DSA; the first layer's MLP dense, the rest MoE;
+    `released`: as it is), with the MTP layer when `mtp`."""
     raw = json.loads(config.read_text())
     text = dict(raw.get("text_config") or raw)
     kinds = {"K": "linear_attention", "D": "full_attention"}
-    text.update(
-        num_hidden_layers=len(layers),
-        layer_types=[kinds[c] for c in layers],
-        mlp_layer_types=["dense"] + ["sparse"] * (len(layers) - 1),
-        indexer_types=["full"] * len(layers),
-        num_nextn_predict_layers=int(mtp),
-    )
-    raw = {"text_config": text}
+    if layers != "released":
+        text.update(
+            num_hidden_layers=len(layers),
+            layer_types=[kinds[c] for c in layers],
+            mlp_layer_types=["dense"] + ["sparse"] * (len(layers) - 1),
+            indexer_types=["full"] * len(layers),
+        )
+    text.update(num_nextn_predict_layers=int(mtp))
+    return text
+
+
+def build(
+    layers: str,
+    device: str,
+    config: Path,
+    group: ParallelGroup | None = None,
+    mtp: bool = False,
+    exl3_experts: bool = False,
+    shard: int = 1,
+):
+    """The full-width model with `layers` (K: KDA, D: DSA; the first layer's MLP dense, the rest MoE; `released`:
+    the config's own layers), random weights (this rank's share of them under `group`; `shard` > 1 without a group:
+    rank 0's share of that many, on this device, `ShardStandIn`), the routed experts EXL3 when `exl3_experts`, with
+    the MTP layer loaded to draft when `mtp`; (model, cfg)."""
+    raw = {"text_config": text_config_for(layers, config, mtp)}
     cfg = TextConfig.from_dict(raw)
-    group = group or ParallelGroup.single(device)
+    if group is None:
+        group = ShardStandIn(0, shard, torch.device(device)) if shard > 1 else ParallelGroup.single(device)
     reader = RandomReader(raw, torch.bfloat16, device, group)
-    return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=DENSE), cfg
+    if not exl3_experts:
+        return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=DENSE), cfg
+    from engine.models.glm5_next import moe
+
+    served = moe.read_expert_banks
+    moe.read_expert_banks = random_expert_banks  # type: ignore[assignment]
+    try:
+        return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=DENSE), cfg
+    finally:
+        moe.read_expert_banks = served
 
 
 def prompt_ids(cfg: TextConfig, n: int) -> list[int]:
@@ -151,11 +242,15 @@ def prompt_ids(cfg: TextConfig, n: int) -> list[int]:
 
 
 def engine_full_width(layers: str, device: str, config: Path) -> dict:
-    model, cfg = build(layers, device, config)
+    model, cfg = build(layers, device, config, exl3_experts=EXL3, shard=SHARD)
     held = torch.cuda.memory_allocated() if device == "cuda" else 0
-    fixed, expert = weight_bytes(model, held)
+    fixed, expert, expert_weights = weight_bytes(model, held)
     out = RESULT.setdefault("full_width", {})
-    out.update(layers=layers, weights_gib=round(held / 2**30, 1))
+    out.update(
+        layers=layers if layers != "released" else f"released ({cfg.num_hidden_layers} layers)",
+        weights_gib=round(held / 2**30, 1),
+        routed_expert_mb=round(expert / 1e6, 2),
+    )
     save()
     pool = model.make_pool(40_000 if device == "cuda" else 2048, "bf16")
     ids = prompt_ids(cfg, 32768 if device == "cuda" else 512)
@@ -175,6 +270,11 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
                 model.prefill(s, ids[:128])
             tokens = [11] * batch
             decode = decoder.decode if decoder else model.decode
+            stand_in = model.group if isinstance(model.group, ShardStandIn) else None
+            if stand_in is not None and mode == "eager":  # the collectives one step makes (eager: every call seen)
+                stand_in.calls = stand_in.bytes = 0
+                decode(seqs, tokens)
+                figures["collectives"] = {"calls": stand_in.calls, "kib": round(stand_in.bytes / 1024, 1)}
             decode(seqs, tokens)  # the graph is captured here
             step = timed(lambda: decode(seqs, tokens), 10)
             figures[mode] = {
@@ -188,6 +288,14 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
             save()
         if device == "cuda" and "graphs" in MODES and not decoders["graphs"].uses_graphs:
             figures["graphs"]["fell_back_to_eager"] = True
+        if "graphs" in figures and "collectives" in figures and held:  # the CPU holds no measured bytes
+            figures["gb10_projection"] = gb10_projection(
+                read, figures["graphs"]["step_ms"] / 1e3, figures["collectives"]["calls"], batch
+            )
+            save()
+    out["decode_b1"]["graphs_read_back"] = read_back_decode(model, decoders["graphs"], ids)
+    print(f"decode batch 1, graphs, each token read back: {out['decode_b1']['graphs_read_back']}", flush=True)
+    save()
     del decoders
     if PROFILE:
         out["profile_b1"] = profile_step(model, pool, ids, graphs=device == "cuda")
@@ -205,15 +313,98 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         out["prefill_breakdown"] = prefill_breakdown(model, pool, ids, BREAKDOWN)
         save()
     if PREFILL:
-        # matmul FLOPs a prompt token costs: 2 per bf16 weight it multiplies (bytes / 2), the LM head left out
-        # (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta rule
-        # are not counted, so the fraction of peak is a floor
-        # (counted from bf16 bytes: with DENSE q4 / fp8 only the rates are given)
+        # matmul FLOPs a prompt token costs: 2 per weight it multiplies (a bf16 weight's 2 bytes), the LM head left
+        # out (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta
+        # rule are not counted, so the fraction of peak is a floor
+        # (dense weights counted from bf16 bytes: with DENSE q4 / fp8 only the rates are given)
         head = model.lm_head.numel() * model.lm_head.element_size() if DENSE == "bf16" else 0
         bf16 = held and DENSE == "bf16"
-        flops = fixed - head + moe_layers * cfg.num_experts_per_tok * expert if bf16 else 0  # CPU: not counted
-        out["prefill"] = prefill_rates(model, pool, ids, (2048, 8192, 32768) if device == "cuda" else (256,), flops)
+        routed = moe_layers * cfg.num_experts_per_tok * 2 * expert_weights
+        flops = fixed - head + routed if bf16 else 0  # CPU: not counted
+        lengths = PREFILL_LENGTHS if device == "cuda" else (256,)
+        out["prefill"] = prefill_rates(model, pool, ids, lengths, flops, PREFILL_REPEATS)
         save()
+    return out
+
+
+def read_back_decode(model: Glm5NextForCausalLM, decoder: LaneDecoder, ids: list[int], steps: int = 32) -> dict:
+    """Greedy decoding at batch 1 as a client sees it: each step's token read back to the host and fed to the next
+    (the serving path's step; `decode_bN` above times steps that feed a fixed token)."""
+    seq = decoder.new_sequence(0)
+    try:
+        nxt = [int(model.prefill(seq, ids[:128]).argmax())]
+        step = lambda: nxt.__setitem__(0, int(decoder.decode([seq], nxt)[0].argmax()))  # noqa: E731
+        step()
+        per = timed(step, steps)
+    finally:
+        seq.release()
+    return {"step_ms": round(per * 1e3, 2), "tok_s": round(1 / per, 1)}
+
+
+def transformers_warm(layers: str, config: Path, lengths: tuple[int, ...], new_tokens: int = 32) -> dict:
+    """transformers' own glm5_next (the numerical reference) at the same config, random bf16 weights on the GPU, its
+    defaults, measured warm (one untimed call of each kind first): greedy decode through `generate` (which reads each
+    token back), the prompt's share taken out; one prompt of each length in a single forward (the last token's
+    logits only), median of 3."""
+    from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+
+    text = text_config_for(layers, config)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            ref = Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text)).eval()
+    finally:
+        torch.set_default_dtype(default)
+    ids = torch.tensor([prompt_ids(TextConfig.from_dict({"text_config": text}), max(lengths))], device="cuda")
+    out: dict = {"transformers": __import__("transformers").__version__}
+    with torch.no_grad():
+        prompt = ids[:, :128]
+
+        def generate(n: int) -> None:
+            ref.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+        generate(4)
+        first, whole = timed(lambda: generate(1), 3), timed(lambda: generate(new_tokens + 1), 2)
+        out["decode_tok_s"] = round(new_tokens / (whole - first), 1)
+        print(f"transformers decode (warm): {out['decode_tok_s']} tok/s", flush=True)
+        for length in lengths:
+            forward = functools.partial(ref, input_ids=ids[:, :length], logits_to_keep=1)
+            forward()
+            runs = sorted(length / timed(forward, 1) for _ in range(3))
+            out[f"prefill_t{length}_tok_s"] = round(runs[1], 1)
+            print(f"transformers prefill {length} (warm): {runs[1]:.1f} tok/s", flush=True)
+    return out
+
+
+def gb10_projection(read: int, step_s: float, collectives: int, batch: int) -> dict:
+    """A decode step of this shard projected to one Spark of a TP=2 pair, three ways, each plus the link's share
+    (`collectives` small collectives a step at each measured latency, FACTS.md):
+    - `at_h200_efficiency`: the bytes at the GB10's nominal bandwidth times the fraction of HBM this step reached on
+      the H200. Pessimistic: a step that is bound by kernel latency on the H200 (batch 1 is) is not bound by it in
+      proportion to its bytes;
+    - `at_best_gb10_decode`: the bytes at the best MoE decode measured on a GB10 (85 % of its ~232 GB/s ceiling).
+      Optimistic: every kernel as bandwidth-bound as the best one there;
+    - `best_plus_h200_latency`: that, plus the time the H200 step took beyond its own bytes at 85 % of HBM (its
+      latency, carried over as it is)."""
+    efficiency = read / step_s / HBM_BYTES_S
+    bound = read / (GB10_CEILING_BYTES_S * GB10_BEST_FRACTION)
+    latency = max(0.0, step_s - read / (HBM_BYTES_S * GB10_BEST_FRACTION))
+    memory_ms = {
+        "at_h200_efficiency": read / (GB10_BYTES_S * efficiency) * 1e3,
+        "at_best_gb10_decode": bound * 1e3,
+        "best_plus_h200_latency": (bound + latency) * 1e3,
+    }
+    out: dict = {
+        "bytes_read_gb": round(read / 1e9, 3),
+        "h200_efficiency": round(efficiency, 3),
+        "memory_ms": {k: round(v, 2) for k, v in memory_ms.items()},
+        "link_ms": {name: round(collectives * us / 1e3, 2) for name, us in LINK_US.items()},
+    }
+    for memory, ms in memory_ms.items():
+        for link, us in LINK_US.items():
+            out[f"tok_s {memory}, {link}"] = round(batch / (ms + collectives * us / 1e3) * 1e3, 1)
     return out
 
 
@@ -566,7 +757,14 @@ def small_vs_transformers(path: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", default="KKKD")
+    ap.add_argument("--layers", default="KKKD", help="K/D letters (KDA/DSA layers), or 'released': the config's own")
+    ap.add_argument("--exl3-experts", action="store_true", help="routed experts as random 4-bit EXL3 banks (GPU)")
+    ap.add_argument("--shard", type=int, default=1, help="rank 0's TP share of this many ranks, on this one GPU")
+    ap.add_argument("--prefill-lengths", default="2048,8192,32768", help="prompt lengths timed (GPU)")
+    ap.add_argument("--prefill-repeats", type=int, default=3, help="runs of each prompt length (the median is kept)")
+    ap.add_argument(
+        "--transformers", action="store_true", help="then transformers' glm5_next at the same config, warm (GPU)"
+    )
     ap.add_argument("--small", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel of the batch-1 serving step")
@@ -597,8 +795,10 @@ def main() -> None:
     if args.tp_rank is not None:
         tp2_rank(args)
         return
-    global OUT, MODES, PREFILL, LONG_CONTEXTS, BREAKDOWN, DENSE
-    DENSE = args.dense
+    global OUT, MODES, PREFILL, LONG_CONTEXTS, BREAKDOWN, DENSE, EXL3, SHARD, PREFILL_LENGTHS, PREFILL_REPEATS
+    DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
+    PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
+    PREFILL_REPEATS = args.prefill_repeats
     if args.moe_loop:
         from engine.models.glm5_next import moe
 
@@ -611,6 +811,10 @@ def main() -> None:
     RESULT.update(
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
         dense=args.dense,
+        routed_experts="EXL3 4-bit mcg (random trellis)" if args.exl3_experts else "bf16",
+        shard=f"rank 0 of {args.shard} (ShardStandIn: one GPU, collectives as local copies)"
+        if args.shard > 1
+        else None,
         gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         torch=torch.__version__,
         date=time.strftime("%Y-%m-%d"),
@@ -627,6 +831,20 @@ def main() -> None:
         save()
     elif args.tp2 == "auto":
         RESULT["tp2"] = {"skipped": f"{torch.cuda.device_count()} GPU(s) visible; TP=2 needs 2"}
+    if args.transformers and device == "cuda":
+        torch.cuda.empty_cache()
+        RESULT["transformers_warm"] = transformers_warm(args.layers, Path(args.config), PREFILL_LENGTHS[:2])
+        ours, theirs = RESULT["full_width"], RESULT["transformers_warm"]
+        RESULT["ours_vs_transformers"] = {
+            "decode_read_back": round(ours["decode_b1"]["graphs_read_back"]["tok_s"] / theirs["decode_tok_s"], 2),
+            **{
+                f"prefill_t{n}": round(ours["prefill"][f"t{n}"]["tok_s"] / theirs[f"prefill_t{n}_tok_s"], 2)
+                for n in PREFILL_LENGTHS[:2]
+                if isinstance(ours.get("prefill", {}).get(f"t{n}"), dict)
+            },
+        }
+        print(f"ours / transformers: {RESULT['ours_vs_transformers']}", flush=True)
+        save()
     if args.small:
         RESULT["small_demo"] = small_vs_transformers(args.small)
         save()
