@@ -60,6 +60,7 @@ MODES = ("graphs", "eager", "plain")
 PREFILL = True
 LONG_CONTEXTS: tuple[int, ...] = ()
 BREAKDOWN: tuple[int, ...] = ()
+PROFILE_PREFILL: tuple[int, ...] = ()
 
 
 class RandomReader:
@@ -293,9 +294,10 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
                 read, figures["graphs"]["step_ms"] / 1e3, figures["collectives"]["calls"], batch
             )
             save()
-    out["decode_b1"]["graphs_read_back"] = read_back_decode(model, decoders["graphs"], ids)
-    print(f"decode batch 1, graphs, each token read back: {out['decode_b1']['graphs_read_back']}", flush=True)
-    save()
+    if "graphs" in MODES:
+        out["decode_b1"]["graphs_read_back"] = read_back_decode(model, decoders["graphs"], ids)
+        print(f"decode batch 1, graphs, each token read back: {out['decode_b1']['graphs_read_back']}", flush=True)
+        save()
     del decoders
     if PROFILE:
         out["profile_b1"] = profile_step(model, pool, ids, graphs=device == "cuda")
@@ -311,6 +313,9 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         save()
     if BREAKDOWN:
         out["prefill_breakdown"] = prefill_breakdown(model, pool, ids, BREAKDOWN)
+        save()
+    if PROFILE_PREFILL:
+        out["prefill_profile"] = profile_prefill(model, pool, ids, PROFILE_PREFILL)
         save()
     if PREFILL:
         # matmul FLOPs a prompt token costs: 2 per weight it multiplies (a bf16 weight's 2 bytes), the LM head left
@@ -480,6 +485,47 @@ def prefill_breakdown(model: Glm5NextForCausalLM, pool, ids: list[int], contexts
             )
         out[f"t{context}"] = {"chunk_ms": round(total, 1), **{k: round(v, 1) for k, v in parts.items()}}
         print(f"prefill chunk ending at {context}: {out[f't{context}']}", flush=True)
+    return out
+
+
+def profile_prefill(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...]) -> dict:
+    """The 2,048-token prompt chunk ending at each context under torch.profiler (after the same prompt once
+    unprofiled, so compiles and autotunes are done): GPU time per kernel name (its launches), the kernels' total and
+    the chunk's wall time meanwhile."""
+    if not torch.cuda.is_available():
+        return {"skipped": "no GPU"}
+    out: dict = {}
+    for context in contexts:
+        for profiled in (False, True):
+            seq = model.new_sequence(pool)
+            try:
+                for chunk in range(0, context - 2048, 2048):
+                    model.prefill(seq, ids[chunk : chunk + 2048])
+                last = ids[context - 2048 : context]
+                sync()
+                if not profiled:
+                    model.prefill(seq, last)
+                    continue
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    wall = timed(lambda: model.prefill(seq, last), 1)
+            finally:
+                seq.release()
+        kernels = sorted(
+            (e for e in prof.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total
+        )
+        table = [
+            {"kernel": e.key[:100], "launches": e.count, "ms": round(e.device_time_total / 1e3, 2)}
+            for e in kernels[:30]
+        ]
+        out[f"t{context}"] = {
+            "wall_ms": round(wall * 1e3, 1),
+            "kernel_ms": round(sum(e.device_time_total for e in kernels) / 1e3, 1),
+            "launches": sum(e.count for e in kernels),
+            "top": table,
+        }
+        print(f"prefill chunk ending at {context}: wall {wall * 1e3:.1f} ms", flush=True)
+        for row in table:
+            print(f"{row['ms']:9.2f} ms  x{row['launches']:<6} {row['kernel']}", flush=True)
     return out
 
 
@@ -774,6 +820,9 @@ def main() -> None:
     ap.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how the dense weights are kept")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
     ap.add_argument(
+        "--profile-prefill", default="", help="GPU time per kernel of the 2k chunk ending at these contexts"
+    )
+    ap.add_argument(
         "--prefill-breakdown", default="", help="time per layer part of the 2k chunk ending at these contexts"
     )
     ap.add_argument(
@@ -795,7 +844,18 @@ def main() -> None:
     if args.tp_rank is not None:
         tp2_rank(args)
         return
-    global OUT, MODES, PREFILL, LONG_CONTEXTS, BREAKDOWN, DENSE, EXL3, SHARD, PREFILL_LENGTHS, PREFILL_REPEATS
+    global \
+        OUT, \
+        MODES, \
+        PREFILL, \
+        LONG_CONTEXTS, \
+        BREAKDOWN, \
+        PROFILE_PREFILL, \
+        DENSE, \
+        EXL3, \
+        SHARD, \
+        PREFILL_LENGTHS, \
+        PREFILL_REPEATS
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS = args.prefill_repeats
@@ -805,6 +865,7 @@ def main() -> None:
         moe.GROUPED_GEMM = False
     LONG_CONTEXTS = tuple(int(n) for n in args.long_contexts.split(",") if n)
     BREAKDOWN = tuple(int(n) for n in args.prefill_breakdown.split(",") if n)
+    PROFILE_PREFILL = tuple(int(n) for n in args.profile_prefill.split(",") if n)
     OUT = Path(args.out) if args.out else None
     MODES, PREFILL = tuple(m for m in args.modes.split(",") if m and m != "none"), not args.no_prefill
     device = "cuda" if torch.cuda.is_available() else "cpu"

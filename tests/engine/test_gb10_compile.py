@@ -3,8 +3,10 @@ and its bundled ptxas produce a cubin for GPUTarget("cuda", 121, 32) (FACTS.md).
 tests compiled on the H200 — signatures, constexprs, divisibility attributes and launch options, recorded in
 tests/fixtures/triton_launches.json by bench/record_triton_launches.sh — two specialisations a kernel (the first
 and the last recorded, which differ in rows, widths or formats). A kernel launched in engine/ops with no record
-fails the test: record again after adding one. What this cannot show without a GB10: speed, and that the cubin runs
-(the test bed has no sm_121 device)."""
+fails the test: record again after adding one. Each compiled kernel's shared memory must fit the GB10's per-block
+limit: Triton checks it only when the kernel loads on the device, so a tile that fits the H200's 227 KB would first
+fail on a Spark. What this cannot show without a GB10: speed, and that the cubin runs (the test bed has no sm_121
+device); docs/OPERATIONS.md lists the rest."""
 
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHES = ROOT / "tests" / "fixtures" / "triton_launches.json"
 LAUNCH_SITE = re.compile(r"\b(_[a-z_0-9]+)\[[^\]\n]*\]\(")
+# shared memory one block may take on compute capability 12.x (the opt-in maximum; Triton's "Hardware limit: 101376"
+# on sm_12x parts), against 232,448 on the H200
+GB10_SHARED_PER_BLOCK = 101_376
 
 
 def _entries() -> list[dict]:
@@ -56,3 +61,9 @@ def test_kernel_compiles_for_sm121(entry):
     options = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
     kernel = triton.compile(source, target=GPUTarget("cuda", 121, 32), options=options)
     assert kernel.asm["cubin"] and ".target sm_121" in kernel.asm["ptx"]
+    assert kernel.metadata.shared <= GB10_SHARED_PER_BLOCK, (
+        f"{entry['kernel']} takes {kernel.metadata.shared} bytes of shared memory a block on sm_121; "
+        f"the GB10 allows {GB10_SHARED_PER_BLOCK}: smaller tiles or fewer stages"
+    )
+    if entry["kernel"] == "_exl3_grouped":  # its tl.dot on the tensor cores there too (wgmma is Hopper's alone)
+        assert "mma.sync" in kernel.asm["ptx"] and "wgmma" not in kernel.asm["ptx"]
