@@ -242,6 +242,13 @@ def prompt_ids(cfg: TextConfig, n: int) -> list[int]:
     return [(i * 7919) % (cfg.vocab_size - 20) + 10 for i in range(n)]
 
 
+def lane_inputs(ids: list[int], batch: int) -> tuple[list[list[int]], list[int]]:
+    """Each lane's 128-token prompt and next token, different for every lane (from `ids`, ≥ 128 × batch tokens), so
+    the lanes' tokens route to different experts as distinct streams do: identical lanes would all read one token's
+    experts."""
+    return [ids[128 * lane : 128 * (lane + 1)] for lane in range(batch)], [11 + 7 * lane for lane in range(batch)]
+
+
 def engine_full_width(layers: str, device: str, config: Path) -> dict:
     model, cfg = build(layers, device, config, exl3_experts=EXL3, shard=SHARD)
     held = torch.cuda.memory_allocated() if device == "cuda" else 0
@@ -267,9 +274,9 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         for mode in MODES:
             decoder = decoders.get(mode)
             seqs = [decoder.new_sequence(lane) if decoder else model.new_sequence(pool) for lane in range(batch)]
-            for s in seqs:
-                model.prefill(s, ids[:128])
-            tokens = [11] * batch
+            prompts, tokens = lane_inputs(ids, batch)
+            for s, prompt in zip(seqs, prompts):
+                model.prefill(s, prompt)
             decode = decoder.decode if decoder else model.decode
             stand_in = model.group if isinstance(model.group, ShardStandIn) else None
             if stand_in is not None and mode == "eager":  # the collectives one step makes (eager: every call seen)
@@ -305,7 +312,7 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     if layers == "KKKD" and MODES:
         cuts = layer_cut_times(model, pool, ids, graphs=device == "cuda")
         out["per_layer_ms"] = per_layer(cuts)
-        out["full_depth"] = full_depth(out["per_layer_ms"], config, world=1)
+        out["full_depth"] = full_depth(out["per_layer_ms"], config, world=SHARD, exl3_experts=EXL3)
         print(f"per layer (ms): {out['per_layer_ms']}\nfull depth: {out['full_depth']}", flush=True)
         save()
     if LONG_CONTEXTS:
@@ -490,8 +497,8 @@ def prefill_breakdown(model: Glm5NextForCausalLM, pool, ids: list[int], contexts
 
 def profile_prefill(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...]) -> dict:
     """The 2,048-token prompt chunk ending at each context under torch.profiler (after the same prompt once
-    unprofiled, so compiles and autotunes are done): GPU time per kernel name (its launches), the kernels' total and
-    the chunk's wall time meanwhile."""
+    unprofiled, so compiles and autotunes are done): GPU time per kernel name (its launches; the 60 largest), the
+    kernels' total and the chunk's wall time meanwhile (under the profiler)."""
     if not torch.cuda.is_available():
         return {"skipped": "no GPU"}
     out: dict = {}
@@ -515,7 +522,7 @@ def profile_prefill(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: 
         )
         table = [
             {"kernel": e.key[:100], "launches": e.count, "ms": round(e.device_time_total / 1e3, 2)}
-            for e in kernels[:30]
+            for e in kernels[:60]
         ]
         out[f"t{context}"] = {
             "wall_ms": round(wall * 1e3, 1),
@@ -555,7 +562,7 @@ def prefill_rates(
         except torch.OutOfMemoryError as exc:
             out[f"t{length}"] = f"out of memory: {str(exc).splitlines()[0]}"
             continue
-        median = runs[len(runs) // 2]
+        median = runs[(len(runs) - 1) // 2]  # of an even count, the lower middle
         out[f"t{length}"] = {
             "tok_s": round(median, 1),
             "runs": [round(r, 1) for r in runs],
@@ -609,9 +616,9 @@ def layer_cut_times(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bo
             times[k] = {}
             for batch in BATCHES:
                 seqs = [decoder.new_sequence(lane) for lane in range(batch)]
-                for s in seqs:
-                    model.prefill(s, ids[:128])
-                tokens = [11] * batch
+                prompts, tokens = lane_inputs(ids, batch)
+                for s, prompt in zip(seqs, prompts):
+                    model.prefill(s, prompt)
                 decoder.decode(seqs, tokens)  # capture
                 # the best of 3 rounds: the per-layer figures are differences of these, so noise counts double
                 step = functools.partial(decoder.decode, seqs, tokens)
@@ -674,22 +681,22 @@ def full_depth_bytes(config: Path, world: int, batch: int) -> int:
     return total
 
 
-def full_depth(per: dict, config: Path, world: int) -> dict:
+def full_depth(per: dict, config: Path, world: int, exl3_experts: bool = False) -> dict:
     """The decode step of the released depth: head + Σ count × per-layer time (the measured kinds), per batch;
-    with the bytes one rank must read and the HBM fraction that time achieves."""
+    with the bytes one rank must read and the HBM fraction that time achieves (bf16 weights: not counted for EXL3
+    experts; `--layers released` measures those)."""
     counts = layer_counts(config)
     if counts.pop("dsa_dense"):
         return {"skipped": "the config has DSA layers with a dense MLP, a kind not measured"}
     out = {"layers": counts}
     for b in BATCHES:
         ms = per["head"][f"b{b}"] + sum(n * per[kind][f"b{b}"] for kind, n in counts.items())
-        read = full_depth_bytes(config, world, b)
-        out[f"b{b}"] = {
-            "step_ms": round(ms, 2),
-            "tok_s": round(b / ms * 1e3, 1),
-            "bytes_read_gb_per_rank": round(read / 1e9, 2),
-            "hbm_fraction": round(read / (ms / 1e3) / HBM_BYTES_S, 3),
-        }
+        out[f"b{b}"] = {"step_ms": round(ms, 2), "tok_s": round(b / ms * 1e3, 1)}
+        if not exl3_experts:
+            read = full_depth_bytes(config, world, b)
+            out[f"b{b}"].update(
+                bytes_read_gb_per_rank=round(read / 1e9, 2), hbm_fraction=round(read / (ms / 1e3) / HBM_BYTES_S, 3)
+            )
     return out
 
 
@@ -702,7 +709,7 @@ def tp2_rank(args: argparse.Namespace) -> None:
     model, cfg = build(args.layers, device, Path(args.config), group)
     held = torch.cuda.memory_allocated() if device != "cpu" else 0
     pool = model.make_pool(4096, "bf16")
-    cuts = layer_cut_times(model, pool, prompt_ids(cfg, 128), graphs=device != "cpu")
+    cuts = layer_cut_times(model, pool, prompt_ids(cfg, 128 * max(BATCHES)), graphs=device != "cpu")
     if args.tp_rank == 0:
         Path(args.tp_out).write_text(json.dumps({"cuts": cuts, "weights_gib_per_rank": round(held / 2**30, 1)}))
     sync()

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_engine  # noqa: E402
-from gpu_engine import build, prompt_ids, timed  # noqa: E402
+from gpu_engine import build, lane_inputs, prompt_ids, timed  # noqa: E402
 
 from engine.runner.lanes import LaneDecoder  # noqa: E402
 
@@ -46,7 +46,7 @@ def main() -> None:
     )
     pool = model.make_pool(8192, "bf16")
     decoder = LaneDecoder(model, pool, 4, graphs=True, window=5)
-    ids = prompt_ids(cfg, 128)
+    ids = prompt_ids(cfg, 128 * 4)
     result: dict = {
         "layers": args.layers,
         "graphs": True,
@@ -57,22 +57,22 @@ def main() -> None:
     }
     for batch in (1, 4):
         seqs = [decoder.new_sequence(lane) for lane in range(batch)]
-        for seq in seqs:
-            model.prefill(seq, ids)
-        plain = [11] * batch
+        prompts, plain = lane_inputs(ids, batch)  # lanes that differ, so they route to different experts
+        for seq, prompt in zip(seqs, prompts):
+            model.prefill(seq, prompt)
         decoder.decode(seqs, plain)  # capture
         base = timed(lambda: decoder.decode(seqs, plain), 20)
         figures = {"plain_ms": round(base * 1e3, 3)}
         for width in range(2, 6):
             if args.mtp:
-                windows = [[11, *([-1] * (width - 1))] for _ in seqs]
-                absorb = [[11] for _ in seqs]
+                windows = [[token, *([-1] * (width - 1))] for token in plain]
+                absorb = [[token] for token in plain]
                 decoder.verify(seqs, windows, absorb)  # capture
                 step = timed(lambda: decoder.verify(seqs, windows, absorb), 20)
                 drafts_only = timed(lambda: decoder._draft(seqs, windows, absorb), 20)
                 figures[f"window{width}_mtp_only_ms"] = round(drafts_only * 1e3, 3)
             else:
-                windows = [[11 + t for t in range(width)] for _ in seqs]
+                windows = [[token + t for t in range(width)] for token in plain]
                 decoder.verify(seqs, windows)  # capture
                 step = timed(lambda: decoder.verify(seqs, windows), 20)
             figures[f"window{width}_ms"] = round(step * 1e3, 3)
