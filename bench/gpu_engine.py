@@ -151,8 +151,7 @@ def weight_bytes(model: Glm5NextForCausalLM, held: int) -> tuple[int, int, int]:
     moes = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "num_routed")]
     expert = weights = 0
     if moes and moes[0].exl3 is not None:
-        banks = (moes[0].exl3.gate_up, moes[0].exl3.down)
-        parts = [(bank, 2 if bank is banks[0] else 1) for bank in banks]  # gate and up: two matrices an expert
+        parts = ((moes[0].exl3.gate_up, 2), (moes[0].exl3.down, 1))  # gate and up: two matrices an expert
         expert = sum(n * sum(t[0].nbytes for t in (b.trellis, b.suh, b.svh)) for b, n in parts)
         weights = sum(n * b.suh.shape[1] * b.svh.shape[1] for b, n in parts)
     elif moes and moes[0].stacked is not None:
@@ -216,24 +215,26 @@ def build(
     mtp: bool = False,
     exl3_experts: bool = False,
     shard: int = 1,
+    dense: str | None = None,
 ):
     """The full-width model with `layers` (K: KDA, D: DSA; the first layer's MLP dense, the rest MoE; `released`:
     the config's own layers), random weights (this rank's share of them under `group`; `shard` > 1 without a group:
     rank 0's share of that many, on this device, `ShardStandIn`), the routed experts EXL3 when `exl3_experts`, with
-    the MTP layer loaded to draft when `mtp`; (model, cfg)."""
+    the MTP layer loaded to draft when `mtp`, the dense weights kept as `dense` (default: --dense); (model, cfg)."""
     raw = {"text_config": text_config_for(layers, config, mtp)}
     cfg = TextConfig.from_dict(raw)
     if group is None:
         group = ShardStandIn(0, shard, torch.device(device)) if shard > 1 else ParallelGroup.single(device)
     reader = RandomReader(raw, torch.bfloat16, device, group)
+    dense = dense or DENSE
     if not exl3_experts:
-        return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=DENSE), cfg
+        return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=dense), cfg
     from engine.models.glm5_next import moe
 
     served = moe.read_expert_banks
     moe.read_expert_banks = random_expert_banks  # type: ignore[assignment]
     try:
-        return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=DENSE), cfg
+        return Glm5NextForCausalLM(cfg, reader, group, mtp=mtp, dense=dense), cfg
     finally:
         moe.read_expert_banks = served
 
@@ -267,6 +268,7 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         "eager": LaneDecoder(model, pool, 4, graphs=False),
     }
     moe_layers = sum(t == "sparse" for t in cfg.mlp_layer_types)
+    stand_in = model.group if isinstance(model.group, ShardStandIn) else None
     for batch in BATCHES:
         unique = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok)
         read = fixed + moe_layers * unique * expert
@@ -278,7 +280,6 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
             for s, prompt in zip(seqs, prompts):
                 model.prefill(s, prompt)
             decode = decoder.decode if decoder else model.decode
-            stand_in = model.group if isinstance(model.group, ShardStandIn) else None
             if stand_in is not None and mode == "eager":  # the collectives one step makes (eager: every call seen)
                 stand_in.calls = stand_in.bytes = 0
                 decode(seqs, tokens)
@@ -495,6 +496,11 @@ def prefill_breakdown(model: Glm5NextForCausalLM, pool, ids: list[int], contexts
     return out
 
 
+def gpu_kernels(prof) -> list:
+    """A torch.profiler run's kernels (names with GPU time), the most GPU time first."""
+    return sorted((e for e in prof.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total)
+
+
 def profile_prefill(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...]) -> dict:
     """The 2,048-token prompt chunk ending at each context under torch.profiler (after the same prompt once
     unprofiled, so compiles and autotunes are done): GPU time per kernel name (its launches; the 60 largest), the
@@ -517,9 +523,7 @@ def profile_prefill(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: 
                     wall = timed(lambda: model.prefill(seq, last), 1)
             finally:
                 seq.release()
-        kernels = sorted(
-            (e for e in prof.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total
-        )
+        kernels = gpu_kernels(prof)
         table = [
             {"kernel": e.key[:100], "launches": e.count, "ms": round(e.device_time_total / 1e3, 2)}
             for e in kernels[:60]
@@ -585,8 +589,7 @@ def profile_step(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool,
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         wall = timed(lambda: decoder.decode([seq], [11]), steps)
     seq.release()
-    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
-    kernels.sort(key=lambda e: -e.device_time_total)
+    kernels = gpu_kernels(prof)
     total = sum(e.device_time_total for e in kernels) / steps
     table = [
         {
@@ -783,15 +786,10 @@ def small_vs_transformers(path: str) -> dict:
     model = Glm5NextForCausalLM.load(path, ParallelGroup.single("cuda"))
     pool = model.make_pool(2048, "bf16")
     ids = list(range(5, 133))
-    ours = {}
-    for mode in ("graphs", "eager"):
-        decoder = LaneDecoder(model, pool, 1, graphs=mode == "graphs")
-        seq = decoder.new_sequence(0)
-        nxt = [int(model.prefill(seq, ids).argmax())]
-        step = lambda: nxt.__setitem__(0, int(decoder.decode([seq], nxt)[0].argmax()))  # noqa: E731
-        step()
-        ours[mode] = 1 / timed(step, 32)
-        seq.release()
+    ours = {
+        mode: read_back_decode(model, LaneDecoder(model, pool, 1, graphs=mode == "graphs"), ids)["tok_s"]
+        for mode in ("graphs", "eager")
+    }
     ref = Glm5NextForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
     prompt = torch.tensor([ids], device="cuda")
     ref.generate(prompt, max_new_tokens=4, do_sample=False)

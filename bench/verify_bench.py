@@ -1,7 +1,8 @@
 """Verify-window step times on the GPU: the full-width GLM-5.3-Flash config at reduced depth (bench/gpu_engine.py's
 random bf16 weights), replayed from CUDA graphs.
 
-    python bench/verify_bench.py [--layers KKKD|released] [--mtp] [--exl3-experts] [--shard 2] [--out verify.json]
+    python bench/verify_bench.py [--layers KKKD|released] [--mtp] [--exl3-experts] [--shard 2] [--dense q4]
+                                 [--out verify.json]
 
 For batch 1 and 4 (after a 128-token prompt per lane): the plain decode step (one token a lane) and verify steps of
 windows 2..5 (the pending token and 1..4 drafts a lane). A verify step's cost against the plain step is what a
@@ -24,7 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import gpu_engine  # noqa: E402
 from gpu_engine import build, lane_inputs, prompt_ids, timed  # noqa: E402
 
 from engine.runner.lanes import LaneDecoder  # noqa: E402
@@ -40,9 +40,14 @@ def main() -> None:
     parser.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how dense weights are kept")
     parser.add_argument("--config", default=str(ROOT / "engine/checkpoint/glm53_flash_config.json"))
     args = parser.parse_args()
-    gpu_engine.DENSE = args.dense
     model, cfg = build(
-        args.layers, "cuda", Path(args.config), mtp=args.mtp, exl3_experts=args.exl3_experts, shard=args.shard
+        args.layers,
+        "cuda",
+        Path(args.config),
+        mtp=args.mtp,
+        exl3_experts=args.exl3_experts,
+        shard=args.shard,
+        dense=args.dense,
     )
     pool = model.make_pool(8192, "bf16")
     decoder = LaneDecoder(model, pool, 4, graphs=True, window=5)
