@@ -69,13 +69,6 @@ class ParallelGroup:
         dist.init_process_group(backend, store=store, world_size=world, rank=rank, timeout=timeout)
         return cls(rank, world, device)
 
-    def close(self) -> None:
-        """Leave a gloo group. An NCCL group is left standing: destroying one whose collectives a CUDA graph captured
-        hangs (PyTorch issue 115388; both ranks, 2 runs of 2 of tests/gpu/tp2_repeat.py on two H200s), so a process
-        in one ends through `exit_process`."""
-        if self.is_distributed and dist.is_initialized() and dist.get_backend() != "nccl":
-            dist.destroy_process_group()
-
     # -- collectives ------------------------------------------------------------------------------------------
     def sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
         """Row-parallel reduction: every rank's partial sum, added in rank order -> identical bits everywhere.
@@ -181,7 +174,9 @@ def exit_process(code: int) -> None:
     """End a process that joined a torch.distributed group without the interpreter's teardown (returns only when it
     joined none). Tearing the backend down can abort the process after a peer has gone or refused ("terminate
     called…", SIGABRT, which turns a clean exit code into a crash) and hangs for an NCCL group whose collectives a
-    CUDA graph captured (`ParallelGroup.close`). Nothing is left to clean up at this point."""
+    CUDA graph captured (PyTorch issue 115388; both ranks, 2 runs of 2 of tests/gpu/tp2_repeat.py on two H200s).
+    A gloo group is not destroyed either: `destroy_process_group` on rank 0 after its peers had gone aborted a CI run
+    (tp3, rank 0 SIGABRT). Nothing is left to clean up at this point."""
     if dist.is_available() and dist.is_initialized():
         sys.stdout.flush()
         sys.stderr.flush()

@@ -65,7 +65,7 @@ def main(checkpoint: str, world: int, rank: int, port: int, out: str) -> None:
     }
     torch.save(result, out)
     torch.cuda.synchronize()
-    exit_process(0)  # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
+    exit_process(0)  # no backend teardown: it can abort (gloo) or hang (NCCL after graphs); see exit_process
 
 
 if __name__ == "__main__":
