@@ -168,6 +168,8 @@ EXL3 = False  # --exl3-experts
 SHARD = 1  # --shard
 PREFILL_LENGTHS = (2048, 8192, 32768)
 PREFILL_REPEATS = 3
+TENSOR_CORES = False  # --dsa-split: the DSA prompt attention through ops.split_product on CUDA
+PRECISION = False  # --dsa-compare
 
 
 def save() -> None:
@@ -325,6 +327,9 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     if PROFILE_PREFILL:
         out["prefill_profile"] = profile_prefill(model, pool, ids, PROFILE_PREFILL)
         save()
+    if PRECISION and device == "cuda":
+        out["dsa_prompt_precision"] = prompt_attention_precision(model, pool, ids, 8192)
+        save()
     if PREFILL:
         # matmul FLOPs a prompt token costs: 2 per weight it multiplies (a bf16 weight's 2 bytes), the LM head left
         # out (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta
@@ -335,6 +340,15 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         routed = moe_layers * cfg.num_experts_per_tok * 2 * expert_weights
         flops = fixed - head + routed if bf16 else 0  # CPU: not counted
         lengths = PREFILL_LENGTHS if device == "cuda" else (256,)
+        if PRECISION:  # the same prompts with the DSA products the other way too
+            from engine.models.glm5_next.dsa import SparseMLA
+
+            SparseMLA.TENSOR_CORES = not TENSOR_CORES
+            out["prefill_dsa_split" if not TENSOR_CORES else "prefill_dsa_fp32"] = prefill_rates(
+                model, pool, ids, lengths, flops, PREFILL_REPEATS
+            )
+            SparseMLA.TENSOR_CORES = TENSOR_CORES
+            save()
         out["prefill"] = prefill_rates(model, pool, ids, lengths, flops, PREFILL_REPEATS)
         save()
     return out
@@ -537,6 +551,55 @@ def profile_prefill(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: 
         print(f"prefill chunk ending at {context}: wall {wall * 1e3:.1f} ms", flush=True)
         for row in table:
             print(f"{row['ms']:9.2f} ms  x{row['launches']:<6} {row['kernel']}", flush=True)
+    return out
+
+
+def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int], length: int) -> dict:
+    """How far the DSA prompt attention on the tensor cores (`ops.split_product`) lands from the fp32 products it
+    replaced, on the bench's own prompt: every `_attend` / `_attend_selected` call of one `length`-token prompt runs
+    both ways (the fp32 result goes on), each call's max |difference| / max |fp32|; then the prompt's last logits
+    and greedy token with each path throughout."""
+    from engine.models.glm5_next.dsa import SparseMLA
+
+    errors: dict[str, list[float]] = {"dense_regime": [], "selected_tokens": []}
+    plain = {"dense_regime": SparseMLA._attend, "selected_tokens": SparseMLA._attend_selected}
+
+    def both(kind: str):
+        def run(self, *args):
+            SparseMLA.TENSOR_CORES = False
+            want = plain[kind](self, *args)
+            SparseMLA.TENSOR_CORES = True
+            got = plain[kind](self, *args)
+            errors[kind].append(float((got - want).abs().max() / want.abs().max()))
+            return want
+
+        return run
+
+    def logits(tensor_cores: bool) -> torch.Tensor:
+        SparseMLA.TENSOR_CORES = tensor_cores
+        seq = model.new_sequence(pool)
+        try:
+            for chunk in range(0, length, 2048):
+                out = model.prefill(seq, ids[chunk : chunk + 2048])
+            return out
+        finally:
+            seq.release()
+
+    SparseMLA._attend, SparseMLA._attend_selected = both("dense_regime"), both("selected_tokens")
+    try:
+        logits(False)
+    finally:
+        SparseMLA._attend, SparseMLA._attend_selected = plain["dense_regime"], plain["selected_tokens"]
+    want, got = logits(False), logits(True)
+    SparseMLA.TENSOR_CORES = TENSOR_CORES
+    out = {
+        "prompt_tokens": length,
+        **{k: {"calls": len(v), "max_relative": max(v, default=None)} for k, v in errors.items()},
+        "last_logits_max_abs_diff": float((got - want).abs().max()),
+        "last_logits_max_abs": float(want.abs().max()),
+        "same_greedy_token": bool(got.argmax() == want.argmax()),
+    }
+    print(f"DSA prompt attention, split bf16 vs fp32: {out}", flush=True)
     return out
 
 
@@ -822,6 +885,14 @@ def main() -> None:
     ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--moe-loop", action="store_true", help="prompt MoE as the loop over experts, not grouped GEMMs")
+    ap.add_argument(
+        "--dsa-split", action="store_true", help="DSA prompt attention on the tensor cores (ops.split_product)"
+    )
+    ap.add_argument(
+        "--dsa-compare",
+        action="store_true",
+        help="DSA prompt attention: the tensor-core path against fp32 products (precision on an 8k prompt, prefill rates)",
+    )
     ap.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how the dense weights are kept")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
     ap.add_argument(
@@ -860,7 +931,13 @@ def main() -> None:
         EXL3, \
         SHARD, \
         PREFILL_LENGTHS, \
-        PREFILL_REPEATS
+        PREFILL_REPEATS, \
+        TENSOR_CORES, \
+        PRECISION
+    from engine.models.glm5_next.dsa import SparseMLA
+
+    TENSOR_CORES = SparseMLA.TENSOR_CORES = args.dsa_split
+    PRECISION = args.dsa_compare
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS = args.prefill_repeats
@@ -876,6 +953,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
+        dsa_prompt_products="split bf16 on tensor cores" if TENSOR_CORES else "fp32",
         dense=args.dense,
         routed_experts="EXL3 4-bit mcg (random trellis)" if args.exl3_experts else "bf16",
         shard=f"rank 0 of {args.shard} (ShardStandIn: one GPU, collectives as local copies)"

@@ -26,5 +26,7 @@ from engine.ops.reference import (  # noqa: F401
     sigmoid,
     silu,
     softplus,
+    split_bf16,
+    split_product,
     swiglu_clamped,
 )

@@ -105,6 +105,35 @@ def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a @ b).float()
 
 
+Split = tuple[torch.Tensor, torch.Tensor]
+
+
+def split_bf16(x: torch.Tensor) -> Split:
+    """fp32 x as two bf16 tensors whose sum is x to ~2^-17 of its magnitude: hi = x rounded, lo = the rest rounded."""
+    hi = x.to(torch.bfloat16)
+    return hi, (x - hi.float()).to(torch.bfloat16)
+
+
+def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Tensor:
+    """a @ b (2-D or batched 3-D) of fp32 operands on bf16 tensor cores at close to fp32 precision: each operand
+    split in two (`split_bf16`, or given split), the three products that matter summed in fp32, smallest first
+    (lo·hi + hi·lo, then hi·hi; lo·lo is below 2^-16 of the result and dropped). Relative error ~1e-5 where one
+    bf16 product errs by ~4e-3 (tests/engine/test_split_product.py; the DSA prompt path on the H200:
+    docs/BENCHMARKS.md). Three tensor-core products are several times faster than one fp32 product on the CUDA
+    cores, which is what the prompt path's attention ran on before."""
+    a_hi, a_lo = split_bf16(a) if isinstance(a, torch.Tensor) else a
+    b_hi, b_lo = split_bf16(b) if isinstance(b, torch.Tensor) else b
+    out = _wide_product(a_lo, b_hi)
+    out += _wide_product(a_hi, b_lo)
+    out += _wide_product(a_hi, b_hi)
+    return out
+
+
+def _wide_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bf16 operands, fp32 sums and result (the CPU: in fp32 throughout, where each bf16 product is exact)."""
+    return _fp32_product(a, b) if a.is_cuda else a.float() @ b.float()
+
+
 # Elementwise functions whose vectorised CPU kernels differ from their scalar tail (measured: sigmoid, silu,
 # softplus on AVX512), so an element's bits would depend on its place in the tensor; composed here from functions
 # that do not (exp, log1p and IEEE arithmetic). On CUDA every element runs the same code: torch's own.

@@ -45,6 +45,9 @@ from engine.quant.dense import Store, Weight, keep
 
 
 class SparseMLA:
+    # CUDA prompt attention through ops.split_product: built and checked on the CPU, not yet timed on a GPU, so off
+    # until bench/gpu_session15_run.sh has measured it (bench/gpu_engine.py --dsa-compare / --dsa-split)
+    TENSOR_CORES = False
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
     # views into `x_proj`, one per projection of x (set in __init__ by name)
     q_a: Weight
@@ -133,11 +136,25 @@ class SparseMLA:
 
     def _attend(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q [T, Hl, nope], latents [L, r], mask [T, L] -> [T, Hl * v]."""
+        if q.is_cuda and self.TENSOR_CORES:
+            return self._attend_split(q, latents, mask)
         q_abs = torch.einsum("thd,hdr->thr", q, self.w_k)
         scores = torch.einsum("thr,lr->thl", q_abs, latents) * self.scaling
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
         ctx = torch.einsum("thl,lr->thr", torch.softmax(scores, dim=-1), latents)
         return torch.einsum("thr,hvr->thv", ctx, self.w_v).flatten(1)
+
+    def _attend_split(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`_attend` on the tensor cores (CUDA prompt chunks): the same products, each an `ops.split_product`
+        (three bf16 products summed in fp32, ~1e-5 from the fp32 path), laid out head-major so each is one call."""
+        heads, t = self.local_heads, q.shape[0]
+        lat_hi, lat_lo = ops.split_bf16(latents)
+        q_abs = ops.split_product(q.transpose(0, 1), self.w_k)  # [Hl, T, r]
+        scores = ops.split_product(q_abs.view(heads * t, -1), (lat_hi.t(), lat_lo.t())) * self.scaling
+        scores = scores.view(heads, t, -1).masked_fill_(~mask[None], float("-inf"))
+        ctx = ops.split_product(torch.softmax(scores, dim=-1).view(heads * t, -1), (lat_hi, lat_lo))
+        out = ops.split_product(ctx.view(heads, t, -1), self.w_v.transpose(1, 2))  # [Hl, T, v]
+        return out.transpose(0, 1).reshape(t, -1)
 
     def _attend_selected(
         self, q: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor
@@ -146,6 +163,15 @@ class SparseMLA:
         gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         picked = tokens.clamp(max=latents.shape[0] - 1)
+        if q.is_cuda and self.TENSOR_CORES:
+            lat_hi, lat_lo = ops.split_bf16(latents)
+            outs = []
+            for i in range(0, q.shape[0], block):
+                rows = picked[i : i + block]
+                outs.append(
+                    self._attend_gathered_split(q[i : i + block], lat_hi[rows], lat_lo[rows], counts[i : i + block])
+                )
+            return torch.cat(outs)
         return torch.cat(
             [
                 self._attend_lanes(q[i : i + block], latents[picked[i : i + block]], counts[i : i + block])
@@ -277,6 +303,19 @@ class SparseMLA:
         return ops.row_blocks(lambda rows: torch.einsum("bhr,hvr->bhv", rows, self.w_v), ctx, kind="dsa_heads").flatten(
             1
         )
+
+    def _attend_gathered_split(
+        self, q: torch.Tensor, lat_hi: torch.Tensor, lat_lo: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """`_attend_lanes` for a block of prompt queries on the tensor cores: q [B, Hl, nope], each query's selected
+        latents already split [B, N, r] (bf16 hi, lo), counts [B, N] -> [B, Hl * v]. No row blocks: a prompt chunk's
+        rows need not match a decode step's bits."""
+        q_abs = ops.split_product(q.transpose(0, 1), self.w_k).transpose(0, 1)  # [B, Hl, r]
+        scores = ops.split_product(q_abs, (lat_hi.transpose(1, 2), lat_lo.transpose(1, 2))) * self.scaling
+        scores = scores.masked_fill_(~counts[:, None, :], float("-inf"))
+        ctx = ops.split_product(torch.softmax(scores, dim=-1), (lat_hi, lat_lo))  # [B, Hl, r]
+        out = ops.split_product(ctx.transpose(0, 1), self.w_v.transpose(1, 2))  # [Hl, B, v]
+        return out.transpose(0, 1).reshape(q.shape[0], -1)
 
     def _attend_rows(self, q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         scores = torch.bmm(q_abs, latents.transpose(1, 2)) * self.scaling

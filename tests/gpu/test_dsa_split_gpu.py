@@ -1,0 +1,49 @@
+"""DSA's prompt attention on the H200's tensor cores (`ops.split_product`, engine/models/glm5_next/dsa.py) against
+the fp32 products it replaced, at the real model's head widths: dense regime and selected tokens. The prompt-path
+precision on a whole model is a bench figure (bench/gpu_engine.py --dsa-precision, docs/BENCHMARKS.md). Skipped
+without a GPU (never part of CI)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_split_product import dsa_heads, relative_error
+
+from engine.models.glm5_next.dsa import SparseMLA
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture
+def layer():
+    """GLM-5.3-Flash's per-head widths (nope 192, v 256, latent 512), 16 local heads; the products on the CUDA cores
+    in fp32 where `TENSOR_CORES` is off."""
+    layer = dsa_heads(heads=16, nope=192, v=256, rank=512)
+    layer.w_k, layer.w_v = layer.w_k.cuda() * 0.3, layer.w_v.cuda() * 0.3
+    yield layer
+    SparseMLA.TENSOR_CORES = False  # the default until the path is timed (dsa.py)
+
+
+def test_prompt_attention_on_tensor_cores_matches_fp32(layer) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    t, length = 512, 1536
+    q = torch.randn(t, 16, 192, device="cuda", generator=g)
+    latents = torch.randn(length, 512, device="cuda", generator=g).bfloat16().float()  # as a bf16 pool returns them
+    positions = torch.arange(length - t, length, device="cuda")
+    mask = torch.arange(length, device="cuda")[None, :] <= positions[:, None]
+    SparseMLA.TENSOR_CORES = False
+    want = layer._attend(q, latents, mask)
+    SparseMLA.TENSOR_CORES = True
+    got = layer._attend(q, latents, mask)
+    assert relative_error(got, want) < 5e-5
+    assert relative_error(got, want) > 0  # the tensor-core path ran (bits differ from the fp32 products)
+
+    n = 640
+    tokens = torch.randint(0, length, (t, n), device="cuda", generator=g)
+    counts = torch.rand(t, n, device="cuda", generator=g) < 0.9
+    counts[:, 0] = True
+    SparseMLA.TENSOR_CORES = False
+    want = layer._attend_selected(q, latents, tokens, counts)
+    SparseMLA.TENSOR_CORES = True
+    got = layer._attend_selected(q, latents, tokens, counts)
+    assert 0 < relative_error(got, want) < 5e-5
