@@ -781,7 +781,7 @@ def tp2_rank(args: argparse.Namespace) -> None:
     sync()
     from engine.parallel import exit_process
 
-    exit_process(0)  # an NCCL group whose collectives graphs captured cannot be torn down (ParallelGroup.close)
+    exit_process(0)  # no backend teardown: it can abort (gloo) or hang (NCCL after graphs); see exit_process
 
 
 def tp2_per_layer(layers: str, config: Path, timeout_s: float) -> dict:

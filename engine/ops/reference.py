@@ -111,7 +111,9 @@ Split = tuple[torch.Tensor, torch.Tensor]
 def split_bf16(x: torch.Tensor) -> Split:
     """fp32 x as two bf16 tensors whose sum is x to ~2^-17 of its magnitude: hi = x rounded, lo = the rest rounded."""
     hi = x.to(torch.bfloat16)
-    return hi, (x - hi.float()).to(torch.bfloat16)
+    rest = hi.float()
+    torch.sub(x, rest, out=rest)  # x - hi in place: one fp32 temporary, not two
+    return hi, rest.to(torch.bfloat16)
 
 
 def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Tensor:

@@ -151,8 +151,8 @@ class SparseMLA:
         lat_hi, lat_lo = ops.split_bf16(latents)
         q_abs = ops.split_product(q.transpose(0, 1), self.w_k)  # [Hl, T, r]
         scores = ops.split_product(q_abs.view(heads * t, -1), (lat_hi.t(), lat_lo.t())) * self.scaling
-        scores = scores.view(heads, t, -1).masked_fill_(~mask[None], float("-inf"))
-        ctx = ops.split_product(torch.softmax(scores, dim=-1).view(heads * t, -1), (lat_hi, lat_lo))
+        scores = torch.softmax(scores.view(heads, t, -1).masked_fill_(~mask[None], float("-inf")), dim=-1)
+        ctx = ops.split_product(scores.view(heads * t, -1), (lat_hi, lat_lo))
         out = ops.split_product(ctx.view(heads, t, -1), self.w_v.transpose(1, 2))  # [Hl, T, v]
         return out.transpose(0, 1).reshape(t, -1)
 
