@@ -169,7 +169,7 @@ SHARD = 1  # --shard
 PREFILL_LENGTHS = (2048, 8192, 32768)
 PREFILL_REPEATS = 3
 TENSOR_CORES = False  # --dsa-split: the DSA prompt attention through ops.split_product on CUDA
-PRECISION = False  # --dsa-compare
+PRECISION = False  # --prompt-candidates
 
 
 def save() -> None:
@@ -330,6 +330,8 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     if PRECISION and device == "cuda":
         out["dsa_prompt_precision"] = prompt_attention_precision(model, pool, ids, 8192)
         save()
+        out["prompt_candidates"] = prompt_candidates(model, pool, ids, PREFILL_LENGTHS, PREFILL_REPEATS)
+        save()
     if PREFILL:
         # matmul FLOPs a prompt token costs: 2 per weight it multiplies (a bf16 weight's 2 bytes), the LM head left
         # out (a chunk's logits are its last token's), top_k routed experts a MoE layer; attention and the delta
@@ -340,15 +342,6 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         routed = moe_layers * cfg.num_experts_per_tok * 2 * expert_weights
         flops = fixed - head + routed if bf16 else 0  # CPU: not counted
         lengths = PREFILL_LENGTHS if device == "cuda" else (256,)
-        if PRECISION:  # the same prompts with the DSA products the other way too
-            from engine.models.glm5_next.dsa import SparseMLA
-
-            SparseMLA.TENSOR_CORES = not TENSOR_CORES
-            out["prefill_dsa_split" if not TENSOR_CORES else "prefill_dsa_fp32"] = prefill_rates(
-                model, pool, ids, lengths, flops, PREFILL_REPEATS
-            )
-            SparseMLA.TENSOR_CORES = TENSOR_CORES
-            save()
         out["prefill"] = prefill_rates(model, pool, ids, lengths, flops, PREFILL_REPEATS)
         save()
     return out
@@ -600,6 +593,55 @@ def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int],
         "same_greedy_token": bool(got.argmax() == want.argmax()),
     }
     print(f"DSA prompt attention, split bf16 vs fp32: {out}", flush=True)
+    return out
+
+
+PROMPT_CANDIDATES = {  # name: (DSA prompt attention on the tensor cores, fused hyper-connections up to this many tokens)
+    "today": (False, 64),
+    "dsa_split": (True, 64),
+    "hc_fused": (False, 1 << 30),
+    "both": (True, 1 << 30),
+}
+
+
+def prompt_candidates(
+    model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], repeats: int, check: int = 8192
+) -> dict:
+    """Prompt-path forms not yet on by default, each against today's in one process: DSA's prompt attention through
+    `ops.split_product` (`SparseMLA.TENSOR_CORES`) and the fused hyper-connection kernels (engine/ops/triton_mhc.py,
+    today used up to `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too. Each: the
+    prefill rates, and its last logits of a `check`-token prompt against today's form (max |difference|, greedy
+    token)."""
+    from engine.models.glm5_next.dsa import SparseMLA
+    from engine.ops import fused
+
+    def last_logits() -> torch.Tensor:
+        seq = model.new_sequence(pool)
+        try:
+            for chunk in range(0, check, 2048):
+                logits = model.prefill(seq, ids[chunk : chunk + 2048])
+            return logits
+        finally:
+            seq.release()
+
+    saved = SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS
+    out: dict = {}
+    try:
+        for name, (split, hc_tokens) in PROMPT_CANDIDATES.items():
+            SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = split, hc_tokens
+            logits = last_logits()
+            if name == "today":
+                reference = logits
+            out[name] = {
+                "last_logits_max_abs_diff": float((logits - reference).abs().max()),
+                "same_greedy_token": bool(logits.argmax() == reference.argmax()),
+                "prefill": prefill_rates(model, pool, ids, lengths, 0, repeats),
+            }
+            print(f"prompt candidate {name}: {out[name]}", flush=True)
+            save()
+    finally:
+        SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = saved
+    out["last_logits_max_abs"] = float(reference.abs().max())
     return out
 
 
@@ -889,9 +931,10 @@ def main() -> None:
         "--dsa-split", action="store_true", help="DSA prompt attention on the tensor cores (ops.split_product)"
     )
     ap.add_argument(
-        "--dsa-compare",
+        "--prompt-candidates",
         action="store_true",
-        help="DSA prompt attention: the tensor-core path against fp32 products (precision on an 8k prompt, prefill rates)",
+        help="prompt-path candidates against today's (DSA on the tensor cores, fused hyper-connections): precision on "
+        "an 8k prompt, prefill rates",
     )
     ap.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how the dense weights are kept")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
@@ -937,7 +980,7 @@ def main() -> None:
     from engine.models.glm5_next.dsa import SparseMLA
 
     TENSOR_CORES = SparseMLA.TENSOR_CORES = args.dsa_split
-    PRECISION = args.dsa_compare
+    PRECISION = args.prompt_candidates
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS = args.prefill_repeats

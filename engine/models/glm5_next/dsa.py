@@ -46,7 +46,7 @@ from engine.quant.dense import Store, Weight, keep
 
 class SparseMLA:
     # CUDA prompt attention through ops.split_product: built and checked on the CPU, not yet timed on a GPU, so off
-    # until bench/gpu_session15_run.sh has measured it (bench/gpu_engine.py --dsa-compare / --dsa-split)
+    # until bench/gpu_session15_run.sh has measured it (bench/gpu_engine.py --prompt-candidates / --dsa-split)
     TENSOR_CORES = False
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
     # views into `x_proj`, one per projection of x (set in __init__ by name)
