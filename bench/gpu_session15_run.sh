@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 15's prepared H200 call (no device time was left in session 15 to run it), <= BUDGET s: the whole GPU
-# suite (fla-core left out, as bench/gpu_suite_run.sh; tests/gpu/test_dsa_split_gpu.py among it), then the 4-layer
-# full-width bf16 bench at TP=1 with fla-core: the prompt-path candidates against today's form in one process
+# Session 15's prepared H200 call (no device time was left in session 15 to run it), <= BUDGET s; the GPU suite
+# first in its own call (`BUDGET=540 bash bench/gpu_suite_run.sh`: tests/gpu/test_dsa_split_gpu.py is in it). The
+# 4-layer full-width bf16 bench at TP=1 with fla-core: the prompt-path candidates against today's form in one process
 # (`--prompt-candidates`: DSA's prompt attention on the tensor cores through ops.split_product, the fused
 # hyper-connection kernels for prompt chunks, both) - each one's prefill 2k/8k/32k and last logits of an 8k prompt
 # against today's - plus decode b1 read back and transformers warm in the same process.
@@ -15,10 +15,8 @@ BUDGET=${BUDGET:-590}
 . bench/run_steps.sh
 
 machine
-wheels fla_core einops
-step "tests/gpu" 260 "$OUT/gpu_suite.txt" python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu
 wheels
-step "4 layers (KKKD), bf16, TP=1, fla-core: DSA split vs fp32; transformers warm" 400 "$OUT/kkkd_bf16.txt" \
+step "4 layers (KKKD), bf16, TP=1, fla-core: prompt candidates; transformers warm" 580 "$OUT/kkkd_bf16.txt" \
     python bench/gpu_engine.py --layers KKKD --modes graphs --tp2 off --prompt-candidates --transformers \
     --out "$OUT/kkkd_bf16.json"
 say "## done after $(( $(date +%s) - START )) s"
