@@ -547,11 +547,22 @@ def profile_prefill(model: Glm5NextForCausalLM, pool, ids: list[int], contexts: 
     return out
 
 
+def prompt_logits(model: Glm5NextForCausalLM, pool, ids: list[int], length: int) -> torch.Tensor:
+    """The last logits of one `length`-token prompt, prefilled in 2,048-token chunks as the rate figures are."""
+    seq = model.new_sequence(pool)
+    try:
+        for chunk in range(0, length, 2048):
+            logits = model.prefill(seq, ids[chunk : chunk + 2048])
+        return logits
+    finally:
+        seq.release()
+
+
 def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int], length: int) -> dict:
     """How far the DSA prompt attention on the tensor cores (`ops.split_product`) lands from the fp32 products it
-    replaced, on the bench's own prompt: every `_attend` / `_attend_selected` call of one `length`-token prompt runs
-    both ways (the fp32 result goes on), each call's max |difference| / max |fp32|; then the prompt's last logits
-    and greedy token with each path throughout."""
+    would replace, on the bench's own prompt: every `_attend` / `_attend_selected` call of one `length`-token prompt
+    runs both ways (the fp32 result goes on), each call's max |difference| / max |fp32| (the whole model's last
+    logits: `prompt_candidates`)."""
     from engine.models.glm5_next.dsa import SparseMLA
 
     errors: dict[str, list[float]] = {"dense_regime": [], "selected_tokens": []}
@@ -568,29 +579,15 @@ def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int],
 
         return run
 
-    def logits(tensor_cores: bool) -> torch.Tensor:
-        SparseMLA.TENSOR_CORES = tensor_cores
-        seq = model.new_sequence(pool)
-        try:
-            for chunk in range(0, length, 2048):
-                out = model.prefill(seq, ids[chunk : chunk + 2048])
-            return out
-        finally:
-            seq.release()
-
     SparseMLA._attend, SparseMLA._attend_selected = both("dense_regime"), both("selected_tokens")
     try:
-        logits(False)
+        prompt_logits(model, pool, ids, length)
     finally:
         SparseMLA._attend, SparseMLA._attend_selected = plain["dense_regime"], plain["selected_tokens"]
-    want, got = logits(False), logits(True)
-    SparseMLA.TENSOR_CORES = TENSOR_CORES
+        SparseMLA.TENSOR_CORES = TENSOR_CORES
     out = {
         "prompt_tokens": length,
         **{k: {"calls": len(v), "max_relative": max(v, default=None)} for k, v in errors.items()},
-        "last_logits_max_abs_diff": float((got - want).abs().max()),
-        "last_logits_max_abs": float(want.abs().max()),
-        "same_greedy_token": bool(got.argmax() == want.argmax()),
     }
     print(f"DSA prompt attention, split bf16 vs fp32: {out}", flush=True)
     return out
@@ -615,21 +612,12 @@ def prompt_candidates(
     from engine.models.glm5_next.dsa import SparseMLA
     from engine.ops import fused
 
-    def last_logits() -> torch.Tensor:
-        seq = model.new_sequence(pool)
-        try:
-            for chunk in range(0, check, 2048):
-                logits = model.prefill(seq, ids[chunk : chunk + 2048])
-            return logits
-        finally:
-            seq.release()
-
     saved = SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS
     out: dict = {}
     try:
         for name, (split, hc_tokens) in PROMPT_CANDIDATES.items():
             SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = split, hc_tokens
-            logits = last_logits()
+            logits = prompt_logits(model, pool, ids, check)
             if name == "today":
                 reference = logits
             out[name] = {
