@@ -615,11 +615,15 @@ def prompt_candidates(
     saved = SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS
     out: dict = {}
     try:
+        SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = PROMPT_CANDIDATES["today"]
+        reference = prompt_logits(model, pool, ids, check)
         for name, (split, hc_tokens) in PROMPT_CANDIDATES.items():
             SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = split, hc_tokens
-            logits = prompt_logits(model, pool, ids, check)
-            if name == "today":
-                reference = logits
+            try:
+                logits = prompt_logits(model, pool, ids, check)
+            except torch.OutOfMemoryError as exc:
+                out[name] = f"out of memory: {str(exc).splitlines()[0]}"
+                continue
             out[name] = {
                 "last_logits_max_abs_diff": float((logits - reference).abs().max()),
                 "same_greedy_token": bool(logits.argmax() == reference.argmax()),

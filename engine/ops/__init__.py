@@ -15,6 +15,8 @@ from engine.ops.fused import (  # noqa: F401
     sinkhorn,
 )
 from engine.ops.reference import (  # noqa: F401
+    ROW_INVARIANT_ROWS,
+    Split,
     causal_conv,
     kda_chunked,
     kda_step,

@@ -100,6 +100,8 @@ def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.is_cuda and _FP32_OUT[0] and a.dim() in (2, 3):
         try:
             return (torch.mm if a.dim() == 2 else torch.bmm)(a, b, out_dtype=torch.float32)
+        except torch.OutOfMemoryError:
+            raise  # a RuntimeError too, but says nothing of this torch: the fallback stays for real absence only
         except (RuntimeError, TypeError):
             _FP32_OUT[0] = False
     return (a @ b).float()
@@ -119,10 +121,9 @@ def split_bf16(x: torch.Tensor) -> Split:
 def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Tensor:
     """a @ b (2-D or batched 3-D) of fp32 operands on bf16 tensor cores at close to fp32 precision: each operand
     split in two (`split_bf16`, or given split), the three products that matter summed in fp32, smallest first
-    (lo·hi + hi·lo, then hi·hi; lo·lo is below 2^-16 of the result and dropped). Relative error ~1e-5 where one
-    bf16 product errs by ~4e-3 (tests/engine/test_split_product.py; the DSA prompt path on the H200:
-    docs/BENCHMARKS.md). Three tensor-core products are several times faster than one fp32 product on the CUDA
-    cores, which is what the prompt path's attention ran on before."""
+    (lo·hi + hi·lo, then hi·hi; lo·lo is below 2^-16 of the result and dropped). Relative error ~4e-6 where one
+    bf16 product errs by ~2e-3 (tests/engine/test_split_product.py, on the CPU). Meant to replace fp32 products on
+    the CUDA cores (DSA's prompt attention, `SparseMLA.TENSOR_CORES`); its speed there is not measured yet."""
     a_hi, a_lo = split_bf16(a) if isinstance(a, torch.Tensor) else a
     b_hi, b_lo = split_bf16(b) if isinstance(b, torch.Tensor) else b
     out = _wide_product(a_lo, b_hi)
@@ -132,8 +133,13 @@ def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Ten
 
 
 def _wide_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """bf16 operands, fp32 sums and result (the CPU: in fp32 throughout, where each bf16 product is exact)."""
-    return _fp32_product(a, b) if a.is_cuda else a.float() @ b.float()
+    """bf16 operands, fp32 sums and result (the CPU, or a torch whose GPU matmul cannot write fp32: in fp32
+    throughout, where each bf16 product is exact; never a product rounded to bf16)."""
+    if a.is_cuda and _FP32_OUT[0]:
+        out = _fp32_product(a, b)
+        if _FP32_OUT[0]:
+            return out
+    return a.float() @ b.float()
 
 
 # Elementwise functions whose vectorised CPU kernels differ from their scalar tail (measured: sigmoid, silu,

@@ -46,8 +46,8 @@ def dsa_heads(heads: int = 4, nope: int = 24, v: int = 16, rank: int = 64) -> Sp
     layer = object.__new__(SparseMLA)
     layer.local_heads, layer.nope, layer.v_dim, layer.rank_dim = heads, nope, v, rank
     layer.scaling = (nope + 8) ** -0.5
-    layer.w_k = torch.randn(heads, nope, rank, generator=g) * 0.2
-    layer.w_v = torch.randn(heads, v, rank, generator=g) * 0.2
+    kv_b = torch.randn(heads, nope + v, rank, generator=g) * 0.2
+    layer.w_k, layer.w_v = kv_b[:, :nope], kv_b[:, nope:]  # views of one absorbed kv_b, as the loader makes them
     return layer
 
 
@@ -71,5 +71,35 @@ def test_dsa_prompt_attention_split_matches_the_fp32_einsums() -> None:
     counts[:, 0] = True
     want = layer._attend_lanes(q, latents[tokens], counts)
     hi, lo = ops.split_bf16(latents)
-    got = layer._attend_gathered_split(q, hi[tokens], lo[tokens], counts)
+    weights = ops.split_bf16(layer.w_k), ops.split_bf16(layer.w_v.transpose(1, 2))
+    got = layer._attend_gathered_split(q, hi[tokens], lo[tokens], counts, *weights)
     assert relative_error(got, want) < 5e-5
+
+
+def test_dsa_selected_tokens_split_in_query_blocks(monkeypatch) -> None:
+    """`_attend_selected` with the split path taken (as a CUDA prompt chunk takes it), its queries gathered in
+    blocks of 7 with a ragged last one: the fp32 path's result to ~1e-5, whatever the blocking."""
+    layer = dsa_heads()
+    g = torch.Generator().manual_seed(4)
+    t, length, n = 30, 64, 16
+    q = torch.randn(t, layer.local_heads, layer.nope, generator=g)
+    latents = torch.randn(length, layer.rank_dim, generator=g)
+    tokens = torch.randint(0, length + 4, (t, n), generator=g)  # past the end: clamped, as padding is
+    counts = (torch.rand(t, n, generator=g) < 0.7) & (tokens < length)
+    counts[:, 0], tokens[:, 0] = True, 0
+    want = layer._attend_selected(q, latents, tokens, counts)
+    monkeypatch.setattr(SparseMLA, "GATHER_ELEMENTS", 7 * n * layer.rank_dim)
+    monkeypatch.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: True)
+    got = layer._attend_selected(q, latents, tokens, counts)
+    assert relative_error(got, want) < 5e-5
+
+
+def test_only_cuda_prompt_chunks_take_the_split_path(monkeypatch) -> None:
+    layer = dsa_heads()
+    prompt = torch.zeros(ops.ROW_INVARIANT_ROWS + 1, layer.local_heads, layer.nope)
+    assert not layer._on_tensor_cores(prompt)  # the CPU: never
+    monkeypatch.setattr(SparseMLA, "TENSOR_CORES", True)
+    assert not layer._on_tensor_cores(prompt)  # still the CPU
+    if torch.cuda.is_available():
+        assert layer._on_tensor_cores(prompt.cuda())
+        assert not layer._on_tensor_cores(prompt[:1].cuda())  # a decode token stays on the fp32 products

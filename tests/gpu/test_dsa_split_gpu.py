@@ -1,7 +1,7 @@
-"""DSA's prompt attention on the H200's tensor cores (`ops.split_product`, engine/models/glm5_next/dsa.py) against
-the fp32 products it replaced, at the real model's head widths: dense regime and selected tokens. The prompt-path
-precision on a whole model is a bench figure (bench/gpu_engine.py --dsa-precision, docs/BENCHMARKS.md). Skipped
-without a GPU (never part of CI)."""
+"""DSA's prompt attention on the H200's tensor cores (`ops.split_product`, engine/models/glm5_next/dsa.py, taken
+with `SparseMLA.TENSOR_CORES`) against the fp32 products the engine runs today, at the real model's head widths:
+dense regime and selected tokens. The precision on a whole model is a bench figure (bench/gpu_engine.py
+--prompt-candidates). Skipped without a GPU (never part of CI)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def layer():
     """GLM-5.3-Flash's per-head widths (nope 192, v 256, latent 512), 16 local heads; the products on the CUDA cores
     in fp32 where `TENSOR_CORES` is off."""
     layer = dsa_heads(heads=16, nope=192, v=256, rank=512)
-    layer.w_k, layer.w_v = layer.w_k.cuda() * 0.3, layer.w_v.cuda() * 0.3
+    kv_b = torch.cat([layer.w_k, layer.w_v], dim=1).cuda() * 0.3
+    layer.w_k, layer.w_v = kv_b[:, :192], kv_b[:, 192:]
     yield layer
     SparseMLA.TENSOR_CORES = False  # the default until the path is timed (dsa.py)
 

@@ -136,13 +136,18 @@ class SparseMLA:
 
     def _attend(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q [T, Hl, nope], latents [L, r], mask [T, L] -> [T, Hl * v]."""
-        if q.is_cuda and self.TENSOR_CORES:
+        if self._on_tensor_cores(q):
             return self._attend_split(q, latents, mask)
         q_abs = torch.einsum("thd,hdr->thr", q, self.w_k)
         scores = torch.einsum("thr,lr->thl", q_abs, latents) * self.scaling
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
         ctx = torch.einsum("thl,lr->thr", torch.softmax(scores, dim=-1), latents)
         return torch.einsum("thr,hvr->thv", ctx, self.w_v).flatten(1)
+
+    def _on_tensor_cores(self, q: torch.Tensor) -> bool:
+        """Whether these queries' attention takes the split products: a prompt chunk on CUDA, with TENSOR_CORES on
+        (a few rows - `model.decode`'s token - stay on the fp32 products)."""
+        return q.is_cuda and self.TENSOR_CORES and q.shape[0] > ops.ROW_INVARIANT_ROWS
 
     def _attend_split(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`_attend` on the tensor cores (CUDA prompt chunks): the same products, each an `ops.split_product`
@@ -163,13 +168,16 @@ class SparseMLA:
         gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         picked = tokens.clamp(max=latents.shape[0] - 1)
-        if q.is_cuda and self.TENSOR_CORES:
+        if self._on_tensor_cores(q):
             lat_hi, lat_lo = ops.split_bf16(latents)
+            weights = ops.split_bf16(self.w_k), ops.split_bf16(self.w_v.transpose(1, 2))  # once, not per block
             outs = []
             for i in range(0, q.shape[0], block):
                 rows = picked[i : i + block]
                 outs.append(
-                    self._attend_gathered_split(q[i : i + block], lat_hi[rows], lat_lo[rows], counts[i : i + block])
+                    self._attend_gathered_split(
+                        q[i : i + block], lat_hi[rows], lat_lo[rows], counts[i : i + block], *weights
+                    )
                 )
             return torch.cat(outs)
         return torch.cat(
@@ -305,16 +313,22 @@ class SparseMLA:
         )
 
     def _attend_gathered_split(
-        self, q: torch.Tensor, lat_hi: torch.Tensor, lat_lo: torch.Tensor, counts: torch.Tensor
+        self,
+        q: torch.Tensor,
+        lat_hi: torch.Tensor,
+        lat_lo: torch.Tensor,
+        counts: torch.Tensor,
+        w_k: ops.Split,
+        w_v_t: ops.Split,
     ) -> torch.Tensor:
         """`_attend_lanes` for a block of prompt queries on the tensor cores: q [B, Hl, nope], each query's selected
-        latents already split [B, N, r] (bf16 hi, lo), counts [B, N] -> [B, Hl * v]. No row blocks: a prompt chunk's
-        rows need not match a decode step's bits."""
-        q_abs = ops.split_product(q.transpose(0, 1), self.w_k).transpose(0, 1)  # [B, Hl, r]
+        latents already split [B, N, r] (bf16 hi, lo), counts [B, N], w_k and w_vᵀ [Hl, r, v] split -> [B, Hl * v].
+        No row blocks: a prompt chunk's rows need not match a decode step's bits."""
+        q_abs = ops.split_product(q.transpose(0, 1), w_k).transpose(0, 1)  # [B, Hl, r]
         scores = ops.split_product(q_abs, (lat_hi.transpose(1, 2), lat_lo.transpose(1, 2))) * self.scaling
         scores = scores.masked_fill_(~counts[:, None, :], float("-inf"))
         ctx = ops.split_product(torch.softmax(scores, dim=-1), (lat_hi, lat_lo))  # [B, Hl, r]
-        out = ops.split_product(ctx.transpose(0, 1), self.w_v.transpose(1, 2))  # [Hl, B, v]
+        out = ops.split_product(ctx.transpose(0, 1), w_v_t)  # [Hl, B, v]
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
     def _attend_rows(self, q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
