@@ -107,12 +107,15 @@ def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a @ b).float()
 
 
-Split = tuple[torch.Tensor, torch.Tensor]
+Split = tuple[torch.Tensor, torch.Tensor | None]  # (hi, lo) bf16; lo None where the value is bf16 itself
 
 
-def split_bf16(x: torch.Tensor) -> Split:
-    """fp32 x as two bf16 tensors whose sum is x to ~2^-17 of its magnitude: hi = x rounded, lo = the rest rounded."""
+def split_bf16(x: torch.Tensor, bf16_values: bool = False) -> Split:
+    """fp32 x as two bf16 tensors whose sum is x to ~2^-17 of its magnitude: hi = x rounded, lo = the rest rounded.
+    `bf16_values`: x is known to hold bf16 values (latents read from a bf16 cache) - hi is x exactly, no lo."""
     hi = x.to(torch.bfloat16)
+    if bf16_values:
+        return hi, None
     rest = hi.float()
     torch.sub(x, rest, out=rest)  # x - hi in place: one fp32 temporary, not two
     return hi, rest.to(torch.bfloat16)
@@ -121,14 +124,16 @@ def split_bf16(x: torch.Tensor) -> Split:
 def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Tensor:
     """a @ b (2-D or batched 3-D) of fp32 operands on bf16 tensor cores at close to fp32 precision: each operand
     split in two (`split_bf16`, or given split), the three products that matter summed in fp32, smallest first
-    (lo·hi + hi·lo, then hi·hi; lo·lo is below 2^-16 of the result and dropped). Relative error ~4e-6 where one
-    bf16 product errs by ~2e-3 (tests/engine/test_split_product.py, on the CPU). Meant to replace fp32 products on
-    the CUDA cores (DSA's prompt attention, `SparseMLA.TENSOR_CORES`); its speed there is not measured yet."""
+    (lo·hi + hi·lo, then hi·hi; lo·lo is below 2^-16 of the result and dropped; an operand without a lo part saves
+    its product). Relative error ~4e-6 where one bf16 product errs by ~2e-3 (tests/engine/test_split_product.py, on
+    the CPU). Meant to replace fp32 products on the CUDA cores (DSA's prompt attention, `SparseMLA.TENSOR_CORES`);
+    its speed there is not measured yet."""
     a_hi, a_lo = split_bf16(a) if isinstance(a, torch.Tensor) else a
     b_hi, b_lo = split_bf16(b) if isinstance(b, torch.Tensor) else b
-    out = _wide_product(a_lo, b_hi)
-    out += _wide_product(a_hi, b_lo)
-    out += _wide_product(a_hi, b_hi)
+    parts = [(x, y) for x, y in ((a_lo, b_hi), (a_hi, b_lo)) if x is not None and y is not None] + [(a_hi, b_hi)]
+    out = _wide_product(*parts[0])
+    for x, y in parts[1:]:
+        out += _wide_product(x, y)
     return out
 
 

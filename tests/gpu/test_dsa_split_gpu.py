@@ -35,9 +35,9 @@ def test_prompt_attention_on_tensor_cores_matches_fp32(layer) -> None:
     SparseMLA.TENSOR_CORES = False
     want = layer._attend(q, latents, mask)
     SparseMLA.TENSOR_CORES = True
-    got = layer._attend(q, latents, mask)
-    assert relative_error(got, want) < 5e-5
-    assert relative_error(got, want) > 0  # the tensor-core path ran (bits differ from the fp32 products)
+    for bf16_latents in (False, True):
+        got = layer._attend(q, latents, mask, bf16_latents)
+        assert 0 < relative_error(got, want) < 5e-5  # > 0: the tensor-core path ran (bits differ from fp32's)
 
     n = 640
     tokens = torch.randint(0, length, (t, n), device="cuda", generator=g)
@@ -46,5 +46,6 @@ def test_prompt_attention_on_tensor_cores_matches_fp32(layer) -> None:
     SparseMLA.TENSOR_CORES = False
     want = layer._attend_selected(q, latents, tokens, counts)
     SparseMLA.TENSOR_CORES = True
-    got = layer._attend_selected(q, latents, tokens, counts)
-    assert 0 < relative_error(got, want) < 5e-5
+    for bf16_latents in (False, True):
+        got = layer._attend_selected(q, latents, tokens, counts, bf16_latents)
+        assert 0 < relative_error(got, want) < 5e-5

@@ -134,10 +134,13 @@ class SparseMLA:
         keys = self._pool_keys(rows[:, self.rank_dim :], n_pools)[None]  # [1, P, d]
         return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
-    def _attend(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q [T, Hl, nope], latents [L, r], mask [T, L] -> [T, Hl * v]."""
+    def _attend(
+        self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor, bf16_latents: bool = False
+    ) -> torch.Tensor:
+        """q [T, Hl, nope], latents [L, r], mask [T, L] -> [T, Hl * v] (`bf16_latents`: they came from a bf16 cache,
+        which the tensor-core path uses as they are)."""
         if self._on_tensor_cores(q):
-            return self._attend_split(q, latents, mask)
+            return self._attend_split(q, latents, mask, bf16_latents)
         q_abs = torch.einsum("thd,hdr->thr", q, self.w_k)
         scores = torch.einsum("thr,lr->thl", q_abs, latents) * self.scaling
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
@@ -149,36 +152,43 @@ class SparseMLA:
         (a few rows - `model.decode`'s token - stay on the fp32 products)."""
         return q.is_cuda and self.TENSOR_CORES and q.shape[0] > ops.ROW_INVARIANT_ROWS
 
-    def _attend_split(self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _attend_split(
+        self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor, bf16_latents: bool = False
+    ) -> torch.Tensor:
         """`_attend` on the tensor cores (CUDA prompt chunks): the same products, each an `ops.split_product`
-        (three bf16 products summed in fp32, ~1e-5 from the fp32 path), laid out head-major so each is one call."""
+        (three bf16 products summed in fp32 - two against bf16 latents -, ~1e-5 from the fp32 path), laid out
+        head-major so each is one call."""
         heads, t = self.local_heads, q.shape[0]
-        lat_hi, lat_lo = ops.split_bf16(latents)
+        lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
         q_abs = ops.split_product(q.transpose(0, 1), self.w_k)  # [Hl, T, r]
-        scores = ops.split_product(q_abs.view(heads * t, -1), (lat_hi.t(), lat_lo.t())) * self.scaling
+        lat_t = lat_hi.t(), None if lat_lo is None else lat_lo.t()
+        scores = ops.split_product(q_abs.view(heads * t, -1), lat_t) * self.scaling
         scores = torch.softmax(scores.view(heads, t, -1).masked_fill_(~mask[None], float("-inf")), dim=-1)
         ctx = ops.split_product(scores.view(heads * t, -1), (lat_hi, lat_lo))
         out = ops.split_product(ctx.view(heads, t, -1), self.w_v.transpose(1, 2))  # [Hl, T, v]
         return out.transpose(0, 1).reshape(t, -1)
 
     def _attend_selected(
-        self, q: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor
+        self,
+        q: torch.Tensor,
+        latents: torch.Tensor,
+        tokens: torch.Tensor,
+        counts: torch.Tensor,
+        bf16_latents: bool = False,
     ) -> torch.Tensor:
         """q [T, Hl, nope] over the latents [L, r] of each query's own selected tokens [T, N] (`counts` [T, N]),
-        gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]."""
+        gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]
+        (`bf16_latents`: as `_attend`'s; the tensor-core path then gathers them in bf16, half the bytes)."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         picked = tokens.clamp(max=latents.shape[0] - 1)
         if self._on_tensor_cores(q):
-            lat_hi, lat_lo = ops.split_bf16(latents)
+            lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
             weights = ops.split_bf16(self.w_k), ops.split_bf16(self.w_v.transpose(1, 2))  # once, not per block
             outs = []
             for i in range(0, q.shape[0], block):
                 rows = picked[i : i + block]
-                outs.append(
-                    self._attend_gathered_split(
-                        q[i : i + block], lat_hi[rows], lat_lo[rows], counts[i : i + block], *weights
-                    )
-                )
+                lat = lat_hi[rows], None if lat_lo is None else lat_lo[rows]
+                outs.append(self._attend_gathered_split(q[i : i + block], lat, counts[i : i + block], *weights))
             return torch.cat(outs)
         return torch.cat(
             [
@@ -200,10 +210,11 @@ class SparseMLA:
         if chosen is None:
             raise RuntimeError(f"pool layer {self.pool_layer} shares an indexer that has not run for this chunk")
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
-        latents = rows[:, : self.rank_dim]
+        latents, bf16 = rows[:, : self.rank_dim], seq.pool.kv == "bf16"
         if isinstance(chosen, torch.Tensor):
-            return self._attend(q, latents, chosen), chosen
-        return self._attend_selected(q, latents, *chosen), chosen
+            return self._attend(q, latents, chosen, bf16), chosen
+        tokens, counts = chosen
+        return self._attend_selected(q, latents, tokens, counts, bf16), chosen
 
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict) -> torch.Tensor:
         """x: [T, hidden] for positions seq.length .. seq.length+T-1 (their pool slots already allocated)."""
@@ -313,21 +324,17 @@ class SparseMLA:
         )
 
     def _attend_gathered_split(
-        self,
-        q: torch.Tensor,
-        lat_hi: torch.Tensor,
-        lat_lo: torch.Tensor,
-        counts: torch.Tensor,
-        w_k: ops.Split,
-        w_v_t: ops.Split,
+        self, q: torch.Tensor, latents: ops.Split, counts: torch.Tensor, w_k: ops.Split, w_v_t: ops.Split
     ) -> torch.Tensor:
         """`_attend_lanes` for a block of prompt queries on the tensor cores: q [B, Hl, nope], each query's selected
-        latents already split [B, N, r] (bf16 hi, lo), counts [B, N], w_k and w_vᵀ [Hl, r, v] split -> [B, Hl * v].
-        No row blocks: a prompt chunk's rows need not match a decode step's bits."""
+        latents already split [B, N, r] (bf16 hi, lo or None), counts [B, N], w_k and w_vᵀ [Hl, r, v] split ->
+        [B, Hl * v]. No row blocks: a prompt chunk's rows need not match a decode step's bits."""
+        lat_hi, lat_lo = latents
         q_abs = ops.split_product(q.transpose(0, 1), w_k).transpose(0, 1)  # [B, Hl, r]
-        scores = ops.split_product(q_abs, (lat_hi.transpose(1, 2), lat_lo.transpose(1, 2))) * self.scaling
+        lat_t = lat_hi.transpose(1, 2), None if lat_lo is None else lat_lo.transpose(1, 2)
+        scores = ops.split_product(q_abs, lat_t) * self.scaling
         scores = scores.masked_fill_(~counts[:, None, :], float("-inf"))
-        ctx = ops.split_product(torch.softmax(scores, dim=-1), (lat_hi, lat_lo))  # [B, Hl, r]
+        ctx = ops.split_product(torch.softmax(scores, dim=-1), latents)  # [B, Hl, r]
         out = ops.split_product(ctx.transpose(0, 1), w_v_t)  # [Hl, B, v]
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
