@@ -593,11 +593,12 @@ def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int],
     return out
 
 
-PROMPT_CANDIDATES = {  # name: (DSA prompt attention on the tensor cores, fused hyper-connections up to this many tokens)
-    "today": (False, 64),
-    "dsa_split": (True, 64),
-    "hc_fused": (False, 1 << 30),
-    "both": (True, 1 << 30),
+PROMPT_CANDIDATES = {  # name: (DSA attention on the tensor cores, folded indexer, fused hyper-connections to N tokens)
+    "today": (False, False, 64),
+    "dsa_split": (True, False, 64),
+    "indexer_folded": (False, True, 64),
+    "hc_fused": (False, False, 1 << 30),
+    "all": (True, True, 1 << 30),
 }
 
 
@@ -605,20 +606,23 @@ def prompt_candidates(
     model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], repeats: int, check: int = 8192
 ) -> dict:
     """Prompt-path forms not yet on by default, each against today's in one process: DSA's prompt attention through
-    `ops.split_product` (`SparseMLA.TENSOR_CORES`) and the fused hyper-connection kernels (engine/ops/triton_mhc.py,
-    today used up to `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too. Each: the
-    prefill rates, and its last logits of a `check`-token prompt against today's form (max |difference|, greedy
-    token)."""
+    `ops.split_product` (`SparseMLA.TENSOR_CORES`), its indexer's scores as one folded product
+    (`SparseMLA.FOLDED_INDEXER`), and the fused hyper-connection kernels (engine/ops/triton_mhc.py, today used up to
+    `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too. Each: the prefill rates,
+    and its last logits of a `check`-token prompt against today's form (max |difference|, greedy token)."""
     from engine.models.glm5_next.dsa import SparseMLA
     from engine.ops import fused
 
-    saved = SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS
+    def use(form: tuple[bool, bool, int]) -> None:
+        SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS = form
+
+    saved = SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS
     out: dict = {}
     try:
-        SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = PROMPT_CANDIDATES["today"]
+        use(PROMPT_CANDIDATES["today"])
         reference = prompt_logits(model, pool, ids, check)
-        for name, (split, hc_tokens) in PROMPT_CANDIDATES.items():
-            SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = split, hc_tokens
+        for name, form in PROMPT_CANDIDATES.items():
+            use(form)
             try:
                 logits = prompt_logits(model, pool, ids, check)
             except torch.OutOfMemoryError as exc:
@@ -632,7 +636,7 @@ def prompt_candidates(
             print(f"prompt candidate {name}: {out[name]}", flush=True)
             save()
     finally:
-        SparseMLA.TENSOR_CORES, fused.HC_FUSED_MAX_TOKENS = saved
+        use(saved)
     out["last_logits_max_abs"] = float(reference.abs().max())
     return out
 

@@ -127,3 +127,19 @@ def test_only_cuda_prompt_chunks_take_the_split_path(monkeypatch) -> None:
     if torch.cuda.is_available():
         assert layer._on_tensor_cores(prompt.cuda())
         assert not layer._on_tensor_cores(prompt[:1].cuda())  # a decode token stays on the fp32 products
+
+
+def test_folded_indexer_scores_match_the_batched_products() -> None:
+    """`_index_folded` (a CUDA prompt chunk's pool scores with FOLDED_INDEXER) against the batched matmul and einsum
+    the prompt path runs today, on the CPU: the same sums in another order, so fp32 rounding apart."""
+    layer = object.__new__(SparseMLA)
+    g = torch.Generator().manual_seed(6)
+    t, h, d, pools = 33, 8, 64, 20
+    q = torch.randn(t, h, d, generator=g)
+    keys = torch.randn(1, pools, d, generator=g)
+    head_w = torch.randn(t, h, generator=g)
+    scores = torch.relu(torch.matmul(q, keys.transpose(-1, -2)) * d**-0.5)
+    want = torch.einsum("bh,bhp->bp", head_w, scores)
+    got = layer._index_folded(q, keys, head_w)
+    assert got.shape == (t, pools)
+    assert relative_error(got, want) < 1e-6

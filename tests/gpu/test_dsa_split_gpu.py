@@ -49,3 +49,15 @@ def test_prompt_attention_on_tensor_cores_matches_fp32(layer) -> None:
     for bf16_latents in (False, True):
         got = layer._attend_selected(q, latents, tokens, counts, bf16_latents)
         assert 0 < relative_error(got, want) < 5e-5
+
+
+def test_folded_indexer_on_cuda_matches_the_batched_products() -> None:
+    """`_index_folded` at a 32k context's shapes (2,048 queries, 32 index heads of 128, 512 pools) against the
+    batched matmul and einsum the prompt path runs today."""
+    layer = object.__new__(SparseMLA)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(2048, 32, 128, device="cuda", generator=g)
+    keys = torch.randn(1, 512, 128, device="cuda", generator=g)
+    head_w = torch.randn(2048, 32, device="cuda", generator=g)
+    want = torch.einsum("bh,bhp->bp", head_w, torch.relu(torch.matmul(q, keys.transpose(-1, -2)) * 128**-0.5))
+    assert relative_error(layer._index_folded(q, keys, head_w), want) < 1e-5
