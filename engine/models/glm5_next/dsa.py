@@ -162,9 +162,9 @@ class SparseMLA:
         head-major so each is one call."""
         heads, t = self.local_heads, q.shape[0]
         lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
-        q_abs = ops.split_product(q.transpose(0, 1), self.w_k)  # [Hl, T, r]
+        q_abs = ops.split_product(q.transpose(0, 1), self.w_k) * self.scaling  # [Hl, T, r], scaled here: r < L
         lat_t = lat_hi.t(), None if lat_lo is None else lat_lo.t()
-        scores = ops.split_product(q_abs.view(heads * t, -1), lat_t) * self.scaling
+        scores = ops.split_product(q_abs.view(heads * t, -1), lat_t)
         scores = torch.softmax(scores.view(heads, t, -1).masked_fill_(~mask[None], float("-inf")), dim=-1)
         ctx = ops.split_product(scores.view(heads * t, -1), (lat_hi, lat_lo))
         out = ops.split_product(ctx.view(heads, t, -1), self.w_v.transpose(1, 2))  # [Hl, T, v]
@@ -344,9 +344,9 @@ class SparseMLA:
         latents already split [B, N, r] (bf16 hi, lo or None), counts [B, N], w_k and w_vᵀ [Hl, r, v] split ->
         [B, Hl * v]. No row blocks: a prompt chunk's rows need not match a decode step's bits."""
         lat_hi, lat_lo = latents
-        q_abs = ops.split_product(q.transpose(0, 1), w_k).transpose(0, 1)  # [B, Hl, r]
+        q_abs = (ops.split_product(q.transpose(0, 1), w_k) * self.scaling).transpose(0, 1)  # [B, Hl, r], r < N
         lat_t = lat_hi.transpose(1, 2), None if lat_lo is None else lat_lo.transpose(1, 2)
-        scores = ops.split_product(q_abs, lat_t) * self.scaling
+        scores = ops.split_product(q_abs, lat_t)
         scores = scores.masked_fill_(~counts[:, None, :], float("-inf"))
         ctx = ops.split_product(torch.softmax(scores, dim=-1), latents)  # [B, Hl, r]
         out = ops.split_product(ctx.transpose(0, 1), w_v_t)  # [Hl, B, v]
