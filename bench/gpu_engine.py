@@ -593,12 +593,14 @@ def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int],
     return out
 
 
-PROMPT_CANDIDATES = {  # name: (DSA attention on the tensor cores, folded indexer, fused hyper-connections to N tokens)
-    "today": (False, False, 64),
-    "dsa_split": (True, False, 64),
-    "indexer_folded": (False, True, 64),
-    "hc_fused": (False, False, 1 << 30),
-    "all": (True, True, 1 << 30),
+PROMPT_CANDIDATES = {  # name: (DSA attention on the tensor cores, folded indexer, fused hyper-connections up to N
+    # tokens, KDA conv as shifted multiply-adds)
+    "today": (False, False, 64, False),
+    "dsa_split": (True, False, 64, False),
+    "indexer_folded": (False, True, 64, False),
+    "hc_fused": (False, False, 1 << 30, False),
+    "conv_shifted": (False, False, 64, True),
+    "all": (True, True, 1 << 30, True),
 }
 
 
@@ -608,15 +610,16 @@ def prompt_candidates(
     """Prompt-path forms not yet on by default, each against today's in one process: DSA's prompt attention through
     `ops.split_product` (`SparseMLA.TENSOR_CORES`), its indexer's scores as one folded product
     (`SparseMLA.FOLDED_INDEXER`), and the fused hyper-connection kernels (engine/ops/triton_mhc.py, today used up to
-    `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too. Each: the prefill rates,
-    and its last logits of a `check`-token prompt against today's form (max |difference|, greedy token)."""
+    `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too, and KDA's causal conv as
+    shifted multiply-adds (`fused.CONV_SHIFTED`). Each: the prefill rates, and its last logits of a `check`-token
+    prompt against today's form (max |difference|, greedy token)."""
     from engine.models.glm5_next.dsa import SparseMLA
     from engine.ops import fused
 
-    def use(form: tuple[bool, bool, int]) -> None:
-        SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS = form
+    def use(form: tuple[bool, bool, int, bool]) -> None:
+        SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED = form
 
-    saved = SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS
+    saved = SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED
     out: dict = {}
     try:
         use(PROMPT_CANDIDATES["today"])

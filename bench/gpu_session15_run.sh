@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 15's prepared H200 call (no device time was left in session 15 to run it), <= BUDGET s; the GPU suite
-# first in its own call (`BUDGET=540 bash bench/gpu_suite_run.sh`: tests/gpu/test_dsa_split_gpu.py is in it). The
+# first in its own call (`BUDGET=540 bash bench/gpu_suite_run.sh`: tests/gpu/test_prompt_candidates_gpu.py is in it). The
 # 4-layer full-width bf16 bench at TP=1 with fla-core: the prompt-path candidates against today's form in one process
 # (`--prompt-candidates`: DSA's prompt attention on the tensor cores through ops.split_product, its indexer as one
-# folded product, the fused hyper-connection kernels for prompt chunks, all three) - each one's prefill 2k/8k/32k and last logits of an 8k prompt
+# folded product, the fused hyper-connection kernels for prompt chunks, KDA's conv as shifted multiply-adds, all) - each one's prefill 2k/8k/32k and last logits of an 8k prompt
 # against today's - plus decode b1 read back and transformers warm in the same process.
 #     BUDGET=590 bash bench/gpu_session15_run.sh
 set -u -o pipefail

@@ -46,6 +46,19 @@ def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor:
     return torch.stack([linear(x[i], w) for i, w in enumerate(weight)])
 
 
+CONV_SHIFTED = (
+    False  # KDA's prompt conv on CUDA as shifted multiply-adds (`reference.causal_conv_shifted`): off until timed
+)
+
+
+def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA's depthwise causal conv + SiLU over a prompt chunk (`reference.causal_conv`; on CUDA with CONV_SHIFTED,
+    its token-major form)."""
+    if x.is_cuda and CONV_SHIFTED:
+        return reference.causal_conv_shifted(x, window, weight)
+    return reference.causal_conv(x, window, weight)
+
+
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """comb [T, n, n] fp32 (softmax + eps applied) -> doubly stochastic."""
     if comb.is_cuda:

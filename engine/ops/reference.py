@@ -125,7 +125,7 @@ def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Ten
     """a @ b (2-D or batched 3-D) of fp32 operands on bf16 tensor cores at close to fp32 precision: each operand
     split in two (`split_bf16`, or given split), the three products that matter summed in fp32, smallest first
     (lo·hi + hi·lo, then hi·hi; lo·lo is below 2^-16 of the result and dropped; an operand without a lo part saves
-    its product). Relative error ~4e-6 where one bf16 product errs by ~2e-3 (tests/engine/test_split_product.py, on
+    its product). Relative error ~4e-6 where one bf16 product errs by ~2e-3 (tests/engine/test_prompt_candidates.py, on
     the CPU). Meant to replace fp32 products on the CUDA cores (DSA's prompt attention, `SparseMLA.TENSOR_CORES`);
     its speed there is not measured yet."""
     a_hi, a_lo = split_bf16(a) if isinstance(a, torch.Tensor) else a
@@ -206,6 +206,22 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     kernel = weight.shape[1]
     out = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]  # [C, T]
     return silu(out.t()), seq[:, seq.shape[1] - (kernel - 1) :].clone()
+
+
+def causal_conv_shifted(
+    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`causal_conv` kept token-major: out[t] = Σ_k weight[:, k] · seq[t + k] as K multiply-adds over shifted views of
+    [window ‖ x] ([K-1+T, C]), k in order, then SiLU - no transposed copy, no depthwise conv kernel (the H200's took
+    0.52 ms a 2k chunk for a KDA layer's 12k channels, plus the transposing concatenation's 0.4 ms). The same sums as
+    the conv, possibly in another order, so fp32 rounding apart. Meant for CUDA prompt chunks
+    (`fused.CONV_SHIFTED`, off until timed)."""
+    kernel, t = weight.shape[1], x.shape[0]
+    seq = torch.cat([window.t(), x])  # [K-1+T, C]
+    out = seq[:t] * weight[:, 0]
+    for k in range(1, kernel):
+        out.addcmul_(seq[k : k + t], weight[:, k])
+    return silu(out), seq[t:].t().contiguous()
 
 
 def kda_step(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_split_product import dsa_heads, relative_error
+from test_prompt_candidates import dsa_heads, relative_error
 
 from engine.models.glm5_next.dsa import SparseMLA
 

@@ -1,12 +1,18 @@
-"""The split-bf16 product behind the DSA prompt path on CUDA (`ops.split_product`): close to fp32, far closer than
-one bf16 product, and the DSA attention written with it agrees with the fp32 einsums it replaces on the GPU.
+"""The prompt-path forms prepared for CUDA and off until timed on a GPU (bench/gpu_engine.py --prompt-candidates),
+each against the form the engine runs today:
+- `ops.split_product` (fp32 operands as bf16 hi + lo on the tensor cores): close to fp32, far closer than one bf16
+  product; DSA's prompt attention written with it (`SparseMLA.TENSOR_CORES`), with latents split or taken as bf16;
+- DSA's indexer scores as one folded product (`SparseMLA.FOLDED_INDEXER`);
+- KDA's causal conv as shifted multiply-adds (`fused.CONV_SHIFTED`).
 
-It runs here on the CPU, where each bf16 partial product is computed in fp32 (exact products, fp32 sums) - the
-same arithmetic the tensor cores do, in a different summation order; tests/gpu/test_dsa_split_gpu.py checks the
-CUDA path against the fp32 one on the H200."""
+They run here on the CPU, where each bf16 partial product is computed in fp32 (exact products, fp32 sums) - the
+same arithmetic the tensor cores do, in another summation order; tests/gpu/test_prompt_candidates_gpu.py checks the
+CUDA forms on the H200. (The fourth candidate, the fused hyper-connection kernels for prompt chunks, is the decode
+path's own kernels, checked in Triton's interpreter by test_fused_decode_triton.py.)"""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine import ops
@@ -143,3 +149,58 @@ def test_folded_indexer_scores_match_the_batched_products() -> None:
     got = layer._index_folded(q, keys, head_w)
     assert got.shape == (t, pools)
     assert relative_error(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 37])
+def test_shifted_causal_conv_matches_the_conv(tokens: int) -> None:
+    """`causal_conv_shifted` (CUDA prompt chunks with fused.CONV_SHIFTED) against the depthwise conv it would
+    replace: the outputs to fp32 rounding, the new window exactly, also for chunks shorter than the window."""
+    from engine.ops import reference
+
+    g = torch.Generator().manual_seed(7)
+    channels, kernel = 48, 4
+    x = torch.randn(tokens, channels, generator=g)
+    window = torch.randn(channels, kernel - 1, generator=g)
+    weight = torch.randn(channels, kernel, generator=g)
+    want, want_window = reference.causal_conv(x, window, weight)
+    got, got_window = reference.causal_conv_shifted(x, window, weight)
+    assert got.shape == want.shape and torch.equal(got_window, want_window)
+    assert relative_error(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("index_topk", [8, 512], ids=["selected-tokens", "dense-regime"])
+def test_every_candidate_through_the_model_prefill(tmp_path, monkeypatch, index_topk: int) -> None:
+    """The model's own prompt path with the DSA, indexer and conv candidates taken (their CUDA gates opened on the
+    CPU): a 300-token chunk (past 64 rows, so the split attention applies) gives the greedy tokens of today's form
+    and last logits within 1e-4. index_topk 8 puts the chunk in the selected-token regime, 512 in the dense one."""
+    from reference import make_reference
+    from test_parity import ours_greedy
+
+    from engine.models.glm5_next.model import Glm5NextForCausalLM
+    from engine.ops import reference
+
+    make_reference(tmp_path, "kda3_dsa1", seed=5, index_topk=index_topk)
+    model = Glm5NextForCausalLM.load(tmp_path)
+    ids = torch.randint(1, 97, (300,), generator=torch.Generator().manual_seed(8)).tolist()
+    tokens, logits = ours_greedy(model, ids, 4)
+
+    taken: dict[str, int] = {"attention": 0, "indexer": 0, "conv": 0}
+
+    def counted(name: str, fn):
+        def run(*args):
+            taken[name] += 1
+            return fn(*args)
+
+        return run
+
+    monkeypatch.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: q.shape[0] > ops.ROW_INVARIANT_ROWS)
+    monkeypatch.setattr(SparseMLA, "_attend_split", counted("attention", SparseMLA._attend_split))
+    monkeypatch.setattr(SparseMLA, "_attend_gathered_split", counted("attention", SparseMLA._attend_gathered_split))
+    monkeypatch.setattr(SparseMLA, "_folds_indexer", lambda self, q, keys: keys.shape[0] == 1)
+    monkeypatch.setattr(SparseMLA, "_index_folded", counted("indexer", SparseMLA._index_folded))
+    monkeypatch.setattr(ops, "causal_conv", counted("conv", reference.causal_conv_shifted))
+    got_tokens, got_logits = ours_greedy(model, ids, 4)
+    assert taken["attention"] and taken["conv"] == 3  # three KDA layers, one chunk
+    assert bool(taken["indexer"]) == (index_topk == 8)  # the dense regime selects nothing
+    assert got_tokens == tokens
+    assert 0 < relative_error(got_logits[0], logits[0]) < 1e-4  # > 0: the candidates changed the arithmetic
