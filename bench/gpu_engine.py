@@ -168,7 +168,7 @@ EXL3 = False  # --exl3-experts
 SHARD = 1  # --shard
 PREFILL_LENGTHS = (2048, 8192, 32768)
 PREFILL_REPEATS = 3
-TENSOR_CORES = False  # --dsa-split: the DSA prompt attention through ops.split_product on CUDA
+PROMPT_FORM = "today"  # --prompt-form: which of PROMPT_CANDIDATES' prompt-path forms the whole run uses
 PRECISION = False  # --prompt-candidates
 
 
@@ -584,7 +584,7 @@ def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int],
         prompt_logits(model, pool, ids, length)
     finally:
         SparseMLA._attend, SparseMLA._attend_selected = plain["dense_regime"], plain["selected_tokens"]
-        SparseMLA.TENSOR_CORES = TENSOR_CORES
+        use_prompt_form(PROMPT_CANDIDATES[PROMPT_FORM])
     out = {
         "prompt_tokens": length,
         **{k: {"calls": len(v), "max_relative": max(v, default=None)} for k, v in errors.items()},
@@ -604,6 +604,17 @@ PROMPT_CANDIDATES = {  # name: (DSA attention on the tensor cores, folded indexe
 }
 
 
+def use_prompt_form(form: tuple[bool, bool, int, bool] | None) -> tuple[bool, bool, int, bool]:
+    """Set the prompt path's form (a PROMPT_CANDIDATES value; None: leave it); the form it had."""
+    from engine.models.glm5_next.dsa import SparseMLA
+    from engine.ops import fused
+
+    had = SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED
+    if form is not None:
+        SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED = form
+    return had
+
+
 def prompt_candidates(
     model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], repeats: int, check: int = 8192
 ) -> dict:
@@ -613,13 +624,8 @@ def prompt_candidates(
     `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too, and KDA's causal conv as
     shifted multiply-adds (`fused.CONV_SHIFTED`). Each: the prefill rates, and its last logits of a `check`-token
     prompt against today's form (max |difference|, greedy token)."""
-    from engine.models.glm5_next.dsa import SparseMLA
-    from engine.ops import fused
-
-    def use(form: tuple[bool, bool, int, bool]) -> None:
-        SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED = form
-
-    saved = SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED
+    use = use_prompt_form
+    saved = use_prompt_form(None)
     out: dict = {}
     try:
         use(PROMPT_CANDIDATES["today"])
@@ -927,7 +933,10 @@ def main() -> None:
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--moe-loop", action="store_true", help="prompt MoE as the loop over experts, not grouped GEMMs")
     ap.add_argument(
-        "--dsa-split", action="store_true", help="DSA prompt attention on the tensor cores (ops.split_product)"
+        "--prompt-form",
+        choices=tuple(PROMPT_CANDIDATES),
+        default="today",
+        help="the prompt path's form for the whole run (PROMPT_CANDIDATES; `today`: the engine's defaults)",
     )
     ap.add_argument(
         "--prompt-candidates",
@@ -974,11 +983,10 @@ def main() -> None:
         SHARD, \
         PREFILL_LENGTHS, \
         PREFILL_REPEATS, \
-        TENSOR_CORES, \
+        PROMPT_FORM, \
         PRECISION
-    from engine.models.glm5_next.dsa import SparseMLA
-
-    TENSOR_CORES = SparseMLA.TENSOR_CORES = args.dsa_split
+    PROMPT_FORM = args.prompt_form
+    use_prompt_form(PROMPT_CANDIDATES[PROMPT_FORM])
     PRECISION = args.prompt_candidates
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
@@ -995,7 +1003,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
-        dsa_prompt_products="split bf16 on tensor cores" if TENSOR_CORES else "fp32",
+        prompt_form=PROMPT_FORM,
         dense=args.dense,
         routed_experts="EXL3 4-bit mcg (random trellis)" if args.exl3_experts else "bf16",
         shard=f"rank 0 of {args.shard} (ShardStandIn: one GPU, collectives as local copies)"
