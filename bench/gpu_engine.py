@@ -624,14 +624,13 @@ def prompt_candidates(
     `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too, and KDA's causal conv as
     shifted multiply-adds (`fused.CONV_SHIFTED`). Each: the prefill rates, and its last logits of a `check`-token
     prompt against today's form (max |difference|, greedy token)."""
-    use = use_prompt_form
     saved = use_prompt_form(None)
     out: dict = {}
     try:
-        use(PROMPT_CANDIDATES["today"])
+        use_prompt_form(PROMPT_CANDIDATES["today"])
         reference = prompt_logits(model, pool, ids, check)
         for name, form in PROMPT_CANDIDATES.items():
-            use(form)
+            use_prompt_form(form)
             try:
                 logits = prompt_logits(model, pool, ids, check)
             except torch.OutOfMemoryError as exc:
@@ -645,7 +644,7 @@ def prompt_candidates(
             print(f"prompt candidate {name}: {out[name]}", flush=True)
             save()
     finally:
-        use(saved)
+        use_prompt_form(saved)
     out["last_logits_max_abs"] = float(reference.abs().max())
     return out
 
@@ -941,8 +940,8 @@ def main() -> None:
     ap.add_argument(
         "--prompt-candidates",
         action="store_true",
-        help="prompt-path candidates against today's (DSA on the tensor cores, fused hyper-connections): precision on "
-        "an 8k prompt, prefill rates",
+        help="each PROMPT_CANDIDATES form against today's (DSA on the tensor cores, folded indexer, fused "
+        "hyper-connections, shifted KDA conv): last logits of an 8k prompt, prefill rates",
     )
     ap.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how the dense weights are kept")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")

@@ -46,9 +46,8 @@ def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor:
     return torch.stack([linear(x[i], w) for i, w in enumerate(weight)])
 
 
-CONV_SHIFTED = (
-    False  # KDA's prompt conv on CUDA as shifted multiply-adds (`reference.causal_conv_shifted`): off until timed
-)
+# KDA's prompt conv on CUDA as shifted multiply-adds (`reference.causal_conv_shifted`): off until timed on a GPU
+CONV_SHIFTED = False
 
 
 def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,7 +46,7 @@ from engine.quant.dense import Store, Weight, keep
 
 class SparseMLA:
     # CUDA prompt attention through ops.split_product: built and checked on the CPU, not yet timed on a GPU, so off
-    # until bench/gpu_session15_run.sh has measured it (bench/gpu_engine.py --prompt-candidates / --dsa-split)
+    # until bench/gpu_session15_run.sh has measured it (bench/gpu_engine.py --prompt-candidates / --prompt-form)
     TENSOR_CORES = False
     # a CUDA prompt chunk's indexer scores as one folded product (`_index_folded`): likewise off until timed
     FOLDED_INDEXER = False
