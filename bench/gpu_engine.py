@@ -169,7 +169,7 @@ SHARD = 1  # --shard
 PREFILL_LENGTHS = (2048, 8192, 32768)
 PREFILL_REPEATS = 3
 PROMPT_FORM = "today"  # --prompt-form: which of PROMPT_CANDIDATES' prompt-path forms the whole run uses
-PRECISION = False  # --prompt-candidates
+CANDIDATES = False  # --prompt-candidates
 
 
 def save() -> None:
@@ -327,7 +327,7 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     if PROFILE_PREFILL:
         out["prefill_profile"] = profile_prefill(model, pool, ids, PROFILE_PREFILL)
         save()
-    if PRECISION and device == "cuda":
+    if CANDIDATES and device == "cuda":
         out["dsa_prompt_precision"] = prompt_attention_precision(model, pool, ids, 8192)
         save()
         out["prompt_candidates"] = prompt_candidates(model, pool, ids, PREFILL_LENGTHS, PREFILL_REPEATS)
@@ -983,10 +983,10 @@ def main() -> None:
         PREFILL_LENGTHS, \
         PREFILL_REPEATS, \
         PROMPT_FORM, \
-        PRECISION
+        CANDIDATES
     PROMPT_FORM = args.prompt_form
     use_prompt_form(PROMPT_CANDIDATES[PROMPT_FORM])
-    PRECISION = args.prompt_candidates
+    CANDIDATES = args.prompt_candidates
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS = args.prefill_repeats

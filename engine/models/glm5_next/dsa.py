@@ -294,7 +294,7 @@ class SparseMLA:
             raw = (q[:, :, None, :] * pool_keys[:, None, :, :]).sum(-1)  # [T, h, P], each score alone
             scores = torch.relu(raw * self.idx_dim**-0.5)
             index = (head_w[:, :, None] * scores).sum(1)
-        elif not fixed and self._folds_indexer(q, pool_keys):
+        elif not fixed and self._folds_indexer(q):
             index = self._index_folded(q, pool_keys, head_w)
         else:
             scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim**-0.5)  # [T, h, P]
@@ -318,9 +318,10 @@ class SparseMLA:
             tail_counts &= (visible.sum(-1) <= self.pick)[:, None]  # dense regime: all visible
         return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
 
-    def _folds_indexer(self, q: torch.Tensor, pool_keys: torch.Tensor) -> bool:
-        """Whether a prompt chunk's pool scores take `_index_folded`: on CUDA with FOLDED_INDEXER on."""
-        return q.is_cuda and self.FOLDED_INDEXER and pool_keys.shape[0] == 1
+    def _folds_indexer(self, q: torch.Tensor) -> bool:
+        """Whether a prompt chunk's pool scores take `_index_folded` (its keys are `_select`'s [1, P, d]): on CUDA with
+        FOLDED_INDEXER on."""
+        return q.is_cuda and self.FOLDED_INDEXER
 
     def _index_folded(self, q: torch.Tensor, pool_keys: torch.Tensor, head_w: torch.Tensor) -> torch.Tensor:
         """A prompt chunk's pool scores [T, P] from q [T, h, d], the chunk's shared pool keys [1, P, d] and head
