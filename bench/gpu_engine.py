@@ -168,8 +168,7 @@ EXL3 = False  # --exl3-experts
 SHARD = 1  # --shard
 PREFILL_LENGTHS = (2048, 8192, 32768)
 PREFILL_REPEATS = 3
-PROMPT_FORM = "today"  # --prompt-form: which of PROMPT_CANDIDATES' prompt-path forms the whole run uses
-CANDIDATES = False  # --prompt-candidates
+PRECISION = False  # --prompt-precision
 
 
 def save() -> None:
@@ -327,10 +326,8 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
     if PROFILE_PREFILL:
         out["prefill_profile"] = profile_prefill(model, pool, ids, PROFILE_PREFILL)
         save()
-    if CANDIDATES and device == "cuda":
+    if PRECISION and device == "cuda":
         out["dsa_prompt_precision"] = prompt_attention_precision(model, pool, ids, 8192)
-        save()
-        out["prompt_candidates"] = prompt_candidates(model, pool, ids, PREFILL_LENGTHS, PREFILL_REPEATS)
         save()
     if PREFILL:
         # matmul FLOPs a prompt token costs: 2 per weight it multiplies (a bf16 weight's 2 bytes), the LM head left
@@ -559,20 +556,21 @@ def prompt_logits(model: Glm5NextForCausalLM, pool, ids: list[int], length: int)
 
 
 def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int], length: int) -> dict:
-    """How far the DSA prompt attention on the tensor cores (`ops.split_product`) lands from the fp32 products it
-    would replace, on the bench's own prompt: every `_attend` / `_attend_selected` call of one `length`-token prompt
-    runs both ways (the fp32 result goes on), each call's max |difference| / max |fp32| (the whole model's last
-    logits: `prompt_candidates`)."""
+    """How far DSA's prompt attention on the tensor cores (`ops.split_product`, the CUDA default for prompt chunks)
+    lands from the fp32 products it replaced, on the bench's own prompt: every `_attend` / `_attend_selected` call
+    of one `length`-token prompt runs both ways (the fp32 result goes on), each call's max |difference| / max
+    |fp32|."""
     from engine.models.glm5_next.dsa import SparseMLA
 
     errors: dict[str, list[float]] = {"dense_regime": [], "selected_tokens": []}
     plain = {"dense_regime": SparseMLA._attend, "selected_tokens": SparseMLA._attend_selected}
+    gate = SparseMLA._on_tensor_cores
 
     def both(kind: str):
         def run(self, *args):
-            SparseMLA.TENSOR_CORES = False
+            SparseMLA._on_tensor_cores = lambda self, q: False
             want = plain[kind](self, *args)
-            SparseMLA.TENSOR_CORES = True
+            SparseMLA._on_tensor_cores = gate
             got = plain[kind](self, *args)
             errors[kind].append(float((got - want).abs().max() / want.abs().max()))
             return want
@@ -584,68 +582,12 @@ def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int],
         prompt_logits(model, pool, ids, length)
     finally:
         SparseMLA._attend, SparseMLA._attend_selected = plain["dense_regime"], plain["selected_tokens"]
-        use_prompt_form(PROMPT_CANDIDATES[PROMPT_FORM])
+        SparseMLA._on_tensor_cores = gate
     out = {
         "prompt_tokens": length,
         **{k: {"calls": len(v), "max_relative": max(v, default=None)} for k, v in errors.items()},
     }
     print(f"DSA prompt attention, split bf16 vs fp32: {out}", flush=True)
-    return out
-
-
-PROMPT_CANDIDATES = {  # name: (DSA attention on the tensor cores, folded indexer, fused hyper-connections up to N
-    # tokens, KDA conv as shifted multiply-adds)
-    "today": (False, False, 64, False),
-    "dsa_split": (True, False, 64, False),
-    "indexer_folded": (False, True, 64, False),
-    "hc_fused": (False, False, 1 << 30, False),
-    "conv_shifted": (False, False, 64, True),
-    "all": (True, True, 1 << 30, True),
-}
-
-
-def use_prompt_form(form: tuple[bool, bool, int, bool] | None) -> tuple[bool, bool, int, bool]:
-    """Set the prompt path's form (a PROMPT_CANDIDATES value; None: leave it); the form it had."""
-    from engine.models.glm5_next.dsa import SparseMLA
-    from engine.ops import fused
-
-    had = SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED
-    if form is not None:
-        SparseMLA.TENSOR_CORES, SparseMLA.FOLDED_INDEXER, fused.HC_FUSED_MAX_TOKENS, fused.CONV_SHIFTED = form
-    return had
-
-
-def prompt_candidates(
-    model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], repeats: int, check: int = 8192
-) -> dict:
-    """Prompt-path forms not yet on by default, each against today's in one process: DSA's prompt attention through
-    `ops.split_product` (`SparseMLA.TENSOR_CORES`), its indexer's scores as one folded product
-    (`SparseMLA.FOLDED_INDEXER`), and the fused hyper-connection kernels (engine/ops/triton_mhc.py, today used up to
-    `HC_FUSED_MAX_TOKENS` = 64 tokens: decode and verify windows) for prompt chunks too, and KDA's causal conv as
-    shifted multiply-adds (`fused.CONV_SHIFTED`). Each: the prefill rates, and its last logits of a `check`-token
-    prompt against today's form (max |difference|, greedy token)."""
-    saved = use_prompt_form(None)
-    out: dict = {}
-    try:
-        use_prompt_form(PROMPT_CANDIDATES["today"])
-        reference = prompt_logits(model, pool, ids, check)
-        for name, form in PROMPT_CANDIDATES.items():
-            use_prompt_form(form)
-            try:
-                logits = prompt_logits(model, pool, ids, check)
-            except torch.OutOfMemoryError as exc:
-                out[name] = f"out of memory: {str(exc).splitlines()[0]}"
-                continue
-            out[name] = {
-                "last_logits_max_abs_diff": float((logits - reference).abs().max()),
-                "same_greedy_token": bool(logits.argmax() == reference.argmax()),
-                "prefill": prefill_rates(model, pool, ids, lengths, 0, repeats),
-            }
-            print(f"prompt candidate {name}: {out[name]}", flush=True)
-            save()
-    finally:
-        use_prompt_form(saved)
-    out["last_logits_max_abs"] = float(reference.abs().max())
     return out
 
 
@@ -932,16 +874,9 @@ def main() -> None:
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--moe-loop", action="store_true", help="prompt MoE as the loop over experts, not grouped GEMMs")
     ap.add_argument(
-        "--prompt-form",
-        choices=tuple(PROMPT_CANDIDATES),
-        default="today",
-        help="the prompt path's form for the whole run (PROMPT_CANDIDATES; `today`: the engine's defaults)",
-    )
-    ap.add_argument(
-        "--prompt-candidates",
+        "--prompt-precision",
         action="store_true",
-        help="each PROMPT_CANDIDATES form against today's (DSA on the tensor cores, folded indexer, fused "
-        "hyper-connections, shifted KDA conv): last logits of an 8k prompt, prefill rates",
+        help="DSA's prompt attention on the tensor cores against fp32 products, call by call over an 8k prompt (GPU)",
     )
     ap.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how the dense weights are kept")
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
@@ -982,11 +917,8 @@ def main() -> None:
         SHARD, \
         PREFILL_LENGTHS, \
         PREFILL_REPEATS, \
-        PROMPT_FORM, \
-        CANDIDATES
-    PROMPT_FORM = args.prompt_form
-    use_prompt_form(PROMPT_CANDIDATES[PROMPT_FORM])
-    CANDIDATES = args.prompt_candidates
+        PRECISION
+    PRECISION = args.prompt_precision
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS = args.prefill_repeats
@@ -1002,7 +934,6 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
-        prompt_form=PROMPT_FORM,
         dense=args.dense,
         routed_experts="EXL3 4-bit mcg (random trellis)" if args.exl3_experts else "bf16",
         shard=f"rank 0 of {args.shard} (ShardStandIn: one GPU, collectives as local copies)"

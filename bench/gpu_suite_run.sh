@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite on the lent H200 (session 11), fla-core left out, ≤ BUDGET s
-#     BUDGET=540 bash bench/gpu_suite_run.sh
+#     BUDGET=480 bash bench/gpu_suite_run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/suite-out}
@@ -11,5 +11,5 @@ BUDGET=${BUDGET:-540}
 
 machine
 wheels fla_core einops
-step "tests/gpu" 520 "$OUT/gpu_suite.txt" python -m pytest -q -p no:cacheprovider --durations=15 tests/gpu
+step "tests/gpu" 460 "$OUT/gpu_suite.txt" python -m pytest -q -p no:cacheprovider --durations=15 tests/gpu
 say "## done after $(( $(date +%s) - START )) s"

@@ -16,7 +16,6 @@ import torch
 from engine.ops import reference
 from engine.quant.dense import QuantWeight
 
-HC_FUSED_MAX_TOKENS = 64  # up to this many tokens (decode, verify windows) the fused hyper-connection kernels
 MOE_FUSED_MAX_PAIRS = 576  # (token, expert) pairs the small-batch MoE kernels take: 64 rows (8 lanes × a verify
 # window of 8) at top-8 plus the shared expert; each pair reads its expert once, so prompt chunks go per expert
 
@@ -46,18 +45,6 @@ def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor:
     return torch.stack([linear(x[i], w) for i, w in enumerate(weight)])
 
 
-# KDA's prompt conv on CUDA as shifted multiply-adds (`reference.causal_conv_shifted`): off until timed on a GPU
-CONV_SHIFTED = False
-
-
-def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA's depthwise causal conv + SiLU over a prompt chunk (`reference.causal_conv`; on CUDA with CONV_SHIFTED,
-    its token-major form)."""
-    if x.is_cuda and CONV_SHIFTED:
-        return reference.causal_conv_shifted(x, window, weight)
-    return reference.causal_conv(x, window, weight)
-
-
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """comb [T, n, n] fp32 (softmax + eps applied) -> doubly stochastic."""
     if comb.is_cuda:
@@ -79,10 +66,11 @@ def hc_around(
     norm_eps: float,
     iters: int,
 ) -> torch.Tensor:
-    """A hyper-connection around `sublayer` (engine/models/glm5_next/mhc.py says what it computes): on a GPU, up
-    to HC_FUSED_MAX_TOKENS tokens and a power-of-two stream count, three fused kernels; else torch ops."""
-    tokens, n = streams.shape[0], streams.shape[1]
-    if streams.is_cuda and tokens <= HC_FUSED_MAX_TOKENS and n & (n - 1) == 0:
+    """A hyper-connection around `sublayer` (engine/models/glm5_next/mhc.py says what it computes): on a GPU with a
+    power-of-two stream count, three fused kernels, for decode steps and prompt chunks alike (prompt chunks measured
+    on the H200: docs/BENCHMARKS.md, session 16); else torch ops."""
+    n = streams.shape[1]
+    if streams.is_cuda and n & (n - 1) == 0:
         from engine.ops.triton_mhc import hc_post, hc_pre
 
         x, post, comb = hc_pre(streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters)

@@ -125,9 +125,9 @@ def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Ten
     """a @ b (2-D or batched 3-D) of fp32 operands on bf16 tensor cores at close to fp32 precision: each operand
     split in two (`split_bf16`, or given split), the three products that matter summed in fp32, smallest first
     (lo·hi + hi·lo, then hi·hi; lo·lo is below 2^-16 of the result and dropped; an operand without a lo part saves
-    its product). Relative error ~4e-6 where one bf16 product errs by ~2e-3 (tests/engine/test_prompt_candidates.py, on
-    the CPU). Meant to replace fp32 products on the CUDA cores (DSA's prompt attention, `SparseMLA.TENSOR_CORES`);
-    its speed there is not measured yet."""
+    its product). Relative error ~4e-6 where one bf16 product errs by ~2e-3 (tests/engine/test_prompt_forms.py, on the
+    CPU; ≤ 9e-6 a call in the served model's prompt attention on the H200). DSA's CUDA prompt attention runs on it
+    (`SparseMLA._on_tensor_cores`) instead of fp32 products on the CUDA cores (docs/BENCHMARKS.md, session 16)."""
     a_hi, a_lo = split_bf16(a) if isinstance(a, torch.Tensor) else a
     b_hi, b_lo = split_bf16(b) if isinstance(b, torch.Tensor) else b
     parts = [(x, y) for x, y in ((a_lo, b_hi), (a_hi, b_lo)) if x is not None and y is not None] + [(a_hi, b_hi)]
@@ -197,25 +197,16 @@ def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
 
 
 def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv + SiLU over one stream.
+    """Depthwise causal conv + SiLU over one stream, kept token-major: out[t] = Σ_k weight[:, k] · seq[t + k] as K
+    multiply-adds over shifted views of seq = [window ‖ x] ([K-1+T, C]), k in order, then SiLU.
 
     x: [T, C] new inputs; window: [C, K-1] the previous K-1 inputs (zeros at the start); weight: [C, K].
     Returns the outputs [T, C] and the new window.
+
+    Not `F.conv1d` on the channel-major sequence: on the H200 torch's depthwise kernel took 0.52 ms a 2k chunk for a
+    KDA layer's 12k channels, plus 0.4 ms for the transposing concatenation (docs/BENCHMARKS.md, session 16). The
+    same sums, possibly in another order, so fp32 rounding apart.
     """
-    seq = torch.cat([window, x.t()], dim=1)  # [C, K-1+T]
-    kernel = weight.shape[1]
-    out = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0]  # [C, T]
-    return silu(out.t()), seq[:, seq.shape[1] - (kernel - 1) :].clone()
-
-
-def causal_conv_shifted(
-    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`causal_conv` kept token-major: out[t] = Σ_k weight[:, k] · seq[t + k] as K multiply-adds over shifted views of
-    [window ‖ x] ([K-1+T, C]), k in order, then SiLU - no transposed copy, no depthwise conv kernel (the H200's took
-    0.52 ms a 2k chunk for a KDA layer's 12k channels, plus the transposing concatenation's 0.4 ms). The same sums as
-    the conv, possibly in another order, so fp32 rounding apart. Meant for CUDA prompt chunks
-    (`fused.CONV_SHIFTED`, off until timed)."""
     kernel, t = weight.shape[1], x.shape[0]
     seq = torch.cat([window.t(), x])  # [K-1+T, C]
     out = seq[:t] * weight[:, 0]

@@ -1,8 +1,11 @@
-"""The hyper-connections (engine/models/glm5_next/mhc.py) of a few tokens at a time in three GPU kernels.
+"""The hyper-connections (engine/models/glm5_next/mhc.py) in three GPU kernels: decode steps, verify windows and
+prompt chunks.
 
 Done with torch ops, one sublayer's hyper-connection is ~30 small launches (the RMS norm, the 2n + n² logits, three
 gate functions, a softmax, 20 Sinkhorn iterations, the pre-mix, the sublayer's own RMS norm, the post/comb mix); in a
-decode step of a few tokens each is a launch of a few microseconds doing next to nothing. Here:
+decode step of a few tokens each is a launch of a few microseconds doing next to nothing, and in a prompt chunk each
+reads or writes the streams again (on the H200 the kernels made a 4-layer prompt 4–7 % faster: docs/BENCHMARKS.md,
+session 16). Here:
 
 - `_hc_dots` (token × hidden chunk): each program's share of the logits' dot products (streams · fn) and of the
   streams' n × n Gram matrix, over one chunk of the hidden width of all n streams — fn (2n + n² rows of n·hidden,
@@ -15,7 +18,8 @@ decode step of a few tokens each is a launch of a few microseconds doing next to
 
 Everything is fp32, as the reference. Sums run in another order than the torch ops (the norm is applied after the
 dot products, the hidden width is cut in chunks), so results agree to fp32 rounding, not bit for bit; every token's
-result depends on that token alone. Also `sinkhorn`, the Sinkhorn iterations alone (prompt chunks: many tokens).
+result depends on that token alone. Also `sinkhorn`, the Sinkhorn iterations alone (`fused.hc_weights`: the gates
+without the mix, and a stream count that is not a power of two).
 """
 
 from __future__ import annotations

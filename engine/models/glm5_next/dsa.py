@@ -45,11 +45,6 @@ from engine.quant.dense import Store, Weight, keep
 
 
 class SparseMLA:
-    # CUDA prompt attention through ops.split_product: built and checked on the CPU, not yet timed on a GPU, so off
-    # until bench/gpu_session15_run.sh has measured it (bench/gpu_engine.py --prompt-candidates / --prompt-form)
-    TENSOR_CORES = False
-    # a CUDA prompt chunk's indexer scores as one folded product (`_index_folded`): likewise off until timed
-    FOLDED_INDEXER = False
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
     # views into `x_proj`, one per projection of x (set in __init__ by name)
     q_a: Weight
@@ -150,9 +145,9 @@ class SparseMLA:
         return torch.einsum("thr,hvr->thv", ctx, self.w_v).flatten(1)
 
     def _on_tensor_cores(self, q: torch.Tensor) -> bool:
-        """Whether these queries' attention takes the split products: a prompt chunk on CUDA, with TENSOR_CORES on
-        (a few rows - `model.decode`'s token - stay on the fp32 products)."""
-        return q.is_cuda and self.TENSOR_CORES and q.shape[0] > ops.ROW_INVARIANT_ROWS
+        """Whether these queries' attention takes the split products: a prompt chunk on CUDA (measured on the H200:
+        docs/BENCHMARKS.md, session 16); a few rows - decode, verify windows - stay on the fp32 products."""
+        return q.is_cuda and q.shape[0] > ops.ROW_INVARIANT_ROWS
 
     def _attend_split(
         self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor, bf16_latents: bool = False
@@ -294,8 +289,6 @@ class SparseMLA:
             raw = (q[:, :, None, :] * pool_keys[:, None, :, :]).sum(-1)  # [T, h, P], each score alone
             scores = torch.relu(raw * self.idx_dim**-0.5)
             index = (head_w[:, :, None] * scores).sum(1)
-        elif not fixed and self._folds_indexer(q):
-            index = self._index_folded(q, pool_keys, head_w)
         else:
             scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim**-0.5)  # [T, h, P]
             index = torch.einsum("bh,bhp->bp", head_w, scores)
@@ -317,21 +310,6 @@ class SparseMLA:
         if not self.keep_tail:
             tail_counts &= (visible.sum(-1) <= self.pick)[:, None]  # dense regime: all visible
         return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
-
-    def _folds_indexer(self, q: torch.Tensor) -> bool:
-        """Whether a prompt chunk's pool scores take `_index_folded` (its keys are `_select`'s [1, P, d]): on CUDA with
-        FOLDED_INDEXER on."""
-        return q.is_cuda and self.FOLDED_INDEXER
-
-    def _index_folded(self, q: torch.Tensor, pool_keys: torch.Tensor, head_w: torch.Tensor) -> torch.Tensor:
-        """A prompt chunk's pool scores [T, P] from q [T, h, d], the chunk's shared pool keys [1, P, d] and head
-        weights [T, h]: the same sums as the batched matmul and einsum, as one [T·h, d] × [d, P] product (instead of
-        T products of h rows) and an elementwise head-weighted sum (instead of T products of one row); the H200
-        profile has one fp32 launch growing with the pool count (1.16 ms at 8k, 4.62 ms at 32k) that is most likely
-        these."""
-        t, h, d = q.shape
-        raw = (q.reshape(t * h, d) @ pool_keys[0].t()).view(t, h, -1)
-        return (head_w[:, :, None] * torch.relu(raw * d**-0.5)).sum(1)
 
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant

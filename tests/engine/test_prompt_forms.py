@@ -1,14 +1,14 @@
-"""The prompt-path forms prepared for CUDA and off until timed on a GPU (bench/gpu_engine.py --prompt-candidates),
-each against the form the engine runs today:
+"""The prompt path's CUDA forms, each against the arithmetic it replaced (measured on the H200 in session 16:
+docs/BENCHMARKS.md):
 - `ops.split_product` (fp32 operands as bf16 hi + lo on the tensor cores): close to fp32, far closer than one bf16
-  product; DSA's prompt attention written with it (`SparseMLA.TENSOR_CORES`), with latents split or taken as bf16;
-- DSA's indexer scores as one folded product (`SparseMLA.FOLDED_INDEXER`);
-- KDA's causal conv as shifted multiply-adds (`fused.CONV_SHIFTED`).
+  product; DSA's prompt attention written with it (`SparseMLA._on_tensor_cores`), with latents split or taken as
+  bf16;
+- KDA's causal conv as shifted multiply-adds (`reference.causal_conv`) against the depthwise `F.conv1d` it replaced.
 
 They run here on the CPU, where each bf16 partial product is computed in fp32 (exact products, fp32 sums) - the
-same arithmetic the tensor cores do, in another summation order; tests/gpu/test_prompt_candidates_gpu.py checks the
-CUDA forms on the H200. (The fourth candidate, the fused hyper-connection kernels for prompt chunks, is the decode
-path's own kernels, checked in Triton's interpreter by test_fused_decode_triton.py.)"""
+same arithmetic the tensor cores do, in another summation order; tests/gpu/test_prompt_forms_gpu.py checks the
+CUDA forms on the H200. (The fused hyper-connection kernels, now taken by prompt chunks too, are the decode path's
+own kernels, checked in Triton's interpreter by test_fused_decode_triton.py.)"""
 
 from __future__ import annotations
 
@@ -124,67 +124,49 @@ def test_dsa_selected_tokens_split_in_query_blocks(monkeypatch) -> None:
     assert relative_error(layer._attend_selected(q, bf16, tokens, counts, bf16_latents=True), want) < 5e-5
 
 
-def test_only_cuda_prompt_chunks_take_the_split_path(monkeypatch) -> None:
+def test_only_cuda_prompt_chunks_take_the_split_path() -> None:
     layer = dsa_heads()
     prompt = torch.zeros(ops.ROW_INVARIANT_ROWS + 1, layer.local_heads, layer.nope)
     assert not layer._on_tensor_cores(prompt)  # the CPU: never
-    monkeypatch.setattr(SparseMLA, "TENSOR_CORES", True)
-    assert not layer._on_tensor_cores(prompt)  # still the CPU
     if torch.cuda.is_available():
         assert layer._on_tensor_cores(prompt.cuda())
         assert not layer._on_tensor_cores(prompt[:1].cuda())  # a decode token stays on the fp32 products
 
 
-def test_folded_indexer_scores_match_the_batched_products() -> None:
-    """`_index_folded` (a CUDA prompt chunk's pool scores with FOLDED_INDEXER) against the batched matmul and einsum
-    the prompt path runs today, on the CPU: the same sums in another order, so fp32 rounding apart."""
-    layer = object.__new__(SparseMLA)
-    g = torch.Generator().manual_seed(6)
-    t, h, d, pools = 33, 8, 64, 20
-    q = torch.randn(t, h, d, generator=g)
-    keys = torch.randn(1, pools, d, generator=g)
-    head_w = torch.randn(t, h, generator=g)
-    scores = torch.relu(torch.matmul(q, keys.transpose(-1, -2)) * d**-0.5)
-    want = torch.einsum("bh,bhp->bp", head_w, scores)
-    got = layer._index_folded(q, keys, head_w)
-    assert got.shape == (t, pools)
-    assert relative_error(got, want) < 1e-6
-
-
 @pytest.mark.parametrize("tokens", [1, 2, 37])
-def test_shifted_causal_conv_matches_the_conv(tokens: int) -> None:
-    """`causal_conv_shifted` (CUDA prompt chunks with fused.CONV_SHIFTED) against the depthwise conv it would
-    replace: the outputs to fp32 rounding, the new window exactly, also for chunks shorter than the window."""
-    from engine.ops import reference
-
+def test_causal_conv_matches_the_depthwise_conv(tokens: int) -> None:
+    """`causal_conv` (shifted multiply-adds, token-major) against the depthwise conv it replaced, written here with
+    `F.conv1d` on the channel-major sequence: the outputs to fp32 rounding, the new window exactly, also for chunks
+    shorter than the window."""
     g = torch.Generator().manual_seed(7)
     channels, kernel = 48, 4
     x = torch.randn(tokens, channels, generator=g)
     window = torch.randn(channels, kernel - 1, generator=g)
     weight = torch.randn(channels, kernel, generator=g)
-    want, want_window = reference.causal_conv(x, window, weight)
-    got, got_window = reference.causal_conv_shifted(x, window, weight)
+    seq = torch.cat([window, x.t()], dim=1)  # [C, K-1+T]
+    conv = torch.nn.functional.conv1d(seq[None], weight[:, None], groups=channels)[0].t()
+    want, want_window = torch.nn.functional.silu(conv), seq[:, -(kernel - 1) :]
+    got, got_window = ops.causal_conv(x, window, weight)
     assert got.shape == want.shape and torch.equal(got_window, want_window)
     assert relative_error(got, want) < 1e-6
 
 
 @pytest.mark.parametrize("index_topk", [8, 512], ids=["selected-tokens", "dense-regime"])
-def test_every_candidate_through_the_model_prefill(tmp_path, monkeypatch, index_topk: int) -> None:
-    """The model's own prompt path with the DSA, indexer and conv candidates taken (their CUDA gates opened on the
-    CPU): a 300-token chunk (past 64 rows, so the split attention applies) gives the greedy tokens of today's form
-    and last logits within 1e-4. index_topk 8 puts the chunk in the selected-token regime, 512 in the dense one."""
+def test_split_attention_through_the_model_prefill(tmp_path, monkeypatch, index_topk: int) -> None:
+    """The model's own prompt path with DSA's split attention taken (its CUDA gate opened on the CPU): a 300-token
+    chunk (past 64 rows, so the split attention applies) gives the greedy tokens of the fp32 products and last logits
+    within 1e-4. index_topk 8 puts the chunk in the selected-token regime, 512 in the dense one."""
     from reference import make_reference
     from test_parity import ours_greedy
 
     from engine.models.glm5_next.model import Glm5NextForCausalLM
-    from engine.ops import reference
 
     make_reference(tmp_path, "kda3_dsa1", seed=5, index_topk=index_topk)
     model = Glm5NextForCausalLM.load(tmp_path)
     ids = torch.randint(1, 97, (300,), generator=torch.Generator().manual_seed(8)).tolist()
     tokens, logits = ours_greedy(model, ids, 4)
 
-    taken: dict[str, int] = {"attention": 0, "indexer": 0, "conv": 0}
+    taken: dict[str, int] = {"dense": 0, "selected": 0}
 
     def counted(name: str, fn):
         def run(*args):
@@ -194,13 +176,9 @@ def test_every_candidate_through_the_model_prefill(tmp_path, monkeypatch, index_
         return run
 
     monkeypatch.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: q.shape[0] > ops.ROW_INVARIANT_ROWS)
-    monkeypatch.setattr(SparseMLA, "_attend_split", counted("attention", SparseMLA._attend_split))
-    monkeypatch.setattr(SparseMLA, "_attend_gathered_split", counted("attention", SparseMLA._attend_gathered_split))
-    monkeypatch.setattr(SparseMLA, "_folds_indexer", lambda self, q: True)
-    monkeypatch.setattr(SparseMLA, "_index_folded", counted("indexer", SparseMLA._index_folded))
-    monkeypatch.setattr(ops, "causal_conv", counted("conv", reference.causal_conv_shifted))
+    monkeypatch.setattr(SparseMLA, "_attend_split", counted("dense", SparseMLA._attend_split))
+    monkeypatch.setattr(SparseMLA, "_attend_gathered_split", counted("selected", SparseMLA._attend_gathered_split))
     got_tokens, got_logits = ours_greedy(model, ids, 4)
-    assert taken["attention"] and taken["conv"] == 3  # three KDA layers, one chunk
-    assert bool(taken["indexer"]) == (index_topk == 8)  # the dense regime selects nothing
+    assert taken["selected" if index_topk == 8 else "dense"] and not taken["dense" if index_topk == 8 else "selected"]
     assert got_tokens == tokens
-    assert 0 < relative_error(got_logits[0], logits[0]) < 1e-4  # > 0: the candidates changed the arithmetic
+    assert 0 < relative_error(got_logits[0], logits[0]) < 1e-4  # > 0: the split products changed the arithmetic

@@ -1,0 +1,98 @@
+"""The prompt path's CUDA forms on the GPU, each against the arithmetic it replaced (session 16, docs/BENCHMARKS.md):
+DSA's prompt attention on the tensor cores (`ops.split_product`, `SparseMLA._on_tensor_cores`) against the fp32
+products at the real model's head widths, dense regime and selected tokens; KDA's conv as shifted multiply-adds
+against torch's depthwise conv in full fp32; the fused hyper-connection kernels over a whole prompt chunk against
+the torch ops on the CPU. The attention's precision call by call in a whole model is a bench figure
+(bench/gpu_engine.py `prompt_attention_precision`). Skipped without a GPU (never part of CI)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_prompt_forms import dsa_heads, relative_error
+
+from engine import ops
+from engine.models.glm5_next.dsa import SparseMLA
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def dsa_layer() -> SparseMLA:
+    """GLM-5.3-Flash's per-head widths (nope 192, v 256, latent 512), 16 local heads."""
+    layer = dsa_heads(heads=16, nope=192, v=256, rank=512)
+    kv_b = torch.cat([layer.w_k, layer.w_v], dim=1).cuda() * 0.3
+    layer.w_k, layer.w_v = kv_b[:, :192], kv_b[:, 192:]
+    return layer
+
+
+def test_prompt_attention_on_tensor_cores_matches_fp32(monkeypatch) -> None:
+    """Each call with the split products (the default for a prompt chunk on CUDA) and with the fp32 products on the
+    CUDA cores (the gate closed)."""
+    layer = dsa_layer()
+
+    def on_fp32(call):
+        with monkeypatch.context() as m:
+            m.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: False)
+            return call()
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    t, length = 512, 1536
+    q = torch.randn(t, 16, 192, device="cuda", generator=g)
+    latents = torch.randn(length, 512, device="cuda", generator=g).bfloat16().float()  # as a bf16 pool returns them
+    positions = torch.arange(length - t, length, device="cuda")
+    mask = torch.arange(length, device="cuda")[None, :] <= positions[:, None]
+    assert layer._on_tensor_cores(q)
+    want = on_fp32(lambda: layer._attend(q, latents, mask))
+    for bf16_latents in (False, True):
+        got = layer._attend(q, latents, mask, bf16_latents)
+        assert 0 < relative_error(got, want) < 5e-5  # > 0: the tensor-core path ran (bits differ from fp32's)
+
+    n = 640
+    tokens = torch.randint(0, length, (t, n), device="cuda", generator=g)
+    counts = torch.rand(t, n, device="cuda", generator=g) < 0.9
+    counts[:, 0] = True
+    want = on_fp32(lambda: layer._attend_selected(q, latents, tokens, counts))
+    for bf16_latents in (False, True):
+        got = layer._attend_selected(q, latents, tokens, counts, bf16_latents)
+        assert 0 < relative_error(got, want) < 5e-5
+
+
+def test_causal_conv_matches_cudnn_in_fp32() -> None:
+    """A 2,048-token chunk at a KDA layer's conv width (3 × 32 heads × 128 = 12,288 channels, kernel 4) against
+    torch's depthwise conv, cuDNN's TF32 off so that the oracle is full fp32 whichever kernel it takes."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    channels, kernel, tokens = 12288, 4, 2048
+    x = torch.randn(tokens, channels, device="cuda", generator=g)
+    window = torch.randn(channels, kernel - 1, device="cuda", generator=g)
+    weight = torch.randn(channels, kernel, device="cuda", generator=g)
+    seq = torch.cat([window, x.t()], dim=1)
+    had = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        conv = torch.nn.functional.conv1d(seq[None], weight[:, None], groups=channels)[0].t()
+    finally:
+        torch.backends.cudnn.allow_tf32 = had
+    got, window_after = ops.causal_conv(x, window, weight)
+    assert torch.equal(window_after, seq[:, -(kernel - 1) :])
+    assert relative_error(got, torch.nn.functional.silu(conv)) < 1e-6
+
+
+def test_fused_hyper_connection_over_a_prompt_chunk() -> None:
+    """`ops.hc_around` on a 2,048-token chunk with 4 streams of 4,096 (the fused kernels on CUDA) against the same
+    on the CPU (torch ops): fp32 sums in another order."""
+    g = torch.Generator().manual_seed(2)
+    tokens, n, hidden = 2048, 4, 4096
+    streams = torch.randn(tokens, n, hidden, generator=g)
+    fn = torch.randn(n * n + 2 * n, n * hidden, generator=g) * 0.02
+    base = torch.randn(n * n + 2 * n, generator=g) * 0.5
+    scale = torch.rand(3, generator=g) + 0.5
+    norm = torch.rand(hidden, generator=g) + 0.5
+    mix = torch.randn(hidden, hidden, generator=g) / hidden**0.5
+
+    def around(dev: str) -> torch.Tensor:
+        w = mix.to(dev)
+        args = (fn.to(dev), base.to(dev), scale.to(dev), norm.to(dev), 1e-6, 1e-6, 1e-5, 20)
+        return ops.hc_around(streams.to(dev), lambda x: torch.tanh(x @ w), *args)
+
+    got, want = around("cuda").cpu(), around("cpu")
+    assert relative_error(got, want) < 2e-5
