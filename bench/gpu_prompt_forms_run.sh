@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prompt path's default forms timed on the lent H200 (session 16: DSA's prompt attention on the tensor cores, the
 # fused hyper-connection kernels for prompt chunks, KDA's conv as shifted multiply-adds), <= BUDGET s; run the GPU
-# suite first in its own call (`BUDGET=480 bash bench/gpu_suite_run.sh`: tests/gpu/test_prompt_forms_gpu.py is in it)
+# suite first in its own call (`BUDGET=560 bash bench/gpu_suite_run.sh`: tests/gpu/test_prompt_forms_gpu.py is in it)
 #     BUDGET=560 bash bench/gpu_prompt_forms_run.sh
 # 1. 4 layers (KKKD) full width, bf16, TP=1: prefill 2k/8k/32k, then transformers warm in the same process;
 # 2. the released depth (45 layers, random 4-bit EXL3 experts, rank 0's TP=2 share: ShardStandIn): prefill 8k/32k

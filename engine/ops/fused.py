@@ -68,9 +68,10 @@ def hc_around(
 ) -> torch.Tensor:
     """A hyper-connection around `sublayer` (engine/models/glm5_next/mhc.py says what it computes): on a GPU with a
     power-of-two stream count, three fused kernels, for decode steps and prompt chunks alike (prompt chunks measured
-    on the H200: docs/BENCHMARKS.md, session 16); else torch ops."""
+    on the H200: docs/BENCHMARKS.md, session 16), while the streams' offsets fit the kernels' int32 arithmetic (a
+    65,536-token chunk of 4 streams of 4,096 is 2^30); else torch ops."""
     n = streams.shape[1]
-    if streams.is_cuda and n & (n - 1) == 0:
+    if streams.is_cuda and n & (n - 1) == 0 and streams.numel() < 2**31:
         from engine.ops.triton_mhc import hc_post, hc_pre
 
         x, post, comb = hc_pre(streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters)

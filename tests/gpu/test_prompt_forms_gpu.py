@@ -25,6 +25,15 @@ def dsa_layer() -> SparseMLA:
     return layer
 
 
+def test_only_prompt_chunks_past_the_row_invariant_rows_take_the_split_path() -> None:
+    layer = dsa_layer()
+    rows = torch.zeros(ops.ROW_INVARIANT_ROWS + 1, 16, 192, device="cuda")
+    assert layer._on_tensor_cores(rows)
+    assert not layer._on_tensor_cores(rows[: ops.ROW_INVARIANT_ROWS])  # a verify window or a short last chunk
+    assert not layer._on_tensor_cores(rows[:1])  # a decode token
+    assert not layer._on_tensor_cores(rows.cpu())
+
+
 def test_prompt_attention_on_tensor_cores_matches_fp32(monkeypatch) -> None:
     """Each call with the split products (the default for a prompt chunk on CUDA) and with the fp32 products on the
     CUDA cores (the gate closed)."""

@@ -29,7 +29,7 @@ class HyperConnection:
 
     def around(self, streams: torch.Tensor, sublayer, norm: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """Run `sublayer` on the mixed-down streams, RMS-normalised with weight `norm`, and fold its output back in
-        (`ops.hc_around`: fused kernels for a few tokens on a GPU)."""
+        (`ops.hc_around`: fused kernels on a GPU, decode steps and prompt chunks alike)."""
         return ops.hc_around(
             streams, sublayer, self.fn, self.base, self.scale, norm, self.eps, self.norm_eps, norm_eps, self.iters
         )
