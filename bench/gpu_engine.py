@@ -628,18 +628,25 @@ def prefill_rates(
 
 
 def profile_step(model: Glm5NextForCausalLM, pool, ids: list[int], graphs: bool, steps: int = 5) -> dict:
-    """The batch-1 serving step (graph replays on a GPU) under torch.profiler: GPU time per kernel name (with its
-    launches a step), the kernels a step, their GPU time a step, and the wall time of a step meanwhile."""
+    """The batch-1 serving step (graph replays on a GPU) under torch.profiler (`profile_calls`)."""
     if not torch.cuda.is_available():
         return {"skipped": "no GPU"}
     decoder = LaneDecoder(model, pool, 1, graphs=graphs)
     seq = decoder.new_sequence(0)
     model.prefill(seq, ids[:128])
     decoder.decode([seq], [11])
+    out = profile_calls(lambda: decoder.decode([seq], [11]), steps)
+    seq.release()
+    return out
+
+
+def profile_calls(fn, steps: int) -> dict:
+    """`fn` (warmed up: compiled, captured) `steps` times under torch.profiler: GPU time per kernel name (with its
+    launches a call; the 40 largest), the kernels a call, their GPU time a call, and the wall time of a call
+    meanwhile."""
     sync()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        wall = timed(lambda: decoder.decode([seq], [11]), steps)
-    seq.release()
+        wall = timed(fn, steps)
     kernels = gpu_kernels(prof)
     total = sum(e.device_time_total for e in kernels) / steps
     table = [

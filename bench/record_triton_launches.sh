@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/record-out}
 mkdir -p "$OUT"
 export PYTHONPATH=.:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1 SPARKS_RECORD_TRITON="$OUT/triton_launches.json"
 timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_parity.py \
-    tests/gpu/test_exl3_moe_gpu.py tests/gpu/test_drafts_gpu.py tests/gpu/test_dense_gpu.py \
+    tests/gpu/test_exl3_moe_gpu.py tests/gpu/test_drafts_gpu.py tests/gpu/test_dense_gpu.py tests/gpu/test_rows_gpu.py \
     "tests/gpu/test_exl3_gpu.py::test_forward_matches_the_reference" \
     "tests/gpu/test_exl3_gpu.py::test_prompt_chunk_path" 2>&1 | tail -3
 python - "$OUT/triton_launches.json" <<'PY'

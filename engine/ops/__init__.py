@@ -5,6 +5,7 @@ from engine.ops.fused import (  # noqa: F401
     Exl3Experts,
     hc_around,
     hc_weights,
+    head_products,
     kda_decode,
     kda_decode_applies,
     linear,

@@ -25,8 +25,13 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     A reduced weight (engine/quant/dense.py `QuantWeight`): on CUDA, up to ROW_INVARIANT_ROWS rows (decode, verify
     windows) through engine/ops/triton_dense.py — the weight read once in its stored bits, a row's result
     independent of the others — and larger prompt chunks as a tensor-core matmul with the weight dequantised to bf16
-    for the call; on the CPU the reference: dequantised to fp32, then `reference.linear`."""
+    for the call; on the CPU the reference: dequantised to fp32, then `reference.linear`. An fp32 weight (the MoE
+    routers) in a step that may verify drafts: engine/ops/triton_rows.py, row-invariant without padding."""
     if not isinstance(weight, QuantWeight):
+        if weight.dtype == torch.float32 and _rows_kernel(x, "linear"):
+            from engine.ops.triton_rows import rows_product
+
+            return rows_product(x[:, None], weight[None])[:, 0]
         return reference.linear(x, weight)
     if not x.is_cuda:
         return reference.linear(x, weight.dequantize(torch.float32))
@@ -35,6 +40,25 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
 
         return dense_rows(x, weight)
     return reference.linear(x, weight.dequantize(torch.bfloat16))
+
+
+def _rows_kernel(x: torch.Tensor, kind: str) -> bool:
+    """Whether a product of x's rows runs through engine/ops/triton_rows.py: a CUDA decode step or verify window
+    (at most ROW_INVARIANT_ROWS rows) that must be row-invariant (`reference.pads_on_cuda`)."""
+    return x.is_cuda and x.shape[0] <= reference.ROW_INVARIANT_ROWS and reference.pads_on_cuda(kind)
+
+
+def head_products(
+    x: torch.Tensor, weight: torch.Tensor, torch_form: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """x [N, P, K] fp32 times P weights [P, O, K] (a strided view) -> [N, P, O] fp32, head by head (DSA's absorbed
+    kv_b); `torch_form(rows)` computes the same with torch. Row-invariant: in a CUDA step that may verify drafts
+    through engine/ops/triton_rows.py, else `torch_form` in `row_blocks` (kind dsa_heads)."""
+    if x.dim() == 3 and _rows_kernel(x, "dsa_heads"):
+        from engine.ops.triton_rows import rows_product
+
+        return rows_product(x, weight)
+    return reference.row_blocks(torch_form, x, kind="dsa_heads")
 
 
 def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor:
@@ -68,10 +92,9 @@ def hc_around(
 ) -> torch.Tensor:
     """A hyper-connection around `sublayer` (engine/models/glm5_next/mhc.py says what it computes): on a GPU with a
     power-of-two stream count, three fused kernels, for decode steps and prompt chunks alike (prompt chunks measured
-    on the H200: docs/BENCHMARKS.md, session 16), while the streams' offsets fit the kernels' int32 arithmetic (a
-    65,536-token chunk of 4 streams of 4,096 is 2^30); else torch ops."""
+    on the H200: docs/BENCHMARKS.md, session 16); else torch ops."""
     n = streams.shape[1]
-    if streams.is_cuda and n & (n - 1) == 0 and streams.numel() < 2**31:
+    if streams.is_cuda and n & (n - 1) == 0:
         from engine.ops.triton_mhc import hc_post, hc_pre
 
         x, post, comb = hc_pre(streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters)

@@ -21,8 +21,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     count); a row's bits are then the same whatever shares the step (drafted ≡ serial rests on it,
     tests/engine/test_drafts.py, tests/gpu/test_drafts_gpu.py)."""
     if x.dim() == 2 and x.shape[0] <= ROW_INVARIANT_ROWS:
+        if _cast_for(x, weight):  # where row_blocks pads, its copy casts the rows too (one launch, not two)
+            return row_blocks(lambda rows: _fp32_product(rows, weight.t()), x, kind="linear", dtype=weight.dtype)
         return row_blocks(lambda rows: _product(rows, weight), x, kind="linear")
     return _product(x, weight)
+
+
+def _cast_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """fp32 rows times a bf16 / fp16 weight: the product takes the rows cast to the weight's type."""
+    return x.dtype == torch.float32 and weight.dtype in (torch.bfloat16, torch.float16)
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -31,11 +38,20 @@ def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _fp32_product(x.to(weight.dtype), weight.t())
 
 
-def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+def _padded(x: torch.Tensor, rows: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x as `dtype` (default its own) with rows appended up to a multiple of `rows`: zeros on the CPU; on CUDA an
+    uninitialised block the rows are copied (and cast) into, one launch instead of a zero fill, a concatenation and
+    a cast (0.5 ms of a 45-layer step on the H200, docs/BENCHMARKS.md, session 17): `row_blocks` calls are row-wise,
+    so the padding rows' values reach only their own results, which are dropped."""
+    dtype = dtype or x.dtype
     pad = -x.shape[0] % rows
-    if not pad:
+    if not x.is_cuda:
+        return (torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x).to(dtype)
+    if not pad and dtype == x.dtype:
         return x
-    return torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
+    out = x.new_empty((x.shape[0] + pad, *x.shape[1:]), dtype=dtype)
+    out[: x.shape[0]] = x
+    return out
 
 
 # On CUDA, `row_blocks` pads only once a verify step may run (`require_row_invariance`, called by a lane decoder
@@ -54,19 +70,25 @@ def require_row_invariance() -> None:
     CUDA_ROW_BLOCKS.update(ROW_INVARIANT_KINDS)
 
 
-def row_blocks(fn: Callable[..., Any], *xs: torch.Tensor, kind: str = "rows") -> Any:
+def pads_on_cuda(kind: str) -> bool:
+    """Whether a CUDA call of this `row_blocks` kind must give a row the bits it has alone (a verify step may run)."""
+    return kind in CUDA_ROW_BLOCKS
+
+
+def row_blocks(fn: Callable[..., Any], *xs: torch.Tensor, kind: str = "rows", dtype: torch.dtype | None = None) -> Any:
     """fn(*xs) for a row-wise fn (row i of each result depends on row i of each x alone; it returns a tensor or a
     tuple of them), so that a row's bits do not depend on how many rows share the call: up to ROW_INVARIANT_ROWS
     rows, fn runs on blocks of a fixed row count (zero rows padding the last): CPU_ROW_BLOCK on the CPU (every
     block the same MKL call; measured: a row's result depends neither on its place in a block nor on the other
     rows); on CUDA, for the kinds in CUDA_ROW_BLOCKS, CUDA_ROW_BLOCK (or CUDA_KIND_BLOCK[kind]) rows, one kernel
     choice whatever the batch. torch's products, batched products and, on CUDA, its reductions choose their
-    blocking by the batch size otherwise."""
+    blocking by the batch size otherwise. `dtype`: fn takes the rows cast to it (by the padding copy where there is
+    one)."""
     n = xs[0].shape[0]
     if n > ROW_INVARIANT_ROWS or (xs[0].is_cuda and kind not in CUDA_ROW_BLOCKS):
-        return fn(*xs)
+        return fn(*(xs if dtype is None else (x.to(dtype) for x in xs)))
     block = CUDA_KIND_BLOCK.get(kind, CUDA_ROW_BLOCK) if xs[0].is_cuda else CPU_ROW_BLOCK
-    padded = [_padded(x, block) for x in xs]
+    padded = [_padded(x, block, dtype) for x in xs]
     parts = [fn(*(x[i : i + block] for x in padded)) for i in range(0, padded[0].shape[0], block)]
     if isinstance(parts[0], tuple):
         return tuple((column[0] if len(column) == 1 else torch.cat(column))[:n] for column in zip(*parts))
@@ -77,10 +99,17 @@ def linear_pairs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """P independent products in one batched matmul: x [P, N, in] times weight [P, out, in] -> [P, N, out] fp32;
     row-invariant over N as `linear` is."""
     if x.shape[1] <= ROW_INVARIANT_ROWS:
-        by_row = row_blocks(
-            lambda rows: _pairs(rows.transpose(0, 1), weight).transpose(0, 1), x.transpose(0, 1), kind="linear"
-        )
-        return by_row.transpose(0, 1)
+        by_row = x.transpose(0, 1)  # [N, P, in]
+        if _cast_for(x, weight):  # as in `linear`: the padding copy casts
+            return row_blocks(
+                lambda rows: _fp32_product(rows.transpose(0, 1), weight.transpose(1, 2)).transpose(0, 1),
+                by_row,
+                kind="linear",
+                dtype=weight.dtype,
+            ).transpose(0, 1)
+        return row_blocks(
+            lambda rows: _pairs(rows.transpose(0, 1), weight).transpose(0, 1), by_row, kind="linear"
+        ).transpose(0, 1)
     return _pairs(x, weight)
 
 

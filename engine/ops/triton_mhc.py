@@ -43,7 +43,7 @@ def _sinkhorn_rows_cols(m, eps, ITERS: tl.constexpr):
 
 @triton.jit
 def _sinkhorn(comb_ptr, out_ptr, eps, N: tl.constexpr, ITERS: tl.constexpr):
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
     rows = tl.arange(0, N)[:, None]
     cols = tl.arange(0, N)[None, :]
     offsets = token * N * N + rows * N + cols
@@ -71,7 +71,7 @@ def _hc_dots(
     CHUNKS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     live = cols < HIDDEN
@@ -117,7 +117,7 @@ def _hc_mix(
 ):
     """One program per (token, hidden chunk); each works the gates out from the partial sums (a few hundred
     flops), the first also stores post and comb."""
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
     chunk = tl.program_id(1)
     parts = tl.arange(0, CHUNKS_PAD)
     part_live = parts < CHUNKS
@@ -177,7 +177,7 @@ def _hc_mix(
 def _hc_post(
     streams_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, HIDDEN: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr
 ):
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     live = cols < HIDDEN

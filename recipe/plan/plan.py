@@ -103,24 +103,10 @@ def mask_env(name: str, value: str) -> str:
 def build_plan(settings: Settings, host: HostFacts, extra_args: tuple[str, ...] = ()) -> Plan:
     """Every rank's launch, derived from settings and host facts only (no side effects)."""
     _check_extra_args(settings, extra_args)
-    settings = prefill_for_device(drafts_for_device(settings, host.gpu), host.gpu)
+    settings = prefill_for_device(settings, host.gpu)
     plan = _build(settings, host, extra_args)
     _check_no_secret_leaks(settings, host, extra_args)
     return plan
-
-
-def drafts_for_device(settings: Settings, gpu: bool) -> Settings:
-    """DRAFTER as the ranks' device makes it pay: a verified draft must equal the serial token, so a step that may
-    verify drafts computes every row at a fixed row count, which costs a GPU decode step 10-18 % (measured on the
-    H200, docs/BENCHMARKS.md) whether or not a draft comes, and at the real depth a step verifying 3 MTP drafts
-    costs 2.17x a drafts-off step at batch 1 (H200, 45 layers): with the MTP layer's reported acceptance a gain of
-    ~1.24x for one stream, none for four. So on a GPU the default leaves drafts off; a DRAFTER written out turns them
-    on. The CPU pays nothing measurable: the default (mtp+copy) drafts there."""
-    if not gpu or settings.drafter == "none":
-        return settings
-    if settings.origins.get("DRAFTER", "default") in ("default", "derived"):
-        return dataclasses.replace(settings, drafter="none")
-    return settings
 
 
 GPU_PREFILL_CHUNK = 2048

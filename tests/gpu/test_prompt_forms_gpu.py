@@ -105,3 +105,20 @@ def test_fused_hyper_connection_over_a_prompt_chunk() -> None:
 
     got, want = around("cuda").cpu(), around("cpu")
     assert relative_error(got, want) < 2e-5
+
+
+def test_fused_hyper_connection_past_int32_offsets() -> None:
+    """A chunk whose streams hold more than 2^31 values (131,073 tokens of 4 × 4,096): the kernels' offsets are
+    64-bit, so the last tokens get the bits they get alone (each token's result depends on that token only)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    tokens, n, hidden = 2**31 // (4 * 4096) + 1, 4, 4096
+    streams = torch.randn(tokens, n, hidden, device="cuda", generator=g)
+    fn = torch.randn(n * n + 2 * n, n * hidden, device="cuda", generator=g) * 0.02
+    base = torch.randn(n * n + 2 * n, device="cuda", generator=g) * 0.5
+    scale = torch.rand(3, device="cuda", generator=g) + 0.5
+    norm = torch.rand(hidden, device="cuda", generator=g) + 0.5
+    args = (fn, base, scale, norm, 1e-6, 1e-6, 1e-5, 20)
+    tail = ops.hc_around(streams[-2:], torch.tanh, *args)
+    whole = ops.hc_around(streams, torch.tanh, *args)
+    assert torch.equal(whole[-2:], tail)
+    assert torch.equal(whole[:2], ops.hc_around(streams[:2], torch.tanh, *args))

@@ -249,7 +249,7 @@ class SparseMLA:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_select_tokens` for one query per row at `positions` [B], given the index columns of each row's padded
         span [B, S, 2d] (pools past a row's position are invisible to it), of a fixed size (`fixed`), row-invariant
-        (`ops.row_blocks`)."""
+        (`ops.head_products`, `ops.row_blocks`)."""
 
         def select(head: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, where: torch.Tensor):
             keys = self._pool_keys(rows, rows.shape[1] // self.kpool)
@@ -313,12 +313,12 @@ class SparseMLA:
 
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant
-        (`ops.row_blocks`)."""
-        q_abs = ops.row_blocks(lambda rows: torch.einsum("bhd,hdr->bhr", rows, self.w_k), q, kind="dsa_heads")
-        ctx = ops.row_blocks(self._attend_rows, q_abs, latents, counts, kind="dsa_attend")
-        return ops.row_blocks(lambda rows: torch.einsum("bhr,hvr->bhv", rows, self.w_v), ctx, kind="dsa_heads").flatten(
-            1
+        (`ops.head_products`, `ops.row_blocks`)."""
+        q_abs = ops.head_products(
+            q, self.w_k.transpose(1, 2), lambda rows: torch.einsum("bhd,hdr->bhr", rows, self.w_k)
         )
+        ctx = ops.row_blocks(self._attend_rows, q_abs, latents, counts, kind="dsa_attend")
+        return ops.head_products(ctx, self.w_v, lambda rows: torch.einsum("bhr,hvr->bhv", rows, self.w_v)).flatten(1)
 
     def _attend_gathered_split(
         self, q: torch.Tensor, latents: ops.Split, counts: torch.Tensor, w_k: ops.Split, w_v_t: ops.Split

@@ -1,0 +1,64 @@
+"""engine/ops/triton_rows.py on the GPU at GLM-5.3-Flash's shapes (TP=2 shard): the MoE router [288, 4,096] and
+DSA's absorbed kv_b heads (16 local heads, nope 192, v 256, latent 512), against the float64 product, a row's bits
+alone and among 64 rows, and the dispatch: in a step that may verify drafts an fp32 `ops.linear` and
+`ops.head_products` take the kernel, otherwise cuBLAS as before. Skipped without a GPU (never part of CI)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ops
+from engine.ops import reference, triton_rows
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator(device="cuda").manual_seed(5)
+    kv_b = torch.randn(16, 192 + 256, 512, device="cuda", generator=g) * 0.05
+    return {
+        "router": (torch.randn(64, 1, 4096, device="cuda", generator=g), torch.randn(1, 288, 4096, device="cuda")),
+        "w_k": (torch.randn(64, 16, 192, device="cuda", generator=g), kv_b[:, :192].transpose(1, 2)),
+        "w_v": (torch.randn(64, 16, 512, device="cuda", generator=g), kv_b[:, 192:]),
+    }
+
+
+@pytest.mark.parametrize("name", ["router", "w_k", "w_v"])
+def test_rows_product_is_exact_to_fp32_and_row_invariant(name):
+    x, w = _cases()[name]
+    got = triton_rows.rows_product(x, w)
+    exact = torch.einsum("npk,pok->npo", x.double(), w.double())
+    assert float((got.double() - exact).abs().max() / exact.abs().max()) < 1e-6
+    for n, start in ((1, 0), (1, 63), (4, 9), (16, 30), (5, 59)):
+        assert torch.equal(triton_rows.rows_product(x[start : start + n], w), got[start : start + n]), (n, start)
+
+
+def test_dispatch_only_when_the_step_must_be_row_invariant(monkeypatch):
+    x, w = _cases()["router"]
+    rows, weight = x[:3, 0], w[0]
+    monkeypatch.setattr(reference, "CUDA_ROW_BLOCKS", set())
+    assert torch.equal(ops.linear(rows, weight), rows @ weight.t())  # drafts off: cuBLAS, as before
+    monkeypatch.setattr(reference, "CUDA_ROW_BLOCKS", set(reference.ROW_INVARIANT_KINDS))
+    assert torch.equal(ops.linear(rows, weight), triton_rows.rows_product(x[:3], w)[:, 0])
+    q, w_k = _cases()["w_k"]
+    kernel = ops.head_products(q[:2], w_k, lambda r: pytest.fail("the torch form ran"))
+    assert torch.equal(kernel, triton_rows.rows_product(q[:2], w_k))
+
+
+def test_a_padded_bf16_product_casts_in_its_padding_copy(monkeypatch):
+    """In a step that may verify drafts, a bf16 weight's product pads the rows to 16 and casts them in the same copy:
+    the bits of the zero-padded fp32 rows cast afterwards (the form before), for each row alone or among others."""
+    g = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(20, 4096, device="cuda", generator=g)
+    w = (torch.randn(3072, 4096, device="cuda", generator=g) * 0.02).bfloat16()
+    monkeypatch.setattr(reference, "CUDA_ROW_BLOCKS", set(reference.ROW_INVARIANT_KINDS))
+    got = ops.linear(x[:5], w)
+    before = torch.cat([x[:5], x.new_zeros(11, 4096)]).bfloat16()
+    assert torch.equal(got, torch.mm(before, w.t(), out_dtype=torch.float32)[:5])
+    assert torch.equal(ops.linear(x[3:4], w), got[3:4])
+    pairs = torch.stack([w[:1024], w[1024:2048]])  # two weights, as KDA's low-rank gates
+    both = ops.linear_pairs(torch.stack([x[:5, :1024], x[5:10, :1024]]), pairs[:, :, :1024])
+    assert torch.equal(
+        both[1, 2:3], ops.linear_pairs(torch.stack([x[:1, :1024], x[7:8, :1024]]), pairs[:, :, :1024])[1]
+    )
