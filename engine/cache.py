@@ -249,10 +249,16 @@ class LaneState:
         self.hidden = torch.zeros(num_lanes + 1, window, hidden, device=dev) if hidden else None
 
     def commit(self, lane: int, rows: int) -> None:
-        """After a verify step: the lane goes on from the state after its first `rows` rows."""
-        for layer, buf in self.kda_rows.items():
-            self.kda[layer][lane].copy_(buf[lane, rows - 1])
-            self.conv[layer][lane].copy_(self.conv_rows[layer][lane, rows - 1])
+        """After a verify step: the lane goes on from the state after its first `rows` rows (every KDA layer's state
+        and window in one multi-tensor copy: on a GPU a launch or two, not two a layer)."""
+        layers = list(self.kda_rows)
+        if not layers:
+            return
+        kept = [self.kda_rows[layer][lane, rows - 1] for layer in layers]
+        kept += [self.conv_rows[layer][lane, rows - 1] for layer in layers]
+        torch._foreach_copy_(
+            [self.kda[layer][lane] for layer in layers] + [self.conv[layer][lane] for layer in layers], kept
+        )
 
     def reset(self, lane: int) -> None:
         for buf in (*self.kda.values(), *self.conv.values(), *([self.hidden] if self.hidden is not None else [])):

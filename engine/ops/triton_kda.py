@@ -9,8 +9,9 @@ RMS norm, the lane state's gather and scatter). Here one program per (stream, he
     bound); beta = sigmoid(b); S ← e^g ⊙ S; δ = beta · (v − Sᵀk); S ← S + k δᵀ; o = Sᵀq; out = rms_norm(o) · w ·
     sigmoid(gate),
 
-reading and writing the stream's lane state ([lanes, H, d, d] fp32 and the conv windows [lanes, 3·H·d, K-1]) in
-place at `lane_ids`. fp32 throughout, as the reference (`ops.kda_step`); sums run in another order, so the result
+reading the stream's lane state ([lanes, H, d, d] fp32 and the conv windows [lanes, 3·H·d, K-1]) at `lane_ids` and
+writing the new one in place, or (a verify window's row) to other tensors of the same per-lane shape: the state
+kept after that row, so no copy of it is made. fp32 throughout, as the reference (`ops.kda_step`); sums run in another order, so the result
 agrees to fp32 rounding. A stream's result depends on its own inputs and state only.
 """
 
@@ -63,6 +64,8 @@ def _kda_decode(
     lane_ptr,
     win_all_ptr,
     state_all_ptr,
+    win_out_ptr,
+    state_out_ptr,
     out_ptr,
     lower_bound,
     eps,
@@ -71,6 +74,10 @@ def _kda_decode(
     f_stride,
     b_stride,
     gate_stride,
+    win_lane_stride,
+    state_lane_stride,
+    win_out_lane_stride,
+    state_out_lane_stride,
     HEADS: tl.constexpr,
     D: tl.constexpr,
     DP: tl.constexpr,
@@ -87,7 +94,7 @@ def _kda_decode(
     taps = tl.arange(0, KP)
     chan = head * D + offs
     proj = proj_ptr + row * proj_stride
-    win = win_all_ptr + lane * (3 * width) * (KERNEL - 1)
+    win = win_all_ptr + lane * win_lane_stride
     q, q_win = _conv_silu(proj, win, conv_w_ptr, chan, live, taps, KERNEL)
     k, k_win = _conv_silu(proj, win, conv_w_ptr, width + chan, live, taps, KERNEL)
     v, v_win = _conv_silu(proj, win, conv_w_ptr, 2 * width + chan, live, taps, KERNEL)
@@ -102,19 +109,20 @@ def _kda_decode(
     else:
         g = -a * tl.where(raw > 20.0, raw, tl.log(1.0 + tl.exp(tl.minimum(raw, 20.0))))
     beta = tl.sigmoid(tl.load(b_ptr + row * b_stride + head))
-    state_ptr = state_all_ptr + (lane * HEADS + head) * D * D + offs[:, None] * D + offs[None, :]
+    square = head * D * D + offs[:, None] * D + offs[None, :]
     both = live[:, None] & live[None, :]
-    s = tl.load(state_ptr, mask=both, other=0.0) * tl.exp(g)[:, None]  # [k, v]
+    s = tl.load(state_all_ptr + lane * state_lane_stride + square, mask=both, other=0.0) * tl.exp(g)[:, None]  # [k, v]
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
     s = s + k[:, None] * delta[None, :]
     o = tl.sum(s * q[:, None], axis=0)
     o = o / tl.sqrt(tl.sum(o * o, axis=0) / D + eps) * tl.load(o_norm_ptr + offs, mask=live, other=0.0)
     o = o * tl.sigmoid(tl.load(gate_ptr + row * gate_stride + chan, mask=live, other=0.0))
-    tl.debug_barrier()  # every window value is read before any is overwritten
-    _store_window(win, chan, live, taps, q_win, KERNEL)
-    _store_window(win, width + chan, live, taps, k_win, KERNEL)
-    _store_window(win, 2 * width + chan, live, taps, v_win, KERNEL)
-    tl.store(state_ptr, s, mask=both)
+    tl.debug_barrier()  # every window value is read before any is overwritten (in place)
+    win_out = win_out_ptr + lane * win_out_lane_stride
+    _store_window(win_out, chan, live, taps, q_win, KERNEL)
+    _store_window(win_out, width + chan, live, taps, k_win, KERNEL)
+    _store_window(win_out, 2 * width + chan, live, taps, v_win, KERNEL)
+    tl.store(state_out_ptr + lane * state_out_lane_stride + square, s, mask=both)
     tl.store(out_ptr + row * width + chan, o, mask=live)
 
 
@@ -132,17 +140,25 @@ def kda_decode(
     states: torch.Tensor,
     lower_bound: float | None,
     eps: float,
+    windows_out: torch.Tensor | None = None,
+    states_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per stream. proj [B, ≥3·H·d] (the q|k|v projections before the conv), f [B, H·d] (f_b's output),
     b [B, ≥H] (beta logits), gate [B, H·d] (g_b's output): fp32, rows may be strided; conv_w [3·H·d, K], dt_bias
     [H·d], a_decay [H] (e^A_log), o_norm [d]; lane_ids [B]; windows [lanes, 3·H·d, K-1] and states [lanes, H, d, d]
-    (fp32, updated in place). Returns the gated, normalised output [B, H·d] fp32 (o_proj's input)."""
+    (fp32; each lane's part contiguous, the lanes at any stride), updated in place, or left as they are with the new
+    ones written to `windows_out` / `states_out` (the same shapes). Returns the gated, normalised output [B, H·d]
+    fp32 (o_proj's input)."""
     rows = lane_ids.shape[0]
     heads, d = states.shape[1], states.shape[2]
     kernel = conv_w.shape[1]
     for t in (proj, f, b, gate):
         assert t.stride(-1) == 1 and t.dtype == torch.float32
-    assert windows.is_contiguous() and states.is_contiguous() and conv_w.is_contiguous()
+    windows_out = windows if windows_out is None else windows_out
+    states_out = states if states_out is None else states_out
+    for t in (windows, states, windows_out, states_out):  # a lane's part contiguous: lanes may be a strided view's
+        assert t.dtype == torch.float32 and t[0].is_contiguous()
+    assert windows_out.shape == windows.shape and states_out.shape == states.shape and conv_w.is_contiguous()
     out = torch.empty(rows, heads * d, dtype=torch.float32, device=proj.device)
     dp = triton.next_power_of_2(d)
     _kda_decode[(rows, heads)](
@@ -157,6 +173,8 @@ def kda_decode(
         lane_ids,
         windows,
         states,
+        windows_out,
+        states_out,
         out,
         0.0 if lower_bound is None else lower_bound,
         eps,
@@ -165,6 +183,10 @@ def kda_decode(
         f.stride(0),
         b.stride(0),
         gate.stride(0),
+        windows.stride(0),
+        states.stride(0),
+        windows_out.stride(0),
+        states_out.stride(0),
         HEADS=heads,
         D=d,
         DP=dp,

@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from interpreter import figures_of
@@ -33,6 +34,7 @@ def _cases() -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "engine"))
     from reference import make_reference
 
+    from engine import ops as engine_ops
     from engine.models.glm5_next.model import Glm5NextForCausalLM
     from engine.ops import triton_mhc
 
@@ -97,6 +99,42 @@ def _cases() -> dict:
         )
         out[f"kda_{bound}"] = worst
 
+    # KDA verify window: 3 rows a lane on lanes [2, 0], through `decode_lanes` with the fused kernel (as on a GPU:
+    # row t reads the state kept after row t-1 and writes its own to the kept rows) against its torch path
+    width, lane_ids = 3, torch.tensor([2, 2, 2, 0, 0, 0])
+
+    def lane_state(seed: int) -> SimpleNamespace:
+        g = torch.Generator().manual_seed(seed)
+        return SimpleNamespace(
+            kda={attn.layer: torch.randn(4, *state_shape, generator=g) * 0.3},
+            conv={attn.layer: torch.randn(4, *conv_shape, generator=g)},
+            kda_rows={attn.layer: torch.zeros(4, width, *state_shape)},
+            conv_rows={attn.layer: torch.zeros(4, width, *conv_shape)},
+        )
+
+    x = torch.randn(2 * width, hidden, generator=gen)
+    start, ref, fused = lane_state(9), lane_state(9), lane_state(9)
+    ref_out = attn.decode_lanes(x, SimpleNamespace(lanes=ref, width=width, lane_ids=lane_ids))
+    applies = engine_ops.kda_decode_applies
+    engine_ops.kda_decode_applies = lambda x: True
+    try:
+        got = attn.decode_lanes(x, SimpleNamespace(lanes=fused, width=width, lane_ids=lane_ids))
+    finally:
+        engine_ops.kda_decode_applies = applies
+    used = [0, 2]
+    out["kda_verify"] = {
+        "out": _relative(got, ref_out),
+        "state_rows": _relative(fused.kda_rows[attn.layer][used], ref.kda_rows[attn.layer][used]),
+        "window_rows": _relative(fused.conv_rows[attn.layer][used], ref.conv_rows[attn.layer][used]),
+        "lanes_untouched": bool(
+            torch.equal(fused.kda[attn.layer], start.kda[attn.layer])
+            and torch.equal(fused.conv[attn.layer], start.conv[attn.layer])
+        ),
+        "other_rows_untouched": bool(
+            fused.kda_rows[attn.layer][[1, 3]].abs().max() == 0 and fused.conv_rows[attn.layer][[1, 3]].abs().max() == 0
+        ),
+    }
+
     # MoE: route + gate‖up + down with the SwiGLU and routing weights fused, the shared expert in the bank
     moe = layer.mlp
     x = torch.randn(3, hidden, generator=gen)
@@ -143,10 +181,13 @@ def test_kda_decode_kernel_matches_the_torch_step(results: dict, gate: str) -> N
     assert case["untouched_lanes_equal"]
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    sys.path.insert(0, str(ROOT))
-    print(json.dumps(_cases()))
+def test_kda_verify_rows_write_their_kept_states_through_the_kernel(results: dict) -> None:
+    """A verify window's rows through the fused kernel: each row's kept state and window as the torch path keeps
+    them, the lanes' own state untouched (LaneState.commit picks a row), no other lane's rows written."""
+    case = results["kda_verify"]
+    for figure in ("out", "state_rows", "window_rows"):
+        assert case[figure] <= TOLERANCE, (figure, case)
+    assert case["lanes_untouched"] and case["other_rows_untouched"]
 
 
 def test_moe_kernels_match_the_torch_path(results: dict) -> None:
@@ -155,3 +196,9 @@ def test_moe_kernels_match_the_torch_path(results: dict) -> None:
     assert moe["same_experts"]
     assert moe["shared_column"] == [8, 8, 8] and moe["shared_weight"] == [1.0, 1.0, 1.0]
     assert moe["weights"] <= TOLERANCE and moe["output"] <= TOLERANCE, moe
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(ROOT))
+    print(json.dumps(_cases()))

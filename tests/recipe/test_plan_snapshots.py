@@ -130,7 +130,7 @@ def test_a_checkpoint_setting_is_the_positional_argument_only(root: Path) -> Non
 
 def test_drafts_are_on_by_default_on_every_device(root: Path) -> None:
     """The default DRAFTER=mtp+copy reaches CPU and GPU ranks alike (since session 17 a step that may verify drafts
-    costs a GPU decode step ~1 %, docs/BENCHMARKS.md), and a drafter written out, none included, wins."""
+    costs a GPU decode step ~1.5 %, docs/BENCHMARKS.md), and a drafter written out, none included, wins."""
 
     def drafter(plan) -> str:
         argv = plan.ranks[-1].argv

@@ -185,18 +185,17 @@ class KimiDeltaAttention:
         if ops.kda_decode_applies(x):
             if width == 1:
                 return self._fused_step(x, lane_ids, conv, kda)
-            # every projection for all rows at once; the fused kernel then runs the rows in order, advancing the lane
-            # state in place: keep each row's state, then put the start back (LaneState.commit picks one)
+            # every projection for all rows at once; the fused kernel then runs the rows in order, row t reading the
+            # state kept after row t-1 (the lane's own for row 0) and writing its own into the kept rows: the lane's
+            # state is not touched (LaneState.commit picks one) and nothing is copied
             parts = self._fused_project(x)
-            start_kda, start_conv = kda[lane_ids], conv[lane_ids]
+            kda_rows, conv_rows = lanes.kda_rows[self.layer], lanes.conv_rows[self.layer]
             mixed, f, gate = (part.reshape(-1, width, *part.shape[1:]) for part in parts)
             cores = []
             for t in range(width):
                 row_t = (mixed[:, t].contiguous(), f[:, t].contiguous(), gate[:, t].contiguous())
-                cores.append(self._fused_core(*row_t, lane_ids, conv, kda))
-                lanes.kda_rows[self.layer][lane_ids, t] = kda[lane_ids]
-                lanes.conv_rows[self.layer][lane_ids, t] = conv[lane_ids]
-            kda[lane_ids], conv[lane_ids] = start_kda, start_conv
+                source = (conv, kda) if t == 0 else (conv_rows[:, t - 1], kda_rows[:, t - 1])
+                cores.append(self._fused_core(*row_t, lane_ids, *source, conv_rows[:, t], kda_rows[:, t]))
             core = torch.stack(cores, 1).flatten(0, 1)
             return self.group.sum_partials(ops.linear(core, self.o_proj))
         projected, g, beta, gate = self._project(x)
@@ -239,8 +238,11 @@ class KimiDeltaAttention:
         lane_ids: torch.Tensor,
         windows: torch.Tensor,
         states: torch.Tensor,
+        windows_out: torch.Tensor | None = None,
+        states_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One token per lane through engine/ops/triton_kda.py: the gated, normalised core output [B, Hl*d]."""
+        """One token per lane through engine/ops/triton_kda.py: the gated, normalised core output [B, Hl*d]; the new
+        windows and states in place, or into `windows_out` / `states_out`."""
         qkv, d = 3 * self.width, self.f_a.shape[0]
         return ops.kda_decode(
             mixed,
@@ -256,4 +258,6 @@ class KimiDeltaAttention:
             states,
             self.lower_bound,
             self.eps,
+            windows_out,
+            states_out,
         )
