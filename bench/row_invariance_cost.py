@@ -9,8 +9,8 @@ Modes, each a fresh decoder (its own graphs), in this order:
 - `off`: a decoder without verify windows, nothing padded (the drafts-off serving step);
 - `window`: a decoder with verify windows (per-row states kept, MTP rows) but nothing padded;
 - `only:KIND`: the same with one kind of `row_blocks` call padded (linear, norm, dsa_heads, dsa_attend);
-- `on`: every kind padded: the step a decoder that may verify drafts serves with;
-- `on:copy-pad` (with `--kinds`): the same, each padded block an uninitialised one the rows are copied into.
+- `on`: every kind padded: the step a decoder that may verify drafts serves with. (Session 17's first call also
+  timed `on:copy-pad`, padding by one copy into an uninitialised block, since made `row_blocks`' own.)
 Each times the plain step at batch 1 and 4 (lanes with their own prompts and tokens); `on` also a verify window of 4.
 `off` and `on` then check the bits: lane 0's logits decoded alone against beside three lanes (`on`: 0.0), and the
 rows of a verify window beside three lanes against the serial decode (`on`: 0.0 each). `--profile`: GPU time per
@@ -75,13 +75,9 @@ def main() -> None:
     if args.kinds:
         modes += [(f"only:{kind}", 5, (kind,)) for kind in every]
     modes.append(("on", 5, every))
-    if args.kinds:
-        modes.append(("on:copy-pad", 5, every))
     result: dict = {"layers": args.layers, "exl3_experts": args.exl3_experts, "shard": args.shard, "dense": args.dense}
     with torch.no_grad():
         for mode, window, kinds in modes:
-            if mode == "on:copy-pad":
-                reference._padded = copy_padded  # type: ignore[assignment]
             figures: dict = {}
             for batch in (1, 4):
                 decoder, seqs = fresh(batch, window, kinds)
@@ -90,7 +86,7 @@ def main() -> None:
                 figures[f"decode_b{batch}_ms"] = round(timed(lambda: decoder.decode(seqs, tokens), 20) * 1e3, 3)
                 if args.profile and batch == 1 and mode in ("off", "on"):
                     figures["profile_b1"] = profile_calls(lambda: decoder.decode(seqs, tokens), 5)
-                if mode.startswith("on"):
+                if mode == "on":
                     windows = [[token + 7 * t for t in range(4)] for token in tokens]
                     decoder.verify(seqs, windows)  # capture
                     step = timed(lambda: decoder.verify(seqs, windows), 20)
@@ -98,24 +94,13 @@ def main() -> None:
                     if args.profile and batch == 1 and mode == "on":
                         figures["profile_verify4_b1"] = profile_calls(lambda: decoder.verify(seqs, windows), 5)
                 done(seqs)
-            if mode in ("off", "on", "on:copy-pad"):
-                figures.update(bits(fresh, done, window, kinds, mode != "off"))
+            if mode in ("off", "on"):
+                figures.update(bits(fresh, done, window, kinds, mode == "on"))
             figures["graphs"] = decoder.uses_graphs
             result[mode] = figures
             print(mode, {k: v for k, v in figures.items() if not k.startswith("profile")}, flush=True)
             if args.out:  # after every mode: a run cut short keeps what it measured
                 Path(args.out).write_text(json.dumps(result, indent=1))
-
-
-def copy_padded(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """A candidate for `reference._padded` on CUDA: the rows copied into an uninitialised block (one launch, not a
-    zero fill and a concatenation); the padding rows' values never reach a real row of a row-wise call."""
-    pad = -x.shape[0] % rows
-    if not pad:
-        return x
-    out = x.new_empty(x.shape[0] + pad, *x.shape[1:])
-    out[: x.shape[0]] = x
-    return out
 
 
 def bits(fresh, done, window: int, kinds: tuple[str, ...], verify: bool) -> dict:

@@ -28,7 +28,7 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     for the call; on the CPU the reference: dequantised to fp32, then `reference.linear`. An fp32 weight (the MoE
     routers) in a step that may verify drafts: engine/ops/triton_rows.py, row-invariant without padding."""
     if not isinstance(weight, QuantWeight):
-        if weight.dtype == torch.float32 and _rows_kernel(x, "linear"):
+        if weight.dtype == torch.float32 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear"):
             from engine.ops.triton_rows import rows_product
 
             return rows_product(x[:, None], weight[None])[:, 0]
@@ -42,10 +42,15 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     return reference.linear(x, weight.dequantize(torch.bfloat16))
 
 
-def _rows_kernel(x: torch.Tensor, kind: str) -> bool:
-    """Whether a product of x's rows runs through engine/ops/triton_rows.py: a CUDA decode step or verify window
-    (at most ROW_INVARIANT_ROWS rows) that must be row-invariant (`reference.pads_on_cuda`)."""
-    return x.is_cuda and x.shape[0] <= reference.ROW_INVARIANT_ROWS and reference.pads_on_cuda(kind)
+def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str) -> bool:
+    """Whether a product of x's rows with P weights of `shape` (P, out, in) runs through engine/ops/triton_rows.py: a
+    CUDA decode step or verify window (at most ROW_INVARIANT_ROWS rows) that must be row-invariant
+    (`reference.pads_on_cuda`), with a launch grid the weight fits (`triton_rows.fits`)."""
+    if not (x.is_cuda and x.shape[0] <= reference.ROW_INVARIANT_ROWS and reference.pads_on_cuda(kind)):
+        return False
+    from engine.ops.triton_rows import fits
+
+    return fits(*shape)
 
 
 def head_products(
@@ -54,7 +59,7 @@ def head_products(
     """x [N, P, K] fp32 times P weights [P, O, K] (a strided view) -> [N, P, O] fp32, head by head (DSA's absorbed
     kv_b); `torch_form(rows)` computes the same with torch. Row-invariant: in a CUDA step that may verify drafts
     through engine/ops/triton_rows.py, else `torch_form` in `row_blocks` (kind dsa_heads)."""
-    if x.dim() == 3 and _rows_kernel(x, "dsa_heads"):
+    if x.dim() == 3 and _rows_kernel(x, tuple(weight.shape), "dsa_heads"):
         from engine.ops.triton_rows import rows_product
 
         return rows_product(x, weight)

@@ -56,8 +56,9 @@ def _padded(x: torch.Tensor, rows: int, dtype: torch.dtype | None = None) -> tor
 
 # On CUDA, `row_blocks` pads only once a verify step may run (`require_row_invariance`, called by a lane decoder
 # with drafts): measured on the H200 (docs/BENCHMARKS.md), the products (linear), the norms and the DSA lane
-# attention must run at a fixed row count for a row's bits to be those of the row alone, at about 10 % of a decode
-# step; without drafts nothing needs it and nothing pays for it.
+# attention must run at a fixed row count for a row's bits to be those of the row alone; fp32-weight products skip
+# the padding through engine/ops/triton_rows.py (`fused.linear`, `fused.head_products`), and what is left costs a
+# 45-layer decode step ~1.5 % (session 17); without drafts nothing needs it and nothing pays for it.
 CUDA_ROW_BLOCKS: set[str] = set()  # the kinds of `row_blocks` call that pad on CUDA
 CUDA_ROW_BLOCK = 16  # rows a padded CUDA call computes ...
 CUDA_KIND_BLOCK = {"dsa_attend": 1}  # ... or this many for a kind (the lane attention's latents are large: per row)
@@ -78,17 +79,19 @@ def pads_on_cuda(kind: str) -> bool:
 def row_blocks(fn: Callable[..., Any], *xs: torch.Tensor, kind: str = "rows", dtype: torch.dtype | None = None) -> Any:
     """fn(*xs) for a row-wise fn (row i of each result depends on row i of each x alone; it returns a tensor or a
     tuple of them), so that a row's bits do not depend on how many rows share the call: up to ROW_INVARIANT_ROWS
-    rows, fn runs on blocks of a fixed row count (zero rows padding the last): CPU_ROW_BLOCK on the CPU (every
+    rows, fn runs on blocks of a fixed row count (the last padded: zero rows on the CPU, uninitialised ones on CUDA,
+    `_padded`): CPU_ROW_BLOCK on the CPU (every
     block the same MKL call; measured: a row's result depends neither on its place in a block nor on the other
     rows); on CUDA, for the kinds in CUDA_ROW_BLOCKS, CUDA_ROW_BLOCK (or CUDA_KIND_BLOCK[kind]) rows, one kernel
     choice whatever the batch. torch's products, batched products and, on CUDA, its reductions choose their
-    blocking by the batch size otherwise. `dtype`: fn takes the rows cast to it (by the padding copy where there is
-    one)."""
+    blocking by the batch size otherwise. `dtype`: fn takes the floating-point xs cast to it (by the padding copy
+    where there is one)."""
     n = xs[0].shape[0]
+    types = [dtype if dtype is not None and x.is_floating_point() else x.dtype for x in xs]
     if n > ROW_INVARIANT_ROWS or (xs[0].is_cuda and kind not in CUDA_ROW_BLOCKS):
-        return fn(*(xs if dtype is None else (x.to(dtype) for x in xs)))
+        return fn(*(x.to(t) for x, t in zip(xs, types)))
     block = CUDA_KIND_BLOCK.get(kind, CUDA_ROW_BLOCK) if xs[0].is_cuda else CPU_ROW_BLOCK
-    padded = [_padded(x, block, dtype) for x in xs]
+    padded = [_padded(x, block, t) for x, t in zip(xs, types)]
     parts = [fn(*(x[i : i + block] for x in padded)) for i in range(0, padded[0].shape[0], block)]
     if isinstance(parts[0], tuple):
         return tuple((column[0] if len(column) == 1 else torch.cat(column))[:n] for column in zip(*parts))

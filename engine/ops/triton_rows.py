@@ -10,7 +10,7 @@ accumulator of products, and sums it along the inputs at the end in the one orde
 shape comes from the weight's shape alone, so a row's bits never depend on the batch, and nothing is padded.
 
 `rows_product(x [N, P, K], w [P, O, K])` covers both uses: one weight (P = 1, `fused.linear` with an fp32 weight) and
-P weights applied head by head (DSA's `bhd,hdr` and `bhr,hvr` products, `fused.head_rows`); w may be any strided view
+P weights applied head by head (DSA's `bhd,hdr` and `bhr,hvr` products, `fused.head_products`); w may be any strided view
 (w_k is read through its transpose).
 """
 
@@ -69,6 +69,11 @@ def launch_shape(pairs: int, out_features: int, in_features: int) -> tuple[int, 
     while block_o > 1 and pairs * triton.cdiv(out_features, block_o) < PROGRAMS:
         block_o //= 2
     return block_o, block_k
+
+
+def fits(pairs: int, out_features: int, in_features: int) -> bool:
+    """Whether a weight of this shape fits the launch grid: its output blocks go on an axis of at most 65,535."""
+    return pairs <= 65535 and triton.cdiv(out_features, launch_shape(pairs, out_features, in_features)[0]) <= 65535
 
 
 def rows_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
