@@ -11,8 +11,8 @@ RMS norm, the lane state's gather and scatter). Here one program per (stream, he
 
 reading the stream's lane state ([lanes, H, d, d] fp32 and the conv windows [lanes, 3·H·d, K-1]) at `lane_ids` and
 writing the new one in place, or (a verify window's row) to other tensors of the same per-lane shape: the state
-kept after that row, so no copy of it is made. fp32 throughout, as the reference (`ops.kda_step`); sums run in another order, so the result
-agrees to fp32 rounding. A stream's result depends on its own inputs and state only.
+kept after that row, so no copy of it is made. fp32 throughout, as the reference (`ops.kda_step`); sums run in
+another order, so the result agrees to fp32 rounding. A stream's result depends on its own inputs and state only.
 """
 
 from __future__ import annotations
