@@ -81,8 +81,8 @@ def row_blocks(fn: Callable[..., Any], *xs: torch.Tensor, kind: str = "rows", dt
     tuple of them), so that a row's bits do not depend on how many rows share the call: up to ROW_INVARIANT_ROWS
     rows, fn runs on blocks of a fixed row count (the last padded: zero rows on the CPU, uninitialised ones on CUDA,
     `_padded`): CPU_ROW_BLOCK on the CPU (every block the same MKL call; measured: a row's result depends neither on
-    its place in a block nor on the other rows); on CUDA, for the kinds in CUDA_ROW_BLOCKS, CUDA_ROW_BLOCK (or CUDA_KIND_BLOCK[kind]) rows, one kernel
-    choice whatever the batch. torch's products, batched products and, on CUDA, its reductions choose their
+    its place in a block nor on the other rows); on CUDA, for the kinds in CUDA_ROW_BLOCKS, CUDA_ROW_BLOCK (or
+    CUDA_KIND_BLOCK[kind]) rows, one kernel choice whatever the batch. torch's products, batched products and, on CUDA, its reductions choose their
     blocking by the batch size otherwise. `dtype`: fn takes the floating-point xs cast to it (by the padding copy
     where there is one)."""
     n = xs[0].shape[0]
