@@ -82,9 +82,9 @@ def row_blocks(fn: Callable[..., Any], *xs: torch.Tensor, kind: str = "rows", dt
     rows, fn runs on blocks of a fixed row count (the last padded: zero rows on the CPU, uninitialised ones on CUDA,
     `_padded`): CPU_ROW_BLOCK on the CPU (every block the same MKL call; measured: a row's result depends neither on
     its place in a block nor on the other rows); on CUDA, for the kinds in CUDA_ROW_BLOCKS, CUDA_ROW_BLOCK (or
-    CUDA_KIND_BLOCK[kind]) rows, one kernel choice whatever the batch. torch's products, batched products and, on CUDA, its reductions choose their
-    blocking by the batch size otherwise. `dtype`: fn takes the floating-point xs cast to it (by the padding copy
-    where there is one)."""
+    CUDA_KIND_BLOCK[kind]) rows, one kernel choice whatever the batch. torch's products, batched products and, on
+    CUDA, its reductions choose their blocking by the batch size otherwise. `dtype`: fn takes the floating-point xs
+    cast to it (by the padding copy where there is one)."""
     n = xs[0].shape[0]
     types = [dtype if dtype is not None and x.is_floating_point() else x.dtype for x in xs]
     if n > ROW_INVARIANT_ROWS or (xs[0].is_cuda and kind not in CUDA_ROW_BLOCKS):
