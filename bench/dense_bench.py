@@ -3,7 +3,7 @@ GPU: time per call at 1, 2, 4, 8 (and 16, 64) rows for q4 and fp8, the bytes eac
 activations in, the fp32 result out) as a fraction of HBM bandwidth, and the bf16 product of the same shape (the
 serving path's `linear`, fixed 16-row blocks) beside it.
 
-    python bench/dense_bench.py [--out FILE] [--tp 1,2]
+    python bench/dense_bench.py [--out FILE] [--tp 1,2] [--calls 20] [--sweep]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from engine.quant.dense import quantize  # noqa: E402
 
 HBM_BYTES_S = 4.8e12  # H200
 ROWS = (1, 2, 4, 8, 16, 64)
+L2_MISS_BYTES = 256 << 20  # the weight copies a multi-call graph reads add up to at least this (H200 L2: 50 MB)
 
 
 def shapes(tp: int) -> dict[str, tuple[int, int]]:
@@ -46,57 +47,97 @@ def shapes(tp: int) -> dict[str, tuple[int, int]]:
     }
 
 
-def timed(fn, repeat: int = 50) -> float:
-    fn()
+def timed(fn, repeat: int = 50, calls: list | None = None) -> float:
+    """Seconds a call: `fn` captured alone in a CUDA graph and replayed `repeat` times (the launch's own latency
+    included: the table's method since session 10), or, with `calls`, those callables captured in one graph (each
+    over its own copy of the weight, so that a call reads HBM and not L2) and the replay's time divided among them."""
+    sequence = calls or [fn]
+    for call in sequence:
+        call()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for call in sequence:
+            call()
     graph.replay()
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(repeat):
         graph.replay()
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeat
+    return (time.perf_counter() - start) / repeat / len(sequence)
 
 
-def sweep(out_path: Path | None) -> None:
-    """Time every launch shape in a small grid on two of the real shapes (tall, wide) at 8 rows, q4 and fp8."""
+def copies(stored, count: int) -> list:
+    """`stored` and count - 1 copies of it (a QuantWeight's tensors cloned), so that calls cycling through them miss
+    L2."""
+    from engine.quant.dense import QuantWeight
+
+    out = [stored]
+    for _ in range(count - 1):
+        if isinstance(stored, QuantWeight):
+            offset = None if stored.offset is None else stored.offset.clone()
+            out.append(QuantWeight(stored.mode, stored.data.clone(), stored.scale.clone(), offset, stored.group))
+        else:
+            out.append(stored.clone())
+    return out
+
+
+def chain(x: torch.Tensor, weights: list, calls: int, tuning: dict | None = None) -> list:
+    """`calls` products of x cycling through `weights` (`tuning`: dense_rows's launch override)."""
+    from engine.ops.triton_dense import dense_rows
+
+    def one(w):
+        return (lambda: dense_rows(x, w, tuning)) if tuning is not None else (lambda: fused.linear(x, w))
+
+    return [one(weights[i % len(weights)]) for i in range(calls)]
+
+
+def sweep(out_path: Path | None, modes: tuple[str, ...]) -> None:
+    """Time every launch shape in a small grid on four of the real shapes (tall, wide, small, the LM head) at 1 and 8
+    rows, for each of `modes` (20 calls a graph over weight copies that miss L2)."""
     import itertools
 
-    from engine.ops.triton_dense import dense_rows, launch_shape
+    from engine.ops.triton_dense import launch_shape
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     found: dict = {}
     for name, (out, width) in [
         ("kda_in_proj", (24896, 4096)),
         ("kda_o_proj", (4096, 8192)),
-        ("shared_down", (4096, 2048)),
+        ("dsa_x_proj", (2336, 4096)),
+        ("lm_head", (154880, 4096)),
     ]:
         weight = (torch.randn(out, width, generator=gen, device="cuda") * 0.02).bfloat16()
-        for mode in ("q4", "fp8"):
+        for mode in modes:
             stored = quantize(weight, mode)
-            default = launch_shape(out, width, mode == "fp8", stored.group)  # type: ignore[union-attr]
-            results = []
-            for block_o, mult, splits, warps, stages in itertools.product(
-                (64, 128, 256), (1, 2, 4), (1, 4), (4, 8), (3,)
-            ):
-                tuning = dict(block_o=block_o, block_k=mult * 64, splits=splits, num_warps=warps, num_stages=stages)
-                if (out // block_o) * splits > 4096 or width // splits < mult * 64:
-                    continue
-                x = torch.randn(8, width, generator=gen, device="cuda")
-                try:
-                    seconds = timed(lambda: dense_rows(x, stored, tuning), repeat=20)
-                except Exception as exc:  # noqa: BLE001 - a shape the compiler refuses is a result too
-                    results.append({**tuning, "error": type(exc).__name__})
-                    continue
-                moved = stored.nbytes() + x.numel() * 4 + 8 * out * 4  # type: ignore[union-attr]
-                results.append(
-                    {**tuning, "us": round(seconds * 1e6, 1), "hbm": round(moved / seconds / HBM_BYTES_S, 3)}
+            default = launch_shape(out, width, stored.group, mode == "fp8")  # type: ignore[union-attr]
+            held = stored.nbytes()  # type: ignore[union-attr]
+            weights = copies(stored, -(-L2_MISS_BYTES // held))
+            grid = [
+                dict(block_o=b, num_warps=w, splits=sp, kw=8, unroll=u)
+                for (b, w), sp, u in itertools.product(
+                    ((128, 2), (128, 4)), (1, 2) if name == "lm_head" else (4, 8, 16), (1, 2)
                 )
-            timed_ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
-            found[f"{name}/{mode}"] = {"default": default, "best": timed_ok[:8]}
+            ]
+            results = []
+            for tuning in grid:
+                if (out // tuning["block_o"]) * tuning["splits"] > 4096:
+                    continue
+                entry: dict = dict(tuning)
+                for rows in (1, 8):
+                    x = torch.randn(rows, width, generator=gen, device="cuda")
+                    try:
+                        seconds = timed(None, repeat=10, calls=chain(x, weights, max(20, len(weights)), tuning))
+                    except Exception as exc:  # noqa: BLE001 - a shape the compiler refuses is a result too
+                        entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                        break
+                    moved = held + x.numel() * 4 + rows * out * 4
+                    entry[f"us_{rows}"] = round(seconds * 1e6, 2)
+                    entry[f"hbm_{rows}"] = round(moved / seconds / HBM_BYTES_S, 3)
+                results.append(entry)
+            timed_ok = sorted((r for r in results if "us_8" in r), key=lambda r: r["us_1"] + r["us_8"])
+            found[f"{name}/{mode}"] = {"default": default, "best": timed_ok[:8], "all": results}
             print(name, mode, "default", default, "best", timed_ok[:3], flush=True)
             if out_path:
                 out_path.write_text(json.dumps(found, indent=1))
@@ -106,14 +147,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tp", default="1,2")
-    ap.add_argument("--sweep", action="store_true", help="time launch shapes on three weights instead")
+    ap.add_argument("--sweep", action="store_true", help="time launch shapes on four weights instead")
+    ap.add_argument("--sweep-modes", default="q4,fp8", help="with --sweep: the modes swept")
+    ap.add_argument(
+        "--calls",
+        type=int,
+        default=1,
+        help="products a CUDA graph holds (at least one a copy), cycling through copies of the weight that add up to "
+        "256 MB, so each reads HBM (1: one call a graph, its launch latency included, the tables' method before "
+        "2026-12-03)",
+    )
     args = ap.parse_args()
     if args.sweep:
-        sweep(args.out)
+        sweep(args.out, tuple(args.sweep_modes.split(",")))
         return
     reference.require_row_invariance()  # the bf16 baseline as the serving path runs it with drafts (16-row blocks)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": HBM_BYTES_S, "shapes": {}}
+    result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": HBM_BYTES_S, "calls": args.calls, "shapes": {}}
     for tp in (int(t) for t in args.tp.split(",")):
         for name, (out, width) in shapes(tp).items():
             weight = (torch.randn(out, width, generator=gen, device="cuda") * 0.02).bfloat16()
@@ -122,9 +172,12 @@ def main() -> None:
                 stored = weight if mode == "bf16" else quantize(weight, mode)
                 held = weight.numel() * 2 if mode == "bf16" else stored.nbytes()  # type: ignore[union-attr]
                 figures = {}
+                weights = copies(stored, -(-L2_MISS_BYTES // held)) if args.calls > 1 else [stored]
                 for rows in ROWS:
                     x = torch.randn(rows, width, generator=gen, device="cuda")
-                    seconds = timed(lambda: fused.linear(x, stored))
+                    count = max(args.calls, len(weights)) if args.calls > 1 else 1  # each copy read once a replay
+                    calls = [lambda w=w: fused.linear(x, w) for w in weights] * -(-count // len(weights))
+                    seconds = timed(None, calls=calls[:count])
                     moved = held + x.numel() * 4 + rows * out * 4
                     figures[rows] = {
                         "us": round(seconds * 1e6, 1),
@@ -137,7 +190,7 @@ def main() -> None:
                     flush=True,
                 )
             result["shapes"][f"tp{tp}/{name}"] = row
-            del weight
+            del weight, weights
             if args.out:
                 args.out.write_text(json.dumps(result, indent=1))
 

@@ -1,53 +1,109 @@
 """Products with reduced-precision dense weights (engine/quant/dense.py: q4 codes with per-group fp16 scale and
-offset, or e4m3 with per-row scales) for decode rows and verify windows, on the GPU.
+offset, or e4m3 with per-group scales) for decode rows and verify windows, on the GPU: `_dense_rows`, a Gluon kernel
+(its register layouts written out).
 
-One program computes a [16 rows, BLOCK_O outputs] tile over one slice of the inputs: it streams that slice of its
-BLOCK_O outputs' stored weight once (input-major, the outputs contiguous: whole vectors per load), one group of
-inputs at a time — the group's scales (and offsets) one row each, its weights made bf16 in registers (q·s + z, or
-e4m3 · s, in fp32 then rounded) — and multiplies it with the rows' activations, rounded to bf16, on the tensor cores
-(fp32 accumulation). (Measured slower on the H200: scaling each group's product instead of its weights, and q4
-codes as the bf16 values 128 + q with the bias taken off after — the product no longer accumulates in place; no
-faster: codes made fp32 by OR-ing them into 2^23's mantissa instead of converting them.) Rows go in fixed blocks of
-16 (zero-padded), and the launch shape (BLOCK_O, BLOCK_K, the split of the inputs, warps) is chosen from the weight's
-shape alone, so a row's bits never depend on how many rows share the call (drafted ≡ serial rests on it). With the
-inputs split in S slices, the S partial tiles are summed by a second kernel in slice order (fixed, not atomics).
+The weight is the tensor cores' first operand (`mma.sync` m16n8k16, outputs × inputs) and a block of ROWS rows the
+second, so the stored bytes go from memory straight into the MMA's operand registers — no shared memory, no layout
+conversion: each thread loads its outputs' bytes as vectors (the weights are stored output-major) and one inline-PTX
+step a 32-bit word makes them 16-bit operands:
+- q4 (`_Q4_UNPACK`): eight nibbles as bf16 128 + q — a mask and a byte permute a pair put each code under the byte
+  0x43, the bf16 bits of 128 + q, exactly. A group's bytes hold its inputs 0..31 in their low nibbles and 32..63 in
+  their high ones, so each half meets 32 consecutive inputs of the rows (the rows' values load as 16-byte vectors).
+  Per group of 64 inputs, Σ x·(128 + q) and Σ x (the same MMA with ones) are scaled once:
+  Σ x·w = s·Σ x·(128 + q) + (z − 128·s)·Σ x.
+- fp8 (`_FP8_UNPACK`): four e4m3 values as fp16, one conversion a pair (every e4m3 value is an fp16 one); the rows
+  rounded to fp16 (finer than bf16; a value past 65,504 would overflow: the dense layers' inputs are normed, clamped
+  (SwiGLU) or attention outputs, far below); per group Σ x·v scaled once by s.
+So the products use the stored values exactly and the scales in fp32 after — about 1.5 (fp8) and 2.3–2.8 (q4)
+instructions a weight, against 6–9 when each weight was made bf16 through shared memory and scaled one by one (the
+form measured before, docs/BENCHMARKS.md).
+
+Row-invariant: the launch (block, warps, the split of the inputs, loads ahead) comes from the weight's shape alone and
+rows go in fixed blocks of ROWS, each its own MMA column, so a row's bits never depend on how many rows share the call
+(drafted ≡ serial rests on it). With the inputs split in S slices, the S partial tiles are summed by a second kernel
+in slice order (fixed, not atomics). Gluon kernels do not run in Triton's CPU interpreter: tests/engine compiles this
+one for sm_90 and sm_121 (no shared memory, mma.sync) and checks its arithmetic in torch; tests/gpu its numbers.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-ROW_BLOCK = 16  # rows per program: the smallest tensor-core tile
-# Triton's CPU interpreter multiplies bf16 operands wrongly (their raw bits); there the products take fp16 operands
-# and are summed elementwise (the interpreter's tl.dot is numpy's matmul, whose BLAS may sum a row by its place in
-# the tile), so the CPU tests check the kernel's indexing, splits and row handling, and tests/gpu its bf16 numbers
-# and the tensor cores' row invariance
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-NUM_STAGES = 3
+ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
+# the launch (`launch_shape`, from the sweeps on the H200 in docs/BENCHMARKS.md): outputs a program and a warp (64 a
+# warp from TALL outputs on, else 32), the grid size the split of the inputs aims for, at most this many slices, the
+# operands' k_width, and below UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
+BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 16384, 528, 16, 8, 1024
+
+# q4: eight codes (a 32-bit word: four bytes, two nibbles each) -> the low nibbles as four bf16 (two registers) and the
+# high ones as four more: each nibble q masked out, then a byte permute puts it under the byte 0x43, the bf16 bits of
+# 128 + q (exact for q < 128)
+_Q4_UNPACK = gl.constexpr("""{
+.reg .b32 t, u, c;
+mov.b32 c, 0x43434343;
+and.b32 t, $4, 0x0F0F0F0F;
+prmt.b32 $0, t, c, 0x5140;
+prmt.b32 $1, t, c, 0x7362;
+shr.u32 u, $4, 4;
+and.b32 u, u, 0x0F0F0F0F;
+prmt.b32 $2, u, c, 0x5140;
+prmt.b32 $3, u, c, 0x7362;
+}""")
+# fp8: four e4m3 values (a 32-bit word) -> four fp16 (two registers), one conversion a pair (exact: every e4m3 value
+# is an fp16 one)
+_FP8_UNPACK = gl.constexpr("""{
+.reg .b16 lo, hi;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 $0, lo;
+cvt.rn.f16x2.e4m3x2 $1, hi;
+}""")
 
 
-@triton.jit
-def _operand(x, FP16: tl.constexpr):
-    """A tensor-core operand: bf16 (fp16 under the interpreter, see INTERPRETED)."""
-    if FP16:
-        return x.to(tl.float16)
-    return x.to(tl.bfloat16)
+@gluon.jit
+def _load(ptrs, ok, k0, j, k_stop, EVEN: gl.constexpr):
+    """A group's values at `ptrs` (its input k0 + j at j) where `ok` and before k_stop: one test a group where every
+    group is whole (the loads stay vectors), else input by input for every group (an fp8 weight whose input width 64
+    does not divide: byte loads, a rare shape)."""
+    if EVEN:
+        return gl.load(ptrs, mask=ok & (k0 < k_stop), other=0)
+    else:
+        return gl.load(ptrs, mask=ok & (k0 + j < k_stop), other=0)
 
 
-@triton.jit
-def _mma(a, b, FP16: tl.constexpr):
-    """a [16, k] times b [k, n], fp32: on the tensor cores, or (interpreted, see INTERPRETED) as a plain sum."""
-    if FP16:
-        return tl.sum(a[:, :, None].to(tl.float32) * b[None, :, :].to(tl.float32), axis=1)
-    return tl.dot(a, b)
+@gluon.jit
+def _group(acc, w, k0, k_stop, x, scales, zero, ones, GROUP: gl.constexpr, FP8: gl.constexpr, EVEN: gl.constexpr):
+    """One group of inputs of `_dense_rows` (nothing past k_stop): fp8 acc + s·Σ x·v; q4 acc + s·Σ x·(128 + q) +
+    (z − 128·s)·Σ x. `x`: the rows' pointers, inputs' places and mask; `scales`: the scales' and offsets' pointers,
+    row stride, the outputs and their mask."""
+    x_cols, x_k, x_ok = x
+    s_ptr, z_ptr, stride_s, o_m, o_ok = scales
+    g_ok = k0 < k_stop
+    g = k0 // GROUP
+    s = gl.load(s_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0.0).to(gl.float32)
+    if FP8:
+        v = gl.inline_asm_elementwise(_FP8_UNPACK, "=r,=r,r", [w], dtype=gl.float16, is_pure=True, pack=4)
+        x = _load(x_cols + k0, x_ok, k0, x_k, k_stop, EVEN).to(gl.float16)
+        return acc + mma_v2(v, x, zero) * gl.expand_dims(s, 1)
+    else:
+        lo, hi = gl.inline_asm_elementwise(
+            _Q4_UNPACK, "=r,=r,=r,=r,r", [w], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4
+        )
+        xl = gl.load(x_cols + k0, mask=x_ok & g_ok, other=0.0).to(gl.bfloat16)  # the group's inputs 0..31
+        xh = gl.load(x_cols + k0 + GROUP // 2, mask=x_ok & g_ok, other=0.0).to(gl.bfloat16)  # and 32..63
+        p = mma_v2(hi, xh, mma_v2(lo, xl, zero))  # Σ x·(128 + q) over the group
+        sx = mma_v2(ones, xh, mma_v2(ones, xl, zero))  # Σ x, the same in every output's row
+        z = gl.load(z_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0.0).to(gl.float32) - 128.0 * s
+        return acc + p * gl.expand_dims(s, 1) + gl.expand_dims(z, 1) * sx
 
 
-@triton.jit
+@gluon.jit
 def _dense_rows(
     x_ptr,
     w_ptr,
@@ -59,55 +115,68 @@ def _dense_rows(
     stride_x,
     stride_w,
     stride_s,
-    K: tl.constexpr,
-    K_PER_SPLIT: tl.constexpr,
-    FP8: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_O: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP16: tl.constexpr,
+    K: gl.constexpr,
+    K_PER_SPLIT: gl.constexpr,
+    GROUP: gl.constexpr,
+    FP8: gl.constexpr,
+    BLOCK_O: gl.constexpr,
+    ROWS: gl.constexpr,
+    KW: gl.constexpr,
+    WARPS: gl.constexpr,
+    UNROLL: gl.constexpr,
 ):
-    pid_o = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    split = tl.program_id(2)
-    rows = pid_m * 16 + tl.arange(0, 16)
-    outs = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
-    row_ok = rows < N
-    out_ok = outs < OUT
-    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_x
-    acc = tl.zeros((16, BLOCK_O), dtype=tl.float32)
+    # the weight [BLOCK_O outputs, WIDTH bytes of a group] is the MMA's first operand, the rows [WIDTH, ROWS] its
+    # second; a q4 group's bytes hold its 64 inputs as two nibble halves of 32, an fp8 group's are its 64 inputs
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=KW)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=KW)
+    gl.static_assert(UNROLL == 1 or UNROLL == 2 or UNROLL == 4, "UNROLL is 1, 2 or 4")
+    gl.static_assert(FP8 or K % GROUP == 0, "q4 groups are whole (engine/quant/dense.py)")
+    WIDTH: gl.constexpr = GROUP if FP8 else GROUP // 2
+    pid_o = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    split = gl.program_id(2)
+    o_a = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, a_l))
+    j_a = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, a_l))
+    w_rows = w_ptr + gl.expand_dims(o_a.to(gl.int64) * stride_w, 1) + gl.expand_dims(j_a, 0)
+    w_ok = gl.expand_dims(o_a < OUT, 1)
+    j_b = gl.arange(0, WIDTH, layout=gl.SliceLayout(1, b_l))
+    r_b = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, b_l))
+    x_cols = x_ptr + gl.expand_dims(r_b.to(gl.int64) * stride_x, 0) + gl.expand_dims(j_b, 1)
+    x_ok = gl.expand_dims(r_b < N, 0)
+    o_m = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, mma))
+    o_ok = o_m < OUT
+    acc = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
+    zero = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
+    ones = gl.full((BLOCK_O, WIDTH), 1.0, gl.bfloat16, layout=a_l)
+    BYTES: gl.constexpr = 1 if FP8 else 2  # inputs a byte (q4: a group's input j and 32 + j)
+    EVEN: gl.constexpr = K % GROUP == 0  # q4 always (engine/quant/dense.py)
+    j_w = gl.expand_dims(o_a * 0, 1) + gl.expand_dims(j_a, 0)  # [BLOCK_O, WIDTH]: a byte's place in its group
+    x_k = gl.expand_dims(r_b * 0, 0) + gl.expand_dims(j_b, 1)  # [WIDTH, ROWS]: an input's place in its group
     k_start = split * K_PER_SPLIT
-    for step in range(0, K_PER_SPLIT, BLOCK_K):
-        for sub in tl.static_range(BLOCK_K // GROUP):  # one group of inputs: one row of scales (and offsets)
-            k0 = k_start + step + sub * GROUP
-            g_ok = k0 < K
-            s = tl.load(s_ptr + (k0 // GROUP) * stride_s + outs, mask=out_ok & g_ok, other=0.0).to(tl.float32)
-            if FP8:
-                kk = k0 + tl.arange(0, GROUP)
-                k_ok = kk < K
-                x = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                w = tl.load(
-                    w_ptr + kk[:, None].to(tl.int64) * stride_w + outs[None, :],
-                    mask=k_ok[:, None] & out_ok[None, :],
-                    other=0.0,
-                )
-                acc += _mma(_operand(x, FP16), _operand(w.to(tl.float32) * s[None, :], FP16), FP16)
-            else:
-                z = tl.load(z_ptr + (k0 // GROUP) * stride_s + outs, mask=out_ok & g_ok, other=0.0).to(tl.float32)
-                half = tl.arange(0, GROUP // 2)
-                even = k0 + 2 * half  # inputs 2j (low nibbles); 2j + 1 are the high ones
-                x_ok = row_ok[:, None] & g_ok
-                xe = _operand(tl.load(x_rows + even[None, :], mask=x_ok, other=0.0), FP16)
-                xo = _operand(tl.load(x_rows + even[None, :] + 1, mask=x_ok, other=0.0), FP16)
-                codes = tl.load(  # [GROUP/2, BLOCK_O] bytes, the outputs contiguous
-                    w_ptr + (k0 // 2 + half)[:, None].to(tl.int64) * stride_w + outs[None, :],
-                    mask=out_ok[None, :] & g_ok,
-                    other=0,
-                )
-                acc += _mma(xe, _operand((codes & 15).to(tl.float32) * s[None, :] + z[None, :], FP16), FP16)
-                acc += _mma(xo, _operand((codes >> 4).to(tl.float32) * s[None, :] + z[None, :], FP16), FP16)
-    dest = out_ptr + split.to(tl.int64) * N * OUT + rows[:, None].to(tl.int64) * OUT + outs[None, :]
-    tl.store(dest, acc, mask=row_ok[:, None] & out_ok[None, :])
+    k_stop = gl.minimum(k_start + K_PER_SPLIT, K)
+    for step in range(k_start, k_stop, GROUP * UNROLL):
+        # the UNROLL (1, 2 or 4) groups' weights loaded before the first is used: more bytes in flight a thread
+        w0 = _load(w_rows + step // BYTES, w_ok, step, j_w, k_stop, EVEN)
+        if UNROLL > 1:
+            k1 = step + GROUP
+            w1 = _load(w_rows + k1 // BYTES, w_ok, k1, j_w, k_stop, EVEN)
+        if UNROLL > 2:
+            k2 = step + 2 * GROUP
+            k3 = step + 3 * GROUP
+            w2 = _load(w_rows + k2 // BYTES, w_ok, k2, j_w, k_stop, EVEN)
+            w3 = _load(w_rows + k3 // BYTES, w_ok, k3, j_w, k_stop, EVEN)
+        x = (x_cols, x_k, x_ok)
+        scales = (s_ptr, z_ptr, stride_s, o_m, o_ok)
+        acc = _group(acc, w0, step, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
+        if UNROLL > 1:
+            acc = _group(acc, w1, k1, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
+        if UNROLL > 2:
+            acc = _group(acc, w2, k2, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
+            acc = _group(acc, w3, k3, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
+    r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma))
+    dest = out_ptr + split.to(gl.int64) * N * OUT + gl.expand_dims(r_m.to(gl.int64) * OUT, 0) + gl.expand_dims(o_m, 1)
+    gl.store(dest, acc, mask=gl.expand_dims(r_m < N, 0) & gl.expand_dims(o_ok, 1))
 
 
 @triton.jit
@@ -121,56 +190,43 @@ def _sum_splits(part_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.conste
 
 
 @functools.cache
-def launch_shape(out_features: int, in_features: int, fp8: bool, group: int) -> dict[str, int]:
-    """block_o, block_k, splits, num_warps, num_stages for a weight's shape — never for the row count (each distinct
-    shape once: the table is cached). From a sweep on the H200
-    (bench/dense_bench.py --sweep, docs/BENCHMARKS.md): tall weights (many outputs) best in 256-output blocks, one
-    group a step; wide ones in 128-output blocks, two groups a step; the inputs split in 4 at these widths."""
-    tall = out_features >= 16384
-    block_o = 256 if tall else 128
-    block_k = group if tall or in_features % (2 * group) else 2 * group
+def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> dict[str, int]:
+    """block_o, splits, num_warps, kw, unroll for a weight's shape and mode — never for the row count (each distinct
+    shape once: the table is cached): blocks of BLOCK_O outputs, the inputs split until the grid has PROGRAMS programs
+    (at most MAX_SPLITS slices, each at least two groups), warps and unrolling as the constants above say (fp8, half
+    q4's instructions a byte, loads ahead at every size), unrolling only where a slice holds an even number of
+    groups."""
+    blocks = -(-out_features // BLOCK_O)
     splits = 1
-    while splits < 4 and in_features // (splits * 2) >= 2 * block_k:
+    while splits < MAX_SPLITS and blocks * splits < PROGRAMS and in_features // (2 * splits) >= 2 * group:
         splits *= 2
-    warps = 8 if not fp8 and block_k > group else 4
-    return dict(block_o=block_o, block_k=block_k, splits=splits, num_warps=warps, num_stages=NUM_STAGES)
+    warps = BLOCK_O // (64 if out_features >= TALL else 32)
+    whole = in_features // (splits * group) % 2 == 0  # an even number of groups a slice: no half-empty step
+    unroll = 2 if (fp8 or blocks * splits < UNROLL_BELOW) and whole else 1
+    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll)
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
     """x [N, K] (any float type) times a QuantWeight [O, K] -> fp32 [N, O]. `tuning` (bench/dense_bench.py --sweep
-    only) overrides the launch: block_o, block_k, splits, num_warps, num_stages."""
+    only) overrides the launch (`launch_shape`'s keys)."""
     x = x.contiguous()
     n, k = x.shape
-    o = weight.shape[0]
+    o, width = weight.shape
+    assert k == width, f"rows of {k} inputs for a weight of {width}"
     fp8 = weight.mode == "fp8"
-    launch = launch_shape(o, k, fp8, weight.group)
+    launch = launch_shape(o, k, weight.group, fp8)
     if tuning:
         launch = {**launch, **tuning}
-    block_o, block_k, splits = launch["block_o"], launch["block_k"], launch["splits"]
-    per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+    splits = launch["splits"]
+    per_split = triton.cdiv(triton.cdiv(k, splits), weight.group) * weight.group
     out = torch.empty((splits, n, o), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(o, block_o), triton.cdiv(n, ROW_BLOCK), splits)
+    grid = (triton.cdiv(o, launch["block_o"]), triton.cdiv(n, ROWS), splits)
     _dense_rows[grid](
-        x,
-        weight.data,
-        weight.scale,
-        weight.scale if fp8 else weight.offset,
-        out,
-        n,
-        o,
-        x.stride(0),
-        weight.data.stride(0),
-        weight.scale.stride(0),
-        K=k,
-        K_PER_SPLIT=per_split,
-        FP8=fp8,
-        GROUP=weight.group,
-        BLOCK_O=block_o,
-        BLOCK_K=block_k,
-        FP16=INTERPRETED,
-        num_warps=launch["num_warps"],
-        num_stages=launch["num_stages"],
-    )
+        x, weight.data.view(torch.uint8), weight.scale, weight.scale if fp8 else weight.offset, out, n, o,
+        x.stride(0), weight.data.stride(0), weight.scale.stride(0),
+        K=k, K_PER_SPLIT=per_split, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"], ROWS=ROWS,
+        KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], num_warps=launch["num_warps"],
+    )  # fmt: skip
     if splits == 1:
         return out[0]
     summed = torch.empty((n, o), dtype=torch.float32, device=x.device)

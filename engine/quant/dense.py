@@ -3,17 +3,20 @@
 - **q4**: each output row of a [out, in] weight in groups of GROUP inputs; a group holds 4-bit codes q in 0..15 and
   an fp16 scale s and offset z, w ≈ q·s + z. The range of a group is searched: for each of CLIPS the group's
   [min, max] is shrunk by that factor around its middle, codes rounded and clamped, and the factor with the least
-  squared error kept (deterministic: a fixed list, ties to the first). Codes are packed two a byte along the input:
-  byte j of an output's column holds input 2j in its low nibble and 2j+1 in its high one.
+  squared error kept (deterministic: a fixed list, ties to the first). Codes are packed two a byte within each group:
+  byte j of a group's 32 (of an output's row) holds the group's input j in its low nibble and input 32 + j in its
+  high one, so each nibble half of a group meets 32 consecutive inputs.
 - **fp8**: e4m3 with an fp32 scale (amax / 448) per output row and GROUP inputs: a per-output-channel scale taken
   group by group. (One scale over a whole row would differ between TP=1 and a rank holding half the row's inputs.)
 
-Everything is stored input-major — [inputs (/2 for q4 codes, /GROUP for scales), outputs], the outputs contiguous —
-so a kernel reads a tile of several outputs' codes as whole vectors and a group's scales as one row (the tensor-core
-operand's own layout). A weight's groups lie along its input, so a tensor-parallel rank's slice holds whole groups
-of the full matrix (a column split cuts output rows; a row split cuts inputs at head boundaries, multiples of GROUP
-at the real widths) and quantising a slice gives the bits of the same slice of the quantised whole. A q4 weight whose input width is not a
-multiple of GROUP stays as loaded (`quantize` says so by returning it); fp8 takes any width (a last, shorter group).
+The weights are stored output-major — [outputs, inputs/2] q4 bytes, [outputs, inputs] e4m3 — so the decode kernel
+(engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand
+registers; scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
+group's scales for a block of outputs as one row. A weight's groups lie along its input, so a tensor-parallel
+rank's slice holds whole groups of the full matrix (a column split cuts output rows; a row split cuts inputs at head
+boundaries, multiples of GROUP at the real widths) and quantising a slice gives the bits of the same slice of the
+quantised whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded (`quantize` says so by
+returning it); fp8 takes any width (a last, shorter group).
 
 What stays in the loaded precision (the modules in engine/models/glm5_next/ apply their `store` to the rest): norms, the router (fp32, it picks
 experts), the hyper-connection maps (fp32), embeddings, the absorbed MLA kv_b (per-head einsums) and the routed
@@ -54,9 +57,9 @@ STORED = (
 
 
 class QuantWeight:
-    """A [out, in] weight in `mode` (q4 | fp8), stored input-major. q4: `data` uint8 [in/2, out], `scale` and
-    `offset` fp16 [in/group, out]; fp8: `data` float8_e4m3fn [in, out], `scale` fp32 [ceil(in/group), out] (`offset`
-    None). Output slices (`rows`) are column views."""
+    """A [out, in] weight in `mode` (q4 | fp8). q4: `data` uint8 [out, in/2], `scale` and `offset` fp16
+    [in/group, out]; fp8: `data` float8_e4m3fn [out, in], `scale` fp32 [ceil(in/group), out] (`offset` None).
+    Output slices (`rows`) are views."""
 
     def __init__(
         self, mode: str, data: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int
@@ -65,13 +68,13 @@ class QuantWeight:
 
     @property
     def shape(self) -> torch.Size:
-        width, out = self.data.shape
-        return torch.Size((out, width * 2 if self.mode == "q4" else width))
+        out, stored = self.data.shape
+        return torch.Size((out, stored * 2 if self.mode == "q4" else stored))
 
     def rows(self, start: int, stop: int) -> QuantWeight:
         """Output rows start..stop (views: nothing is copied)."""
         offset = None if self.offset is None else self.offset[:, start:stop]
-        return QuantWeight(self.mode, self.data[:, start:stop], self.scale[:, start:stop], offset, self.group)
+        return QuantWeight(self.mode, self.data[start:stop], self.scale[:, start:stop], offset, self.group)
 
     def split(self, widths: Sequence[int]) -> list[QuantWeight]:
         """Consecutive output-row blocks of these widths, as `torch.Tensor.split` along dim 0."""
@@ -84,10 +87,12 @@ class QuantWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in] as `dtype` (the values the codes stand for, computed in fp32)."""
         if self.mode == "fp8":
-            width = self.data.shape[0]
-            scales = self.scale.repeat_interleave(self.group, dim=0)[:width]
-            return (self.data.float() * scales).t().to(dtype)
-        codes = torch.stack([self.data & 15, self.data >> 4], dim=1).flatten(0, 1).float()  # [in, out]
+            width = self.data.shape[1]
+            scales = self.scale.t().repeat_interleave(self.group, dim=1)[:, :width]
+            return (self.data.float() * scales).to(dtype)
+        out, half = self.data.shape
+        packed = self.data.view(out, half * 2 // self.group, 1, self.group // 2)
+        codes = torch.cat([packed & 15, packed >> 4], dim=2).view(out, half * 2).t().float()  # [in, out]
         width, out = codes.shape
         grouped = codes.view(width // self.group, self.group, out)
         values = grouped * self.scale.float()[:, None] + self.offset.float()[:, None]  # type: ignore[union-attr]
@@ -137,7 +142,7 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
         return weight
     rows = _q4_rows if mode == "q4" else _fp8_rows
     parts = [rows(weight[i : i + _ROWS_AT_ONCE], group) for i in range(0, weight.shape[0], _ROWS_AT_ONCE)]
-    data = torch.cat([p[0] for p in parts], dim=1).contiguous()
+    data = torch.cat([p[0] for p in parts]).contiguous()
     scale = torch.cat([p[1] for p in parts], dim=1).contiguous()
     offsets = [p[2] for p in parts if p[2] is not None]
     offset = torch.cat(offsets, dim=1).contiguous() if offsets else None
@@ -145,17 +150,17 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
 
 
 def _fp8_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, None]:
-    """Rows of a weight -> e4m3 values [in, rows] and scales [ceil(in/group), rows]."""
+    """Rows of a weight -> e4m3 values [rows, in] and scales [ceil(in/group), rows]."""
     out, width = weight.shape
     w = weight.float()
     padded = torch.nn.functional.pad(w, (0, -width % group)).view(out, -1, group)
     scale = (padded.abs().amax(dim=2) / FP8_MAX).clamp(min=1e-12)  # [rows, groups]
     data = (w / scale.repeat_interleave(group, dim=1)[:, :width]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return data.t(), scale.t(), None
+    return data, scale.t(), None
 
 
 def _q4_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of a weight -> packed codes [in/2, rows], scales and offsets [in/group, rows] (the searched range per
+    """Rows of a weight -> packed codes [rows, in/2], scales and offsets [in/group, rows] (the searched range per
     group)."""
     out, width = weight.shape
     w = weight.float().view(out, width // group, group)
@@ -177,6 +182,7 @@ def _q4_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
             best_offset = torch.where(better, offset, best_offset)  # type: ignore[arg-type]
     assert best_scale is not None and best_offset is not None
     codes = torch.round((w - best_offset.float()[..., None]) / best_scale.float()[..., None]).clamp(0, 15)
-    codes = codes.to(torch.uint8).view(out, width)
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return packed.t(), best_scale.t(), best_offset.t()
+    codes = codes.to(torch.uint8)  # [rows, groups, group]
+    lows = group // 2  # a group's inputs 0..31 go to the low nibbles, 32..63 to the high ones
+    packed = (codes[..., :lows] | (codes[..., lows:] << 4)).view(out, width // 2)
+    return packed, best_scale.t(), best_offset.t()

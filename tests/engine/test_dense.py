@@ -2,8 +2,8 @@
 never worse than the plain range, views and tensor-parallel slices that are the whole's own bits); the model holds
 exactly the weights `kept_bytes` says (what `engine fit` and `engine info` count); the trained demo's logits within
 the bounds measured for each mode; a q4 model's rows invariant in verify windows and beside other lanes, rejected
-drafts leaving no trace, drafted ≡ serial through the scheduler; TP=2 ≡ TP=1 per mode over gloo. The Triton kernel
-in Triton's interpreter: test_dense_triton.py; on the GPU: tests/gpu/test_dense_gpu.py."""
+drafts leaving no trace, drafted ≡ serial through the scheduler; TP=2 ≡ TP=1 per mode over gloo. The GPU kernel
+compiled (sm_90, sm_121) and its arithmetic in torch: test_dense_triton.py; run: tests/gpu/test_dense_gpu.py."""
 
 from __future__ import annotations
 

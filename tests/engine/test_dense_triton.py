@@ -1,56 +1,93 @@
-"""engine/ops/triton_dense.py (the DENSE=q4 / fp8 products of decode rows and verify windows) in Triton's interpreter,
-on the CPU: against the dequantised product (the interpreter's operands are fp16, triton_dense.INTERPRETED), a row's
-bits the same alone and among others, a weight whose inputs the launch splits. Triton reads TRITON_INTERPRET when
-first imported, so the kernel runs in a child process (this file as a script, tests/engine/interpreter.py). On the
-GPU, with bf16 operands: tests/gpu/test_dense_gpu.py."""
+"""engine/ops/triton_dense.py on the CPU. `_dense_rows` is a Gluon kernel, which Triton's CPU interpreter cannot run:
+here it is compiled for the H200 (sm_90) and the GB10 (sm_121) at the launch shapes of the real model's weights, q4
+and fp8, and must take no shared memory (its operands go from memory straight into the tensor cores' registers: the
+point of its layout) and run on mma.sync; what it computes — the nibbles as 128 + q, e4m3 as fp16, each group's
+product scaled once — is checked against the dequantised weight in torch. Its numbers, row invariance and graphs on
+the GPU: tests/gpu/test_dense_gpu.py."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from interpreter import figures_of
 
 from engine.quant.dense import QuantWeight, quantize
 
-KERNEL_CASES = [("q4", 96, 256), ("q4", 40, 1024), ("fp8", 80, 200), ("fp8", 33, 640)]  # [out, in]; splits at 1024
+# [out, in] of GLM-5.3-Flash's dense weights (bench/dense_bench.py's shapes at TP=1 and 2) and two small ones, one
+# with an input width groups do not divide (fp8 only: a last, shorter group)
+SHAPES = [(24896, 4096), (4096, 8192), (2336, 4096), (16384, 1536), (154880, 4096), (4096, 2048), (96, 1024)]
 
 
-def _kernel_figures() -> dict:
-    from engine.ops import triton_dense
+@pytest.mark.parametrize("capability", [90, 121])
+def test_the_kernel_compiles_to_registers_only_mma(capability):
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
 
-    out = {}
-    for mode, o, k in KERNEL_CASES:
-        w = quantize(torch.randn(o, k, generator=torch.Generator().manual_seed(o)) * 0.02, mode)
-        assert isinstance(w, QuantWeight)
-        x = torch.randn(20, k, generator=torch.Generator().manual_seed(k))
-        got = triton_dense.dense_rows(x, w)
-        # the interpreter's operands are fp16 (triton_dense.INTERPRETED): the rows and the dequantised weights rounded
-        exact = x.half().double() @ w.dequantize(torch.half).double().t()
-        out[f"{mode}-{o}x{k}"] = {
-            "error": float((got.double() - exact).abs().max() / exact.abs().max()),
-            "splits": triton_dense.launch_shape(o, k, mode == "fp8", w.group)["splits"],
-            "invariant": all(
-                torch.equal(triton_dense.dense_rows(x[s : s + n], w), got[s : s + n])
-                for n, s in ((1, 0), (1, 19), (3, 5), (17, 2))
-            ),
-        }
-    return out
+    from engine.ops import triton_dense as td
+
+    fn = td._dense_rows
+    seen = set()
+    for mode, (out, width) in [(m, s) for m in ("q4", "fp8") for s in SHAPES] + [("fp8", (80, 200))]:
+        fp8 = mode == "fp8"
+        launch = td.launch_shape(out, width, 64, fp8)
+        per_split = -(-width // launch["splits"] // 64) * 64
+        const = dict(K=width, K_PER_SPLIT=per_split, GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"], ROWS=td.ROWS)
+        const |= dict(KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"])
+        if tuple(const.items()) in seen:
+            continue
+        seen.add(tuple(const.items()))
+        pointers = {"x_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*fp16"}  # fp8 read as bytes
+        pointers |= {"z_ptr": "*fp32" if fp8 else "*fp16", "out_ptr": "*fp32"}
+        signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
+        divisible = [n for n in fn.arg_names if n in pointers or (n.startswith("stride") and width % 16 == 0)]
+        source = GluonASTSource(
+            fn=fn,
+            signature=signature,
+            constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+            attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible},
+        )
+        kernel = triton.compile(
+            source, target=GPUTarget("cuda", capability, 32), options={"num_warps": launch["num_warps"]}
+        )
+        ptx = kernel.asm["ptx"]
+        assert kernel.metadata.shared == 0, (mode, out, width)
+        assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx and f".target sm_{capability}" in ptx
+        assert ("cvt.rn.f16x2.e4m3x2" if fp8 else "prmt.b32") in ptx
+    assert len(seen) >= 6  # the split, warps and unrolling vary with the shape
 
 
-@pytest.fixture(scope="module")
-def kernel_figures() -> dict:
-    return figures_of(__file__)
+def test_the_q4_unpacking_and_algebra_give_the_dequantised_product():
+    """What the kernel computes for q4, in torch: each byte's nibbles as 128 + q (the bits 0x43, q), the low and high
+    nibbles' products with the group's inputs 0..31 and 32..63, then s·Σ x(128 + q) + (z − 128 s)·Σ x per group,
+    against the product with the dequantised weight."""
+    w = quantize(torch.randn(40, 256, generator=torch.Generator().manual_seed(3)) * 0.02, "q4")
+    assert isinstance(w, QuantWeight) and w.offset is not None
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4)).double()
+    codes = w.data.int()  # [out, in/2] (output-major)
+    as_bf16 = [((0x43 << 8) | (codes & 15)), ((0x43 << 8) | (codes >> 4))]  # the bf16 bits _Q4_UNPACK makes
+    lo, hi = (b.to(torch.int16).view(torch.bfloat16).double() for b in as_bf16)
+    assert torch.equal(lo - 128, (codes & 15).double()) and torch.equal(hi - 128, (codes >> 4).double())
+    got = torch.zeros(5, 40, dtype=torch.float64)
+    for g in range(256 // 64):
+        half = slice(g * 32, (g + 1) * 32)  # the group's bytes: inputs 0..31 low, 32..63 high
+        xl, xh = x[:, g * 64 : g * 64 + 32], x[:, g * 64 + 32 : (g + 1) * 64]
+        p = xl @ lo[:, half].t() + xh @ hi[:, half].t()
+        s, z = w.scale[g].double(), w.offset[g].double()
+        got += p * s + (z - 128 * s) * (xl.sum(1) + xh.sum(1))[:, None]
+    exact = x @ w.dequantize(torch.float64).t()
+    assert (got - exact).abs().max() <= 1e-12 * exact.abs().max()
 
 
-def test_the_kernel_equals_the_dequantised_product_and_is_row_invariant(kernel_figures):
-    assert set(kernel_figures) == {f"{m}-{o}x{k}" for m, o, k in KERNEL_CASES}
-    assert any(f["splits"] > 1 for f in kernel_figures.values()), "a case must split the inputs"
-    for name, f in kernel_figures.items():
-        assert f["error"] < 1e-5, name
-        assert f["invariant"], name
-
-
-if __name__ == "__main__":
-    print(json.dumps(_kernel_figures()))
+def test_the_fp8_values_are_exact_in_fp16_and_each_group_is_scaled_once():
+    """fp8: every e4m3 value is an fp16 one (the kernel's conversion loses nothing), and Σ_g s_g·Σ x·v over the
+    groups, a last shorter group included, is the product with the dequantised weight."""
+    every = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    finite = every[every.isfinite()]
+    assert torch.equal(finite.half().float(), finite)
+    w = quantize(torch.randn(24, 200, generator=torch.Generator().manual_seed(5)) * 0.02, "fp8")
+    assert isinstance(w, QuantWeight) and w.data.shape == (24, 200)
+    x = torch.randn(3, 200, generator=torch.Generator().manual_seed(6)).double()
+    values = w.data.float().half().double()  # [out, in]
+    got = sum(x[:, g : g + 64] @ values[:, g : g + 64].t() * w.scale[g // 64].double() for g in range(0, 200, 64))
+    exact = x @ w.dequantize(torch.float64).t()  # its v·s rounded to fp32: within that rounding
+    assert (got - exact).abs().max() <= 1e-6 * exact.abs().max()

@@ -1,8 +1,8 @@
-"""DENSE=q4 / fp8 on the GPU: engine/ops/triton_dense.py against the exact product of its operands (the rows and the
-dequantised weights rounded to bf16), a row's bits independent of how many rows share the call (1..64, any place), a CUDA graph replay equal
-to the eager call, the CPU reference path agreeing; then the model: a row's logits invariant in verify windows and
-rejected drafts leaving no trace with q4 weights, eager and from graphs, and drafted ≡ serial through the scheduler
-on the trained demo with DENSE=q4.
+"""DENSE=q4 / fp8 on the GPU: engine/ops/triton_dense.py against the exact product of its operands (the rows rounded
+to bf16 for q4, fp16 for fp8; the dequantised weights) at every launch form, a row's bits independent of how many
+rows share the call (1..64, any place), a CUDA graph replay equal to the eager call, the CPU reference path
+agreeing; then the model: a row's logits invariant in verify windows and rejected drafts leaving no trace with q4
+weights, eager and from graphs, and drafted ≡ serial through the scheduler on the trained demo with DENSE=q4.
 Runs on the lent H200 machine (PYTHONPATH=.:tests/engine python -m pytest -q tests/gpu); skipped elsewhere."""
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from engine.quant.dense import QuantWeight, quantize
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-# [out, in]: a wide layer (split over the inputs), a tall one, a small one, an output count no block divides
-SHAPES = [(4096, 2048), (1024, 6144), (96, 1024), (1000, 192)]
+# [out, in]: a wide layer (split over the inputs), one with many inputs, a small one, an output count no block divides,
+# a tall one (64 outputs a warp: triton_dense.TALL)
+SHAPES = [(4096, 2048), (1024, 6144), (96, 1024), (1000, 192), (16384, 256)]
 
 
 def weight(shape, mode, seed=0):
@@ -49,8 +50,40 @@ def test_kernel_equals_the_dequantised_product(mode, shape):
     assert isinstance(w, QuantWeight)
     x = rows(64, shape[1])
     got = dense_rows(x, w)
-    exact = x.bfloat16().double() @ w.dequantize(torch.bfloat16).double().t()  # both operands rounded to bf16
+    exact = _exact(x, w)  # the stored values multiply the rows; a group's scale (and offset) come after, in fp32
     assert (got.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
+
+
+def _exact(x, w):
+    """The rows rounded to fp16 (fp8: its values are fp16 ones) or bf16 (q4) times the dequantised weight, float64."""
+    rounded = x.half() if w.mode == "fp8" else x.bfloat16()
+    return rounded.double() @ w.dequantize(torch.float32).double().t()
+
+
+@pytest.mark.parametrize("tuning", [dict(num_warps=2, unroll=1), dict(num_warps=4, unroll=4), dict(splits=3)])
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_every_launch_form_gives_the_exact_product(mode, tuning):
+    """Launches the default table does not pick for SHAPES (each picked for some real weight): 64 outputs a warp,
+    no unrolling or four groups ahead (a split shorter than the unroll), an uneven split."""
+    from engine.ops.triton_dense import dense_rows
+
+    w = weight((2000, 1536), mode)
+    x = rows(11, 1536)
+    got = dense_rows(x, w, tuning)
+    exact = _exact(x, w)
+    assert (got.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
+
+
+def test_an_fp8_width_groups_do_not_divide():
+    """fp8 takes any input width: the last, shorter group is masked input by input."""
+    from engine.ops.triton_dense import dense_rows
+
+    w = weight((96, 200), "fp8")
+    x = rows(5, 200)
+    got = dense_rows(x, w)
+    exact = _exact(x, w)
+    assert (got.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
+    assert torch.equal(dense_rows(x[2:3], w), got[2:3])
 
 
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
