@@ -399,9 +399,24 @@ class CountTokensRequest(RequestBody):
 # -- OpenAI Responses (POST /v1/responses): input items; anything else is a 400 ----------------------------------
 
 
-class InputTextPart(Body):
-    type: Literal["input_text", "output_text", "text"]
+class _TextOnly(Body):
     text: StrictStr
+
+
+# text parts, each `type` its own class: a discriminator mapping two values to one schema is read by schemathesis'
+# negative cases as allowing only the first (it sent output_text as a value the schema refuses)
+class InputTextPart(_TextOnly):
+    type: Literal["input_text"]
+
+
+class OutputTextPart(_TextOnly):
+    """A past reply's text sent back: read as text, like input_text."""
+
+    type: Literal["output_text"]
+
+
+class PlainTextPart(_TextOnly):
+    type: Literal["text"]
 
 
 class InputImagePart(Body):
@@ -412,7 +427,7 @@ class InputImagePart(Body):
     detail: Literal["auto", "low", "high"] | None = None
 
 
-InputPart = Annotated[InputTextPart | InputImagePart, Field(discriminator="type")]
+InputPart = Annotated[InputTextPart | OutputTextPart | PlainTextPart | InputImagePart, Field(discriminator="type")]
 
 
 class InputMessageItem(Body):
