@@ -47,17 +47,16 @@ def shapes(tp: int) -> dict[str, tuple[int, int]]:
     }
 
 
-def timed(fn, repeat: int = 50, calls: list | None = None) -> float:
-    """Seconds a call: `fn` captured alone in a CUDA graph and replayed `repeat` times (the launch's own latency
-    included: the table's method since session 10), or, with `calls`, those callables captured in one graph (each
-    over its own copy of the weight, so that a call reads HBM and not L2) and the replay's time divided among them."""
-    sequence = calls or [fn]
-    for call in sequence:
+def timed(calls: list, repeat: int = 50) -> float:
+    """Seconds a call: `calls` captured in one CUDA graph, replayed `repeat` times, the time divided among them. One
+    call a graph includes the graph's launch latency (the tables' method since session 10); several, each over its own
+    copy of the weight (`copies`), read HBM and not L2."""
+    for call in calls:
         call()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for call in sequence:
+        for call in calls:
             call()
     graph.replay()
     torch.cuda.synchronize()
@@ -65,16 +64,16 @@ def timed(fn, repeat: int = 50, calls: list | None = None) -> float:
     for _ in range(repeat):
         graph.replay()
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeat / len(sequence)
+    return (time.perf_counter() - start) / repeat / len(calls)
 
 
-def copies(stored, count: int) -> list:
-    """`stored` and count - 1 copies of it (a QuantWeight's tensors cloned), so that calls cycling through them miss
-    L2."""
+def copies(stored, held: int) -> list:
+    """`stored` and enough copies of it (a QuantWeight's tensors cloned) that together they hold L2_MISS_BYTES, at
+    `held` bytes each: calls cycling through them miss L2."""
     from engine.quant.dense import QuantWeight
 
     out = [stored]
-    for _ in range(count - 1):
+    for _ in range(-(-L2_MISS_BYTES // held) - 1):
         if isinstance(stored, QuantWeight):
             offset = None if stored.offset is None else stored.offset.clone()
             out.append(QuantWeight(stored.mode, stored.data.clone(), stored.scale.clone(), offset, stored.group))
@@ -113,7 +112,7 @@ def sweep(out_path: Path | None, modes: tuple[str, ...]) -> None:
             stored = quantize(weight, mode)
             default = launch_shape(out, width, stored.group, mode == "fp8")  # type: ignore[union-attr]
             held = stored.nbytes()  # type: ignore[union-attr]
-            weights = copies(stored, -(-L2_MISS_BYTES // held))
+            weights = copies(stored, held)
             grid = [
                 dict(block_o=b, num_warps=w, splits=sp, kw=8, unroll=u)
                 for (b, w), sp, u in itertools.product(
@@ -128,7 +127,7 @@ def sweep(out_path: Path | None, modes: tuple[str, ...]) -> None:
                 for rows in (1, 8):
                     x = torch.randn(rows, width, generator=gen, device="cuda")
                     try:
-                        seconds = timed(None, repeat=10, calls=chain(x, weights, max(20, len(weights)), tuning))
+                        seconds = timed(chain(x, weights, max(20, len(weights)), tuning), repeat=10)
                     except Exception as exc:  # noqa: BLE001 - a shape the compiler refuses is a result too
                         entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                         break
@@ -172,12 +171,11 @@ def main() -> None:
                 stored = weight if mode == "bf16" else quantize(weight, mode)
                 held = weight.numel() * 2 if mode == "bf16" else stored.nbytes()  # type: ignore[union-attr]
                 figures = {}
-                weights = copies(stored, -(-L2_MISS_BYTES // held)) if args.calls > 1 else [stored]
+                weights = copies(stored, held) if args.calls > 1 else [stored]
+                count = max(args.calls, len(weights)) if args.calls > 1 else 1  # each copy read once a replay
                 for rows in ROWS:
                     x = torch.randn(rows, width, generator=gen, device="cuda")
-                    count = max(args.calls, len(weights)) if args.calls > 1 else 1  # each copy read once a replay
-                    calls = [lambda w=w: fused.linear(x, w) for w in weights] * -(-count // len(weights))
-                    seconds = timed(None, calls=calls[:count])
+                    seconds = timed(chain(x, weights, count))
                     moved = held + x.numel() * 4 + rows * out * 4
                     figures[rows] = {
                         "us": round(seconds * 1e6, 1),
