@@ -13,7 +13,9 @@ from engine.ops.fused import (  # noqa: F401
     moe_decode_applies,
     moe_experts,
     moe_route,
+    rms_norm,
     sinkhorn,
+    swiglu_clamped,
 )
 from engine.ops.reference import (  # noqa: F401
     ROW_INVARIANT_ROWS,
@@ -24,12 +26,10 @@ from engine.ops.reference import (  # noqa: F401
     l2norm,
     layer_norm,
     require_row_invariance,
-    rms_norm,
     row_blocks,
     sigmoid,
     silu,
     softplus,
     split_bf16,
     split_product,
-    swiglu_clamped,
 )

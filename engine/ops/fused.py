@@ -141,8 +141,35 @@ def kda_decode(*args: Any) -> torch.Tensor:
     return fused(*args)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMS norm over the last dim (`reference.rms_norm`); a CUDA step's rows (at most ROW_INVARIANT_ROWS, 2-D, unit
+    column stride) through engine/ops/triton_rows.py `rms_norm_rows`: row-invariant, one launch."""
+    if x.is_cuda and x.dim() == 2 and x.shape[0] <= reference.ROW_INVARIANT_ROWS and x.stride(-1) == 1:
+        from engine.ops.triton_rows import NORM_WIDTH, rms_norm_rows
+
+        if x.shape[1] <= NORM_WIDTH and (weight is None or weight.dtype == torch.float32):
+            return rms_norm_rows(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """SwiGLU with GLM's limits (`reference.swiglu_clamped`); fp32 rows on CUDA in one kernel
+    (engine/ops/triton_moe.py `swiglu`)."""
+    if (
+        gate.is_cuda
+        and gate.dim() == 2
+        and gate.dtype == up.dtype == torch.float32
+        and gate.stride(1) == 1 == up.stride(1)
+    ):
+        from engine.ops.triton_moe import swiglu
+
+        return swiglu(gate, up, limit)
+    return reference.swiglu_clamped(gate, up, limit)
+
+
 def moe_decode_applies(x: torch.Tensor, top_k: int, stacked: Any) -> bool:
-    """The MoE of a few tokens as sync-free kernels over the stacked bf16 experts (routing on the device)."""
+    """The MoE of a few tokens as sync-free kernels (routing on the device) over `stacked`: the stacked bf16 experts,
+    or the EXL3 experts (`Exl3Experts`: their decode-GEMV takes as many pairs)."""
     return stacked is not None and x.is_cuda and x.shape[0] * top_k <= MOE_FUSED_MAX_PAIRS
 
 

@@ -20,8 +20,8 @@ form measured before, docs/BENCHMARKS.md).
 
 Row-invariant: the launch (block, warps, the split of the inputs, loads ahead) comes from the weight's shape alone and
 rows go in fixed blocks of ROWS, each its own MMA column, so a row's bits never depend on how many rows share the call
-(drafted ≡ serial rests on it). With the inputs split in S slices, the S partial tiles are summed by a second kernel
-in slice order (fixed, not atomics). Gluon kernels do not run in Triton's CPU interpreter: tests/engine compiles this
+(drafted ≡ serial rests on it). With the inputs split in S slices, the S partial tiles are summed in slice order
+(fixed, not atomics) by the tile's program that finishes last — a counter a tile says which; no second launch. Gluon kernels do not run in Triton's CPU interpreter: tests/engine compiles this
 one for sm_90 and sm_121 (no shared memory, mma.sync) and checks its arithmetic in torch; tests/gpu its numbers.
 """
 
@@ -31,7 +31,6 @@ import functools
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -41,6 +40,7 @@ ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
 # warp from TALL outputs on, else 32), the grid size the split of the inputs aims for, at most this many slices, the
 # operands' k_width, and below UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
 BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 16384, 528, 16, 8, 1024
+COUNTS = 1 << 15  # tiles (blocks of outputs × blocks of rows) one launch may have: the slice counters a device keeps
 
 # q4: eight codes (a 32-bit word: four bytes, two nibbles each) -> the low nibbles as four bf16 (two registers) and the
 # high ones as four more: each nibble q masked out, then a byte permute puts it under the byte 0x43, the bf16 bits of
@@ -110,6 +110,7 @@ def _dense_rows(
     s_ptr,
     z_ptr,
     out_ptr,
+    count_ptr,
     N,
     OUT,
     stride_x,
@@ -117,6 +118,7 @@ def _dense_rows(
     stride_s,
     K: gl.constexpr,
     K_PER_SPLIT: gl.constexpr,
+    SPLITS: gl.constexpr,
     GROUP: gl.constexpr,
     FP8: gl.constexpr,
     BLOCK_O: gl.constexpr,
@@ -175,18 +177,22 @@ def _dense_rows(
             acc = _group(acc, w2, k2, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
             acc = _group(acc, w3, k3, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
     r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma))
-    dest = out_ptr + split.to(gl.int64) * N * OUT + gl.expand_dims(r_m.to(gl.int64) * OUT, 0) + gl.expand_dims(o_m, 1)
-    gl.store(dest, acc, mask=gl.expand_dims(r_m < N, 0) & gl.expand_dims(o_ok, 1))
-
-
-@triton.jit
-def _sum_splits(part_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < total
-    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLITS):
-        acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
-    tl.store(out_ptr + offs, acc, mask=ok)
+    tile = gl.expand_dims(r_m.to(gl.int64) * OUT, 0) + gl.expand_dims(o_m, 1)
+    t_ok = gl.expand_dims(r_m < N, 0) & gl.expand_dims(o_ok, 1)
+    gl.store(out_ptr + split.to(gl.int64) * N * OUT + tile, acc, mask=t_ok)
+    if SPLITS > 1:
+        # the tile's slices summed by whichever of its programs finishes last, in slice order (the bits do not
+        # depend on which one): every thread's slice stored, then one thread counts it (a release at GPU scope);
+        # the program that counts the last sees every slice (acquire), adds them into slice 0's place and sets the
+        # count back to 0 for the next launch
+        gl.thread_barrier()
+        counter = count_ptr + pid_m * gl.num_programs(0) + pid_o
+        if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            total = gl.load(out_ptr + tile, mask=t_ok, other=0.0, cache_modifier=".cg")
+            for s in range(1, SPLITS):
+                total += gl.load(out_ptr + s * N * OUT + tile, mask=t_ok, other=0.0, cache_modifier=".cg")
+            gl.store(out_ptr + tile, total, mask=t_ok)
+            gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @functools.cache
@@ -221,15 +227,20 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     per_split = triton.cdiv(triton.cdiv(k, splits), weight.group) * weight.group
     out = torch.empty((splits, n, o), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(o, launch["block_o"]), triton.cdiv(n, ROWS), splits)
+    if grid[0] * grid[1] > COUNTS:
+        raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
     _dense_rows[grid](
-        x, weight.data.view(torch.uint8), weight.scale, weight.scale if fp8 else weight.offset, out, n, o,
-        x.stride(0), weight.data.stride(0), weight.scale.stride(0),
-        K=k, K_PER_SPLIT=per_split, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"], ROWS=ROWS,
-        KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], num_warps=launch["num_warps"],
+        x, weight.data.view(torch.uint8), weight.scale, weight.scale if fp8 else weight.offset, out,
+        _counts(x.device), n, o, x.stride(0), weight.data.stride(0), weight.scale.stride(0),
+        K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
+        ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"],
+        num_warps=launch["num_warps"],
     )  # fmt: skip
-    if splits == 1:
-        return out[0]
-    summed = torch.empty((n, o), dtype=torch.float32, device=x.device)
-    total = n * o
-    _sum_splits[(triton.cdiv(total, 1024),)](out, summed, total, SPLITS=splits, BLOCK=1024)
-    return summed
+    return out[0]
+
+
+@functools.cache
+def _counts(device: torch.device) -> torch.Tensor:
+    """The tiles' slice counters of a device (zero between launches: the last program of a tile resets its own).
+    Made on the first call, outside any graph capture (lanes.CapturedStep warms up first), and kept."""
+    return torch.zeros(COUNTS, dtype=torch.int32, device=device)

@@ -28,7 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_post` program covers
+CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program covers
+DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
+# cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200)
 
 
 @triton.jit
@@ -212,12 +214,13 @@ def hc_pre(
     streams = streams.contiguous()
     tokens, n, hidden = streams.shape
     rows = fn.shape[0]
-    r_pad, chunks = triton.next_power_of_2(rows), triton.cdiv(hidden, CHUNK)
+    r_pad, chunks = triton.next_power_of_2(rows), triton.cdiv(hidden, CHUNK)  # CHUNK read at the call (the bench)
     dots = torch.empty(tokens, chunks, r_pad, dtype=torch.float32, device=streams.device)
     gram = torch.empty(tokens, chunks, n, n, dtype=torch.float32, device=streams.device)
     _hc_dots[(tokens, chunks)](
-        streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks, BLOCK=CHUNK
-    )
+        streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks, BLOCK=CHUNK,
+        num_warps=DOTS_WARPS,
+    )  # fmt: skip
     x = torch.empty(tokens, hidden, dtype=torch.float32, device=streams.device)
     post = torch.empty(tokens, n, dtype=torch.float32, device=streams.device)
     comb = torch.empty(tokens, n, n, dtype=torch.float32, device=streams.device)
@@ -241,6 +244,7 @@ def hc_pre(
         CHUNKS_PAD=triton.next_power_of_2(chunks),
         ITERS=iters,
         BLOCK=CHUNK,
+        num_warps=MIX_WARPS,
     )
     return x, post, comb
 

@@ -179,3 +179,25 @@ def route(
         RENORM=renorm,
     )
     return chosen, weights
+
+
+@triton.jit
+def _swiglu(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, limit, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < WIDTH
+    gate = tl.minimum(tl.load(gate_ptr + row * stride_gate + offs, mask=live, other=0.0), limit)
+    up = tl.minimum(tl.maximum(tl.load(up_ptr + row * stride_up + offs, mask=live, other=0.0), -limit), limit)
+    tl.store(out_ptr + row * WIDTH + offs, gate * tl.sigmoid(gate) * up, mask=live)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """silu(min(gate, limit)) · clamp(up, ±limit) for fp32 gate, up [N, I] (rows may be strided: the two halves of
+    one gate‖up output) in one launch, where torch takes four (reference.swiglu_clamped; fp32 rounding apart)."""
+    rows, width = gate.shape
+    out = torch.empty(rows, width, dtype=torch.float32, device=gate.device)
+    block = min(1024, triton.next_power_of_2(width))
+    _swiglu[(rows, triton.cdiv(width, block))](
+        gate, up, out, gate.stride(0), up.stride(0), float(limit), WIDTH=width, BLOCK=block
+    )
+    return out

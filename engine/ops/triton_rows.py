@@ -12,6 +12,9 @@ shape comes from the weight's shape alone, so a row's bits never depend on the b
 `rows_product(x [N, P, K], w [P, O, K])` covers both uses: one weight (P = 1, `fused.linear` with an fp32 weight)
 and P weights applied head by head (DSA's `bhd,hdr` and `bhr,hvr` products, `fused.head_products`); w may be any
 strided view (w_k is read through its transpose).
+
+`rms_norm_rows` is the RMS norm of a step's rows the same way: a program a row, the row's sum of squares in one
+fixed order, one launch where torch takes six behind a padding copy (`row_blocks` "norm").
 """
 
 from __future__ import annotations
@@ -101,4 +104,34 @@ def rows_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         BLOCK_O=block_o,
         BLOCK_K=block_k,
     )
+    return out
+
+
+@triton.jit
+def _rms_norm_rows(
+    x_ptr, w_ptr, out_ptr, stride_x, eps, WIDTH: tl.constexpr, BLOCK: tl.constexpr, WEIGHT: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    live = offs < WIDTH
+    x = tl.load(x_ptr + row * stride_x + offs, mask=live, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / WIDTH + eps)
+    if WEIGHT:
+        y = y * tl.load(w_ptr + offs, mask=live, other=0.0)
+    tl.store(out_ptr + row * WIDTH + offs, y, mask=live)
+
+
+NORM_WIDTH = 16384  # widest row `rms_norm_rows` takes (one block a program)
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x [N, W] (rows may be strided; W <= NORM_WIDTH) -> fp32 x · rsqrt(mean(x²) + eps) (· weight, fp32 [W]), as
+    reference.rms_norm (fp32 rounding apart: the sum runs in another order), each row alone."""
+    rows, width = x.shape
+    out = torch.empty(rows, width, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(width)
+    _rms_norm_rows[(rows,)](
+        x, out if weight is None else weight, out, x.stride(0), float(eps), WIDTH=width, BLOCK=block,
+        WEIGHT=weight is not None, num_warps=4 if block >= 2048 else 1,
+    )  # fmt: skip
     return out

@@ -1,7 +1,7 @@
 """engine/ops/triton_dense.py on the CPU. `_dense_rows` is a Gluon kernel, which Triton's CPU interpreter cannot run:
 here it is compiled for the H200 (sm_90) and the GB10 (sm_121) at the launch shapes of the real model's weights, q4
-and fp8, and must take no shared memory (its operands go from memory straight into the tensor cores' registers: the
-point of its layout) and run on mma.sync; what it computes — the nibbles as 128 + q, e4m3 as fp16, each group's
+and fp8, and must take no shared memory but the word its split-input count passes on (its operands go from memory
+straight into the tensor cores' registers: the point of its layout) and run on mma.sync; what it computes — the nibbles as 128 + q, e4m3 as fp16, each group's
 product scaled once — is checked against the dequantised weight in torch. Its numbers, row invariance and graphs on
 the GPU: tests/gpu/test_dense_gpu.py."""
 
@@ -31,13 +31,15 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
         fp8 = mode == "fp8"
         launch = td.launch_shape(out, width, 64, fp8)
         per_split = -(-width // launch["splits"] // 64) * 64
-        const = dict(K=width, K_PER_SPLIT=per_split, GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"], ROWS=td.ROWS)
+        splits = launch["splits"]
+        const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
+        const |= dict(ROWS=td.ROWS)
         const |= dict(KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"])
         if tuple(const.items()) in seen:
             continue
         seen.add(tuple(const.items()))
         pointers = {"x_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*fp16"}  # fp8 read as bytes
-        pointers |= {"z_ptr": "*fp32" if fp8 else "*fp16", "out_ptr": "*fp32"}
+        pointers |= {"z_ptr": "*fp32" if fp8 else "*fp16", "out_ptr": "*fp32", "count_ptr": "*i32"}
         signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
         divisible = [n for n in fn.arg_names if n in pointers or (n.startswith("stride") and width % 16 == 0)]
         source = GluonASTSource(
@@ -50,7 +52,10 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
             source, target=GPUTarget("cuda", capability, 32), options={"num_warps": launch["num_warps"]}
         )
         ptx = kernel.asm["ptx"]
-        assert kernel.metadata.shared == 0, (mode, out, width)
+        # split inputs: the slices' count goes through one shared word (the atomic's result, to every thread) and
+        # the last program sums the slices; unsplit: no shared memory, no atomics
+        assert kernel.metadata.shared == (4 if splits > 1 else 0), (mode, out, width)
+        assert ("atom.global.gpu.acq_rel.add" in ptx) == (splits > 1), (mode, out, width)
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx and f".target sm_{capability}" in ptx
         assert ("cvt.rn.f16x2.e4m3x2" if fp8 else "prmt.b32") in ptx
     assert len(seen) >= 6  # the split, warps and unrolling vary with the shape

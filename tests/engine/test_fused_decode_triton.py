@@ -157,6 +157,26 @@ def _cases() -> dict:
             weights.gather(-1, chosen.argsort(-1)),
         ),
     }
+    # the clamped SwiGLU in one kernel, over the two strided halves of a gate‖up output, values past the limit
+    gate_up = torch.randn(3, 2 * 96, generator=gen) * 8
+    gate, up = gate_up.chunk(2, dim=-1)
+    out["swiglu"] = _relative(triton_moe.swiglu(gate, up, 7.0), engine_ops.reference.swiglu_clamped(gate, up, 7.0))
+    out["swiglu_clamped"] = bool((gate > 7).any() and (up.abs() > 7).any())
+
+    # the RMS norm a row a program, over a strided view (the latent part of a kv_a output), with and without weight
+    from engine.ops import triton_rows
+
+    rows = torch.randn(3, 576, generator=gen)[:, :512] * 3
+    weight = torch.rand(512, generator=gen) + 0.5
+    out["rms_norm"] = max(
+        _relative(triton_rows.rms_norm_rows(rows, w, 1e-6), engine_ops.reference.rms_norm(rows, w, 1e-6))
+        for w in (weight, None)
+    )
+    out["rms_norm_alone"] = bool(
+        torch.equal(
+            triton_rows.rms_norm_rows(rows[1:2], weight, 1e-6)[0], triton_rows.rms_norm_rows(rows, weight, 1e-6)[1]
+        )
+    )
     return out
 
 
@@ -198,7 +218,21 @@ def test_moe_kernels_match_the_torch_path(results: dict) -> None:
     assert moe["weights"] <= TOLERANCE and moe["output"] <= TOLERANCE, moe
 
 
+def test_swiglu_kernel_matches_the_torch_form(results: dict) -> None:
+    """engine/ops/triton_moe.py `swiglu` (what ops.swiglu_clamped runs on CUDA) against the reference's four torch
+    ops, with gates and ups past the limit."""
+    assert results["swiglu_clamped"]
+    assert results["swiglu"] <= TOLERANCE, results["swiglu"]
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, str(ROOT))
     print(json.dumps(_cases()))
+
+
+def test_rms_norm_kernel_matches_the_torch_form_row_by_row(results: dict) -> None:
+    """engine/ops/triton_rows.py `rms_norm_rows` (what ops.rms_norm runs for a CUDA step's rows) against the
+    reference over a strided view, with and without a weight, and a row alone equal to the same row beside others."""
+    assert results["rms_norm"] <= TOLERANCE, results["rms_norm"]
+    assert results["rms_norm_alone"]

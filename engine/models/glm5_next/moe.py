@@ -121,7 +121,7 @@ class MoE:
         return chosen, weights * self.scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if ops.moe_decode_applies(x, self.top_k, self.stacked):
+        if ops.moe_decode_applies(x, self.top_k, self.stacked if self.exl3 is None else self.exl3):
             return self.group.sum_partials(self._decode(x))
         chosen, weights = self.route(x)
         out = self.shared.partial(x)
@@ -160,8 +160,10 @@ class MoE:
         return pairs.view(-1, self.top_k, routed.shape[-1]).sum(1)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
-        """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing, gate‖up and down as
-        sync-free kernels, each chosen expert read once, the shared expert one more pair when it is in the bank."""
+        """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing in one kernel (the
+        torch form, `route`, is ten launches), gate‖up and down as sync-free kernels, each chosen expert read once, the
+        shared expert one more pair when it is in the bank; EXL3 experts through their decode-GEMV
+        (engine/ops/triton_exl3.py), the shared expert beside them."""
         chosen, weights = ops.moe_route(
             ops.linear(x, self.router),
             self.bias,
@@ -170,6 +172,8 @@ class MoE:
             self.renorm,
             self.num_routed if self.shared_in_bank else None,
         )
+        if self.exl3 is not None:
+            return self.shared.partial(x) + self.exl3(x, chosen, weights, self.limit)
         if self.stacked is None:
             raise RuntimeError("the fused MoE runs over the stacked experts, which this layer does not hold")
         gate_up, down = self.stacked

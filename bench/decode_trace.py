@@ -1,0 +1,195 @@
+"""Every kernel of one decode step, in order, with the code that launched it: where a batch-1 step's time goes
+between the large products (bench/gpu_engine.py's random weights, full width, the decoder a server with drafts uses).
+
+    python bench/decode_trace.py [--layers KKKD] [--exl3-experts] [--shard 2] [--dense q4] [--out trace.json]
+
+Two runs of the same step under torch.profiler:
+- eager (no graphs), every `engine.ops` function and the layers' own calls wrapped in a `record_function` range, so
+  each kernel is named with the innermost range whose CPU span holds its launch (chrome trace: the launch's
+  correlation id);
+- replayed from the CUDA graph (what serves): the kernels in order, each with its GPU time and the idle gap before it.
+Written: the ordered list of both, and per scope the launches and GPU time (graphed times matched to eager scopes by
+position when the two lists have the same kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import json
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_engine import build, lane_inputs, prompt_ids  # noqa: E402
+
+from engine import ops  # noqa: E402
+from engine.models.glm5_next import dsa, kda, mhc, moe, mtp  # noqa: E402
+from engine.parallel import ParallelGroup  # noqa: E402
+from engine.runner.lanes import LaneDecoder  # noqa: E402
+
+METHODS = [
+    (moe.MoE, ("__call__", "route", "_decode")),
+    (moe.DenseMLP, ("__call__",)),
+    (moe.SwiGLU, ("partial",)),
+    (kda.KimiDeltaAttention, ("decode_lanes", "_fused_project", "_fused_core", "_gates", "_output")),
+    (dsa.SparseMLA, ("decode_lanes", "_rows", "_select_lanes", "_attend_lanes", "_pool_keys")),
+    (mhc.HyperConnection, ("around",)),
+    (mtp.MtpLayer, ("forward",)),
+]
+
+
+def _wrapped(name: str, fn):
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+
+    return inner
+
+
+def annotate() -> None:
+    """Every public function of engine.ops and the methods above inside a range of its own name."""
+    for name in dir(ops):
+        fn = getattr(ops, name)
+        if not name.startswith("_") and callable(fn) and not isinstance(fn, type) and hasattr(fn, "__module__"):
+            setattr(ops, name, _wrapped(f"ops.{name}", fn))
+    for cls, names in METHODS:
+        for name in names:
+            if hasattr(cls, name):
+                setattr(cls, name, _wrapped(f"{cls.__name__}.{name}", getattr(cls, name)))
+    for name in ("sum_partials", "gather", "all_gather", "all_reduce"):
+        if hasattr(ParallelGroup, name):
+            setattr(ParallelGroup, name, _wrapped(f"group.{name}", getattr(ParallelGroup, name)))
+
+
+def traced(fn) -> list[dict]:
+    """One call of `fn` under torch.profiler: its kernels in GPU order (name, µs, gap before it in µs, scope)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    ranges = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events if e.get("cat") == "user_annotation"
+    )
+    launches = {
+        e["args"]["correlation"]: e["ts"]
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    kernels = sorted(
+        (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"]
+    )
+    out, last_end = [], None
+    for e in kernels:
+        at = launches.get(e.get("args", {}).get("correlation"))
+        scope = "-"
+        if at is not None:
+            inside = [r for r in ranges if r[0] <= at <= r[1]]
+            if inside:
+                scope = min(inside, key=lambda r: r[1] - r[0])[2]
+        out.append(
+            {
+                "kernel": e["name"][:80],
+                "us": round(e.get("dur", 0), 2),
+                "gap_us": round(e["ts"] - last_end, 2) if last_end is not None else 0.0,
+                "scope": scope,
+            }
+        )
+        last_end = e["ts"] + e.get("dur", 0)
+    return out
+
+
+def by_scope(rows: list[dict]) -> list[dict]:
+    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for row in rows:
+        table[row["scope"]][0] += 1
+        table[row["scope"]][1] += row["us"]
+    return [
+        {"scope": s, "launches": n, "us": round(us, 1)} for s, (n, us) in sorted(table.items(), key=lambda i: -i[1][1])
+    ]
+
+
+def by_name(rows: list[dict]) -> list[dict]:
+    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for row in rows:
+        table[row["kernel"]][0] += 1
+        table[row["kernel"]][1] += row["us"]
+    return [
+        {"kernel": k, "launches": n, "us": round(us, 1)} for k, (n, us) in sorted(table.items(), key=lambda i: -i[1][1])
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", default="KKKD")
+    parser.add_argument("--exl3-experts", action="store_true")
+    parser.add_argument("--shard", type=int, default=1)
+    parser.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16")
+    parser.add_argument("--window", type=int, default=4, help="the decoder's verify window (1: drafts off)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    model, cfg = build(
+        args.layers,
+        "cuda",
+        ROOT / "engine/checkpoint/glm53_flash_config.json",
+        exl3_experts=args.exl3_experts,
+        shard=args.shard,
+        dense=args.dense,
+    )
+    pool = model.make_pool(8192, "bf16")
+    prompts, tokens = lane_inputs(prompt_ids(cfg, 128), 1)
+    result: dict = vars(args).copy()
+    with torch.no_grad():
+        graphed = LaneDecoder(model, pool, 1, graphs=True, window=args.window)
+        seq = graphed.new_sequence(0)
+        model.prefill(seq, prompts[0])
+        for _ in range(3):
+            graphed.decode([seq], tokens)  # capture, warm
+        result["graphed"] = traced(lambda: graphed.decode([seq], tokens))
+        if args.window > 1:  # a verify step of the whole window (the pending token and window - 1 drafts)
+            rows = [[tokens[0] + 7 * t for t in range(args.window)]]
+            for _ in range(2):
+                graphed.verify([seq], rows)
+            result["graphed_verify"] = traced(lambda: graphed.verify([seq], rows))
+            result["graphed_verify_by_name"] = by_name(result["graphed_verify"])
+        seq.release()
+        annotate()
+        eager = LaneDecoder(model, pool, 1, graphs=False, window=args.window)
+        seq = eager.new_sequence(0)
+        model.prefill(seq, prompts[0])
+        for _ in range(2):
+            eager.decode([seq], tokens)
+        result["eager"] = traced(lambda: eager.decode([seq], tokens))
+        seq.release()
+    g, e = result["graphed"], result["eager"]
+    same = len(g) == len(e) and all(a["kernel"] == b["kernel"] for a, b in zip(g, e))
+    result["graphed_matches_eager"] = same
+    if same:
+        for a, b in zip(g, e):
+            a["scope"] = b["scope"]
+    result["graphed_total_us"] = round(sum(r["us"] + r["gap_us"] for r in g), 1)
+    result["graphed_kernel_us"] = round(sum(r["us"] for r in g), 1)
+    result["graphed_by_scope"] = by_scope(g) if same else None
+    result["eager_by_scope"] = by_scope(e)
+    result["graphed_by_name"] = by_name(g)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("graphed", "eager", "graphed_verify")}, indent=1))
+    if args.out:
+        with gzip.open(args.out, "wt") if args.out.endswith(".gz") else open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

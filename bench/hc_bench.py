@@ -1,0 +1,109 @@
+"""The hyper-connection kernels of a decode step (engine/ops/triton_mhc.py) under other launches: µs a call of
+`hc_pre` (`_hc_dots` + `_hc_mix`) and of `hc_post`, replayed from a CUDA graph of CALLS calls, at GLM-5.3-Flash's
+widths (4 streams of 4,096, 24 logits), for 1 and 4 tokens. Each variant's outputs are compared with the default's
+(max abs difference: a chunk width other than the default sums in another order).
+
+    python bench/hc_bench.py [--out hc_bench.json]
+
+Variants: chunk width (hidden columns a program), warps of `_hc_dots` and `_hc_mix`, and Sinkhorn iterations 20
+(the model's) against 1 (what the iterations cost; not a served form).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from engine.ops import triton_mhc  # noqa: E402
+
+CALLS = 100
+VARIANTS = [  # (chunk, dots warps, mix warps, iterations)
+    (128, 4, 4, 20),
+    (128, 4, 2, 20),
+    (128, 4, 1, 20),
+    (128, 2, 1, 20),
+    (128, 8, 1, 20),
+    (64, 4, 1, 20),
+    (64, 2, 1, 20),
+    (32, 2, 1, 20),
+    (256, 4, 1, 20),
+    (128, 4, 4, 1),
+    (128, 4, 1, 1),
+]
+
+
+def graphed_us(fn) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / CALLS)
+    return round(best, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    n, hidden = 4, 4096
+    rows = 2 * n + n * n
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    fn = torch.randn(rows, n * hidden, device="cuda", generator=gen) * 0.01
+    base = torch.randn(rows, device="cuda", generator=gen) * 0.1
+    scale = torch.rand(3, device="cuda", generator=gen)
+    norm = torch.rand(hidden, device="cuda", generator=gen) + 0.5
+    result: dict = {"calls": CALLS, "rows": []}
+    for tokens in (1, 4):
+        streams = torch.randn(tokens, n, hidden, device="cuda", generator=gen)
+        out = torch.randn(tokens, hidden, device="cuda", generator=gen)
+        reference = None
+        for chunk, dots_warps, mix_warps, iters in VARIANTS:
+            triton_mhc.CHUNK, triton_mhc.DOTS_WARPS, triton_mhc.MIX_WARPS = chunk, dots_warps, mix_warps
+
+            def pre(iters=iters):
+                return triton_mhc.hc_pre(streams, fn, base, scale, norm, 1e-6, 1e-6, 1e-6, iters)
+
+            x, post, comb = pre()
+            row = {
+                "tokens": tokens,
+                "chunk": chunk,
+                "dots_warps": dots_warps,
+                "mix_warps": mix_warps,
+                "iters": iters,
+                "hc_pre_us": graphed_us(pre),
+                "hc_post_us": graphed_us(lambda: triton_mhc.hc_post(streams, out, post, comb)),
+            }
+            if reference is None:
+                reference = (x, post, comb)
+            elif iters == 20:
+                row["max_diff"] = max(float((a - b).abs().max()) for a, b in zip((x, post, comb), reference))
+            result["rows"].append(row)
+            print(row, flush=True)
+    triton_mhc.CHUNK, triton_mhc.DOTS_WARPS, triton_mhc.MIX_WARPS = 128, 4, 4
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
