@@ -8,6 +8,7 @@ from engine.ops.fused import (  # noqa: F401
     head_products,
     kda_decode,
     kda_decode_applies,
+    lane_attention,
     linear,
     linear_pairs,
     moe_decode_applies,

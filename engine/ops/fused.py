@@ -152,6 +152,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return reference.rms_norm(x, weight, eps)
 
 
+def lane_attention(
+    q_abs: torch.Tensor,
+    latents: torch.Tensor,
+    counts: torch.Tensor,
+    scaling: float,
+    torch_form: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """DSA's attention of a step's rows over their selected latents (q_abs [B, H, R], latents [B, N, R], counts
+    [B, N] -> [B, H, R]): on CUDA, up to ROW_INVARIANT_ROWS rows, engine/ops/triton_dsa.py (two launches, each row
+    alone); otherwise `torch_form` through `row_blocks` (a row at a time where a verify step may come)."""
+    rank, heads = q_abs.shape[-1], q_abs.shape[1]
+    if (
+        q_abs.is_cuda
+        and q_abs.shape[0] <= reference.ROW_INVARIANT_ROWS
+        and rank >= 16
+        and rank & (rank - 1) == 0
+        and heads <= 64
+    ):
+        from engine.ops.triton_dsa import lane_attention as fused
+
+        return fused(q_abs, latents, counts, scaling)
+    return reference.row_blocks(torch_form, q_abs, latents, counts, kind="dsa_attend")
+
+
 def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """SwiGLU with GLM's limits (`reference.swiglu_clamped`); fp32 rows on CUDA in one kernel
     (engine/ops/triton_moe.py `swiglu`)."""

@@ -177,6 +177,26 @@ def _cases() -> dict:
             triton_rows.rms_norm_rows(rows[1:2], weight, 1e-6)[0], triton_rows.rms_norm_rows(rows, weight, 1e-6)[1]
         )
     )
+
+    # DSA's lane attention in two kernels: 3 rows, 4 heads, 100 selected tokens (two blocks), row 2's second block
+    # not counted at all, against the torch form (dsa.py `_attend_rows`)
+    from engine.ops import triton_dsa
+
+    q_abs = torch.randn(3, 4, 64, generator=gen)
+    latents = torch.randn(3, 100, 64, generator=gen)
+    counts = torch.rand(3, 100, generator=gen) < 0.7
+    counts[2, 64:] = False
+    counts[:, 0] = True
+
+    def attend(q, lat, cnt):
+        scores = torch.bmm(q, lat.transpose(1, 2)) * 0.125
+        return torch.bmm(torch.softmax(scores.masked_fill(~cnt[:, None, :], float("-inf")), dim=-1), lat)
+
+    fused = triton_dsa.lane_attention(q_abs, latents, counts, 0.125)
+    out["lane_attention"] = _relative(fused, attend(q_abs, latents, counts))
+    out["lane_attention_alone"] = bool(
+        torch.equal(triton_dsa.lane_attention(q_abs[1:2], latents[1:2], counts[1:2], 0.125)[0], fused[1])
+    )
     return out
 
 
@@ -236,3 +256,10 @@ def test_rms_norm_kernel_matches_the_torch_form_row_by_row(results: dict) -> Non
     reference over a strided view, with and without a weight, and a row alone equal to the same row beside others."""
     assert results["rms_norm"] <= TOLERANCE, results["rms_norm"]
     assert results["rms_norm_alone"]
+
+
+def test_lane_attention_kernels_match_the_torch_form(results: dict) -> None:
+    """engine/ops/triton_dsa.py (what ops.lane_attention runs for a CUDA step's rows) against DSA's batched-matmul
+    form, with a block of tokens none of which counts, and a row alone equal to the same row beside others."""
+    assert results["lane_attention"] <= TOLERANCE, results["lane_attention"]
+    assert results["lane_attention_alone"]

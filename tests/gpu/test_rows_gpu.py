@@ -64,3 +64,27 @@ def test_a_padded_bf16_product_casts_in_its_padding_copy(monkeypatch):
     assert torch.equal(
         both[1, 2:3], ops.linear_pairs(torch.stack([x[:1, :1024], x[7:8, :1024]]), pairs[:, :, :1024])[1]
     )
+
+
+@pytest.mark.parametrize("heads", [32, 64])
+def test_lane_attention_is_exact_to_fp32_and_row_invariant(heads):
+    """engine/ops/triton_dsa.py at the served sizes (2,052 selected tokens, latent 512; 32 local heads at TP=2, 64 at
+    TP=1) against the float64 softmax attention, rows with few and with most tokens counted, and a row's bits alone
+    and among 16 rows (a verify window of four in four lanes)."""
+    from engine.ops import triton_dsa
+
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q_abs = torch.randn(16, heads, 512, device="cuda", generator=g) * 0.05
+    latents = torch.randn(16, 2052, 512, device="cuda", generator=g)
+    counts = torch.rand(16, 2052, device="cuda", generator=g) < torch.linspace(0.001, 0.9, 16, device="cuda")[:, None]
+    counts[:, -1] = True  # each query counts its own token
+    got = triton_dsa.lane_attention(q_abs, latents, counts, 0.0625)
+    scores = torch.einsum("bhr,bnr->bhn", q_abs.double(), latents.double()) * 0.0625
+    probs = torch.softmax(scores.masked_fill(~counts[:, None, :], float("-inf")), dim=-1)
+    exact = torch.einsum("bhn,bnr->bhr", probs, latents.double())
+    assert float((got.double() - exact).abs().max() / exact.abs().max()) < 1e-5
+    for n, start in ((1, 0), (1, 15), (4, 3), (5, 11)):
+        alone = triton_dsa.lane_attention(
+            q_abs[start : start + n], latents[start : start + n], counts[start : start + n], 0.0625
+        )
+        assert torch.equal(alone, got[start : start + n]), (n, start)

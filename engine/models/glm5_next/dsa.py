@@ -313,11 +313,11 @@ class SparseMLA:
 
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant
-        (`ops.head_products`, `ops.row_blocks`)."""
+        (`ops.head_products`, `ops.lane_attention`)."""
         q_abs = ops.head_products(
             q, self.w_k.transpose(1, 2), lambda rows: torch.einsum("bhd,hdr->bhr", rows, self.w_k)
         )
-        ctx = ops.row_blocks(self._attend_rows, q_abs, latents, counts, kind="dsa_attend")
+        ctx = ops.lane_attention(q_abs, latents, counts, self.scaling, self._attend_rows)
         return ops.head_products(ctx, self.w_v, lambda rows: torch.einsum("bhr,hvr->bhv", rows, self.w_v)).flatten(1)
 
     def _attend_gathered_split(
