@@ -9,8 +9,8 @@ flash-decoding:
 - `_attend_part`, a program per (row, block of BLOCK selected tokens): the block's latents read once per 64-wide
   slice of the rank for the scores of every head (q_abs · latentᵀ · scaling, tokens that do not count at -inf), the
   block's max and sum of exp per head, then the block's share of the context, exp(score − max) · latents, per slice;
-- `_attend_combine`, a program per (row, head): the blocks' shares rescaled to the row's max and summed in block
-  order, divided by the row's sum.
+- `_attend_combine`, a program per (row, head): the blocks' shares rescaled to the row's max and summed over the
+  blocks in one fixed order (a tree over every block's slice at once), divided by the row's sum.
 
 Products run on the tensor cores as `tf32x3` (each fp32 operand split into a TF32 part and its remainder, three TF32
 products: fp32's accuracy; with one fp32 FMA a multiply a program took ~8 µs at these sizes, by its instruction
@@ -55,7 +55,7 @@ def _attend_part(
     q_rows = q_ptr + row * H * R + heads[:, None] * R + cols[None, :]
     lat_rows = lat_ptr + row * N * R + toks[:, None].to(tl.int64) * R + cols[None, :]
     scores = tl.zeros([HP, BN], dtype=tl.float32)
-    for r0 in tl.static_range(0, R, RC):
+    for r0 in range(0, R, RC):  # a loop the compiler pipelines: the next slice's loads fly during this product
         q = tl.load(q_rows + r0, mask=head_ok[:, None], other=0.0)
         lat = tl.load(lat_rows + r0, mask=live[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(lat), scores, input_precision="tf32x3")
@@ -67,7 +67,7 @@ def _attend_part(
     tl.store(stat_ptr + part * 2 * HP + heads, top)
     tl.store(stat_ptr + part * 2 * HP + HP + heads, tl.sum(p, axis=1))
     out_rows = part_ptr + (part * HP + heads[:, None]) * R + cols[None, :]
-    for r0 in tl.static_range(0, R, RC):
+    for r0 in range(0, R, RC):
         lat = tl.load(lat_rows + r0, mask=live[:, None], other=0.0)
         tl.store(out_rows + r0, tl.dot(p, lat, input_precision="tf32x3"))
 
@@ -82,6 +82,7 @@ def _attend_combine(
     HP: tl.constexpr,
     R: tl.constexpr,
     BP: tl.constexpr,
+    RC: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -92,12 +93,11 @@ def _attend_combine(
     best = tl.max(top, axis=0)
     weight = tl.where(top == float("-inf"), 0.0, tl.exp(top - best))
     total = tl.sum(weight * tl.load(stats + HP, mask=ok, other=0.0), axis=0)
-    cols = tl.arange(0, R)
-    acc = tl.zeros([R], dtype=tl.float32)
-    for b in tl.static_range(BLOCKS):  # block order, fixed
-        w = tl.sum(tl.where(blocks == b, weight, 0.0), axis=0)
-        acc += w * tl.load(part_ptr + ((row * BLOCKS + b) * HP + head) * R + cols)
-    tl.store(out_ptr + (row * H + head) * R + cols, acc / total)
+    cols = tl.arange(0, RC)
+    parts = part_ptr + ((row * BLOCKS + blocks[:, None]) * HP + head) * R + cols[None, :]
+    for r0 in tl.static_range(0, R, RC):  # every block's slice at once, summed over the blocks in one fixed tree
+        share = tl.load(parts + r0, mask=ok[:, None], other=0.0)
+        tl.store(out_ptr + (row * H + head) * R + r0 + cols, tl.sum(weight[:, None] * share, axis=0) / total)
 
 
 def lane_attention(q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -113,10 +113,11 @@ def lane_attention(q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Ten
     stat = torch.empty(rows, blocks, 2, hp, dtype=torch.float32, device=q_abs.device)
     _attend_part[(rows, blocks)](
         q_abs, latents, counts.contiguous().view(torch.uint8), part, stat, float(scaling), n, BLOCKS=blocks,
-        H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), num_warps=4,
+        H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), num_warps=4, num_stages=3,
     )  # fmt: skip
     out = torch.empty(rows, heads, rank, dtype=torch.float32, device=q_abs.device)
     _attend_combine[(rows, heads)](
-        part, stat, out, BLOCKS=blocks, H=heads, HP=hp, R=rank, BP=triton.next_power_of_2(blocks), num_warps=4
-    )
+        part, stat, out, BLOCKS=blocks, H=heads, HP=hp, R=rank, BP=triton.next_power_of_2(blocks),
+        RC=min(SLICE, rank), num_warps=8,
+    )  # fmt: skip
     return out
