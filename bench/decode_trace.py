@@ -112,24 +112,13 @@ def traced(fn) -> list[dict]:
     return out
 
 
-def by_scope(rows: list[dict]) -> list[dict]:
+def tally(rows: list[dict], key: str) -> list[dict]:
+    """Launches and GPU time per value of `key` ("scope" or "kernel"), the most time first."""
     table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for row in rows:
-        table[row["scope"]][0] += 1
-        table[row["scope"]][1] += row["us"]
-    return [
-        {"scope": s, "launches": n, "us": round(us, 1)} for s, (n, us) in sorted(table.items(), key=lambda i: -i[1][1])
-    ]
-
-
-def by_name(rows: list[dict]) -> list[dict]:
-    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for row in rows:
-        table[row["kernel"]][0] += 1
-        table[row["kernel"]][1] += row["us"]
-    return [
-        {"kernel": k, "launches": n, "us": round(us, 1)} for k, (n, us) in sorted(table.items(), key=lambda i: -i[1][1])
-    ]
+        table[row[key]][0] += 1
+        table[row[key]][1] += row["us"]
+    return [{key: k, "launches": n, "us": round(us, 1)} for k, (n, us) in sorted(table.items(), key=lambda i: -i[1][1])]
 
 
 def main() -> None:
@@ -164,7 +153,7 @@ def main() -> None:
             for _ in range(2):
                 graphed.verify([seq], rows)
             result["graphed_verify"] = traced(lambda: graphed.verify([seq], rows))
-            result["graphed_verify_by_name"] = by_name(result["graphed_verify"])
+            result["graphed_verify_by_name"] = tally(result["graphed_verify"], "kernel")
         seq.release()
         annotate()
         eager = LaneDecoder(model, pool, 1, graphs=False, window=args.window)
@@ -182,9 +171,9 @@ def main() -> None:
             a["scope"] = b["scope"]
     result["graphed_total_us"] = round(sum(r["us"] + r["gap_us"] for r in g), 1)
     result["graphed_kernel_us"] = round(sum(r["us"] for r in g), 1)
-    result["graphed_by_scope"] = by_scope(g) if same else None
-    result["eager_by_scope"] = by_scope(e)
-    result["graphed_by_name"] = by_name(g)
+    result["graphed_by_scope"] = tally(g, "scope") if same else None
+    result["eager_by_scope"] = tally(e, "scope")
+    result["graphed_by_name"] = tally(g, "kernel")
     print(json.dumps({k: v for k, v in result.items() if k not in ("graphed", "eager", "graphed_verify")}, indent=1))
     if args.out:
         with gzip.open(args.out, "wt") if args.out.endswith(".gz") else open(args.out, "w") as f:

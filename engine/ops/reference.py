@@ -56,9 +56,11 @@ def _padded(x: torch.Tensor, rows: int, dtype: torch.dtype | None = None) -> tor
 
 # On CUDA, `row_blocks` pads only once a verify step may run (`require_row_invariance`, called by a lane decoder
 # with drafts): measured on the H200 (docs/BENCHMARKS.md), the products (linear), the norms and the DSA lane
-# attention must run at a fixed row count for a row's bits to be those of the row alone; fp32-weight products skip
-# the padding through engine/ops/triton_rows.py (`fused.linear`, `fused.head_products`), and what is left costs a
-# 45-layer decode step ~1.5 % (session 17); without drafts nothing needs it and nothing pays for it.
+# attention must run at a fixed row count for a row's bits to be those of the row alone; fp32-weight products, RMS
+# norms and the lane attention skip the padding through kernels that are per row by construction
+# (engine/ops/triton_rows.py, triton_dsa.py: `fused.linear`, `fused.head_products`, `fused.rms_norm`,
+# `fused.lane_attention`; the padded forms stay their fallbacks), and what is left costs a 45-layer decode step
+# nothing measurable (session 19; ~1.5 % in session 17); without drafts nothing needs it and nothing pays for it.
 CUDA_ROW_BLOCKS: set[str] = set()  # the kinds of `row_blocks` call that pad on CUDA
 CUDA_ROW_BLOCK = 16  # rows a padded CUDA call computes ...
 CUDA_KIND_BLOCK = {"dsa_attend": 1}  # ... or this many for a kind (the lane attention's latents are large: per row)

@@ -3,8 +3,8 @@ offset, or e4m3 with per-group scales) for decode rows and verify windows, on th
 (its register layouts written out).
 
 The weight is the tensor cores' first operand (`mma.sync` m16n8k16, outputs × inputs) and a block of ROWS rows the
-second, so the stored bytes go from memory straight into the MMA's operand registers — no shared memory, no layout
-conversion: each thread loads its outputs' bytes as vectors (the weights are stored output-major) and one inline-PTX
+second, so the stored bytes go from memory straight into the MMA's operand registers — no shared memory (but the one
+word a split launch's count passes through), no layout conversion: each thread loads its outputs' bytes as vectors (the weights are stored output-major) and one inline-PTX
 step a 32-bit word makes them 16-bit operands:
 - q4 (`_Q4_UNPACK`): eight nibbles as bf16 128 + q — a mask and a byte permute a pair put each code under the byte
   0x43, the bf16 bits of 128 + q, exactly. A group's bytes hold its inputs 0..31 in their low nibbles and 32..63 in
@@ -21,8 +21,10 @@ form measured before, docs/BENCHMARKS.md).
 Row-invariant: the launch (block, warps, the split of the inputs, loads ahead) comes from the weight's shape alone and
 rows go in fixed blocks of ROWS, each its own MMA column, so a row's bits never depend on how many rows share the call
 (drafted ≡ serial rests on it). With the inputs split in S slices, the S partial tiles are summed in slice order
-(fixed, not atomics) by the tile's program that finishes last — a counter a tile says which; no second launch. Gluon kernels do not run in Triton's CPU interpreter: tests/engine compiles this
-one for sm_90 and sm_121 (no shared memory, mma.sync) and checks its arithmetic in torch; tests/gpu its numbers.
+(fixed, not atomics) by the tile's program that finishes last — a counter a tile says which; no second launch. The
+counters are a device's, so split launches on one device must not overlap (the engine runs one stream a rank).
+Gluon kernels do not run in Triton's CPU interpreter: tests/engine compiles this one for sm_90 and sm_121 (no shared
+memory but that word, mma.sync) and checks its arithmetic in torch; tests/gpu its numbers.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     per_split = triton.cdiv(triton.cdiv(k, splits), weight.group) * weight.group
     out = torch.empty((splits, n, o), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(o, launch["block_o"]), triton.cdiv(n, ROWS), splits)
-    if grid[0] * grid[1] > COUNTS:
+    if splits > 1 and grid[0] * grid[1] > COUNTS:
         raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
     _dense_rows[grid](
         x, weight.data.view(torch.uint8), weight.scale, weight.scale if fp8 else weight.offset, out,
@@ -241,6 +243,12 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
 
 @functools.cache
 def _counts(device: torch.device) -> torch.Tensor:
-    """The tiles' slice counters of a device (zero between launches: the last program of a tile resets its own).
-    Made on the first call, outside any graph capture (lanes.CapturedStep warms up first), and kept."""
+    """The tiles' slice counters of a device (zero between launches: the last program of a tile resets its own),
+    shared by every launch on it: launches that split their inputs must not run at once (one stream). Made on the
+    first call and kept; that call must not be inside a graph capture (the zero fill would become a graph node, and
+    the memory the graph's): lanes.CapturedStep runs every step eagerly first."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "the dense products' counters are made outside a CUDA graph capture: run a step eagerly first"
+        )
     return torch.zeros(COUNTS, dtype=torch.int32, device=device)

@@ -6,16 +6,19 @@ split-K reductions), run a row at a time where a verify step may come (`row_bloc
 not depend on the others); a verify window of four rows in four lanes made that 16 times a layer. Here, as in
 flash-decoding:
 
-- `_attend_part`, a program per (row, block of BLOCK selected tokens): the block's latents read once per 64-wide
-  slice of the rank for the scores of every head (q_abs · latentᵀ · scaling, tokens that do not count at -inf), the
-  block's max and sum of exp per head, then the block's share of the context, exp(score − max) · latents, per slice;
+- `_attend_part`, a program per (row, block of BLOCK selected tokens): the block's latents read in 64-wide slices of
+  the rank (a loop the compiler pipelines) for the scores of every head (q_abs · latentᵀ · scaling, tokens that do
+  not count at -inf), the block's max and sum of exp per head, then the block's share of the context,
+  exp(score − max) · latents, the slices read again (tokens that do not count read as zeros: a stale row cannot
+  poison the sum);
 - `_attend_combine`, a program per (row, head): the blocks' shares rescaled to the row's max and summed over the
   blocks in one fixed order (a tree over every block's slice at once), divided by the row's sum.
 
 Products run on the tensor cores as `tf32x3` (each fp32 operand split into a TF32 part and its remainder, three TF32
 products: fp32's accuracy; with one fp32 FMA a multiply a program took ~8 µs at these sizes, by its instruction
-count), so the result agrees with the torch form to fp32 rounding (the softmax is also taken in blocks); the launch shape depends on the row count only through the
-grid's first axis and every program's work on its own row, so a row's bits are its own alone or beside others.
+count), so the result agrees with the torch form to fp32 rounding (the softmax is also taken in blocks); the launch
+shape depends on the row count only through the grid's first axis and every program's work on its own row, so a
+row's bits are its own alone or beside others.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def _attend_part(
     tl.store(stat_ptr + part * 2 * HP + HP + heads, tl.sum(p, axis=1))
     out_rows = part_ptr + (part * HP + heads[:, None]) * R + cols[None, :]
     for r0 in range(0, R, RC):
-        lat = tl.load(lat_rows + r0, mask=live[:, None], other=0.0)
+        lat = tl.load(lat_rows + r0, mask=counted[:, None], other=0.0)
         tl.store(out_rows + r0, tl.dot(p, lat, input_precision="tf32x3"))
 
 
@@ -103,7 +106,8 @@ def _attend_combine(
 def lane_attention(q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor, scaling: float) -> torch.Tensor:
     """softmax(q_abs · latentsᵀ · scaling, over the tokens that count) · latents per row and head: q_abs [B, H, R],
     latents [B, N, R] fp32, counts [B, N] bool -> [B, H, R] fp32 (dsa.py `_attend_rows`). Every row must have a
-    token that counts (a query always sees itself)."""
+    token that counts (a query always sees itself). The blocks' shares are held for the combine: rows × blocks × heads
+    × R fp32 (64 rows, 32 heads: 272 MB, in a graph's pool)."""
     rows, heads, rank = q_abs.shape
     n = latents.shape[1]
     q_abs, latents = q_abs.float().contiguous(), latents.float().contiguous()

@@ -30,7 +30,8 @@ import triton.language as tl
 
 CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program covers
 DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
-# cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200)
+# cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200) ...
+DECODE_TOKENS = 64  # ... for up to this many tokens (a step's rows); prompt chunks keep four warps (as measured there)
 
 
 @triton.jit
@@ -244,7 +245,7 @@ def hc_pre(
         CHUNKS_PAD=triton.next_power_of_2(chunks),
         ITERS=iters,
         BLOCK=CHUNK,
-        num_warps=MIX_WARPS,
+        num_warps=MIX_WARPS if tokens <= DECODE_TOKENS else 4,
     )
     return x, post, comb
 

@@ -186,8 +186,10 @@ def _swiglu(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, limit, WIDTH: tl.
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = offs < WIDTH
-    gate = tl.minimum(tl.load(gate_ptr + row * stride_gate + offs, mask=live, other=0.0), limit)
-    up = tl.minimum(tl.maximum(tl.load(up_ptr + row * stride_up + offs, mask=live, other=0.0), -limit), limit)
+    nan: tl.constexpr = tl.PropagateNan.ALL  # as torch.clamp: a NaN stays NaN
+    gate = tl.minimum(tl.load(gate_ptr + row * stride_gate + offs, mask=live, other=0.0), limit, propagate_nan=nan)
+    up = tl.load(up_ptr + row * stride_up + offs, mask=live, other=0.0)
+    up = tl.minimum(tl.maximum(up, -limit, propagate_nan=nan), limit, propagate_nan=nan)
     tl.store(out_ptr + row * WIDTH + offs, gate * tl.sigmoid(gate) * up, mask=live)
 
 

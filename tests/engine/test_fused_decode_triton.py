@@ -1,6 +1,7 @@
-"""The fused decode kernels — hyper-connections (engine/ops/triton_mhc.py) and one KDA token
-(engine/ops/triton_kda.py) — in Triton's interpreter on the CPU, against the model's own torch path on a tiny random
-checkpoint (tests/engine/reference.py).
+"""The fused decode kernels — hyper-connections (engine/ops/triton_mhc.py), one KDA token (engine/ops/triton_kda.py),
+the MoE routing and SwiGLU (triton_moe.py), the rows' RMS norm (triton_rows.py) and DSA's lane attention
+(triton_dsa.py) — in Triton's interpreter on the CPU, against the model's own torch path on a tiny random checkpoint
+(tests/engine/reference.py) or the torch form of the op.
 
 As in test_exl3_triton.py, Triton reads TRITON_INTERPRET when first imported, so the kernels run in a child process
 (this file run as a script prints every figure as JSON) and the tests assert on what it printed. The same kernels run
@@ -178,7 +179,7 @@ def _cases() -> dict:
         )
     )
 
-    # DSA's lane attention in two kernels: 3 rows, 4 heads, 100 selected tokens (two blocks), row 2's second block
+    # DSA's lane attention in two kernels: 3 rows, 4 heads, 100 selected tokens (four blocks of 32), row 2's last two
     # not counted at all, against the torch form (dsa.py `_attend_rows`)
     from engine.ops import triton_dsa
 
@@ -245,12 +246,6 @@ def test_swiglu_kernel_matches_the_torch_form(results: dict) -> None:
     assert results["swiglu"] <= TOLERANCE, results["swiglu"]
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    sys.path.insert(0, str(ROOT))
-    print(json.dumps(_cases()))
-
-
 def test_rms_norm_kernel_matches_the_torch_form_row_by_row(results: dict) -> None:
     """engine/ops/triton_rows.py `rms_norm_rows` (what ops.rms_norm runs for a CUDA step's rows) against the
     reference over a strided view, with and without a weight, and a row alone equal to the same row beside others."""
@@ -263,3 +258,9 @@ def test_lane_attention_kernels_match_the_torch_form(results: dict) -> None:
     form, with a block of tokens none of which counts, and a row alone equal to the same row beside others."""
     assert results["lane_attention"] <= TOLERANCE, results["lane_attention"]
     assert results["lane_attention_alone"]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(ROOT))
+    print(json.dumps(_cases()))
