@@ -88,3 +88,20 @@ def test_lane_attention_is_exact_to_fp32_and_row_invariant(heads):
             q_abs[start : start + n], latents[start : start + n], counts[start : start + n], 0.0625
         )
         assert torch.equal(alone, got[start : start + n]), (n, start)
+
+
+@pytest.mark.parametrize("width", [512, 1536, 4096])
+def test_rms_norm_rows_is_exact_to_fp32_and_row_invariant(width):
+    """engine/ops/triton_rows.py `rms_norm_rows` at the served widths (DSA's kv_a latent, a strided view; q_a; the
+    hidden size: one warp and four) against the float64 norm, a row's bits alone and among 64, and `ops.rms_norm`
+    taking it for a step's rows."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = (torch.randn(64, width + 64, device="cuda", generator=g) * 3)[:, :width]
+    weight = torch.rand(width, device="cuda", generator=g) + 0.5
+    got = triton_rows.rms_norm_rows(x, weight, 1e-6)
+    xd = x.double()
+    exact = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double()
+    assert float((got.double() - exact).abs().max() / exact.abs().max()) < 1e-6
+    for n, start in ((1, 0), (1, 63), (4, 9), (16, 30)):
+        assert torch.equal(triton_rows.rms_norm_rows(x[start : start + n], weight, 1e-6), got[start : start + n])
+    assert torch.equal(ops.rms_norm(x, weight, 1e-6), got)
