@@ -9,8 +9,8 @@ flash-decoding:
 - `_attend_part`, a program per (row, block of BLOCK selected tokens): the block's latents read in 64-wide slices of
   the rank (a loop the compiler pipelines) for the scores of every head (q_abs · latentᵀ · scaling, tokens that do
   not count at -inf), the block's max and sum of exp per head, then the block's share of the context,
-  exp(score − max) · latents, the slices read again (tokens that do not count read as zeros: a stale row cannot
-  poison the sum);
+  exp(score − max) · latents, the slices read again (tokens that do not count are not read at all: no bytes spent on
+  them at a short context, and a stale row cannot poison the sum);
 - `_attend_combine`, a program per (row, head): the blocks' shares rescaled to the row's max and summed over the
   blocks in one fixed order (a tree over every block's slice at once), divided by the row's sum.
 
@@ -60,7 +60,7 @@ def _attend_part(
     scores = tl.zeros([HP, BN], dtype=tl.float32)
     for r0 in range(0, R, RC):  # a loop the compiler pipelines: the next slice's loads fly during this product
         q = tl.load(q_rows + r0, mask=head_ok[:, None], other=0.0)
-        lat = tl.load(lat_rows + r0, mask=live[:, None], other=0.0)
+        lat = tl.load(lat_rows + r0, mask=counted[:, None], other=0.0)  # only what counts is read
         scores = tl.dot(q, tl.trans(lat), scores, input_precision="tf32x3")
     scores = tl.where(counted[None, :], scores * scaling, float("-inf"))
     top = tl.max(scores, axis=1)  # [HP]: -inf where no token of the block counts
