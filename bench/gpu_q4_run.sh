@@ -33,12 +33,4 @@ done
 step "8. dense products, one call a graph" 35 "$T/dense1.txt" \
     python bench/dense_bench.py --tp 1 --out "$T/dense_products_calls1.json"
 step "9. launch sweep" 200 "$T/sweep.txt" python bench/dense_bench.py --sweep --out "$T/dense_sweep.json"
-python - "$T" "$OUT/engine_and_sweep.json" <<'PY'
-import json, pathlib, sys
-found = {}
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    found[f.stem] = json.loads(f.read_text())
-json.dump(found, open(sys.argv[2], "w"), indent=1)
-PY
-cat "$T"/*.txt > "$OUT/steps.txt" 2>/dev/null
-say "## done after $(( $(date +%s) - START )) s"
+collect "$T" "$OUT/engine_and_sweep.json"

@@ -26,12 +26,4 @@ step "4. released depth + MTP: verify windows" 30 "$T/verify45.txt" \
     python bench/verify_bench.py $R --mtp --out "$T/verify45.json"
 step "5. released depth decode, q4" 30 "$T/released_q4.txt" \
     python bench/gpu_engine.py $R --dense q4 --modes graphs --tp2 off --no-prefill --out "$T/released45_q4.json"
-python - "$T" "$OUT/benches.json" <<'PY'
-import json, pathlib, sys
-found = {}
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    found[f.stem] = json.loads(f.read_text())
-json.dump(found, open(sys.argv[2], "w"), indent=1)
-PY
-cat "$T"/*.txt > "$OUT/steps.txt" 2>/dev/null
-say "## done after $(( $(date +%s) - START )) s"
+collect "$T" "$OUT/benches.json"

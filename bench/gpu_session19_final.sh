@@ -29,12 +29,4 @@ step "6. released depth + MTP: verify windows" 100 "$T/verify45.txt" \
     python bench/verify_bench.py $R --mtp --out "$T/verify45.json"
 step "7. decode trace, 4 layers, EXL3, q4" 60 "$T/trace.txt" \
     python bench/decode_trace.py --layers KKKD --exl3-experts --shard 2 --dense q4 --out "$OUT/trace_kkkd_exl3_q4.json.gz"
-python - "$T" "$OUT/benches.json" <<'PY'
-import json, pathlib, sys
-found = {}
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    found[f.stem] = json.loads(f.read_text())
-json.dump(found, open(sys.argv[2], "w"), indent=1)
-PY
-cat "$T"/*.txt > "$OUT/steps.txt" 2>/dev/null
-say "## done after $(( $(date +%s) - START )) s"
+collect "$T" "$OUT/benches.json"

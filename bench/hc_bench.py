@@ -21,6 +21,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from rows_bench import graph_us  # noqa: E402
+
 from engine.ops import triton_mhc  # noqa: E402
 
 CALLS = 100
@@ -37,30 +40,6 @@ VARIANTS = [  # (chunk, dots warps, mix warps, iterations)
     (128, 4, 4, 1),
     (128, 4, 1, 1),
 ]
-
-
-def graphed_us(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / CALLS)
-    return round(best, 2)
 
 
 def main() -> None:
@@ -93,8 +72,8 @@ def main() -> None:
                 "dots_warps": dots_warps,
                 "mix_warps": mix_warps,
                 "iters": iters,
-                "hc_pre_us": graphed_us(pre),
-                "hc_post_us": graphed_us(lambda: triton_mhc.hc_post(streams, out, post, comb)),
+                "hc_pre_us": graph_us(pre, CALLS, best=True),
+                "hc_post_us": graph_us(lambda: triton_mhc.hc_post(streams, out, post, comb), CALLS, best=True),
             }
             if reference is None:
                 reference = (x, post, comb)

@@ -33,3 +33,16 @@ step() {
     say "exit $? after $(( $(date +%s) - START )) s"
     { grep -E "passed|failed|Error|assert" "$file" || tail -8 "$file"; } | tail -25 >> "$LOG"
 }
+# collect STEPS JSON: every step's JSON under STEPS merged into JSON (keyed by file stem), every step's output
+# into $OUT/steps.txt, and the run's end into the log (a device call brings back at most 8 files)
+collect() {
+    python - "$1" "$2" <<'PY'
+import json, pathlib, sys
+found = {}
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    found[f.stem] = json.loads(f.read_text())
+json.dump(found, open(sys.argv[2], "w"), indent=1)
+PY
+    cat "$1"/*.txt > "$OUT/steps.txt" 2>/dev/null
+    say "## done after $(( $(date +%s) - START )) s"
+}
