@@ -97,8 +97,8 @@ def _group(acc, w, k0, k_stop, x, scales, zero, ones, GROUP: gl.constexpr, FP8: 
         lo, hi = gl.inline_asm_elementwise(
             _Q4_UNPACK, "=r,=r,=r,=r,r", [w], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4
         )
-        xl = gl.load(x_cols + k0, mask=x_ok & g_ok, other=0.0).to(gl.bfloat16)  # the group's inputs 0..31
-        xh = gl.load(x_cols + k0 + GROUP // 2, mask=x_ok & g_ok, other=0.0).to(gl.bfloat16)  # and 32..63
+        xl = _load(x_cols + k0, x_ok, k0, x_k, k_stop, EVEN).to(gl.bfloat16)  # the group's inputs 0..31
+        xh = _load(x_cols + k0 + GROUP // 2, x_ok, k0, x_k, k_stop, EVEN).to(gl.bfloat16)  # and 32..63
         p = mma_v2(hi, xh, mma_v2(lo, xl, zero))  # Σ x·(128 + q) over the group
         sx = mma_v2(ones, xh, mma_v2(ones, xl, zero))  # Σ x, the same in every output's row
         z = gl.load(z_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0.0).to(gl.float32) - 128.0 * s
@@ -152,11 +152,18 @@ def _dense_rows(
     o_ok = o_m < OUT
     acc = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
     zero = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
-    ones = gl.full((BLOCK_O, WIDTH), 1.0, gl.bfloat16, layout=a_l)
     BYTES: gl.constexpr = 1 if FP8 else 2  # inputs a byte (q4: a group's input j and 32 + j)
     EVEN: gl.constexpr = K % GROUP == 0  # q4 always (engine/quant/dense.py)
-    j_w = gl.expand_dims(o_a * 0, 1) + gl.expand_dims(j_a, 0)  # [BLOCK_O, WIDTH]: a byte's place in its group
-    x_k = gl.expand_dims(r_b * 0, 0) + gl.expand_dims(j_b, 1)  # [WIDTH, ROWS]: an input's place in its group
+    if FP8:
+        ones = 0  # q4's Σ x alone takes the MMA with ones
+    else:
+        ones = gl.full((BLOCK_O, WIDTH), 1.0, gl.bfloat16, layout=a_l)
+    if EVEN:  # one test a group: the places within a group are not needed
+        j_w = 0
+        x_k = 0
+    else:
+        j_w = gl.expand_dims(o_a * 0, 1) + gl.expand_dims(j_a, 0)  # [BLOCK_O, WIDTH]: a byte's place in its group
+        x_k = gl.expand_dims(r_b * 0, 0) + gl.expand_dims(j_b, 1)  # [WIDTH, ROWS]: an input's place in its group
     k_start = split * K_PER_SPLIT
     k_stop = gl.minimum(k_start + K_PER_SPLIT, K)
     for step in range(k_start, k_stop, GROUP * UNROLL):
