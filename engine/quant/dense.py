@@ -92,11 +92,9 @@ class QuantWeight:
             return (self.data.float() * scales).to(dtype)
         out, half = self.data.shape
         packed = self.data.view(out, half * 2 // self.group, 1, self.group // 2)
-        codes = torch.cat([packed & 15, packed >> 4], dim=2).view(out, half * 2).t().float()  # [in, out]
-        width, out = codes.shape
-        grouped = codes.view(width // self.group, self.group, out)
-        values = grouped * self.scale.float()[:, None] + self.offset.float()[:, None]  # type: ignore[union-attr]
-        return values.view(width, out).t().to(dtype)
+        codes = torch.cat([packed & 15, packed >> 4], dim=2).view(out, -1, self.group).float()  # [out, groups, group]
+        offset = self.offset.t().float()[..., None]  # type: ignore[union-attr]
+        return (codes * self.scale.t().float()[..., None] + offset).view(out, half * 2).to(dtype)
 
     def nbytes(self) -> int:
         parts = [self.data, self.scale] + ([self.offset] if self.offset is not None else [])
