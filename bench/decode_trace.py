@@ -2,6 +2,7 @@
 between the large products (bench/gpu_engine.py's random weights, full width, the decoder a server with drafts uses).
 
     python bench/decode_trace.py [--layers KKKD] [--exl3-experts] [--shard 2] [--dense q4] [--out trace.json]
+    python bench/decode_trace.py --prefill 8192 [...]   # the 2,048-token prompt chunk ending at 8,192 instead
 
 Two runs of the same step under torch.profiler:
 - eager (no graphs), every `engine.ops` function and the layers' own calls wrapped in a `record_function` range, so
@@ -32,6 +33,7 @@ from gpu_engine import build, lane_inputs, prompt_ids  # noqa: E402
 
 from engine import ops  # noqa: E402
 from engine.models.glm5_next import dsa, kda, mhc, moe, mtp  # noqa: E402
+from engine.models.glm5_next import model as model_module  # noqa: E402
 from engine.parallel import ParallelGroup  # noqa: E402
 from engine.runner.lanes import LaneDecoder  # noqa: E402
 
@@ -44,6 +46,14 @@ METHODS = [
     (mhc.HyperConnection, ("around",)),
     (mtp.MtpLayer, ("forward",)),
 ]
+# the prompt path's own methods (--prefill)
+PROMPT_METHODS = [
+    (moe.MoE, ("_grouped",)),
+    (ops.Exl3Experts, ("__call__",)),
+    (kda.KimiDeltaAttention, ("prefill", "_project", "_recur")),
+    (dsa.SparseMLA, ("prefill", "_select", "_attend", "_attend_split", "_attend_selected", "_stream")),
+    (model_module.Glm5NextForCausalLM, ("_embed", "_logits", "_mtp_prefill")),
+]
 
 
 def _wrapped(name: str, fn):
@@ -55,13 +65,15 @@ def _wrapped(name: str, fn):
     return inner
 
 
-def annotate() -> None:
-    """Every public function of engine.ops and the methods above inside a range of its own name."""
+def annotate(prompt: bool = False) -> None:
+    """Every public function of engine.ops and the methods above (with `prompt`, the prompt path's too) inside a
+    range of its own name."""
+    methods = METHODS + (PROMPT_METHODS if prompt else [])
     for name in dir(ops):
         fn = getattr(ops, name)
         if not name.startswith("_") and callable(fn) and not isinstance(fn, type) and hasattr(fn, "__module__"):
             setattr(ops, name, _wrapped(f"ops.{name}", fn))
-    for cls, names in METHODS:
+    for cls, names in methods:
         for name in names:
             if hasattr(cls, name):
                 setattr(cls, name, _wrapped(f"{cls.__name__}.{name}", getattr(cls, name)))
@@ -128,6 +140,7 @@ def main() -> None:
     parser.add_argument("--shard", type=int, default=1)
     parser.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16")
     parser.add_argument("--window", type=int, default=4, help="the decoder's verify window (1: drafts off)")
+    parser.add_argument("--prefill", type=int, default=0, help="trace the 2,048-token prompt chunk ending here")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     model, cfg = build(
@@ -138,6 +151,8 @@ def main() -> None:
         shard=args.shard,
         dense=args.dense,
     )
+    if args.prefill:
+        return prefill_trace(model, cfg, args)
     pool = model.make_pool(8192, "bf16")
     prompts, tokens = lane_inputs(prompt_ids(cfg, 128), 1)
     result: dict = vars(args).copy()
@@ -175,6 +190,47 @@ def main() -> None:
     result["eager_by_scope"] = tally(e, "scope")
     result["graphed_by_name"] = tally(g, "kernel")
     print(json.dumps({k: v for k, v in result.items() if k not in ("graphed", "eager", "graphed_verify")}, indent=1))
+    if args.out:
+        with gzip.open(args.out, "wt") if args.out.endswith(".gz") else open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def prefill_trace(model, cfg, args) -> None:
+    """The 2,048-token chunk ending at `args.prefill`, eager (a prompt chunk is never graphed), after the same
+    prompt once untraced (compiles, autotunes): its kernels in order with their scopes, and the tallies."""
+    chunk = 2048
+    if args.prefill < chunk or args.prefill % chunk:
+        raise SystemExit(f"--prefill {args.prefill}: a multiple of {chunk}")
+    pool = model.make_pool(args.prefill + 64, "bf16")
+    ids = prompt_ids(cfg, args.prefill)
+    result: dict = vars(args).copy()
+
+    def run(trace: bool):
+        seq = model.new_sequence(pool)
+        try:
+            for start in range(0, args.prefill - chunk, chunk):
+                model.prefill(seq, ids[start : start + chunk])
+            last = ids[args.prefill - chunk :]
+            return traced(lambda: model.prefill(seq, last)) if trace else model.prefill(seq, last)
+        finally:
+            seq.release()
+
+    with torch.no_grad():
+        run(False)
+        annotate(prompt=True)
+        rows = run(True)
+    result["kernel_us"] = round(sum(r["us"] for r in rows), 1)
+    result["span_us"] = round(sum(r["us"] + r["gap_us"] for r in rows), 1)
+    result["launches"] = len(rows)
+    result["by_scope"] = tally(rows, "scope")
+    for row in rows:
+        row["scope_kernel"] = f"{row['scope']} | {row['kernel'][:60]}"
+    result["by_scope_kernel"] = tally(rows, "scope_kernel")[:80]
+    result["by_name"] = tally(rows, "kernel")[:60]
+    print(json.dumps({k: result[k] for k in ("kernel_us", "span_us", "launches", "by_scope")}, indent=1))
+    for row in result["by_scope_kernel"][:40]:
+        print(f"{row['us']:10.1f} us x{row['launches']:<5} {row['scope_kernel']}")
+    result["kernels"] = rows
     if args.out:
         with gzip.open(args.out, "wt") if args.out.endswith(".gz") else open(args.out, "w") as f:
             json.dump(result, f, indent=1)
