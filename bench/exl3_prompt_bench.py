@@ -39,12 +39,14 @@ PEAK = {"bf16": 989e12, "tf32": 494e12}  # H200 dense tensor-core peaks
 VARIANTS = {
     "one_tf32_product": {"split_x": False},
     "bm128": {"bm": 128},
-    "bm32": {"bm": 32},
     "bnt16": {"bnt": 16},
-    "warps8": {"num_warps": 8},
     "ku2": {"ku": 2},
-    "no_prefetch": {"prefetch": False},
-    "bm128_ku2": {"bm": 128, "ku": 2},
+    "fp16": {"operands": "fp16"},
+    "fp16_bm128": {"operands": "fp16", "bm": 128},
+    "fp16_bnt16": {"operands": "fp16", "bnt": 16},
+    "one_fp16_product": {"operands": "fp16", "split_x": False},
+    "rotate_warps1": {"rotate_warps": 1},
+    "rotate_warps2": {"rotate_warps": 2},
 }
 
 
@@ -118,7 +120,7 @@ def main() -> int:
                 except Exception as exc:  # a variant that does not compile or fit: say so, keep the rest
                     row[name] = {"error": repr(exc)[:300]}
                     continue
-                peak = PEAK["bf16" if name.startswith("bf16") else "tf32"]
+                peak = PEAK["bf16" if name.startswith("bf16") or "fp16" in name else "tf32"]
                 entry = {
                     "ms": ms,
                     "tflops": flops / ms / 1e9,

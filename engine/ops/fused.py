@@ -25,8 +25,9 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     A reduced weight (engine/quant/dense.py `QuantWeight`): on CUDA, up to ROW_INVARIANT_ROWS rows (decode, verify
     windows) through engine/ops/triton_dense.py — the weight read once in its stored bits, a row's result
     independent of the others — and larger prompt chunks as a tensor-core matmul with the weight dequantised to bf16
-    for the call; on the CPU the reference: dequantised to fp32, then `reference.linear`. An fp32 weight (the MoE
-    routers) in a step that may verify drafts: engine/ops/triton_rows.py, row-invariant without padding."""
+    for the call (in one launch: `dequantized`); on the CPU the reference: dequantised to fp32, then
+    `reference.linear`. An fp32 weight (the MoE routers) in a step that may verify drafts: engine/ops/triton_rows.py,
+    row-invariant without padding."""
     if not isinstance(weight, QuantWeight):
         if weight.dtype == torch.float32 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear"):
             from engine.ops.triton_rows import rows_product
@@ -39,7 +40,9 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
         from engine.ops.triton_dense import dense_rows
 
         return dense_rows(x, weight)
-    return reference.linear(x, weight.dequantize(torch.bfloat16))
+    from engine.ops.triton_dense import dequantized
+
+    return reference.linear(x, dequantized(weight))
 
 
 def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str) -> bool:
@@ -174,6 +177,24 @@ def lane_attention(
 
         return fused(q_abs, latents, counts, scaling)
     return reference.row_blocks(torch_form, q_abs, latents, counts, kind="dsa_attend")
+
+
+def selected_attention_fits(latents: torch.Tensor, heads: int) -> bool:
+    """Whether a CUDA prompt chunk's DSA attention over selected tokens runs as engine/ops/triton_dsa.py
+    `selected_attention` (a power-of-two rank of 16 or more, at most 64 heads, each latent row contiguous)."""
+    rank = latents.shape[-1]
+    return latents.is_cuda and rank >= 16 and rank & (rank - 1) == 0 and heads <= 64 and latents.stride(-1) == 1
+
+
+def selected_attention(
+    q_abs: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """softmax(q_abs · latents[tokens]ᵀ · scaling over the counted tokens) · latents[tokens], per query and head
+    (q_abs [T, H, R], latents [L, R], tokens and counts [T, N] -> [T, H, R] fp32) on CUDA, where
+    `selected_attention_fits`: one kernel, the latents read by index, never gathered."""
+    from engine.ops.triton_dsa import selected_attention as fused
+
+    return fused(q_abs, latents, tokens, counts, scaling)
 
 
 def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:

@@ -84,8 +84,16 @@ _INPUT_ORDER = [2 * (q % 4) + (q // 4 & 1) + 8 * ((q // 4) >> 1) for q in range(
 
 
 @triton.jit
-def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: tl.constexpr, ASM: tl.constexpr):
-    """The fp16 value of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1, returned as fp32 (exact).
+def _decode(
+    state,
+    CODEBOOK: tl.constexpr,
+    MUL1_SCALE: tl.constexpr,
+    MUL1_BIAS: tl.constexpr,
+    ASM: tl.constexpr,
+    F16: tl.constexpr = False,
+):
+    """The fp16 value of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1, returned as fp32 (exact;
+    F16: as the fp16 itself, for fp16 tensor-core operands).
     ASM (compiled kernels; the interpreter cannot run PTX): 3inst / mcg's mask-and-flip as one lop3, the two halves
     added by one f16 add straight from the 32-bit register, then converted: the same operations as the Triton form
     below, in the fewest instructions (the decode is the GEMV's cost: see `_exl3_gemv`)."""
@@ -94,13 +102,30 @@ def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: 
         byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
         # 2^23 + (1024 + byte_sum) as fp32 bits, less 2^23: the integer as fp32 without a conversion
         count = (0x4B000400 + byte_sum).to(tl.float32, bitcast=True) - 8388608.0
-        value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16).to(tl.float32)  # exact in fp32, one rounding
+        value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16)  # one rounding
+        if not F16:
+            value = value.to(tl.float32)  # exact
     else:
         if CODEBOOK == 1:
             x = state * 0xCBAC1FED
         else:
             x = state * 89226354 + 64248484
-        if ASM:
+        if ASM and F16:
+            value = tl.inline_asm_elementwise(  # as below, the fp16 sum kept
+                """{
+                .reg .b32 t;
+                .reg .b16 lo, hi;
+                lop3.b32 t, $1, 0x8FFF8FFF, 0x3B603B60, 0x6A;
+                mov.b32 {lo, hi}, t;
+                add.rn.f16 $0, lo, hi;
+                }""",
+                "=h,r",
+                [x],
+                dtype=tl.float16,
+                is_pure=True,
+                pack=1,
+            )
+        elif ASM:
             # lut 0x6A = (a & b) ^ c; {lo, hi} are the word's fp16 halves; add.rn.f16 rounds the exact sum once
             value = tl.inline_asm_elementwise(
                 """{
@@ -121,7 +146,9 @@ def _decode(state, CODEBOOK: tl.constexpr, MUL1_SCALE: tl.constexpr, MUL1_BIAS: 
             x = (x & 0x8FFF8FFF) ^ 0x3B603B60
             low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
             high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-            value = (low + high).to(tl.float32)  # an fp16 add rounds the exact sum once, as the format's fp32 sum
+            value = low + high  # an fp16 add rounds the exact sum once, as the format's fp32 sum
+            if not F16:
+                value = value.to(tl.float32)
     return value
 
 
@@ -152,9 +179,10 @@ def _tile_values(
     MUL1_SCALE: tl.constexpr,
     MUL1_BIAS: tl.constexpr,
     ASM: tl.constexpr,
+    F16: tl.constexpr = False,
 ):
     """Value j of every lane of the tiles at `base` (int32 word pointers, broadcast against quad = l // 4 and
-    lane4 = l % 4), as fp32 (exact fp16 values)."""
+    lane4 = l % 4), as fp32 (exact fp16 values; F16: fp16)."""
     if DENSE4:
         # lane l's state j spans stream bits 32l + 4j - 12 .. 32l + 4j + 4: the low bits of word l-1 when j < 3.
         # Odd j end on a byte boundary of `cur`, even j >= 2 on one of `mid` (the stream 4 bits later: one funnel
@@ -175,7 +203,7 @@ def _tile_values(
         lead = tl.load(base + first).to(tl.uint32, bitcast=True)
         follow = tl.load(base + (first + 1) % WORDS).to(tl.uint32, bitcast=True)
         state = ((lead << offset) | ((follow >> 1) >> (31 - offset))) >> 16
-    return _decode(state, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
+    return _decode(state, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
 
 
 @triton.jit
@@ -467,9 +495,10 @@ def _tile_fragment(
     MUL1_BIAS: tl.constexpr,
     ASM: tl.constexpr,
     BNT: tl.constexpr,
+    F16: tl.constexpr = False,
 ):
-    """BNT tiles at `base` ([1, BNT, 1] word pointers; quad [1, 1, 8], lane4 [4, 1, 1]) as one [16, 16 BNT] fp32 tensor-
-    core operand: rows are the tile's inputs in the grouped MMA's order (position 4 (l%4) + 2 (j>>1 & 1) + (j&1),
+    """BNT tiles at `base` ([1, BNT, 1] word pointers; quad [1, 1, 8], lane4 [4, 1, 1]) as one [16, 16 BNT] fp32
+    (F16: fp16) tensor-core operand: rows are the tile's inputs in the grouped MMA's order (position 4 (l%4) + 2 (j>>1 & 1) + (j&1),
     which `rotate_rows(order="mma")` gives the activations), columns the outputs in their natural order (tile,
     then c = l//4 + 8 (j>>2)). Value (l, j) is decoded as in the GEMV. A thread's values of one lane and one column
     half are 4 consecutive inputs, so the operand is built as [outputs, inputs] with them innermost and transposed:
@@ -477,14 +506,14 @@ def _tile_fragment(
     bank conflicts, ncu; this order is 1.3x faster, though its stores are still ~21-way conflicted: docs/BENCHMARKS.md).
     cur / prev: the 4-bit path's words (`_tile_words`), loaded by the caller ahead."""
     D4: tl.constexpr = BITS2 == 8
-    w0 = _tile_values(base, quad, lane4, 0, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
-    w1 = _tile_values(base, quad, lane4, 1, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
-    w2 = _tile_values(base, quad, lane4, 2, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
-    w3 = _tile_values(base, quad, lane4, 3, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
-    w4 = _tile_values(base, quad, lane4, 4, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
-    w5 = _tile_values(base, quad, lane4, 5, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
-    w6 = _tile_values(base, quad, lane4, 6, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
-    w7 = _tile_values(base, quad, lane4, 7, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM)
+    w0 = _tile_values(base, quad, lane4, 0, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
+    w1 = _tile_values(base, quad, lane4, 1, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
+    w2 = _tile_values(base, quad, lane4, 2, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
+    w3 = _tile_values(base, quad, lane4, 3, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
+    w4 = _tile_values(base, quad, lane4, 4, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
+    w5 = _tile_values(base, quad, lane4, 5, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
+    w6 = _tile_values(base, quad, lane4, 6, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
+    w7 = _tile_values(base, quad, lane4, 7, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
     low = tl.join(tl.join(w0, w1), tl.join(w2, w3))  # [4 (l%4), BNT, 8 (l//4), 2 (j&1), 2 (j>>1 & 1)]
     high = tl.join(tl.join(w4, w5), tl.join(w6, w7))
     every = tl.join(low, high)  # [.., 2 (j>>2)]
@@ -514,6 +543,7 @@ def _exl3_grouped(
     MUL1_SCALE: tl.constexpr,
     MUL1_BIAS: tl.constexpr,
     ASM: tl.constexpr,
+    F16: tl.constexpr = False,
 ):
     """A prompt chunk's (row, expert) pairs, sorted by expert, times their experts' W_q on the tensor cores: program
     (b, n, m) takes block b of the block table ((expert, first pair, end pair): at most BM pairs of one expert),
@@ -521,8 +551,12 @@ def _exl3_grouped(
     p). Each K tile's trellis words are decoded once for the block's BM rows straight into the MMA operand
     (`_tile_fragment`; W_q never reaches memory); x rows in the grouped MMA's input order, fp32. The MMA is TF32: W_q's fp16
     values are exact in it, and with SPLIT_X each x is the sum of its TF32 part and the remainder, two products, so
-    the result is as close as fp32 (without: one product, x rounded to TF32's 11 bits). Output row: MATS·p + m, or
-    dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on the pair count alone."""
+    the result is as close as fp32 (without: one product, x rounded to TF32's 11 bits). F16: the same with fp16
+    operands (W_q's values are fp16; x as its fp16 rounding and the fp16 of the remainder): half the shared-memory
+    bytes for the decoded operand and twice the MMA rate; x beyond fp16's range (65,504) would overflow, which the
+    activations here (normed inputs, SwiGLU outputs clamped at the limit, rotated) do not reach. Output row: MATS·p +
+    m, or dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on the pair count
+    alone."""
     b = tl.program_id(0)
     n = tl.program_id(1)
     m = tl.program_id(2)
@@ -555,10 +589,15 @@ def _exl3_grouped(
                     cur, prev = _tile_words(base, lane_words, BITS2 == 8)
                     next_cur, next_prev = cur, prev
                 w = _tile_fragment(
-                    base, quad, lane4, cur, prev, WORDS, BITS2, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, BNT
+                    base, quad, lane4, cur, prev, WORDS, BITS2, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, BNT, F16
                 )
                 x = tl.load(x_ptrs + kt * 16, mask=live[:, None], other=0.0)
-                if SPLIT_X:
+                if F16:
+                    head = x.to(tl.float16)
+                    acc = tl.dot(head, w, acc)
+                    if SPLIT_X:
+                        acc = tl.dot((x - head.to(tl.float32)).to(tl.float16), w, acc)
+                elif SPLIT_X:
                     head = (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
                     acc = tl.dot(head, w, acc, input_precision="tf32")
                     acc = tl.dot(x - head, w, acc, input_precision="tf32")
@@ -665,6 +704,7 @@ def rotate_rows(
     share: int = 1,
     paired: bool = False,
     gather: torch.Tensor | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """x [PARTS, G*rows / share, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
     [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]. `paired`: mats holds
@@ -698,6 +738,7 @@ def rotate_rows(
         ORDER=INPUT_ORDERS[order],
         PAIRED=paired,
         GATHER=gather is not None,
+        num_warps=num_warps,
     )
     return out
 
@@ -818,6 +859,8 @@ PROMPT_LAUNCH: dict = {
     "ku": 1,
     "prefetch": True,
     "num_warps": 4,
+    "operands": "tf32",  # or "fp16" (`_exl3_grouped`'s F16)
+    "rotate_warps": 4,  # warps a 128-block program of the rotations around the products
 }
 
 
@@ -879,6 +922,7 @@ def _grouped_launch(
         MUL1_SCALE=_MUL1_SCALE,
         MUL1_BIAS=_MUL1_BIAS,
         ASM=_asm(None),
+        F16=launch["operands"] == "fp16",
         num_warps=launch["num_warps"],
     )
 
@@ -904,20 +948,28 @@ def grouped_experts(
     experts = flat[order]
     launch["bm"] = _block_rows(pairs, len(down), launch["bm"])
     table = _block_table(torch.bincount(flat, minlength=len(down)), launch["bm"], pairs)
-    xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, order="mma", share=2, paired=True, gather=order // k)
+    warps = launch["rotate_warps"]
+    xp = rotate_rows(
+        x[None], 1, experts, pre=gate_up.suh, order="mma", share=2, paired=True, gather=order // k, num_warps=warps
+    )
     h = torch.empty(2 * pairs, width, dtype=torch.float32, device=x.device)
     _grouped_launch(xp, gate_up, table, 2, h, None, launch)
     hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
     _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
-        h, hp, experts, gate_up.svh, down.suh, float(limit), WIDTH=width, PARTS=1, MMA=True
+        h, hp, experts, gate_up.svh, down.suh, float(limit), WIDTH=width, PARTS=1, MMA=True, num_warps=warps
     )
     y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _grouped_launch(hp, down, table, 1, y, order, launch)
-    return _pairs_summed(y[None], rows, flat, down, weights)
+    return _pairs_summed(y[None], rows, flat, down, weights, warps)
 
 
 def _pairs_summed(
-    parts: torch.Tensor, rows: int, experts: torch.Tensor, down: exl3.Exl3Bank, weights: torch.Tensor
+    parts: torch.Tensor,
+    rows: int,
+    experts: torch.Tensor,
+    down: exl3.Exl3Bank,
+    weights: torch.Tensor,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """`_weighted_sum`: each row's k pairs (parts [PARTS, rows·k, H] in (row, slot) order) rotated back, weighted and
     added in slot order."""
@@ -934,6 +986,7 @@ def _pairs_summed(
         PARTS=parts.shape[0],
         K=k,
         KP=1 << (k - 1).bit_length(),
+        num_warps=num_warps,
     )
     return out
 

@@ -3,14 +3,26 @@ here it is compiled for the H200 (sm_90) and the GB10 (sm_121) at the launch sha
 and fp8, and must take no shared memory but the word its split-input count passes on (its operands go from memory
 straight into the tensor cores' registers: the point of its layout) and run on mma.sync; what it computes — the nibbles as 128 + q, e4m3 as fp16, each group's
 product scaled once — is checked against the dequantised weight in torch. Its numbers, row invariance and graphs on
-the GPU: tests/gpu/test_dense_gpu.py."""
+the GPU: tests/gpu/test_dense_gpu.py.
+
+`_dequantize` (a prompt chunk's weight made bf16 in one launch) is a Triton kernel: it runs in Triton's interpreter in
+a child process (tests/engine/interpreter.py; this file run as a script prints the figures) and must give
+`QuantWeight.dequantize`'s bits."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from interpreter import figures_of
 
 from engine.quant.dense import QuantWeight, quantize
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # [out, in] of GLM-5.3-Flash's dense weights (bench/dense_bench.py's shapes at TP=1 and 2) and two small ones, one
 # with an input width groups do not divide (fp8 only: a last, shorter group)
@@ -96,3 +108,84 @@ def test_the_fp8_values_are_exact_in_fp16_and_each_group_is_scaled_once():
     got = sum(x[:, g : g + 64] @ values[:, g : g + 64].t() * w.scale[g // 64].double() for g in range(0, 200, 64))
     exact = x @ w.dequantize(torch.float64).t()  # its v·s rounded to fp32: within that rounding
     assert (got - exact).abs().max() <= 1e-6 * exact.abs().max()
+
+
+@pytest.mark.parametrize("capability", [90, 121])
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, capability):
+    """As `dequantized` launches it (bf16, enable_fp_fusion=False): q4's product and sum stay two rounded steps (no
+    fma.rn.f32, the option honoured), no shared memory (the scales are loaded in the bytes' own layout) and the bf16
+    rows stored as 16-byte vectors."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.ops import triton_dense as td
+
+    fn, fp8 = td._dequantize, mode == "fp8"
+    const = dict(GROUP=64, FP8=fp8, BF16=True, BLOCK_O=td.DEQUANT_O, GROUPS=td.DEQUANT_GROUPS)
+    pointers = {"w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*fp16", "z_ptr": "*fp32" if fp8 else "*fp16"}
+    pointers |= {"out_ptr": "*bf16"}
+    signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
+    source = ASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n not in const and n != "OUT"},
+    )
+    options = {"num_warps": td.DEQUANT_WARPS, "enable_fp_fusion": False}
+    kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+    ptx = kernel.asm["ptx"]
+    assert kernel.metadata.shared == 0 and "st.global.v4.b32" in ptx and f".target sm_{capability}" in ptx
+    assert "fma.rn.f32" not in ptx and "mul.rn.f32" in ptx and ("add.rn.f32" in ptx) != fp8
+
+
+# (mode, [out, in], the output rows taken or None): whole groups (q4, fp8) and a width they do not divide (fp8: a last,
+# shorter group), output and group counts no tile divides, row slices as a column-split rank holds them (views)
+DEQUANTISED = [
+    ("q4", (96, 256), None),
+    ("q4", (130, 320), None),
+    ("q4", (96, 256), (13, 80)),
+    ("fp8", (96, 256), None),
+    ("fp8", (70, 328), None),
+    ("fp8", (70, 328), (5, 66)),
+]
+
+
+def _name(mode: str, shape: tuple[int, int], rows: tuple[int, int] | None) -> str:
+    return f"{mode}-{shape[0]}x{shape[1]}" + (f"-rows{rows[0]}:{rows[1]}" if rows else "")
+
+
+def _figures() -> dict:
+    """Run in the child (TRITON_INTERPRET=1): whether `dequantized` gave `dequantize`'s bits, by case and dtype."""
+    from engine.ops.triton_dense import dequantized
+
+    out = {}
+    for i, (mode, shape, rows) in enumerate(DEQUANTISED):
+        w = quantize(torch.randn(*shape, generator=torch.Generator().manual_seed(i)).bfloat16() * 0.02, mode)
+        assert isinstance(w, QuantWeight)
+        if rows:
+            w = w.rows(*rows)
+        for dtype in (torch.bfloat16, torch.float32):
+            got, want = dequantized(w, dtype), w.dequantize(dtype)
+            out[f"{_name(mode, shape, rows)}-{str(dtype)[6:]}"] = bool(
+                got.dtype == dtype and got.shape == want.shape and torch.equal(got, want)
+            )
+    return out
+
+
+@pytest.fixture(scope="module")
+def dequantised() -> dict:
+    return figures_of(__file__)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", DEQUANTISED, ids=lambda c: _name(*c))
+def test_the_dequantising_kernel_gives_the_dequantised_bits(dequantised, case, dtype):
+    assert dequantised[f"{_name(*case)}-{dtype}"]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(ROOT))
+    print(json.dumps(_figures()))

@@ -1,8 +1,9 @@
 """DENSE=q4 / fp8 on the GPU: engine/ops/triton_dense.py against the exact product of its operands (the rows rounded
 to bf16 for q4, fp16 for fp8; the dequantised weights) at every launch form, a row's bits independent of how many
 rows share the call (1..64, any place), a CUDA graph replay equal to the eager call, the CPU reference path
-agreeing; then the model: a row's logits invariant in verify windows and rejected drafts leaving no trace with q4
-weights, eager and from graphs, and drafted ≡ serial through the scheduler on the trained demo with DENSE=q4.
+agreeing; a prompt chunk's weight made bf16 in one launch (`dequantized`) with `QuantWeight.dequantize`'s bits; then
+the model: a row's logits invariant in verify windows and rejected drafts leaving no trace with q4 weights, eager and
+from graphs, and drafted ≡ serial through the scheduler on the trained demo with DENSE=q4.
 Runs on the lent H200 machine (PYTHONPATH=.:tests/engine python -m pytest -q tests/gpu); skipped elsewhere."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from test_drafts import (
 
 from engine import ops
 from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.ops import reference
 from engine.parallel import ParallelGroup
 from engine.quant.dense import QuantWeight, quantize
 
@@ -124,6 +126,27 @@ def test_the_cpu_reference_and_the_prompt_path_agree(mode):
     scale = cpu.abs().max()
     assert (kernel.cpu() - cpu).abs().max() <= 1e-2 * scale
     assert (prompt.cpu() - cpu).abs().max() <= 1e-2 * scale
+
+
+@pytest.mark.parametrize(
+    "mode, shape", [("q4", (4096, 4096)), ("q4", (2048, 6144)), ("fp8", (4096, 4100)), ("fp8", (6144, 2048))]
+)
+def test_the_dequantising_kernel_gives_the_dequantised_bits(mode, shape):
+    """Served sizes (fp8 with a last, shorter group), whole and as a column-split rank's rows (views), bf16 and
+    fp32."""
+    from engine.ops.triton_dense import dequantized
+
+    w = weight(shape, mode)
+    for part in (w, w.rows(1000, shape[0] - 24)):
+        for dtype in (torch.bfloat16, torch.float32):
+            assert torch.equal(dequantized(part, dtype), part.dequantize(dtype)), (part.shape, dtype)
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_a_prompt_chunk_takes_the_dequantised_weight(mode):
+    w = weight((2048, 4096), mode)
+    x = rows(256, 4096)
+    assert torch.equal(ops.linear(x, w), reference.linear(x, w.dequantize(torch.bfloat16)))
 
 
 @pytest.fixture(scope="module")

@@ -157,12 +157,14 @@ def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
         assert torch.equal(alone[0], together[t]), t
 
 
+@pytest.mark.parametrize("operands", ["tf32", "fp16"])
 @pytest.mark.parametrize("split_x", [True, False])
-def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x):
+def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x, operands):
     """A prompt chunk at GLM-5.3-Flash's expert shapes (hidden 4096, width 2048, top-8 of 32 experts, 96 tokens: 768
-    pairs, past PAIRS_MAX): the grouped kernel (each expert's trellis decoded into TF32 MMA operands) against the
-    first prompt path (W_q decoded whole, fp32 matmul), within TF32's rounding of x (split_x: x as two TF32 parts,
-    as close as fp32); two runs give the same bits; a token's bits do not depend on the chunk's other tokens."""
+    pairs, past PAIRS_MAX): the grouped kernel (each expert's trellis decoded into TF32 or fp16 MMA operands) against
+    the first prompt path (W_q decoded whole, fp32 matmul), within the operand's rounding of x (split_x: x as two
+    parts, as close as fp32); two runs give the same bits; a token's bits do not depend on the chunk's other
+    tokens."""
     from engine.ops import triton_exl3 as tx
 
     gen = torch.Generator(device="cuda").manual_seed(6)
@@ -174,13 +176,14 @@ def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x):
     weights = torch.rand(rows, k, generator=gen, device="cuda")
     assert chosen.numel() > tx.PAIRS_MAX
     looped = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
-    grouped = tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, split_x=split_x)
+    launch = {"split_x": split_x, "operands": operands}
+    grouped = tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, **launch)
     error = float((grouped - looped).abs().max() / looped.abs().max())
-    assert error <= (1e-4 if split_x else 3e-3), error  # measured 5.4e-5 and 1.3e-3 on the H200
-    assert torch.equal(grouped, tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, split_x=split_x))
+    assert error <= (1e-4 if split_x else 3e-3), error  # TF32 measured 5.4e-5 and 1.3e-3 on the H200
+    assert torch.equal(grouped, tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, **launch))
     # the first 80 tokens again beside 16 others: their pairs sit elsewhere in the experts' blocks
     other = torch.cat([x[:80], torch.randn(16, hidden, generator=gen, device="cuda")])
     again = tx.grouped_experts(
-        other, torch.cat([chosen[:80], chosen[16:32]]), weights[:96], gate_up, down, 10.0, split_x=split_x
+        other, torch.cat([chosen[:80], chosen[16:32]]), weights[:96], gate_up, down, 10.0, **launch
     )
     assert torch.equal(again[:80], grouped[:80])
