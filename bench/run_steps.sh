@@ -18,7 +18,7 @@ machine() {
 # wheels [SKIP...]: every package .wheels carries (the lent machine has no network) but those named, into /tmp/pylib
 # (on PYTHONPATH); e.g. `wheels fla_core einops` leaves fla-core out (no first-start autotune)
 wheels() {
-    local names skip; names=$(ls .wheels | sed 's/-[0-9].*//' | sort -u)
+    local names skip; names=$(cd .wheels && ls *.whl | sed 's/-[0-9].*//' | sort -u)
     for skip in "$@"; do names=$(echo "$names" | grep -v -x "$skip"); done
     python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib $names > "$OUT/pip.log" 2>&1
     say "pip exit $?"

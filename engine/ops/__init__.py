@@ -15,8 +15,6 @@ from engine.ops.fused import (  # noqa: F401
     moe_experts,
     moe_route,
     rms_norm,
-    selected_attention,
-    selected_attention_fits,
     sinkhorn,
     swiglu_clamped,
 )

@@ -179,24 +179,6 @@ def lane_attention(
     return reference.row_blocks(torch_form, q_abs, latents, counts, kind="dsa_attend")
 
 
-def selected_attention_fits(latents: torch.Tensor, heads: int) -> bool:
-    """Whether a CUDA prompt chunk's DSA attention over selected tokens runs as engine/ops/triton_dsa.py
-    `selected_attention` (a power-of-two rank of 16 or more, at most 64 heads, each latent row contiguous)."""
-    rank = latents.shape[-1]
-    return latents.is_cuda and rank >= 16 and rank & (rank - 1) == 0 and heads <= 64 and latents.stride(-1) == 1
-
-
-def selected_attention(
-    q_abs: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, scaling: float
-) -> torch.Tensor:
-    """softmax(q_abs · latents[tokens]ᵀ · scaling over the counted tokens) · latents[tokens], per query and head
-    (q_abs [T, H, R], latents [L, R], tokens and counts [T, N] -> [T, H, R] fp32) on CUDA, where
-    `selected_attention_fits`: one kernel, the latents read by index, never gathered."""
-    from engine.ops.triton_dsa import selected_attention as fused
-
-    return fused(q_abs, latents, tokens, counts, scaling)
-
-
 def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """SwiGLU with GLM's limits (`reference.swiglu_clamped`); fp32 rows on CUDA in one kernel
     (engine/ops/triton_moe.py `swiglu`)."""

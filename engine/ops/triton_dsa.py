@@ -14,11 +14,6 @@ flash-decoding:
 - `_attend_combine`, a program per (row, head): the blocks' shares rescaled to the row's max and summed over the
   blocks in one fixed order (a tree over every block's slice at once), divided by the row's sum.
 
-A prompt chunk's queries (thousands of rows, each over its own ~2,052 selected tokens) take `_attend_selected_rows`
-instead: a program per query, the tokens in blocks with an online softmax, the latents read straight from the
-cache's rows by token index (the torch form gathered every query's latents into memory first: ~4 GB a 2,048-token
-chunk at 8k, through ~1,000 launches a DSA layer).
-
 Products run on the tensor cores as `tf32x3` (each fp32 operand split into a TF32 part and its remainder, three TF32
 products: fp32's accuracy; with one fp32 FMA a multiply a program took ~8 µs at these sizes, by its instruction
 count), so the result agrees with the torch form to fp32 rounding (the softmax is also taken in blocks); the launch
@@ -34,10 +29,6 @@ import triton.language as tl
 
 BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
 SLICE = 64  # rank columns a product step
-SELECTED_BLOCK, SELECTED_WARPS = (
-    16,
-    8,
-)  # `_attend_selected_rows`: a query's tokens a step, warps (246 registers, no spills)
 
 
 @triton.jit
@@ -110,78 +101,6 @@ def _attend_combine(
     for r0 in tl.static_range(0, R, RC):  # every block's slice at once, summed over the blocks in one fixed tree
         share = tl.load(parts + r0, mask=ok[:, None], other=0.0)
         tl.store(out_ptr + (row * H + head) * R + r0 + cols, tl.sum(weight[:, None] * share, axis=0) / total)
-
-
-@triton.jit
-def _attend_selected_rows(
-    q_ptr,
-    lat_ptr,
-    tok_ptr,
-    cnt_ptr,
-    out_ptr,
-    lat_stride,
-    scaling,
-    N: tl.constexpr,
-    H: tl.constexpr,
-    HP: tl.constexpr,
-    R: tl.constexpr,
-    BN: tl.constexpr,
-    RC: tl.constexpr,
-):
-    """One query row: softmax over its counted tokens of q_abs · latentᵀ · scaling, times the latents, every head at
-    once; the tokens BN at a time (online softmax: the running max, sum and context rescaled per block), latent
-    rows loaded from the cache by index (fp32 or bf16, as stored)."""
-    row = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HP)
-    head_ok = heads < H
-    cols = tl.arange(0, R)
-    slice_cols = tl.arange(0, RC)
-    q_rows = q_ptr + row * H * R + heads[:, None] * R + slice_cols[None, :]
-    top = tl.full([HP], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([HP], dtype=tl.float32)
-    acc = tl.zeros([HP, R], dtype=tl.float32)
-    for start in range(0, N, BN):
-        toks = start + tl.arange(0, BN)
-        live = toks < N
-        counted = (tl.load(cnt_ptr + row * N + toks, mask=live, other=0) != 0) & live
-        index = tl.load(tok_ptr + row * N + toks, mask=counted, other=0).to(tl.int64)
-        lat_rows = lat_ptr + index[:, None] * lat_stride
-        scores = tl.zeros([HP, BN], dtype=tl.float32)
-        for r0 in range(0, R, RC):  # the scores a slice of the rank at a time (q stays in L1)
-            q = tl.load(q_rows + r0, mask=head_ok[:, None], other=0.0)
-            lat = tl.load(lat_rows + r0 + slice_cols[None, :], mask=counted[:, None], other=0.0).to(tl.float32)
-            scores = tl.dot(q, tl.trans(lat), scores, input_precision="tf32x3")
-        lat = tl.load(lat_rows + cols[None, :], mask=counted[:, None], other=0.0).to(tl.float32)
-        scores = tl.where(counted[None, :], scores * scaling, float("-inf"))
-        new_top = tl.maximum(top, tl.max(scores, axis=1))
-        shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no token counted yet: nothing to rescale
-        rescale = tl.exp(top - shift)
-        p = tl.exp(scores - shift[:, None])
-        total = total * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(p, lat, input_precision="tf32x3")
-        top = new_top
-    out = acc / total[:, None]
-    tl.store(out_ptr + row * H * R + heads[:, None] * R + cols[None, :], out, mask=head_ok[:, None])
-
-
-def selected_attention(
-    q_abs: torch.Tensor, latents: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, scaling: float
-) -> torch.Tensor:
-    """softmax(q_abs · latents[tokens]ᵀ · scaling, over the tokens that count) · latents[tokens] per query and head,
-    without gathering: q_abs [T, H, R] fp32, latents [L, R] (rows of any stride, fp32 or bf16), tokens [T, N] (each
-    < L), counts [T, N] bool -> [T, H, R] fp32. Every query must have a token that counts (it sees itself)."""
-    rows, heads, rank = q_abs.shape
-    n = tokens.shape[1]
-    if latents.stride(1) != 1:
-        raise ValueError("latents: each row's values must be contiguous")
-    q_abs = q_abs.float().contiguous()
-    out = torch.empty(rows, heads, rank, dtype=torch.float32, device=q_abs.device)
-    _attend_selected_rows[(rows,)](
-        q_abs, latents, tokens.contiguous(), counts.contiguous().view(torch.uint8), out, latents.stride(0),
-        float(scaling), n, H=heads, HP=max(16, triton.next_power_of_2(heads)), R=rank, BN=SELECTED_BLOCK,
-        RC=min(SLICE, rank), num_warps=SELECTED_WARPS,
-    )  # fmt: skip
-    return out
 
 
 def lane_attention(q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor, scaling: float) -> torch.Tensor:

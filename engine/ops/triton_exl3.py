@@ -859,8 +859,11 @@ PROMPT_LAUNCH: dict = {
     "ku": 1,
     "prefetch": True,
     "num_warps": 4,
-    "operands": "tf32",  # or "fp16" (`_exl3_grouped`'s F16)
-    "rotate_warps": 4,  # warps a 128-block program of the rotations around the products
+    # fp16 operands (`_exl3_grouped`'s F16) and one-warp rotations: H200, TP=2's shard, 2,048 / 8,192 tokens, against
+    # TF32 and four warps: 7.77 / 20.77 and 7.82 / 20.07 ms, each alone, against 8.01 / 22.97
+    # (bench/results/2026-12-03-h200-session20-call2-benches.json)
+    "operands": "fp16",
+    "rotate_warps": 1,  # warps a 128-block program of the rotations around the products (the same bits at any count)
 }
 
 

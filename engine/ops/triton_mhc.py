@@ -9,15 +9,15 @@ session 16). Here:
 
 - `_hc_dots` (token × hidden chunk): each program's share of the logits' dot products (streams · fn) and of the
   streams' n × n Gram matrix, over one chunk of the hidden width of all n streams — fn (2n + n² rows of n·hidden,
-  fp32) is read once per token, spread over many SMs; for a prompt chunk (more than DECODE_TOKENS tokens)
-  `_hc_dots_block` instead, a program per (TOKEN_BLOCK tokens × 1/GROUPS of the width), the dot products as fp32
-  matrix products (IEEE, not TF32): fn is read once per block of tokens, not once per token (per token it was ~3 GB
-  of L2 reads for a 2,048-token chunk, 0.46 ms on the H200);
+  fp32) is read once per token, spread over many SMs; a prompt chunk (more than DECODE_TOKENS tokens) takes the dot
+  products as one fp32 matrix product instead (cuBLAS, [T, n·hidden] · fnᵀ: fn read once per tile of tokens; per
+  token it was ~3 GB of L2 reads for a 2,048-token chunk, 0.46 ms on the H200) and the Gram matrix in `_hc_mix`;
 - `_hc_mix` (token × hidden chunk): the partial sums added, the norm applied (rms_norm(s) · fn = rsqrt(mean s²) ·
   (s · fn), Σ s² the Gram matrix's trace), pre / post / comb gates, softmax and Sinkhorn in registers, then this
   chunk of the pre-mix h = Σ pre_n s_n with the sublayer's RMS norm and weight (|h|² = preᵀ · Gram · pre, so no
-  program needs another's chunk): the sublayer's input; for a prompt chunk one program per token covers the whole
-  width, so the gates are worked out once a token, not once per (token, chunk);
+  program needs another's chunk): the sublayer's input; for a prompt chunk one program a token covers the whole
+  width — the Gram matrix from a first pass over the token's streams, the gates once a token, not once per
+  (token, chunk) — so a token's result depends on that token alone in both forms;
 - `_hc_post` (token × hidden chunk): streams' = post ⊗ out + combᵀ · streams.
 
 Everything is fp32, as the reference. Sums run in another order than the torch ops (the norm is applied after the
@@ -36,8 +36,6 @@ CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program cove
 DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
 # cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200) ...
 DECODE_TOKENS = 64  # ... for up to this many tokens (a step's rows); prompt chunks keep four warps (as measured there)
-TOKEN_BLOCK, GROUPS, BLOCK_K = 16, 8, 32  # a prompt chunk's `_hc_dots_block`: tokens and width share a program, and
-# the columns of one matrix-product step
 
 
 @triton.jit
@@ -103,57 +101,6 @@ def _hc_dots(
 
 
 @triton.jit
-def _hc_dots_block(
-    streams_ptr,
-    fn_ptr,
-    dots_ptr,
-    gram_ptr,
-    tokens,
-    HIDDEN: tl.constexpr,
-    N: tl.constexpr,
-    R: tl.constexpr,
-    R_PAD: tl.constexpr,
-    GROUPS: tl.constexpr,
-    TB: tl.constexpr,
-    BK: tl.constexpr,
-):
-    """`_hc_dots` for TB tokens at once over 1/GROUPS of the hidden width (HIDDEN / GROUPS a multiple of BK): the
-    dot products as [TB, BK] x [BK, R_PAD] fp32 products (IEEE), the Gram matrix as sums of elementwise products;
-    partial sums per (token, group), in the layout `_hc_mix` reads. A token's sums depend on its own streams alone."""
-    block = tl.program_id(0)
-    group = tl.program_id(1)
-    tok = block * TB + tl.arange(0, TB)
-    live = tok < tokens
-    tok64 = tok.to(tl.int64)  # a long chunk's offsets pass 2^31
-    n_idx = tl.arange(0, N)
-    rows = tl.arange(0, R_PAD)
-    row_live = rows < R
-    dots = tl.zeros([TB, R_PAD], dtype=tl.float32)
-    gram = tl.zeros([TB, N, N], dtype=tl.float32)
-    width: tl.constexpr = HIDDEN // GROUPS
-    for step in range(0, width, BK):
-        cols = group * width + step + tl.arange(0, BK)
-        s = tl.load(
-            streams_ptr + ((tok64[:, None, None] * N + n_idx[None, :, None]) * HIDDEN + cols[None, None, :]),
-            mask=live[:, None, None],
-            other=0.0,
-        )  # [TB, N, BK]
-        gram += tl.sum(s[:, :, None, :] * s[:, None, :, :], axis=3)
-        for n in tl.static_range(N):
-            x = tl.load(
-                streams_ptr + (tok64[:, None] * N + n) * HIDDEN + cols[None, :], mask=live[:, None], other=0.0
-            )  # [TB, BK]
-            w = tl.load(
-                fn_ptr + rows[None, :] * (N * HIDDEN) + n * HIDDEN + cols[:, None], mask=row_live[None, :], other=0.0
-            )  # [BK, R_PAD]
-            dots = tl.dot(x, w, dots, input_precision="ieee")
-    part = tok64 * GROUPS + group
-    tl.store(dots_ptr + part[:, None] * R_PAD + rows[None, :], dots, mask=live[:, None])
-    square = n_idx[:, None] * N + n_idx[None, :]
-    tl.store(gram_ptr + part[:, None, None] * (N * N) + square[None, :, :], gram, mask=live[:, None, None])
-
-
-@triton.jit
 def _hc_mix(
     streams_ptr,
     dots_ptr,
@@ -175,9 +122,11 @@ def _hc_mix(
     ITERS: tl.constexpr,
     BLOCK: tl.constexpr,
     SPAN: tl.constexpr = 1,
+    GRAM: tl.constexpr = False,
 ):
     """One program per (token, SPAN hidden chunks of BLOCK); each works the gates out from the CHUNKS partial sums
-    (`_hc_dots`' chunks or `_hc_dots_block`'s groups; a few hundred flops), the first also stores post and comb."""
+    (a few hundred flops), the first also stores post and comb. GRAM (a prompt chunk: one program a token, SPAN
+    chunks the whole width): the Gram matrix from the token's streams here, not from partial sums."""
     token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
     chunk = tl.program_id(1)
     parts = tl.arange(0, CHUNKS_PAD)
@@ -185,14 +134,25 @@ def _hc_mix(
     first = token * CHUNKS
     n_idx = tl.arange(0, N)
     square = n_idx[:, None] * N + n_idx[None, :]
-    gram = tl.sum(
-        tl.load(
-            gram_ptr + (first + parts)[:, None, None] * N * N + square[None, :, :],
-            mask=part_live[:, None, None],
-            other=0.0,
-        ),
-        axis=0,
-    )  # [N, N]
+    if GRAM:
+        gram = tl.zeros([N, N], dtype=tl.float32)
+        for i in range(SPAN):
+            cols = i * BLOCK + tl.arange(0, BLOCK)
+            s = tl.load(
+                streams_ptr + token * N * HIDDEN + n_idx[:, None] * HIDDEN + cols[None, :],
+                mask=(cols < HIDDEN)[None, :],
+                other=0.0,
+            )
+            gram += tl.sum(s[:, None, :] * s[None, :, :], axis=2)
+    else:
+        gram = tl.sum(
+            tl.load(
+                gram_ptr + (first + parts)[:, None, None] * N * N + square[None, :, :],
+                mask=part_live[:, None, None],
+                other=0.0,
+            ),
+            axis=0,
+        )  # [N, N]
     total = tl.sum(tl.sum(tl.where(n_idx[:, None] == n_idx[None, :], gram, 0.0), axis=1), axis=0)  # Σ s²
     inv = 1.0 / tl.sqrt(total / (N * HIDDEN) + norm_eps)
     part_rows = (first + parts)[:, None] * R_PAD
@@ -275,17 +235,14 @@ def hc_pre(
     tokens, n, hidden = streams.shape
     rows = fn.shape[0]
     r_pad, chunks = triton.next_power_of_2(rows), triton.cdiv(hidden, CHUNK)  # CHUNK read at the call (the bench)
-    blocked = tokens > DECODE_TOKENS and hidden % (GROUPS * BLOCK_K) == 0  # a prompt chunk
-    parts = GROUPS if blocked else chunks
-    r_pad = max(r_pad, 16) if blocked else r_pad  # a matrix product's operands are 16 wide at least
-    dots = torch.empty(tokens, parts, r_pad, dtype=torch.float32, device=streams.device)
-    gram = torch.empty(tokens, parts, n, n, dtype=torch.float32, device=streams.device)
-    if blocked:
-        _hc_dots_block[(triton.cdiv(tokens, TOKEN_BLOCK), GROUPS)](
-            streams, fn, dots, gram, tokens, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, GROUPS=GROUPS, TB=TOKEN_BLOCK,
-            BK=BLOCK_K, num_warps=4,
-        )  # fmt: skip
+    prompt = tokens > DECODE_TOKENS
+    if prompt:  # the dot products as one fp32 product (fp32 matmuls here are not TF32: torch's default)
+        dots = torch.mm(streams.view(tokens, n * hidden), fn.t())  # [T, rows]: one part, rows apart
+        gram, r_pad, parts = dots, rows, 1  # the Gram matrix: `_hc_mix`'s
     else:
+        parts = chunks
+        dots = torch.empty(tokens, chunks, r_pad, dtype=torch.float32, device=streams.device)
+        gram = torch.empty(tokens, chunks, n, n, dtype=torch.float32, device=streams.device)
         _hc_dots[(tokens, chunks)](
             streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks, BLOCK=CHUNK,
             num_warps=DOTS_WARPS,
@@ -293,7 +250,7 @@ def hc_pre(
     x = torch.empty(tokens, hidden, dtype=torch.float32, device=streams.device)
     post = torch.empty(tokens, n, dtype=torch.float32, device=streams.device)
     comb = torch.empty(tokens, n, n, dtype=torch.float32, device=streams.device)
-    _hc_mix[(tokens, 1 if blocked else chunks)](
+    _hc_mix[(tokens, 1 if prompt else chunks)](
         streams,
         dots,
         gram,
@@ -313,8 +270,9 @@ def hc_pre(
         CHUNKS_PAD=triton.next_power_of_2(parts),
         ITERS=iters,
         BLOCK=CHUNK,
-        SPAN=chunks if blocked else 1,
-        num_warps=MIX_WARPS if tokens <= DECODE_TOKENS else 4,
+        SPAN=chunks if prompt else 1,
+        GRAM=prompt,
+        num_warps=4 if prompt else MIX_WARPS,
     )
     return x, post, comb
 

@@ -76,9 +76,9 @@ def _cases() -> dict:
     )
     out["hc"]["batch_independent"] = bool(torch.equal(alone[0], x[1]))
 
-    # a prompt chunk's form (more than DECODE_TOKENS tokens: `_hc_dots_block`, one `_hc_mix` program a token) at a
-    # width the blocks divide, against the torch path; a token's result with every other token changed
-    tokens, wide = triton_mhc.DECODE_TOKENS + 6, triton_mhc.GROUPS * triton_mhc.BLOCK_K
+    # a prompt chunk's form (more than DECODE_TOKENS tokens: the dot products as one matrix product, one `_hc_mix`
+    # program a token with its Gram matrix) against the torch path; a token's result with every other token changed
+    tokens, wide = triton_mhc.DECODE_TOKENS + 6, 320
     fn = torch.randn(2 * n + n * n, n * wide, generator=gen) * 0.05
     norm = torch.rand(wide, generator=gen) + 0.5
     streams = torch.randn(tokens, n, wide, generator=gen)
@@ -222,17 +222,6 @@ def _cases() -> dict:
         torch.equal(triton_dsa.lane_attention(q_abs[1:2], latents[1:2], counts[1:2], 0.125)[0], fused[1])
     )
 
-    # a prompt chunk's attention over selected tokens in one kernel, the latents read by index from strided cache
-    # rows (the first block of 16 of query 3 counts nothing; query 4's tokens repeat), against gathering them
-    pool = torch.randn(50, 80, generator=gen)
-    tokens = torch.randint(0, 50, (5, 40), generator=gen)
-    tokens[4] = 7
-    counts = torch.rand(5, 40, generator=gen) < 0.6
-    counts[3, :16] = False
-    counts[:, -1] = True
-    q_abs = torch.randn(5, 4, 64, generator=gen)
-    fused = triton_dsa.selected_attention(q_abs, pool[:, :64], tokens, counts, 0.125)
-    out["selected_attention"] = _relative(fused, attend(q_abs, pool[:, :64][tokens], counts))
     return out
 
 
@@ -250,8 +239,9 @@ def test_hyper_connection_kernels_match_the_torch_path(results: dict) -> None:
 
 
 def test_hyper_connection_prompt_chunk_kernels_match_the_torch_path(results: dict) -> None:
-    """A prompt chunk's form (`_hc_dots_block`: fn read once per block of tokens; one `_hc_mix` program a token)
-    against the torch path, and a token's input to its sublayer with every other token of the chunk changed."""
+    """A prompt chunk's form (the dot products as one matrix product: fn read once per tile of tokens; one
+    `_hc_mix` program a token, its Gram matrix included) against the torch path, and a token's input to its sublayer
+    with every other token of the chunk changed."""
     case = results["hc_chunk"]
     assert case["streams"] <= TOLERANCE, case
     assert case["token_alone"]
@@ -301,12 +291,6 @@ def test_lane_attention_kernels_match_the_torch_form(results: dict) -> None:
     form, with a block of tokens none of which counts, and a row alone equal to the same row beside others."""
     assert results["lane_attention"] <= TOLERANCE, results["lane_attention"]
     assert results["lane_attention_alone"]
-
-
-def test_selected_attention_kernel_matches_gathering_the_latents(results: dict) -> None:
-    """engine/ops/triton_dsa.py `selected_attention` (a CUDA prompt chunk's DSA attention over selected tokens: a
-    query a program, online softmax, latents read by index) against gathering them and the torch form."""
-    assert results["selected_attention"] <= TOLERANCE, results["selected_attention"]
 
 
 if __name__ == "__main__":

@@ -109,7 +109,9 @@ def test_fused_hyper_connection_over_a_prompt_chunk() -> None:
 
 def test_fused_hyper_connection_past_int32_offsets() -> None:
     """A chunk whose streams hold more than 2^31 values (131,073 tokens of 4 × 4,096): the kernels' offsets are
-    64-bit, so the last tokens get the bits they get alone (each token's result depends on that token only)."""
+    64-bit, so the first and last tokens get what they get in a chunk of their own (within fp32 rounding: a prompt
+    chunk's dot products are a cuBLAS product, whose algorithm may change with the row count; a wrapped offset
+    would read other tokens' streams)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     tokens, n, hidden = 2**31 // (4 * 4096) + 1, 4, 4096
     streams = torch.randn(tokens, n, hidden, device="cuda", generator=g)
@@ -118,7 +120,7 @@ def test_fused_hyper_connection_past_int32_offsets() -> None:
     scale = torch.rand(3, device="cuda", generator=g) + 0.5
     norm = torch.rand(hidden, device="cuda", generator=g) + 0.5
     args = (fn, base, scale, norm, 1e-6, 1e-6, 1e-5, 20)
-    tail = ops.hc_around(streams[-2:], torch.tanh, *args)
+    tail = ops.hc_around(streams[-80:], torch.tanh, *args)
     whole = ops.hc_around(streams, torch.tanh, *args)
-    assert torch.equal(whole[-2:], tail)
-    assert torch.equal(whole[:2], ops.hc_around(streams[:2], torch.tanh, *args))
+    assert relative_error(whole[-80:], tail) < 1e-5
+    assert relative_error(whole[:80], ops.hc_around(streams[:80], torch.tanh, *args)) < 1e-5

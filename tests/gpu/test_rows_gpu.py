@@ -110,8 +110,8 @@ def test_rms_norm_rows_is_exact_to_fp32_and_row_invariant(width):
 @pytest.mark.parametrize("tokens", [4, 300])
 def test_hyper_connection_kernels_at_the_served_width(tokens):
     """engine/ops/triton_mhc.py at GLM-5.3-Flash's width (4 streams of 4,096): a decode step's rows and a prompt
-    chunk (`_hc_dots_block`, one `_hc_mix` program a token) against the torch path in float64, and a token's input
-    to its sublayer with every other token changed."""
+    chunk (the dot products as one fp32 matrix product, one `_hc_mix` program a token) against the torch path in
+    float64, and a token's input to its sublayer with every other token changed."""
     from engine.ops import triton_mhc
 
     g = torch.Generator(device="cuda").manual_seed(8)
@@ -129,24 +129,3 @@ def test_hyper_connection_kernels_at_the_served_width(tokens):
     others = torch.randn(tokens, n, hidden, device="cuda", generator=g)
     others[-1] = streams[-1]
     assert torch.equal(triton_mhc.hc_pre(others, *args)[0][-1], x[-1])
-
-
-def test_selected_attention_at_the_served_sizes():
-    """engine/ops/triton_dsa.py `selected_attention` (a CUDA prompt chunk's DSA attention past the dense regime) at
-    GLM-5.3-Flash's sizes (16 local heads, latent 512, 2,052 selected tokens a query out of 8,192 cache rows of 576
-    values) against gathering the latents in float64, with a query whose first blocks count nothing; a query's
-    result alone equals the same query among 200."""
-    g = torch.Generator(device="cuda").manual_seed(9)
-    rows, heads, rank, n, cache = 200, 16, 512, 2052, 8192
-    pool = torch.randn(cache, 576, device="cuda", generator=g)
-    latents = pool[:, :rank]
-    q_abs = torch.randn(rows, heads, rank, device="cuda", generator=g) * 0.05
-    tokens = torch.randint(0, cache, (rows, n), device="cuda", generator=g)
-    counts = torch.rand(rows, n, device="cuda", generator=g) < 0.8
-    counts[7, :1000] = False
-    got = ops.selected_attention(q_abs, latents, tokens, counts, 0.07)
-    lat = latents.double()[tokens]  # [rows, n, rank]
-    scores = torch.einsum("thr,tnr->thn", q_abs.double(), lat) * 0.07
-    exact = torch.einsum("thn,tnr->thr", torch.softmax(scores.masked_fill(~counts[:, None], float("-inf")), -1), lat)
-    assert float((got.double() - exact).abs().max() / exact.abs().max()) < 1e-5
-    assert torch.equal(ops.selected_attention(q_abs[7:8], latents, tokens[7:8], counts[7:8], 0.07)[0], got[7])

@@ -173,19 +173,11 @@ class SparseMLA:
         counts: torch.Tensor,
         bf16_latents: bool = False,
     ) -> torch.Tensor:
-        """q [T, Hl, nope] over the latents [L, r] of each query's own selected tokens [T, N] (`counts` [T, N]) ->
-        [T, Hl * v]: on CUDA one kernel reading the latents by index (`ops.selected_attention`), else gathered a
-        block of queries at a time (≤ GATHER_ELEMENTS latent values; `bf16_latents`: as `_attend`'s, the
-        tensor-core form then gathers them in bf16, half the bytes)."""
+        """q [T, Hl, nope] over the latents [L, r] of each query's own selected tokens [T, N] (`counts` [T, N]),
+        gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]
+        (`bf16_latents`: as `_attend`'s; the tensor-core path then gathers them in bf16, half the bytes)."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         picked = tokens.clamp(max=latents.shape[0] - 1)
-        if self._on_tensor_cores(q) and ops.selected_attention_fits(latents, self.local_heads):
-            # each query over its own tokens in one kernel, the latents read by index (engine/ops/triton_dsa.py);
-            # the head products before and after it on the tensor cores, as `_attend_split`'s
-            q_abs = ops.split_product(q.transpose(0, 1), ops.split_bf16(self.w_k)).transpose(0, 1)  # [T, Hl, r]
-            ctx = ops.selected_attention(q_abs, latents, picked, counts, self.scaling)
-            out = ops.split_product(ctx.transpose(0, 1), ops.split_bf16(self.w_v.transpose(1, 2)))  # [Hl, T, v]
-            return out.transpose(0, 1).reshape(q.shape[0], -1)
         if self._on_tensor_cores(q):
             lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
             weights = ops.split_bf16(self.w_k), ops.split_bf16(self.w_v.transpose(1, 2))  # once, not per block
