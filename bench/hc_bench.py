@@ -4,6 +4,7 @@ widths (4 streams of 4,096, 24 logits), for 1 and 4 tokens. Each variant's outpu
 (max abs difference: a chunk width other than the default sums in another order).
 
     python bench/hc_bench.py [--out hc_bench.json]
+    python bench/hc_bench.py --prompt   # a 2,048-token prompt chunk's `_hc_mix` columns a step and warps instead
 
 Variants: chunk width (hidden columns a program), warps of `_hc_dots` and `_hc_mix`, and Sinkhorn iterations 20
 (the model's) against 1 (what the iterations cost; not a served form). The first variant (4 warps each) is the
@@ -42,9 +43,38 @@ VARIANTS = [  # (chunk, dots warps, mix warps, iterations)
 ]
 
 
+PROMPT_VARIANTS = [(128, 4), (256, 4), (512, 4), (512, 8), (1024, 8)]  # a prompt chunk's `_hc_mix`: columns, warps
+
+
+def prompt_chunk(fn, base, scale, norm, gen, result: dict) -> None:
+    """`hc_pre` of a 2,048-token prompt chunk (the dot products' cuBLAS product and `_hc_mix`, one program a token)
+    under PROMPT_VARIANTS, and `hc_post`: µs a call, best of five graphs of 10 calls."""
+    n, hidden = 4, 4096
+    streams = torch.randn(2048, n, hidden, device="cuda", generator=gen)
+    out = torch.randn(2048, hidden, device="cuda", generator=gen)
+    served = triton_mhc.PROMPT_CHUNK, triton_mhc.PROMPT_WARPS
+    reference = None
+    for chunk, warps in PROMPT_VARIANTS:
+        triton_mhc.PROMPT_CHUNK, triton_mhc.PROMPT_WARPS = chunk, warps
+
+        def pre():
+            return triton_mhc.hc_pre(streams, fn, base, scale, norm, 1e-6, 1e-6, 1e-6, 20)
+
+        x, post, comb = pre()
+        row = {"tokens": 2048, "prompt_chunk": chunk, "warps": warps, "hc_pre_us": graph_us(pre, 10, best=True)}
+        row["hc_post_us"] = graph_us(lambda: triton_mhc.hc_post(streams, out, post, comb), 10, best=True)
+        if reference is None:
+            reference = x
+        row["max_diff"] = float((x - reference).abs().max())
+        result["rows"].append(row)
+        print(row, flush=True)
+    triton_mhc.PROMPT_CHUNK, triton_mhc.PROMPT_WARPS = served
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--prompt", action="store_true", help="a 2,048-token prompt chunk's forms only")
     args = parser.parse_args()
     n, hidden = 4, 4096
     rows = 2 * n + n * n
@@ -55,7 +85,7 @@ def main() -> None:
     norm = torch.rand(hidden, device="cuda", generator=gen) + 0.5
     result: dict = {"calls": CALLS, "rows": []}
     served = triton_mhc.CHUNK, triton_mhc.DOTS_WARPS, triton_mhc.MIX_WARPS
-    for tokens in (1, 4):
+    for tokens in () if args.prompt else (1, 4):
         streams = torch.randn(tokens, n, hidden, device="cuda", generator=gen)
         out = torch.randn(tokens, hidden, device="cuda", generator=gen)
         reference = None
@@ -82,6 +112,8 @@ def main() -> None:
             result["rows"].append(row)
             print(row, flush=True)
     triton_mhc.CHUNK, triton_mhc.DOTS_WARPS, triton_mhc.MIX_WARPS = served
+    if args.prompt:
+        prompt_chunk(fn, base, scale, norm, gen, result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

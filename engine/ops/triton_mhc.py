@@ -35,7 +35,9 @@ import triton.language as tl
 CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program covers
 DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
 # cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200) ...
-DECODE_TOKENS = 64  # ... for up to this many tokens (a step's rows); prompt chunks keep four warps (as measured there)
+DECODE_TOKENS = 64  # ... for up to this many tokens (a step's rows)
+PROMPT_CHUNK, PROMPT_WARPS = 512, 4  # a prompt chunk's `_hc_mix`: hidden columns a step of its one program a token
+# (32 steps of 128 took 374 µs a call of 2,048 tokens on the H200), warps
 
 
 @triton.jit
@@ -269,10 +271,10 @@ def hc_pre(
         CHUNKS=parts,
         CHUNKS_PAD=triton.next_power_of_2(parts),
         ITERS=iters,
-        BLOCK=CHUNK,
-        SPAN=chunks if prompt else 1,
+        BLOCK=PROMPT_CHUNK if prompt else CHUNK,
+        SPAN=triton.cdiv(hidden, PROMPT_CHUNK) if prompt else 1,
         GRAM=prompt,
-        num_warps=4 if prompt else MIX_WARPS,
+        num_warps=PROMPT_WARPS if prompt else MIX_WARPS,
     )
     return x, post, comb
 
