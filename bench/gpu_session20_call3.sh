@@ -12,13 +12,10 @@ export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFER
 BUDGET=${BUDGET:-450}
 . bench/run_steps.sh
 T=/tmp/s20c-steps
-FLA="env PYTHONPATH=/tmp/pylib-fla:$PYTHONPATH"
 
 machine
 wheels fla_core einops
-python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib-fla fla_core einops >> "$OUT/pip.log" 2>&1
-export TRITON_CACHE_DIR=/tmp/tcache
-[ -f .wheels/autotune.tgz ] && mkdir -p /tmp/tcache && tar xzf .wheels/autotune.tgz -C /tmp/tcache
+fla_aside
 step "1. record Triton launches (GPU tests)" 200 "$OUT/gpu_tests.txt" env OUT="$OUT" LIMIT=190 bash bench/record_triton_launches.sh
 step "1b. prompt-path GPU tests" 60 "$T/prompt_tests.txt" \
     python -m pytest -q -p no:cacheprovider tests/gpu/test_prompt_forms_gpu.py tests/gpu/test_moe_prompt_gpu.py

@@ -12,13 +12,11 @@ BUDGET=${BUDGET:-130}
 T=/tmp/s20d-steps
 
 machine
-python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib fla_core einops > "$OUT/pip.log" 2>&1
-export TRITON_CACHE_DIR=/tmp/tcache
-[ -f .wheels/autotune.tgz ] && mkdir -p /tmp/tcache && tar xzf .wheels/autotune.tgz -C /tmp/tcache
+fla_aside
 step "1. hc_bench --prompt" 30 "$T/hc_prompt.txt" python bench/hc_bench.py --prompt --out "$T/hc_prompt.json"
 step "2. hyper-connection GPU tests" 40 "$T/hc_tests.txt" python -m pytest -q -p no:cacheprovider \
     tests/gpu/test_rows_gpu.py -k hyper tests/gpu/test_prompt_forms_gpu.py
 step "3. released depth prefill, q4" 60 "$T/released_prefill_q4.txt" \
-    python bench/gpu_engine.py --layers released --exl3-experts --shard 2 --dense q4 --modes none --tp2 off \
+    $FLA python bench/gpu_engine.py --layers released --exl3-experts --shard 2 --dense q4 --modes none --tp2 off \
     --prefill-lengths 8192,32768 --prefill-repeats 1 --out "$T/released45_prefill_q4.json"
 collect "$T" "$OUT/benches.json"

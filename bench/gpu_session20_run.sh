@@ -16,14 +16,12 @@ R="--layers released --exl3-experts --shard 2"
 
 machine
 wheels fla_core einops
-python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib-fla fla_core einops >> "$OUT/pip.log" 2>&1
-export TRITON_CACHE_DIR=/tmp/tcache
-[ -f .wheels/autotune.tgz ] && mkdir -p /tmp/tcache && tar xzf .wheels/autotune.tgz -C /tmp/tcache
+fla_aside
 step "1. record Triton launches (GPU tests)" 210 "$OUT/gpu_tests.txt" env OUT="$OUT" LIMIT=200 bash bench/record_triton_launches.sh
 step "2. prefill trace, 4 layers, EXL3, q4, 8k" 260 "$T/prefill_trace.txt" \
-    env PYTHONPATH=/tmp/pylib-fla:$PYTHONPATH python bench/decode_trace.py --layers KKKD --exl3-experts --shard 2 \
+    $FLA python bench/decode_trace.py --layers KKKD --exl3-experts --shard 2 \
     --dense q4 --prefill 8192 --out "$OUT/trace_prefill_kkkd_exl3_q4.json.gz"
-(cd /tmp/tcache 2>/dev/null && find . -name '*.autotune.json' | tar czf "$OUT/autotune.tgz" -T -)
+autotune_back
 step "3. released depth decode, q4" 40 "$T/released_q4.txt" \
     python bench/gpu_engine.py $R --dense q4 --modes graphs --tp2 off --no-prefill --out "$T/released45_q4.json"
 collect "$T" "$OUT/benches.json"

@@ -23,6 +23,19 @@ wheels() {
     python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib $names > "$OUT/pip.log" 2>&1
     say "pip exit $?"
 }
+# fla_aside: fla-core (and einops) into /tmp/pylib-fla, for the steps run through $FLA (the others keep fla-core out),
+# and the fla-core autotune choices an earlier call brought back as .wheels/autotune.tgz into TRITON_CACHE_DIR (no
+# first-start autotune; `autotune_back` writes them for the next call)
+fla_aside() {
+    python -m pip install -q --no-deps --no-index --find-links .wheels --target /tmp/pylib-fla fla_core einops \
+        >> "$OUT/pip.log" 2>&1
+    FLA="env PYTHONPATH=/tmp/pylib-fla:$PYTHONPATH"
+    export TRITON_CACHE_DIR=/tmp/tcache
+    mkdir -p /tmp/tcache
+    [ -f .wheels/autotune.tgz ] && tar xzf .wheels/autotune.tgz -C /tmp/tcache
+    return 0
+}
+autotune_back() { (cd /tmp/tcache && find . -name '*.autotune.json' | tar czf "$OUT/autotune.tgz" -T -); }
 # step NAME SECONDS FILE COMMAND...: COMMAND under its cap, its output in FILE; the exit and a summary in the log
 step() {
     local name=$1 want=$2 file=$3 t; shift 3
