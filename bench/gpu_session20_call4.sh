@@ -12,6 +12,7 @@ BUDGET=${BUDGET:-130}
 T=/tmp/s20d-steps
 
 machine
+wheels fla_core einops
 fla_aside
 step "1. hc_bench --prompt" 30 "$T/hc_prompt.txt" python bench/hc_bench.py --prompt --out "$T/hc_prompt.json"
 step "2. hyper-connection GPU tests" 40 "$T/hc_tests.txt" python -m pytest -q -p no:cacheprovider \

@@ -29,8 +29,8 @@ memory but that word, mma.sync) and checks its arithmetic in torch; tests/gpu it
 Prompt chunks multiply by the weight made bf16 for the call (engine/ops/fused.py `linear`): `dequantized`, one Triton
 launch (`_dequantize`, a plain Triton kernel: it runs in the interpreter) writing it from the stored bytes, in place of
 `QuantWeight.dequantize`'s torch steps — five elementwise launches a weight, more time than the matmul at a 2,048-row
-chunk. On the H200 a q4 4096 × 4096 weight takes 11 µs instead of 203 (3.8 TB/s) and the chunk's product 129 µs
-instead of 307 (the matmul alone 116). Its bits are `dequantize`'s: each value made in fp32 as torch makes it — q4's
+chunk. On the H200 (timed ad hoc, session 20) a q4 4096 × 4096 weight takes 11 µs instead of 203 (3.8 TB/s) and
+the chunk's product 129 µs instead of 307 (the matmul alone 116). Its bits are `dequantize`'s: each value made in fp32 as torch makes it — q4's
 product then sum, each rounded (compiled with enable_fp_fusion=False, so no FMA; the product of a 4-bit code and an
 fp16 scale is exact anyway), fp8's product — then rounded to nearest even.
 """
@@ -51,9 +51,9 @@ ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
 # warp from TALL outputs on, else 32), the grid size the split of the inputs aims for, at most this many slices, the
 # operands' k_width, and below UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
 BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 16384, 528, 16, 8, 1024
-# `_dequantize`'s tile — outputs and groups a program, warps: of 14 timed on the H200 at seven q4 and fp8 shapes, the
-# fastest or within 1 µs of it at each (3.4–3.8 TB/s where groups divide the width); its scales fewer than its threads,
-# so Triton loads them in the bytes' layout (no shared memory)
+# `_dequantize`'s tile — outputs and groups a program, warps: of 14 timed ad hoc on the H200 at seven q4 and fp8
+# shapes, the fastest or within 1 µs of it at each (3.4–3.8 TB/s where groups divide the width); its scales fewer than
+# its threads, so Triton loads them in the bytes' layout (no shared memory)
 DEQUANT_O, DEQUANT_GROUPS, DEQUANT_WARPS = 16, 4, 4
 COUNTS = 1 << 15  # tiles (blocks of outputs × blocks of rows) one launch may have: the slice counters a device keeps
 

@@ -43,12 +43,13 @@ so a row's bits never depend on the batch.
 More than PAIRS_MAX pairs (a prompt chunk: `grouped_experts`): the pairs are sorted by expert once (on the device),
 cut into blocks of at most BM pairs of one expert, and `_exl3_grouped` multiplies each block by its expert's W_q on
 the tensor cores, decoding each K tile of the trellis once for the block's rows straight into the MMA operand
-(`_tile_fragment`): W_q never reaches memory and nothing waits on the host. The MMA is TF32 (W_q's fp16 values are
-exact in it); each activation is split into its TF32 part and the remainder, two products, so the sums are as close as
-fp32 (4.5e-5 of the largest output from the expert loop's fp32 matmuls at the served shapes, H200). The same
-rotations, `_swiglu_between` and `_weighted_sum` as the decode path; a token's bits do not depend on the chunk's other
-tokens. H200, 2,048 tokens through one GLM-5.3-Flash layer's routed experts: 14.3 ms (TP=1) and 7.8 ms (TP=2's
-shard) against 253 and 176 ms for the loop over experts it replaced (`_looped_experts`, kept for the bench).
+(`_tile_fragment`): W_q never reaches memory and nothing waits on the host. The MMA's operands are fp16 (W_q's
+values are fp16: exact) or, as an option, TF32; each activation is split into its rounding to the operand type and
+the remainder, two products, so the sums are close to fp32 (from the expert loop's fp32 matmuls at the served
+shapes, H200: 2.5e-5 of the largest output with fp16 operands, 4.9e-5 with TF32). The same rotations,
+`_swiglu_between` and `_weighted_sum` as the decode path; a token's bits do not depend on the chunk's other tokens.
+H200, 2,048 tokens through one GLM-5.3-Flash layer's routed experts at TP=2's shard: 7.22 ms (session 20; 7.8 ms
+with TF32 operands, 176 ms for the loop over experts it replaced, `_looped_experts`, kept for the bench).
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def _decode(
     """The fp16 value of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1, returned as fp32 (exact;
     F16: as the fp16 itself, for fp16 tensor-core operands).
     ASM (compiled kernels; the interpreter cannot run PTX): 3inst / mcg's mask-and-flip as one lop3, the two halves
-    added by one f16 add straight from the 32-bit register, then converted: the same operations as the Triton form
-    below, in the fewest instructions (the decode is the GEMV's cost: see `_exl3_gemv`)."""
+    added by one f16 add straight from the 32-bit register, then converted (not with F16): the same operations as the
+    Triton form below, in the fewest instructions (the decode is the GEMV's cost: see `_exl3_gemv`)."""
     if CODEBOOK == 2:
         x = state * 0x83DCD12D
         byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
@@ -498,8 +499,8 @@ def _tile_fragment(
     F16: tl.constexpr = False,
 ):
     """BNT tiles at `base` ([1, BNT, 1] word pointers; quad [1, 1, 8], lane4 [4, 1, 1]) as one [16, 16 BNT] fp32
-    (F16: fp16) tensor-core operand: rows are the tile's inputs in the grouped MMA's order (position 4 (l%4) + 2 (j>>1 & 1) + (j&1),
-    which `rotate_rows(order="mma")` gives the activations), columns the outputs in their natural order (tile,
+    (F16: fp16) tensor-core operand: rows are the tile's inputs in the grouped MMA's order (position 4 (l%4) +
+    2 (j>>1 & 1) + (j&1), which `rotate_rows(order="mma")` gives the activations), columns the outputs in their natural order (tile,
     then c = l//4 + 8 (j>>2)). Value (l, j) is decoded as in the GEMV. A thread's values of one lane and one column
     half are 4 consecutive inputs, so the operand is built as [outputs, inputs] with them innermost and transposed:
     16-byte stores to the MMA's K-major shared layout (the GEMV's input order here stored through stmatrix with 19-way
@@ -549,14 +550,17 @@ def _exl3_grouped(
     (b, n, m) takes block b of the block table ((expert, first pair, end pair): at most BM pairs of one expert),
     output columns n·16·BNT.., and matrix MATS·expert + m (gate / up: MATS = 2, x row 2p + m; down: MATS = 1, x row
     p). Each K tile's trellis words are decoded once for the block's BM rows straight into the MMA operand
-    (`_tile_fragment`; W_q never reaches memory); x rows in the grouped MMA's input order, fp32. The MMA is TF32: W_q's fp16
-    values are exact in it, and with SPLIT_X each x is the sum of its TF32 part and the remainder, two products, so
-    the result is as close as fp32 (without: one product, x rounded to TF32's 11 bits). F16: the same with fp16
-    operands (W_q's values are fp16; x as its fp16 rounding and the fp16 of the remainder): half the shared-memory
-    bytes for the decoded operand and twice the MMA rate; x beyond fp16's range (65,504) would overflow, which the
-    activations here (normed inputs, SwiGLU outputs clamped at the limit, rotated) do not reach. Output row: MATS·p +
-    m, or dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on the pair count
-    alone."""
+    (`_tile_fragment`; W_q never reaches memory); x rows in the grouped MMA's input order, fp32. Without F16 the MMA
+    is TF32: W_q's fp16 values are exact in it, and with SPLIT_X each x is the sum of its TF32 part and the
+    remainder, two products, so the result is as close as fp32 (without: one product, x rounded to TF32's 11 bits).
+    F16 (the default launch): the same with fp16 operands (W_q's values are fp16; x as its fp16 rounding and the
+    fp16 of the remainder): half the shared-memory bytes for the decoded operand and twice the MMA rate. fp16's
+    range bounds it both ways: an |x| past 65,504 would overflow (the activations here - normed inputs, SwiGLU
+    outputs clamped at the limit, ≤ limit² before the rotation, ≤ √128 times that after - stay orders of magnitude
+    below), and below 2^-14 the remainder loses bits to subnormals, so each x carries an absolute error up to 2^-25
+    where TF32's is relative (at the served shapes the sums came closer to fp32 than TF32's: 2.5e-5 against 4.9e-5).
+    Output row: MATS·p + m, or dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on
+    the pair count alone."""
     b = tl.program_id(0)
     n = tl.program_id(1)
     m = tl.program_id(2)
@@ -863,7 +867,8 @@ PROMPT_LAUNCH: dict = {
     # TF32 and four warps: 7.77 / 20.77 and 7.82 / 20.07 ms, each alone, against 8.01 / 22.97
     # (bench/results/2026-12-03-h200-session20-call2-benches.json)
     "operands": "fp16",
-    "rotate_warps": 1,  # warps a 128-block program of the rotations around the products (the same bits at any count)
+    "rotate_warps": 1,  # warps a 128-block program of the rotations around the products (their bits at any count;
+    # `_weighted_sum`'s sum of a row's k pairs follows the layout, so its last bits do not)
 }
 
 
@@ -889,6 +894,12 @@ def _block_table(counts: torch.Tensor, bm: int, pairs: int) -> torch.Tensor:
     first = torch.where(live, first, 0)
     end = torch.where(live, torch.minimum(first + bm, ends[e]), 0)
     return torch.stack([e, first, end], 1).to(torch.int32).contiguous()
+
+
+def _operands_f16(operands: str) -> bool:
+    if operands not in ("fp16", "tf32"):
+        raise ValueError(f"operands={operands!r}: the grouped MMA takes 'fp16' or 'tf32' operands")
+    return operands == "fp16"
 
 
 def _grouped_launch(
@@ -925,7 +936,7 @@ def _grouped_launch(
         MUL1_SCALE=_MUL1_SCALE,
         MUL1_BIAS=_MUL1_BIAS,
         ASM=_asm(None),
-        F16=launch["operands"] == "fp16",
+        F16=_operands_f16(launch["operands"]),
         num_warps=launch["num_warps"],
     )
 

@@ -1,5 +1,5 @@
-"""The hyper-connections (engine/models/glm5_next/mhc.py) in three GPU kernels: decode steps, verify windows and
-prompt chunks.
+"""The hyper-connections (engine/models/glm5_next/mhc.py) on the GPU: three kernels for decode steps and verify
+windows, a cuBLAS product and two kernels for prompt chunks.
 
 Done with torch ops, one sublayer's hyper-connection is ~30 small launches (the RMS norm, the 2n + n² logits, three
 gate functions, a softmax, 20 Sinkhorn iterations, the pre-mix, the sublayer's own RMS norm, the post/comb mix); in a
@@ -12,17 +12,20 @@ session 16). Here:
   fp32) is read once per token, spread over many SMs; a prompt chunk (more than DECODE_TOKENS tokens) takes the dot
   products as one fp32 matrix product instead (cuBLAS, [T, n·hidden] · fnᵀ: fn read once per tile of tokens; per
   token it was ~3 GB of L2 reads for a 2,048-token chunk, 0.46 ms on the H200) and the Gram matrix in `_hc_mix`;
-- `_hc_mix` (token × hidden chunk): the partial sums added, the norm applied (rms_norm(s) · fn = rsqrt(mean s²) ·
+- `_hc_mix` (token × hidden chunk; a prompt chunk: a token): the partial sums added, the norm applied (rms_norm(s) · fn = rsqrt(mean s²) ·
   (s · fn), Σ s² the Gram matrix's trace), pre / post / comb gates, softmax and Sinkhorn in registers, then this
   chunk of the pre-mix h = Σ pre_n s_n with the sublayer's RMS norm and weight (|h|² = preᵀ · Gram · pre, so no
   program needs another's chunk): the sublayer's input; for a prompt chunk one program a token covers the whole
-  width — the Gram matrix from a first pass over the token's streams, the gates once a token, not once per
-  (token, chunk) — so a token's result depends on that token alone in both forms;
+  width, PROMPT_CHUNK columns a step — the Gram matrix from a first pass over the token's streams, the gates once
+  a token, not once per (token, chunk);
 - `_hc_post` (token × hidden chunk): streams' = post ⊗ out + combᵀ · streams.
 
 Everything is fp32, as the reference. Sums run in another order than the torch ops (the norm is applied after the
-dot products, the hidden width is cut in chunks), so results agree to fp32 rounding, not bit for bit; every token's
-result depends on that token alone. Also `sinkhorn`, the Sinkhorn iterations alone (`fused.hc_weights`: the gates
+dot products, the hidden width is cut in chunks), so results agree to fp32 rounding, not bit for bit. A token's
+result depends on the other tokens' values in neither form; in a prompt chunk it may depend on their number (which
+algorithm cuBLAS picks for T rows), and the two forms (up to DECODE_TOKENS tokens and more) differ in the last bits.
+The prompt form's product is fp32 only while torch's float32 matmul precision is "highest" (its default: no TF32);
+under another setting prompt chunks take the decode form's kernels. Also `sinkhorn`, the Sinkhorn iterations alone (`fused.hc_weights`: the gates
 without the mix, and a stream count that is not a power of two).
 """
 
@@ -236,12 +239,13 @@ def hc_pre(
     streams = streams.contiguous()
     tokens, n, hidden = streams.shape
     rows = fn.shape[0]
-    r_pad, chunks = triton.next_power_of_2(rows), triton.cdiv(hidden, CHUNK)  # CHUNK read at the call (the bench)
-    prompt = tokens > DECODE_TOKENS
-    if prompt:  # the dot products as one fp32 product (fp32 matmuls here are not TF32: torch's default)
+    chunks = triton.cdiv(hidden, CHUNK)  # CHUNK read at the call (the bench)
+    prompt = tokens > DECODE_TOKENS and torch.get_float32_matmul_precision() == "highest"
+    if prompt:  # the dot products as one fp32 product
         dots = torch.mm(streams.view(tokens, n * hidden), fn.t())  # [T, rows]: one part, rows apart
-        gram, r_pad, parts = dots, rows, 1  # the Gram matrix: `_hc_mix`'s
+        gram, r_pad, parts = dots, rows, 1  # no Gram partials: `_hc_mix` makes the matrix (gram_ptr unread)
     else:
+        r_pad = triton.next_power_of_2(rows)
         parts = chunks
         dots = torch.empty(tokens, chunks, r_pad, dtype=torch.float32, device=streams.device)
         gram = torch.empty(tokens, chunks, n, n, dtype=torch.float32, device=streams.device)

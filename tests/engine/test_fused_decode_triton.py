@@ -77,8 +77,9 @@ def _cases() -> dict:
     out["hc"]["batch_independent"] = bool(torch.equal(alone[0], x[1]))
 
     # a prompt chunk's form (more than DECODE_TOKENS tokens: the dot products as one matrix product, one `_hc_mix`
-    # program a token with its Gram matrix) against the torch path; a token's result with every other token changed
-    tokens, wide = triton_mhc.DECODE_TOKENS + 6, 320
+    # program a token with its Gram matrix, PROMPT_CHUNK columns a step: two steps here, the second masked) against
+    # the torch path; a token's result with every other token changed
+    tokens, wide = triton_mhc.DECODE_TOKENS + 6, triton_mhc.PROMPT_CHUNK + 188
     fn = torch.randn(2 * n + n * n, n * wide, generator=gen) * 0.05
     norm = torch.rand(wide, generator=gen) + 0.5
     streams = torch.randn(tokens, n, wide, generator=gen)
@@ -221,7 +222,6 @@ def _cases() -> dict:
     out["lane_attention_alone"] = bool(
         torch.equal(triton_dsa.lane_attention(q_abs[1:2], latents[1:2], counts[1:2], 0.125)[0], fused[1])
     )
-
     return out
 
 

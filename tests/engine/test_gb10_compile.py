@@ -47,6 +47,31 @@ def test_every_launched_kernel_has_a_recorded_specialisation():
 
 @pytest.mark.parametrize("entry", _entries(), ids=lambda e: f"{e['kernel']}-{e['num_warps']}w")
 def test_kernel_compiles_for_sm121(entry):
+    _compile_for_sm121(entry)
+
+
+def test_the_prompt_chunk_hyper_connection_mix_compiles_for_sm121():
+    """The prompt-chunk form of `_hc_mix` (GRAM: one program a token over the whole width) as it is launched now —
+    the recorded one with triton_mhc.PROMPT_CHUNK columns a step and PROMPT_WARPS warps (the record may be of an
+    earlier step) —, which `_entries` leaves out: neither the first nor the last `_hc_mix` recorded."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from engine.ops import triton_mhc
+
+    names = triton_mhc._hc_mix.arg_names
+    for entry in json.loads(LAUNCHES.read_text()):
+        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_hc_mix" else {}
+        if values.get("GRAM"):
+            break
+    else:
+        pytest.fail("no prompt-chunk _hc_mix recorded (run bench/record_triton_launches.sh)")
+    values["BLOCK"] = triton_mhc.PROMPT_CHUNK
+    values["SPAN"] = -(-values["HIDDEN"] // triton_mhc.PROMPT_CHUNK)
+    entry = {**entry, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    _compile_for_sm121({**entry, "num_warps": triton_mhc.PROMPT_WARPS})
+
+
+def _compile_for_sm121(entry: dict) -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     import triton

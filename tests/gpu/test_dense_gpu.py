@@ -143,10 +143,18 @@ def test_the_dequantising_kernel_gives_the_dequantised_bits(mode, shape):
 
 
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
-def test_a_prompt_chunk_takes_the_dequantised_weight(mode):
+def test_a_prompt_chunk_takes_the_dequantised_weight(mode, monkeypatch):
+    """A prompt chunk's product with a reduced weight runs on the one-launch dequantisation (`dequantized`, spied on:
+    its bits equal `dequantize`'s, so equal results alone would not show it ran) and gives the torch form's bits."""
+    from engine.ops import triton_dense
+
+    calls = []
+    real = triton_dense.dequantized
+    monkeypatch.setattr(triton_dense, "dequantized", lambda w, *a: calls.append(w) or real(w, *a))
     w = weight((2048, 4096), mode)
     x = rows(256, 4096)
     assert torch.equal(ops.linear(x, w), reference.linear(x, w.dequantize(torch.bfloat16)))
+    assert calls == [w]
 
 
 @pytest.fixture(scope="module")
