@@ -30,9 +30,9 @@ Prompt chunks multiply by the weight made bf16 for the call (engine/ops/fused.py
 launch (`_dequantize`, a plain Triton kernel: it runs in the interpreter) writing it from the stored bytes, in place of
 `QuantWeight.dequantize`'s torch steps — five elementwise launches a weight, more time than the matmul at a 2,048-row
 chunk. On the H200 (timed ad hoc, session 20) a q4 4096 × 4096 weight takes 11 µs instead of 203 (3.8 TB/s) and
-the chunk's product 129 µs instead of 307 (the matmul alone 116). Its bits are `dequantize`'s: each value made in fp32 as torch makes it — q4's
-product then sum, each rounded (compiled with enable_fp_fusion=False, so no FMA; the product of a 4-bit code and an
-fp16 scale is exact anyway), fp8's product — then rounded to nearest even.
+the chunk's product 129 µs instead of 307 (the matmul alone 116). Its bits are `dequantize`'s: each value made in
+fp32 as torch makes it — q4's product then sum, each rounded (compiled with enable_fp_fusion=False, so no FMA; the
+product of a 4-bit code and an fp16 scale is exact anyway), fp8's product — then rounded to nearest even.
 """
 
 from __future__ import annotations

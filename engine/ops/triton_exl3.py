@@ -500,8 +500,8 @@ def _tile_fragment(
 ):
     """BNT tiles at `base` ([1, BNT, 1] word pointers; quad [1, 1, 8], lane4 [4, 1, 1]) as one [16, 16 BNT] fp32
     (F16: fp16) tensor-core operand: rows are the tile's inputs in the grouped MMA's order (position 4 (l%4) +
-    2 (j>>1 & 1) + (j&1), which `rotate_rows(order="mma")` gives the activations), columns the outputs in their natural order (tile,
-    then c = l//4 + 8 (j>>2)). Value (l, j) is decoded as in the GEMV. A thread's values of one lane and one column
+    2 (j>>1 & 1) + (j&1), which `rotate_rows(order="mma")` gives the activations), columns the outputs in their
+    natural order (tile, then c = l//4 + 8 (j>>2)). Value (l, j) is decoded as in the GEMV. A thread's values of one lane and one column
     half are 4 consecutive inputs, so the operand is built as [outputs, inputs] with them innermost and transposed:
     16-byte stores to the MMA's K-major shared layout (the GEMV's input order here stored through stmatrix with 19-way
     bank conflicts, ncu; this order is 1.3x faster, though its stores are still ~21-way conflicted: docs/BENCHMARKS.md).
@@ -863,9 +863,9 @@ PROMPT_LAUNCH: dict = {
     "ku": 1,
     "prefetch": True,
     "num_warps": 4,
-    # fp16 operands (`_exl3_grouped`'s F16) and one-warp rotations: H200, TP=2's shard, 2,048 / 8,192 tokens, against
-    # TF32 and four warps: 7.77 / 20.77 and 7.82 / 20.07 ms, each alone, against 8.01 / 22.97
-    # (bench/results/2026-12-03-h200-session20-call2-benches.json)
+    # fp16 operands (`_exl3_grouped`'s F16) and one-warp rotations: H200, TP=2's shard, 2,048 / 8,192 tokens, 7.22 /
+    # 18.46 ms against 8.38 / 22.52 with TF32 and four warps (fp16 alone 7.72 / 21.00, one warp alone 7.76 / 20.24;
+    # bench/results/2026-12-03-h200-session20-call3-benches.json)
     "operands": "fp16",
     "rotate_warps": 1,  # warps a 128-block program of the rotations around the products (their bits at any count;
     # `_weighted_sum`'s sum of a row's k pairs follows the layout, so its last bits do not)

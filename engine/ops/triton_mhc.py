@@ -12,12 +12,12 @@ session 16). Here:
   fp32) is read once per token, spread over many SMs; a prompt chunk (more than DECODE_TOKENS tokens) takes the dot
   products as one fp32 matrix product instead (cuBLAS, [T, n·hidden] · fnᵀ: fn read once per tile of tokens; per
   token it was ~3 GB of L2 reads for a 2,048-token chunk, 0.46 ms on the H200) and the Gram matrix in `_hc_mix`;
-- `_hc_mix` (token × hidden chunk; a prompt chunk: a token): the partial sums added, the norm applied (rms_norm(s) · fn = rsqrt(mean s²) ·
-  (s · fn), Σ s² the Gram matrix's trace), pre / post / comb gates, softmax and Sinkhorn in registers, then this
-  chunk of the pre-mix h = Σ pre_n s_n with the sublayer's RMS norm and weight (|h|² = preᵀ · Gram · pre, so no
-  program needs another's chunk): the sublayer's input; for a prompt chunk one program a token covers the whole
-  width, PROMPT_CHUNK columns a step — the Gram matrix from a first pass over the token's streams, the gates once
-  a token, not once per (token, chunk);
+- `_hc_mix` (token × hidden chunk; a prompt chunk: a token): the partial sums added, the norm applied
+  (rms_norm(s) · fn = rsqrt(mean s²) · (s · fn), Σ s² the Gram matrix's trace), pre / post / comb gates, softmax and
+  Sinkhorn in registers, then this chunk of the pre-mix h = Σ pre_n s_n with the sublayer's RMS norm and weight
+  (|h|² = preᵀ · Gram · pre, so no program needs another's chunk): the sublayer's input; for a prompt chunk one
+  program a token covers the whole width, PROMPT_CHUNK columns a step — the Gram matrix from a first pass over the
+  token's streams, the gates once a token, not once per (token, chunk);
 - `_hc_post` (token × hidden chunk): streams' = post ⊗ out + combᵀ · streams.
 
 Everything is fp32, as the reference. Sums run in another order than the torch ops (the norm is applied after the
@@ -25,8 +25,8 @@ dot products, the hidden width is cut in chunks), so results agree to fp32 round
 result depends on the other tokens' values in neither form; in a prompt chunk it may depend on their number (which
 algorithm cuBLAS picks for T rows), and the two forms (up to DECODE_TOKENS tokens and more) differ in the last bits.
 The prompt form's product is fp32 only while torch's float32 matmul precision is "highest" (its default: no TF32);
-under another setting prompt chunks take the decode form's kernels. Also `sinkhorn`, the Sinkhorn iterations alone (`fused.hc_weights`: the gates
-without the mix, and a stream count that is not a power of two).
+under another setting prompt chunks take the decode form's kernels. Also `sinkhorn`, the Sinkhorn iterations alone
+(`fused.hc_weights`: the gates without the mix, and a stream count that is not a power of two).
 """
 
 from __future__ import annotations
