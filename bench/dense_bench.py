@@ -4,6 +4,11 @@ activations in, the fp32 result out) as a fraction of HBM bandwidth, and the bf1
 serving path's `linear`, fixed 16-row blocks) beside it.
 
     python bench/dense_bench.py [--out FILE] [--tp 1,2] [--calls 20] [--sweep]
+    python bench/dense_bench.py --dequant [--out FILE] [--tp 1,2]
+
+`--dequant`: what a prompt chunk's product with a reduced weight costs instead — the weight dequantised to bf16 in
+one launch (`triton_dense.dequantized`, what `ops.linear` runs) against `QuantWeight.dequantize`'s torch steps (the
+form before session 20), alone and followed by a 2,048-row matmul, µs a call (one call a CUDA graph).
 """
 
 from __future__ import annotations
@@ -142,6 +147,40 @@ def sweep(out_path: Path | None, modes: tuple[str, ...]) -> None:
                 out_path.write_text(json.dumps(found, indent=1))
 
 
+def dequant(out_path: Path | None, tps: list[int]) -> None:
+    """`--dequant` (the module docstring)."""
+    from engine.ops.triton_dense import dequantized
+    from engine.quant.dense import QuantWeight
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    result: dict = {"gpu": torch.cuda.get_device_name(), "prompt_rows": 2048, "shapes": {}}
+    for tp in tps:
+        for name, (out, width) in shapes(tp).items():
+            weight = (torch.randn(out, width, generator=gen, device="cuda") * 0.02).bfloat16()
+            x = torch.randn(2048, width, generator=gen, device="cuda")
+            row: dict = {"shape": [out, width]}
+            for mode in ("q4", "fp8"):
+                stored = quantize(weight, mode)
+                assert isinstance(stored, QuantWeight), (name, mode)  # the shapes' widths hold whole groups
+                moved = stored.nbytes() + out * width * 2
+                one = timed([lambda: dequantized(stored)])
+                row[mode] = {
+                    "one_launch_us": round(one * 1e6, 1),
+                    "one_launch_tb_s": round(moved / one / 1e12, 2),
+                    "torch_steps_us": round(timed([lambda: stored.dequantize(torch.bfloat16)]) * 1e6, 1),
+                    "prompt_product_us": round(timed([lambda: fused.linear(x, stored)]) * 1e6, 1),
+                    "prompt_product_before_us": round(
+                        timed([lambda: reference.linear(x, stored.dequantize(torch.bfloat16))]) * 1e6,
+                        1,
+                    ),
+                    "bf16_product_us": round(timed([lambda: reference.linear(x, weight)]) * 1e6, 1),
+                }
+                print(f"tp{tp} {name} {out}x{width} {mode}: {row[mode]}", flush=True)
+            result["shapes"][f"tp{tp}/{name}"] = row
+            if out_path:
+                out_path.write_text(json.dumps(result, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
@@ -156,7 +195,11 @@ def main() -> None:
         "256 MB, so each reads HBM (1: one call a graph, its launch latency included, the tables' method before "
         "2026-12-03)",
     )
+    ap.add_argument("--dequant", action="store_true", help="a prompt chunk's dequantisation instead (docstring)")
     args = ap.parse_args()
+    if args.dequant:
+        dequant(args.out, [int(t) for t in args.tp.split(",")])
+        return
     if args.sweep:
         sweep(args.out, tuple(args.sweep_modes.split(",")))
         return
