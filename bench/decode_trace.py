@@ -124,6 +124,13 @@ def traced(fn) -> list[dict]:
     return out
 
 
+def write(path: str | None, result: dict) -> None:
+    """The result as JSON at `path` (gzipped where it ends in .gz); nothing without one."""
+    if path:
+        with gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def tally(rows: list[dict], key: str) -> list[dict]:
     """Launches and GPU time per value of `key` ("scope" or "kernel"), the most time first."""
     table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -190,9 +197,7 @@ def main() -> None:
     result["eager_by_scope"] = tally(e, "scope")
     result["graphed_by_name"] = tally(g, "kernel")
     print(json.dumps({k: v for k, v in result.items() if k not in ("graphed", "eager", "graphed_verify")}, indent=1))
-    if args.out:
-        with gzip.open(args.out, "wt") if args.out.endswith(".gz") else open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write(args.out, result)
 
 
 def prefill_trace(model, cfg, args) -> None:
@@ -231,9 +236,7 @@ def prefill_trace(model, cfg, args) -> None:
     for row in result["by_scope_kernel"][:40]:
         print(f"{row['us']:10.1f} us x{row['launches']:<5} {row['scope_kernel']}")
     result["kernels"] = rows
-    if args.out:
-        with gzip.open(args.out, "wt") if args.out.endswith(".gz") else open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write(args.out, result)
 
 
 if __name__ == "__main__":

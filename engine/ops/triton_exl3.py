@@ -96,23 +96,22 @@ def _decode(
     """The fp16 value of uint32 states 0..65535 in codebook 0 = 3inst, 1 = mcg, 2 = mul1, returned as fp32 (exact;
     F16: as the fp16 itself, for fp16 tensor-core operands).
     ASM (compiled kernels; the interpreter cannot run PTX): 3inst / mcg's mask-and-flip as one lop3, the two halves
-    added by one f16 add straight from the 32-bit register, then converted (not with F16): the same operations as the
-    Triton form below, in the fewest instructions (the decode is the GEMV's cost: see `_exl3_gemv`)."""
+    added by one f16 add straight from the 32-bit register: the same operations as the Triton form below, in the
+    fewest instructions (the decode is the GEMV's cost: see `_exl3_gemv`)."""
     if CODEBOOK == 2:
         x = state * 0x83DCD12D
         byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
         # 2^23 + (1024 + byte_sum) as fp32 bits, less 2^23: the integer as fp32 without a conversion
         count = (0x4B000400 + byte_sum).to(tl.float32, bitcast=True) - 8388608.0
         value = (count * MUL1_SCALE + MUL1_BIAS).to(tl.float16)  # one rounding
-        if not F16:
-            value = value.to(tl.float32)  # exact
     else:
         if CODEBOOK == 1:
             x = state * 0xCBAC1FED
         else:
             x = state * 89226354 + 64248484
-        if ASM and F16:
-            value = tl.inline_asm_elementwise(  # as below, the fp16 sum kept
+        if ASM:
+            # lut 0x6A = (a & b) ^ c; {lo, hi} are the word's fp16 halves; add.rn.f16 rounds the exact sum once
+            value = tl.inline_asm_elementwise(
                 """{
                 .reg .b32 t;
                 .reg .b16 lo, hi;
@@ -126,31 +125,12 @@ def _decode(
                 is_pure=True,
                 pack=1,
             )
-        elif ASM:
-            # lut 0x6A = (a & b) ^ c; {lo, hi} are the word's fp16 halves; add.rn.f16 rounds the exact sum once
-            value = tl.inline_asm_elementwise(
-                """{
-                .reg .b32 t;
-                .reg .b16 lo, hi, s;
-                lop3.b32 t, $1, 0x8FFF8FFF, 0x3B603B60, 0x6A;
-                mov.b32 {lo, hi}, t;
-                add.rn.f16 s, lo, hi;
-                cvt.f32.f16 $0, s;
-                }""",
-                "=r,r",
-                [x],
-                dtype=tl.float32,
-                is_pure=True,
-                pack=1,
-            )
         else:
             x = (x & 0x8FFF8FFF) ^ 0x3B603B60
             low = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
             high = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
             value = low + high  # an fp16 add rounds the exact sum once, as the format's fp32 sum
-            if not F16:
-                value = value.to(tl.float32)
-    return value
+    return value if F16 else value.to(tl.float32)  # exact
 
 
 @triton.jit

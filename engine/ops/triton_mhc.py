@@ -35,10 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.ops.reference import ROW_INVARIANT_ROWS
+
 CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program covers
 DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
 # cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200) ...
-DECODE_TOKENS = 64  # ... for up to this many tokens (a step's rows)
+DECODE_TOKENS = ROW_INVARIANT_ROWS  # ... for up to this many tokens (a step's rows: decode, verify windows)
 PROMPT_CHUNK, PROMPT_WARPS = 512, 4  # a prompt chunk's `_hc_mix`: hidden columns a step of its one program a token
 # (32 steps of 128 took 374 µs a call of 2,048 tokens on the H200), warps
 
