@@ -15,6 +15,8 @@ from engine.ops.fused import (  # noqa: F401
     moe_experts,
     moe_route,
     rms_norm,
+    selected_attention,
+    selected_attention_applies,
     sinkhorn,
     swiglu_clamped,
 )

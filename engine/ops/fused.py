@@ -179,6 +179,28 @@ def lane_attention(
     return reference.row_blocks(torch_form, q_abs, latents, counts, kind="dsa_attend")
 
 
+def selected_attention_applies(q: torch.Tensor, heads: int, rank: int) -> bool:
+    """Whether a prompt chunk's DSA attention over selected tokens (queries q) runs as engine/ops/triton_dsa.py's
+    `selected_attention` (CUDA, its shapes) rather than gathered blocks of split products."""
+    if not q.is_cuda:
+        return False
+    from engine.ops.triton_dsa import prompt_applies
+
+    return prompt_applies(heads, rank)
+
+
+def selected_attention(
+    q_abs: torch.Tensor, latents: reference.Split, tokens: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """q_abs [H, T, R] fp32 (scaled) over each query's selected latents (`latents` [L, R] split, tokens and counts
+    [T, N]) -> context [H, T, R] fp32, in one launch (engine/ops/triton_dsa.py `selected_attention`)."""
+    from engine.ops.triton_dsa import selected_attention as fused
+
+    hi, lo = reference.split_bf16(q_abs)
+    assert lo is not None  # split in full: q_abs is fp32
+    return fused((hi, lo), latents, tokens, counts)
+
+
 def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """SwiGLU with GLM's limits (`reference.swiglu_clamped`); fp32 rows on CUDA in one kernel
     (engine/ops/triton_moe.py `swiglu`)."""

@@ -19,9 +19,20 @@ products: fp32's accuracy; with one fp32 FMA a multiply a program took ~8 µs at
 count), so the result agrees with the torch form to fp32 rounding (the softmax is also taken in blocks); the launch
 shape depends on the row count only through the grid's first axis and every program's work on its own row, so a
 row's bits are its own alone or beside others.
+
+A prompt chunk's queries (`selected_attention`, `_attend_prompt`) take another shape: thousands of queries, each with
+its own 2,052 selected tokens, so a program per query walks its tokens in blocks with an online softmax, and no
+query's latents are ever gathered into memory. All the query's heads share the latents (MLA's absorbed form), so the
+products are laid out token-major — scoresᵀ [tokens, heads] = latents · q_absᵀ and contextᵀ [rank, heads] +=
+latentsᵀ · p — with the block's tokens (then the rank) as the tensor-core tile's tall side and the heads as its
+narrow one; each latent block is read once, from L2 or HBM, for both products. Operands are the split bf16 pairs of
+the torch form (`reference.split_product`: q_abs and p as hi + lo against bf16 latents, plus the latents' lo part
+where the cache is not bf16), so the result agrees with it to fp32 rounding.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -29,6 +40,20 @@ import triton.language as tl
 
 BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
 SLICE = 64  # rank columns a product step
+# the prompt kernel's launch (selected tokens a step, heads a program - more go to further programs -, warps,
+# stages) by GPU and latents: on Hopper the fastest measured on the H200 (docs/BENCHMARKS.md, session 21: 3.4 ms for
+# a 2,048-query chunk at TP=2's 32 heads from a bf16 cache, against 6.8-12.7 for launches within 101 KB of shared
+# memory), 205 KB of shared memory a block, and for latents with a lo part (an fp8 or fp32 cache: two tiles a step)
+# one within the H200's 227 KB; elsewhere one within 101,376 B, the GB10's limit a block (98,304 B compiled for
+# sm_121 with or without a lo part, tests/engine/test_gb10_compile.py; its speed there is not measured)
+PROMPT_LAUNCHES = {
+    "sm90": {"block": 64, "heads": 32, "num_warps": 4, "num_stages": 2},
+    "sm90_lo": {"block": 32, "heads": 32, "num_warps": 8, "num_stages": 2},
+    "other": {"block": 16, "heads": 32, "num_warps": 8, "num_stages": 2},
+}
+# Triton's interpreter multiplies bf16 operands as their raw bits (Triton 3.6): there the prompt kernel widens them
+# to fp32 first, the same exact products and fp32 sums; the compiled kernel multiplies bf16 on the tensor cores
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -123,5 +148,109 @@ def lane_attention(q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Ten
     _attend_combine[(rows, heads)](
         part, stat, out, BLOCKS=blocks, H=heads, HP=hp, R=rank, BP=triton.next_power_of_2(blocks),
         RC=min(SLICE, rank), num_warps=8,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _operand(x, WIDEN: tl.constexpr):
+    if WIDEN:
+        return x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _attend_prompt(
+    qh_ptr,
+    ql_ptr,
+    hi_ptr,
+    lo_ptr,
+    tok_ptr,
+    cnt_ptr,
+    out_ptr,
+    T,
+    N: tl.constexpr,  # fixed by the config (index_topk + a pool), so one compile; a loop bound the interpreter takes
+    H: tl.constexpr,
+    HG: tl.constexpr,
+    R: tl.constexpr,
+    BT: tl.constexpr,
+    HAS_LO: tl.constexpr,
+    WIDEN: tl.constexpr,
+):
+    query = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HG + tl.arange(0, HG)
+    head_ok = heads < H
+    cols = tl.arange(0, R)
+    q_at = (heads[None, :] * T + query) * R + cols[:, None]  # [R, HG]: q_absᵀ, and where the context goes
+    q_hi = _operand(tl.load(qh_ptr + q_at, mask=head_ok[None, :], other=0.0), WIDEN)
+    q_lo = _operand(tl.load(ql_ptr + q_at, mask=head_ok[None, :], other=0.0), WIDEN)
+    top = tl.full([HG], float("-inf"), tl.float32)
+    total = tl.zeros([HG], dtype=tl.float32)
+    ctx = tl.zeros([R, HG], dtype=tl.float32)
+    for n0 in range(0, N, BT):
+        toks = n0 + tl.arange(0, BT)
+        live = toks < N
+        counted = (tl.load(cnt_ptr + query * N + toks, mask=live, other=0) != 0) & live
+        at = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64)[:, None] * R + cols[None, :]
+        lat = _operand(tl.load(hi_ptr + at, mask=counted[:, None], other=0.0), WIDEN)  # [BT, R]: what counts
+        scores = tl.dot(lat, q_lo)  # smallest first, as split_product sums
+        if HAS_LO:
+            lat_lo = _operand(tl.load(lo_ptr + at, mask=counted[:, None], other=0.0), WIDEN)
+            scores = tl.dot(lat_lo, q_hi, scores)
+        scores = tl.dot(lat, q_hi, scores)
+        scores = tl.where(counted[:, None], scores, float("-inf"))
+        new_top = tl.maximum(top, tl.max(scores, axis=0))
+        shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no token counted yet: nothing to rescale
+        p = tl.exp(scores - shift[None, :])
+        scale = tl.exp(top - shift)
+        total = total * scale + tl.sum(p, axis=0)
+        p_hi = p.to(tl.bfloat16)
+        p_lo = _operand((p - p_hi.to(tl.float32)).to(tl.bfloat16), WIDEN)
+        p_hi = _operand(p_hi, WIDEN)
+        ctx = ctx * scale[None, :]
+        ctx = tl.dot(tl.trans(lat), p_lo, ctx)
+        if HAS_LO:
+            ctx = tl.dot(tl.trans(lat_lo), p_hi, ctx)
+        ctx = tl.dot(tl.trans(lat), p_hi, ctx)
+        top = new_top
+    tl.store(out_ptr + q_at, ctx / total[None, :], mask=head_ok[None, :])
+
+
+def prompt_applies(heads: int, rank: int) -> bool:
+    """Whether `selected_attention` takes these shapes: a power-of-two rank of at least 16 (its columns are one
+    block) and at most 512 (the context is held in registers)."""
+    return heads >= 1 and 16 <= rank <= 512 and rank & (rank - 1) == 0
+
+
+def prompt_launch(capability: tuple[int, int], lo: bool = False) -> dict:
+    """`_attend_prompt`'s launch for a GPU of this compute capability, latents with a lo part or not
+    (PROMPT_LAUNCHES; the dict itself: a bench may change it)."""
+    if capability[0] != 9:
+        return PROMPT_LAUNCHES["other"]
+    return PROMPT_LAUNCHES["sm90_lo" if lo else "sm90"]
+
+
+def selected_attention(
+    q_abs: tuple[torch.Tensor, torch.Tensor],
+    latents: tuple[torch.Tensor, torch.Tensor | None],
+    tokens: torch.Tensor,
+    counts: torch.Tensor,
+) -> torch.Tensor:
+    """softmax(q_abs · latentsᵀ over each query's selected tokens that count) · latents, for a prompt chunk, head-major
+    as the products around it are: q_abs [H, T, R] split (bf16 hi, lo; scaled already), latents [L, R] split (bf16
+    hi, lo or None: a bf16 cache's), tokens [T, N] (rows of the latents; those that do not count are never read),
+    counts [T, N] bool -> [H, T, R] fp32. Every query must have a token that counts (a query always sees itself)."""
+    q_hi, q_lo = (part.contiguous() for part in q_abs)
+    lat_hi, lat_lo = latents
+    heads, t, rank = q_hi.shape
+    n = tokens.shape[1]
+    capability = torch.cuda.get_device_capability(q_hi.device) if q_hi.is_cuda else (0, 0)
+    launch = prompt_launch(capability, lat_lo is not None)
+    group = min(launch["heads"], max(16, triton.next_power_of_2(heads)))
+    out = torch.empty(heads, t, rank, dtype=torch.float32, device=q_hi.device)
+    _attend_prompt[(t, triton.cdiv(heads, group))](
+        q_hi, q_lo, lat_hi.contiguous(), lat_hi if lat_lo is None else lat_lo.contiguous(), tokens.contiguous(),
+        counts.contiguous().view(torch.uint8), out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
+        HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )  # fmt: skip
     return out

@@ -222,6 +222,27 @@ def _cases() -> dict:
     out["lane_attention_alone"] = bool(
         torch.equal(triton_dsa.lane_attention(q_abs[1:2], latents[1:2], counts[1:2], 0.125)[0], fused[1])
     )
+
+    # a prompt chunk's attention over selected tokens in one kernel: 5 queries, 3 heads (one 16-wide head group,
+    # masked), 150 selected tokens each (three blocks of 64, the last ragged) among 120 latents; query 1 counts none
+    # of its first block (the online softmax starts past it), query 4 only its last token; latents with and without
+    # a lo part, against the gathered torch form
+    q_abs = torch.randn(3, 5, 64, generator=gen) * 0.3
+    latents = torch.randn(120, 64, generator=gen)
+    tokens = torch.randint(0, 120, (5, 150), generator=gen)
+    counts = torch.rand(5, 150, generator=gen) < 0.7
+    counts[1, :64], counts[4] = False, False
+    counts[:, 149] = True
+    tokens[counts.logical_not()] = 10_000  # never read: would be out of bounds
+    gathered = latents[tokens.clamp(max=119)]
+    want = attend(q_abs.transpose(0, 1) / 0.125, gathered, counts).transpose(0, 1)
+    split = engine_ops.split_bf16(latents)
+    got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
+    out["selected_attention"] = _relative(got, want)
+    bf16 = latents.bfloat16().float()
+    want = attend(q_abs.transpose(0, 1) / 0.125, bf16[tokens.clamp(max=119)], counts).transpose(0, 1)
+    got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), (bf16.bfloat16(), None), tokens, counts)
+    out["selected_attention_bf16"] = _relative(got, want)
     return out
 
 
@@ -291,6 +312,15 @@ def test_lane_attention_kernels_match_the_torch_form(results: dict) -> None:
     form, with a block of tokens none of which counts, and a row alone equal to the same row beside others."""
     assert results["lane_attention"] <= TOLERANCE, results["lane_attention"]
     assert results["lane_attention_alone"]
+
+
+def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) -> None:
+    """engine/ops/triton_dsa.py `selected_attention` (a CUDA prompt chunk's DSA attention over selected tokens:
+    a program a query, an online softmax over blocks of its tokens, split bf16 products) against the gathered fp32
+    form, with a first block that counts nothing, tokens that do not count pointing out of bounds (never read), and
+    latents with and without a lo part."""
+    assert results["selected_attention"] <= TOLERANCE, results["selected_attention"]
+    assert results["selected_attention_bf16"] <= TOLERANCE, results["selected_attention_bf16"]
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ def _compile_for_sm121(entry: dict) -> None:
 
     fn = getattr(importlib.import_module(entry["module"]), entry["kernel"])
     assert list(entry["signature"]) == fn.arg_names, "the kernel's arguments changed: record again"
+    if entry["kernel"] == "_attend_prompt":  # launched by capability: what a GB10 launches, not the H200's record
+        entry = _attend_prompt_on_gb10(entry, fn.arg_names)
     constexprs = {tuple(k): v for k, v in entry["constexprs"]}
     attrs = {tuple(k): [tuple(a) for a in v] for k, v in entry["attrs"]}
     source = ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs, attrs=attrs)
@@ -92,3 +94,18 @@ def _compile_for_sm121(entry: dict) -> None:
     )
     if entry["kernel"] == "_exl3_grouped":  # its tl.dot on the tensor cores there too (wgmma is Hopper's alone)
         assert "mma.sync" in kernel.asm["ptx"] and "wgmma" not in kernel.asm["ptx"]
+
+
+def _attend_prompt_on_gb10(entry: dict, names: list[str]) -> dict:
+    """A recorded `_attend_prompt` launch (the H200's: engine/ops/triton_dsa.py picks its launch by compute
+    capability) as a GB10 (sm_121) launches it: its block of tokens, head group, warps and stages."""
+    import triton
+
+    from engine.ops import triton_dsa
+
+    values = {names[k[0]]: v for k, v in entry["constexprs"]}
+    launch = triton_dsa.prompt_launch((12, 1), bool(values["HAS_LO"]))
+    values["BT"] = launch["block"]
+    values["HG"] = min(launch["heads"], max(16, triton.next_power_of_2(values["H"])))
+    constexprs = [[[names.index(n)], v] for n, v in values.items()]
+    return {**entry, "constexprs": constexprs, "num_warps": launch["num_warps"], "num_stages": launch["num_stages"]}

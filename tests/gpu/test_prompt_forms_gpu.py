@@ -66,6 +66,42 @@ def test_prompt_attention_on_tensor_cores_matches_fp32(monkeypatch) -> None:
         assert 0 < relative_error(got, want) < 5e-5
 
 
+def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
+    """A prompt chunk's attention over selected tokens runs as one kernel (engine/ops/triton_dsa.py
+    `selected_attention`) at TP=2's share of the served layer (32 heads, nope 256, latent 512, 2,048 tokens in pools
+    of 4 plus the unfinished pool, some not counted), and agrees with the fp32 products and the gathered split
+    products it replaced, for latents from a bf16 cache and with a lo part."""
+    from engine.ops import triton_dsa
+
+    layer = dsa_heads(heads=32, nope=256, v=256, rank=512)
+    kv_b = torch.cat([layer.w_k, layer.w_v], dim=1).cuda() * 0.3
+    layer.w_k, layer.w_v = kv_b[:, :256], kv_b[:, 256:]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    t, length, kpool = 160, 4096, 4
+    positions = torch.arange(length - t, length, device="cuda")
+    chosen = torch.rand(t, length // kpool, device="cuda", generator=g).topk(512, dim=-1).indices.sort(-1).values
+    tokens = (chosen[:, :, None] * kpool + torch.arange(kpool, device="cuda")).flatten(1)
+    tail = ((positions + 1) - (positions + 1) % kpool)[:, None] + torch.arange(kpool, device="cuda")
+    tokens = torch.cat([tokens, tail], 1)
+    counts = (tokens <= positions[:, None]) & (torch.rand(tokens.shape, device="cuda", generator=g) < 0.95)
+    q = torch.randn(t, 32, 256, device="cuda", generator=g)
+    latents = torch.randn(length, 512, device="cuda", generator=g)
+    launched = []
+    kernel = triton_dsa.selected_attention
+    monkeypatch.setattr(triton_dsa, "selected_attention", lambda *a: launched.append(1) or kernel(*a))
+    for values, bf16 in ((latents.bfloat16().float(), True), (latents, False)):
+        with monkeypatch.context() as m:
+            m.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: False)
+            want = layer._attend_selected(q, values, tokens, counts)
+        with monkeypatch.context() as m:
+            m.setattr(ops, "selected_attention_applies", lambda *a: False)
+            gathered = layer._attend_selected(q, values, tokens, counts, bf16)
+        got = layer._attend_selected(q, values, tokens, counts, bf16)
+        assert 0 < relative_error(got, want) < 5e-5
+        assert relative_error(got, gathered) < 5e-5
+    assert len(launched) == 2
+
+
 def test_causal_conv_matches_cudnn_in_fp32() -> None:
     """A 2,048-token chunk at a KDA layer's conv width (3 × 32 heads × 128 = 12,288 channels, kernel 4) against
     torch's depthwise conv, cuDNN's TF32 off so that the oracle is full fp32 whichever kernel it takes."""

@@ -181,6 +181,10 @@ class SparseMLA:
         if self._on_tensor_cores(q):
             lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
             weights = ops.split_bf16(self.w_k), ops.split_bf16(self.w_v.transpose(1, 2))  # once, not per block
+            if ops.selected_attention_applies(q, self.local_heads, self.rank_dim):  # one launch, nothing gathered
+                q_abs = ops.split_product(q.transpose(0, 1), weights[0]) * self.scaling  # [Hl, T, r]
+                ctx = ops.selected_attention(q_abs, (lat_hi, lat_lo), tokens, counts)
+                return ops.split_product(ctx, weights[1]).transpose(0, 1).reshape(q.shape[0], -1)
             outs = []
             for i in range(0, q.shape[0], block):
                 rows = picked[i : i + block]

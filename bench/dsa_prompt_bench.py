@@ -1,0 +1,157 @@
+"""A prompt chunk's DSA attention over selected tokens on one GPU (engine/models/glm5_next/dsa.py `_attend_selected`,
+the sparse regime): the one-launch kernel (engine/ops/triton_dsa.py `selected_attention`) against the gathered form
+it replaced (per block of queries: every query's selected latents gathered, then batched split products), each with
+the head products around it, and the kernel alone under launch variants (triton_dsa.PROMPT_LAUNCHES: this GPU's
+beside the others), for latents from a bf16 cache and (`--latents lo`) with a lo part (an fp8 or fp32 cache).
+
+Shapes from engine/checkpoint/glm53_flash_config.json at TP=2's share (32 of 64 heads, nope 256, v 256, latent 512,
+2,048 selected tokens in pools of 4 plus the query's unfinished pool); a chunk of T queries ending at each context;
+each query's pools drawn uniformly among those it can see (random weights select that way too; a trained model's
+neighbours share more pools, which this kernel does not rely on). Figures: ms a call (median of triton.testing.do_bench), TFLOP/s of the useful products
+(scores and context: 2 · 2 · queries · heads · counted tokens · rank, each split product counted once), and the
+largest difference from the fp32 form (relative to its largest value, over the first 128 queries).
+
+    PYTHONPATH=. python bench/dsa_prompt_bench.py --out dsa_prompt.json [--contexts 8192,32768] [--tokens 2048]
+        [--latents bf16,lo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+from engine import ops
+from engine.models.glm5_next.dsa import SparseMLA
+from engine.ops import triton_dsa
+
+FLASH = json.loads((Path(__file__).resolve().parents[1] / "engine/checkpoint/glm53_flash_config.json").read_text())
+TEXT = FLASH["text_config"]
+VARIANTS = {  # the kernel's launch, beside this GPU's (triton_dsa.prompt_launch) and the other entry of PROMPT_LAUNCHES
+    "heads32_block64_s3": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 3},
+    "heads32_block64_w4": {"heads": 32, "block": 64, "num_warps": 4, "num_stages": 2},
+    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2},
+    "heads16_block64": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 2},
+    "heads16_block32_w4": {"heads": 16, "block": 32, "num_warps": 4, "num_stages": 2},
+}
+VARIANTS_LO = {  # the same for latents with a lo part (an fp8 or fp32 cache: two latent tiles a step)
+    "heads32_block64_s1": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 1},
+    "heads32_block64_s1_w4": {"heads": 32, "block": 64, "num_warps": 4, "num_stages": 1},
+    "heads16_block64_s1": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 1},
+    "heads16_block32": {"heads": 16, "block": 32, "num_warps": 8, "num_stages": 2},
+    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2},
+}
+
+
+def layer(heads: int, gen: torch.Generator) -> SparseMLA:
+    """A SparseMLA holding what its prompt attention reads: random absorbed kv_b at the served widths."""
+    mla = object.__new__(SparseMLA)
+    nope, v, rank = TEXT["qk_nope_head_dim"], TEXT["v_head_dim"], TEXT["kv_lora_rank"]
+    mla.local_heads, mla.nope, mla.v_dim, mla.rank_dim = heads, nope, v, rank
+    mla.scaling = (nope + TEXT.get("qk_rope_head_dim", 0)) ** -0.5
+    kv_b = torch.randn(heads, nope + v, rank, device="cuda", generator=gen) * rank**-0.5
+    mla.w_k, mla.w_v = kv_b[:, :nope], kv_b[:, nope:]
+    return mla
+
+
+def selection(context: int, t: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens, counts [T, N] for the chunk's queries at context - T .. context - 1, laid out as `_select_tokens`
+    gives them: the chosen pools' tokens (uniform among the visible pools), then the unfinished pool's."""
+    kpool, pick = TEXT["index_kpool"], TEXT["index_topk"] // TEXT["index_kpool"]
+    positions = torch.arange(context - t, context, device="cuda")
+    pools = context // kpool
+    visible = torch.arange(pools, device="cuda")[None, :] * kpool + kpool - 1 <= positions[:, None]
+    draw = torch.rand(t, pools, device="cuda", generator=gen).masked_fill_(~visible, -1.0)
+    chosen = draw.topk(pick, dim=-1).indices.sort(dim=-1).values
+    within = torch.arange(kpool, device="cuda")
+    tokens = (chosen[:, :, None] * kpool + within).flatten(1)
+    counts = visible.gather(-1, chosen)[:, :, None].expand(-1, -1, kpool).flatten(1)
+    tail = ((positions + 1) - (positions + 1) % kpool)[:, None] + within
+    return torch.cat([tokens, tail], 1), torch.cat([counts, tail <= positions[:, None]], 1)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def case(mla: SparseMLA, context: int, t: int, lo: bool, gen: torch.Generator) -> dict:
+    """One chunk of t queries ending at `context`, latents from a bf16 cache or (`lo`) with a lo part: the kernel and
+    the gathered form with the head products around them, then the kernel alone under each launch."""
+    heads = mla.local_heads
+    q = torch.randn(t, heads, mla.nope, device="cuda", generator=gen)
+    latents = torch.randn(context, mla.rank_dim, device="cuda", generator=gen)
+    latents = latents if lo else latents.bfloat16().float()
+    tokens, counts = selection(context, t, gen)
+    useful = 4.0 * heads * mla.rank_dim * float(counts.sum())
+    served_applies = ops.selected_attention_applies
+
+    def run(kernel: bool, rows: slice = slice(None)) -> torch.Tensor:
+        ops.selected_attention_applies = served_applies if kernel else (lambda *a: False)  # type: ignore[assignment]
+        try:
+            return mla._attend_selected(q[rows], latents, tokens[rows], counts[rows], bf16_latents=not lo)
+        finally:
+            ops.selected_attention_applies = served_applies  # type: ignore[assignment]
+
+    first = slice(0, 128)
+    original = SparseMLA._on_tensor_cores
+    SparseMLA._on_tensor_cores = lambda self, x: False  # type: ignore[assignment,method-assign]
+    exact = run(False, first)  # the fp32 products (the CPU's form)
+    SparseMLA._on_tensor_cores = original  # type: ignore[method-assign]
+    row: dict = {"selected_tokens": tokens.shape[1], "counted_mean": float(counts.float().sum(1).mean())}
+    for name, kernel in (("gathered", False), ("kernel", True)):
+        ms = do_bench(lambda k=kernel: run(k), warmup=50, rep=300)
+        row[name] = {"ms": round(ms, 3), "error": relative(run(kernel, first), exact)}
+    row["speedup"] = round(row["gathered"]["ms"] / row["kernel"]["ms"], 2)
+    q_abs = ops.split_product(q.transpose(0, 1), ops.split_bf16(mla.w_k)) * mla.scaling
+    lat = ops.split_bf16(latents, not lo)
+    served = triton_dsa.prompt_launch(torch.cuda.get_device_capability(), lo)
+    default = dict(served)
+    others = {f"launch_{k}": dict(v) for k, v in triton_dsa.PROMPT_LAUNCHES.items() if v != default}
+    row["launch"], row["kernel_alone"] = default, {}
+    for name, launch in {"default": default, **others, **(VARIANTS_LO if lo else VARIANTS)}.items():
+        served.update(launch)
+        try:
+            ms = do_bench(lambda: ops.selected_attention(q_abs, lat, tokens, counts), warmup=20, rep=200)
+            row["kernel_alone"][name] = {"ms": round(ms, 3), "tflops": round(useful / ms / 1e9, 1)}
+        except Exception as e:  # a launch that does not fit this GPU (shared memory, registers): say so
+            row["kernel_alone"][name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        finally:
+            served.clear()
+            served.update(default)
+        print(context, "lo" if lo else "bf16", name, row["kernel_alone"][name], flush=True)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--contexts", default="8192,32768")
+    ap.add_argument("--tokens", type=int, default=2048, help="queries in the chunk")
+    ap.add_argument("--tp", type=int, default=2, help="the heads are this share of the config's")
+    ap.add_argument("--latents", default="bf16", help="bf16 (a bf16 cache's), lo (with a lo part), or both: bf16,lo")
+    ap.add_argument("--out", default="dsa_prompt.json")
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    heads = TEXT["num_attention_heads"] // args.tp
+    mla = layer(heads, gen)
+    result: dict = {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "heads": heads,
+        "tokens": args.tokens,
+        "cases": {},
+    }
+    for kind in args.latents.split(","):
+        for context in (int(c) for c in args.contexts.split(",")):
+            row = case(mla, context, args.tokens, kind == "lo", gen)
+            result["cases"][f"{kind}_{context}"] = row
+            print(context, kind, {k: v for k, v in row.items() if k != "kernel_alone"}, flush=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
