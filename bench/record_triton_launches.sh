@@ -13,7 +13,8 @@ timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -p no:cacheprovider tes
     "tests/gpu/test_exl3_gpu.py::test_forward_matches_the_reference" \
     "tests/gpu/test_exl3_gpu.py::test_prompt_chunk_path" \
     "tests/gpu/test_prompt_forms_gpu.py::test_prompt_attention_on_tensor_cores_matches_fp32" \
-    "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_at_the_served_widths" 2>&1 | tail -3
+    "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_at_the_served_widths" \
+    "tests/gpu/test_prompt_forms_gpu.py::test_causal_conv_matches_cudnn_in_fp32" 2>&1 | tail -3
 python - "$OUT/triton_launches.json" <<'PY'
 import collections, json, sys
 entries = json.load(open(sys.argv[1]))

@@ -3,6 +3,7 @@ the Triton kernels on CUDA where their form applies and the reference otherwise 
 
 from engine.ops.fused import (  # noqa: F401
     Exl3Experts,
+    causal_conv,
     hc_around,
     hc_weights,
     head_products,
@@ -23,7 +24,6 @@ from engine.ops.fused import (  # noqa: F401
 from engine.ops.reference import (  # noqa: F401
     ROW_INVARIANT_ROWS,
     Split,
-    causal_conv,
     kda_chunked,
     kda_step,
     l2norm,

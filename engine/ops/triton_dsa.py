@@ -41,14 +41,14 @@ import triton.language as tl
 BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
 SLICE = 64  # rank columns a product step
 # the prompt kernel's launch (selected tokens a step, heads a program - more go to further programs -, warps,
-# stages) by GPU and latents: on Hopper the fastest measured on the H200 (docs/BENCHMARKS.md, session 21: 3.4 ms for
-# a 2,048-query chunk at TP=2's 32 heads from a bf16 cache, against 6.8-12.7 for launches within 101 KB of shared
-# memory), 205 KB of shared memory a block, and for latents with a lo part (an fp8 or fp32 cache: two tiles a step)
-# one within the H200's 227 KB; elsewhere one within 101,376 B, the GB10's limit a block (98,304 B compiled for
-# sm_121 with or without a lo part, tests/engine/test_gb10_compile.py; its speed there is not measured)
+# stages) by GPU and latents: on Hopper the fastest measured on the H200 (docs/BENCHMARKS.md, session 21; a 2,048-query
+# chunk at TP=2's 32 heads, 8k context: from a bf16 cache 3.5 ms, 205 KB of shared memory a block, against 5.7-12.7 for
+# the other launches timed; with a lo part - an fp8 or fp32 cache: two latent tiles a step - 9.2 ms in one stage,
+# 205 KB, against 10.3-27.4); elsewhere one within 101,376 B, the GB10's limit a block (98,304 B compiled for sm_121
+# with or without a lo part, tests/engine/test_gb10_compile.py; 6.9 / 13.0 ms on the H200, not measured on a GB10)
 PROMPT_LAUNCHES = {
     "sm90": {"block": 64, "heads": 32, "num_warps": 4, "num_stages": 2},
-    "sm90_lo": {"block": 32, "heads": 32, "num_warps": 8, "num_stages": 2},
+    "sm90_lo": {"block": 64, "heads": 32, "num_warps": 8, "num_stages": 1},
     "other": {"block": 16, "heads": 32, "num_warps": 8, "num_stages": 2},
 }
 # Triton's interpreter multiplies bf16 operands as their raw bits (Triton 3.6): there the prompt kernel widens them

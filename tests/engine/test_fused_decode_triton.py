@@ -243,6 +243,21 @@ def _cases() -> dict:
     want = attend(q_abs.transpose(0, 1) / 0.125, bf16[tokens.clamp(max=119)], counts).transpose(0, 1)
     got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), (bf16.bfloat16(), None), tokens, counts)
     out["selected_attention_bf16"] = _relative(got, want)
+
+    # a prompt chunk's causal conv in one kernel: 37 tokens (two token blocks, the last ragged), 200 channels (two
+    # channel blocks), kernel 4, rows of a strided view; and a chunk of 2 tokens, shorter than the window
+    from engine.ops import triton_kda
+
+    wide = torch.randn(37, 260, generator=gen)
+    window = torch.randn(200, 3, generator=gen)
+    conv_w = torch.randn(200, 4, generator=gen)
+    conv, conv_window = {}, {}
+    for t in (37, 2):
+        x = wide[:t, 30:230]
+        got_out, got_window = triton_kda.causal_conv(x, window, conv_w)
+        want_out, want_window = engine_ops.reference.causal_conv(x, window, conv_w)
+        conv[t], conv_window[t] = _relative(got_out, want_out), bool(torch.equal(got_window, want_window))
+    out["causal_conv"], out["causal_conv_window"] = max(conv.values()), all(conv_window.values())
     return out
 
 
@@ -312,6 +327,14 @@ def test_lane_attention_kernels_match_the_torch_form(results: dict) -> None:
     form, with a block of tokens none of which counts, and a row alone equal to the same row beside others."""
     assert results["lane_attention"] <= TOLERANCE, results["lane_attention"]
     assert results["lane_attention_alone"]
+
+
+def test_prompt_causal_conv_kernel_matches_the_torch_form(results: dict) -> None:
+    """engine/ops/triton_kda.py `causal_conv` (a CUDA prompt chunk's conv + SiLU in one launch) against
+    `reference.causal_conv`, over two blocks of tokens and of channels, rows of a strided view, and a chunk shorter
+    than the window (taps from the window; the new window keeps part of the old)."""
+    assert results["causal_conv"] <= TOLERANCE, results["causal_conv"]
+    assert results["causal_conv_window"]
 
 
 def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) -> None:

@@ -102,9 +102,15 @@ def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
     assert len(launched) == 2
 
 
-def test_causal_conv_matches_cudnn_in_fp32() -> None:
-    """A 2,048-token chunk at a KDA layer's conv width (3 × 32 heads × 128 = 12,288 channels, kernel 4) against
-    torch's depthwise conv, cuDNN's TF32 off so that the oracle is full fp32 whichever kernel it takes."""
+def test_causal_conv_matches_cudnn_in_fp32(monkeypatch) -> None:
+    """A 2,048-token chunk at a KDA layer's conv width (3 × 32 heads × 128 = 12,288 channels, kernel 4) through the
+    prompt conv's kernel (engine/ops/triton_kda.py `causal_conv`) against torch's depthwise conv, cuDNN's TF32 off so
+    that the oracle is full fp32 whichever kernel it takes."""
+    from engine.ops import triton_kda
+
+    launched = []
+    kernel = triton_kda.causal_conv
+    monkeypatch.setattr(triton_kda, "causal_conv", lambda *a: launched.append(1) or kernel(*a))
     g = torch.Generator(device="cuda").manual_seed(1)
     channels, kernel, tokens = 12288, 4, 2048
     x = torch.randn(tokens, channels, device="cuda", generator=g)
@@ -120,6 +126,7 @@ def test_causal_conv_matches_cudnn_in_fp32() -> None:
     got, window_after = ops.causal_conv(x, window, weight)
     assert torch.equal(window_after, seq[:, -(kernel - 1) :])
     assert relative_error(got, torch.nn.functional.silu(conv)) < 1e-6
+    assert launched
 
 
 def test_fused_hyper_connection_over_a_prompt_chunk() -> None:
