@@ -173,9 +173,11 @@ class SparseMLA:
         counts: torch.Tensor,
         bf16_latents: bool = False,
     ) -> torch.Tensor:
-        """q [T, Hl, nope] over the latents [L, r] of each query's own selected tokens [T, N] (`counts` [T, N]),
-        gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values) -> [T, Hl * v]
-        (`bf16_latents`: as `_attend`'s; the tensor-core path then gathers them in bf16, half the bytes)."""
+        """q [T, Hl, nope] over the latents [L, r] of each query's own selected tokens [T, N] (`counts` [T, N]) ->
+        [T, Hl * v] (`bf16_latents`: as `_attend`'s; the tensor-core path then takes them in bf16, half the bytes).
+        A CUDA prompt chunk: the head products as split products around one kernel that reads each query's latents
+        by index (`ops.selected_attention`; 6.7× the gathered form at 8k on the H200, docs/BENCHMARKS.md session
+        21); otherwise the latents gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values)."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         picked = tokens.clamp(max=latents.shape[0] - 1)
         if self._on_tensor_cores(q):
