@@ -109,8 +109,8 @@ def test_causal_conv_matches_cudnn_in_fp32(monkeypatch) -> None:
     from engine.ops import triton_kda
 
     launched = []
-    kernel = triton_kda.causal_conv
-    monkeypatch.setattr(triton_kda, "causal_conv", lambda *a: launched.append(1) or kernel(*a))
+    fused = triton_kda.causal_conv
+    monkeypatch.setattr(triton_kda, "causal_conv", lambda *a: launched.append(1) or fused(*a))
     g = torch.Generator(device="cuda").manual_seed(1)
     channels, kernel, tokens = 12288, 4, 2048
     x = torch.randn(tokens, channels, device="cuda", generator=g)
