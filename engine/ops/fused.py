@@ -182,18 +182,26 @@ def lane_attention(
 def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA's depthwise causal conv + SiLU over a prompt chunk (`reference.causal_conv`): on CUDA one launch
     (engine/ops/triton_kda.py `causal_conv`), the same sums to fp32 rounding."""
-    if x.is_cuda and x.dim() == 2 and x.dtype == weight.dtype == torch.float32 and x.stride(1) == 1:
-        if weight.stride(1) == 1:
-            from engine.ops.triton_kda import causal_conv as fused
+    channels, kernel = weight.shape
+    if (
+        x.is_cuda
+        and x.dim() == 2
+        and x.shape[1] == channels
+        and window.shape == (channels, kernel - 1)
+        and x.dtype == weight.dtype == window.dtype == torch.float32
+        and x.stride(1) == 1 == weight.stride(1)
+    ):
+        from engine.ops.triton_kda import causal_conv as fused
 
-            return fused(x, window, weight)
+        return fused(x, window, weight)
     return reference.causal_conv(x, window, weight)
 
 
 def selected_attention_applies(q: torch.Tensor, heads: int, rank: int) -> bool:
     """Whether a prompt chunk's DSA attention over selected tokens (queries q) runs as engine/ops/triton_dsa.py's
-    `selected_attention` (CUDA, its shapes) rather than gathered blocks of split products."""
-    if not q.is_cuda:
+    `selected_attention` (CUDA with bf16 tensor cores and ~100 KB of shared memory a block - compute capability 8.0
+    or later -, its shapes) rather than gathered blocks of split products."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) < (8, 0):
         return False
     from engine.ops.triton_dsa import prompt_applies
 

@@ -42,7 +42,7 @@ BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
 SLICE = 64  # rank columns a product step
 # the prompt kernel's launch (selected tokens a step, heads a program - more go to further programs -, warps,
 # stages) by GPU and latents: on Hopper the fastest measured on the H200 (docs/BENCHMARKS.md, session 21; a 2,048-query
-# chunk at TP=2's 32 heads, 8k context: from a bf16 cache 3.5 ms, 205 KB of shared memory a block, against 5.7-12.7 for
+# chunk at TP=2's 32 heads, 8k context: from a bf16 cache 3.5 ms, 205 KB of shared memory a block, against 4.2-12.7 for
 # the other launches timed; with a lo part - an fp8 or fp32 cache: two latent tiles a step - 9.2 ms in one stage,
 # 205 KB, against 10.3-27.4); elsewhere one within 101,376 B, the GB10's limit a block (98,304 B compiled for sm_121
 # with or without a lo part, tests/engine/test_gb10_compile.py; 6.9 / 13.0 ms on the H200, not measured on a GB10)
@@ -239,11 +239,18 @@ def selected_attention(
     """softmax(q_abs · latentsᵀ over each query's selected tokens that count) · latents, for a prompt chunk, head-major
     as the products around it are: q_abs [H, T, R] split (bf16 hi, lo; scaled already), latents [L, R] split (bf16
     hi, lo or None: a bf16 cache's), tokens [T, N] (rows of the latents; those that do not count are never read),
-    counts [T, N] bool -> [H, T, R] fp32. Every query must have a token that counts (a query always sees itself)."""
+    counts [T, N] bool -> [H, T, R] fp32. Every query must have a token that counts (`_select_tokens` counts every
+    chosen visible pool, and the sparse regime has more visible pools than it picks)."""
     q_hi, q_lo = (part.contiguous() for part in q_abs)
     lat_hi, lat_lo = latents
     heads, t, rank = q_hi.shape
     n = tokens.shape[1]
+    if counts.dtype != torch.bool or tokens.shape != counts.shape or tokens.shape[0] != t:
+        raise ValueError(
+            f"tokens {tuple(tokens.shape)} and bool counts of that shape for {t} queries, got {counts.dtype}"
+        )
+    if lat_hi.shape[1] != rank or (lat_lo is not None and lat_lo.shape != lat_hi.shape):
+        raise ValueError(f"latents {tuple(lat_hi.shape)} do not have q_abs's rank {rank}")
     capability = torch.cuda.get_device_capability(q_hi.device) if q_hi.is_cuda else (0, 0)
     launch = prompt_launch(capability, lat_lo is not None)
     group = min(launch["heads"], max(16, triton.next_power_of_2(heads)))

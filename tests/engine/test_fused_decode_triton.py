@@ -223,26 +223,35 @@ def _cases() -> dict:
         torch.equal(triton_dsa.lane_attention(q_abs[1:2], latents[1:2], counts[1:2], 0.125)[0], fused[1])
     )
 
-    # a prompt chunk's attention over selected tokens in one kernel: 5 queries, 3 heads (one 16-wide head group,
-    # masked), 150 selected tokens each (three blocks of 64, the last ragged) among 120 latents; query 1 counts none
-    # of its first block (the online softmax starts past it), query 4 only its last token; latents with and without
-    # a lo part, against the gathered torch form
-    q_abs = torch.randn(3, 5, 64, generator=gen) * 0.3
-    latents = torch.randn(120, 64, generator=gen)
+    # a prompt chunk's attention over selected tokens in one kernel: 5 queries, 150 selected tokens each (several
+    # blocks, the last ragged) among 120 latents; query 1 counts none of its first 64 (the online softmax starts
+    # past a block that counts nothing), query 4 only its last token, tokens that do not count point out of bounds
+    # (never read); latents with and without a lo part, against the gathered torch form; 3 heads (one head group,
+    # masked) and 40 (two groups), under every launch of PROMPT_LAUNCHES
     tokens = torch.randint(0, 120, (5, 150), generator=gen)
     counts = torch.rand(5, 150, generator=gen) < 0.7
     counts[1, :64], counts[4] = False, False
     counts[:, 149] = True
-    tokens[counts.logical_not()] = 10_000  # never read: would be out of bounds
-    gathered = latents[tokens.clamp(max=119)]
-    want = attend(q_abs.transpose(0, 1) / 0.125, gathered, counts).transpose(0, 1)
-    split = engine_ops.split_bf16(latents)
-    got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
-    out["selected_attention"] = _relative(got, want)
+    tokens[counts.logical_not()] = 10_000
+    latents = torch.randn(120, 64, generator=gen)
     bf16 = latents.bfloat16().float()
-    want = attend(q_abs.transpose(0, 1) / 0.125, bf16[tokens.clamp(max=119)], counts).transpose(0, 1)
-    got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), (bf16.bfloat16(), None), tokens, counts)
-    out["selected_attention_bf16"] = _relative(got, want)
+    served_launch = triton_dsa.prompt_launch
+    errors: dict[str, float] = {}
+    try:
+        for heads in (3, 40):
+            q_abs = torch.randn(heads, 5, 64, generator=gen) * 0.3
+            for name, launch in triton_dsa.PROMPT_LAUNCHES.items():
+                triton_dsa.prompt_launch = lambda capability, lo=False, chosen=launch: chosen
+                for kind, values, split in (
+                    ("lo", latents, engine_ops.split_bf16(latents)),
+                    ("bf16", bf16, (bf16.bfloat16(), None)),
+                ):
+                    want = attend(q_abs.transpose(0, 1) / 0.125, values[tokens.clamp(max=119)], counts)
+                    got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
+                    errors[f"{heads}_{name}_{kind}"] = _relative(got, want.transpose(0, 1))
+    finally:
+        triton_dsa.prompt_launch = served_launch
+    out["selected_attention"] = errors
 
     # a prompt chunk's causal conv in one kernel: 37 tokens (two token blocks, the last ragged), 200 channels (two
     # channel blocks), kernel 4, rows of a strided view; and a chunk of 2 tokens, shorter than the window
@@ -340,10 +349,11 @@ def test_prompt_causal_conv_kernel_matches_the_torch_form(results: dict) -> None
 def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) -> None:
     """engine/ops/triton_dsa.py `selected_attention` (a CUDA prompt chunk's DSA attention over selected tokens:
     a program a query, an online softmax over blocks of its tokens, split bf16 products) against the gathered fp32
-    form, with a first block that counts nothing, tokens that do not count pointing out of bounds (never read), and
-    latents with and without a lo part."""
-    assert results["selected_attention"] <= TOLERANCE, results["selected_attention"]
-    assert results["selected_attention_bf16"] <= TOLERANCE, results["selected_attention_bf16"]
+    form, with a first block that counts nothing, tokens that do not count pointing out of bounds (never read),
+    latents with and without a lo part, one and two head groups, under every launch the kernel may take."""
+    errors = results["selected_attention"]
+    assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
+    assert max(errors.values()) <= TOLERANCE, errors
 
 
 if __name__ == "__main__":

@@ -179,7 +179,6 @@ class SparseMLA:
         by index (`ops.selected_attention`; 6.7× the gathered form at 8k on the H200, docs/BENCHMARKS.md session
         21); otherwise the latents gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values)."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
-        picked = tokens.clamp(max=latents.shape[0] - 1)
         if self._on_tensor_cores(q):
             lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
             weights = ops.split_bf16(self.w_k), ops.split_bf16(self.w_v.transpose(1, 2))  # once, not per block
@@ -189,10 +188,11 @@ class SparseMLA:
                 return ops.split_product(ctx, weights[1]).transpose(0, 1).reshape(q.shape[0], -1)
             outs = []
             for i in range(0, q.shape[0], block):
-                rows = picked[i : i + block]
+                rows = tokens[i : i + block].clamp(max=latents.shape[0] - 1)  # padding: gathered, not counted
                 lat = lat_hi[rows], None if lat_lo is None else lat_lo[rows]
                 outs.append(self._attend_gathered_split(q[i : i + block], lat, counts[i : i + block], *weights))
             return torch.cat(outs)
+        picked = tokens.clamp(max=latents.shape[0] - 1)
         return torch.cat(
             [
                 self._attend_lanes(q[i : i + block], latents[picked[i : i + block]], counts[i : i + block])
