@@ -230,6 +230,12 @@ def prompt_launch(capability: tuple[int, int], lo: bool = False) -> dict:
     return PROMPT_LAUNCHES["sm90_lo" if lo else "sm90"]
 
 
+def head_group(launch: dict, heads: int) -> int:
+    """Heads one `_attend_prompt` program takes under `launch`: its group, or all of them padded to a power of two
+    (at least 16, the MMA's narrow side) where they are fewer."""
+    return min(launch["heads"], max(16, triton.next_power_of_2(heads)))
+
+
 def selected_attention(
     q_abs: tuple[torch.Tensor, torch.Tensor],
     latents: tuple[torch.Tensor, torch.Tensor | None],
@@ -253,7 +259,7 @@ def selected_attention(
         raise ValueError(f"latents {tuple(lat_hi.shape)} do not have q_abs's rank {rank}")
     capability = torch.cuda.get_device_capability(q_hi.device) if q_hi.is_cuda else (0, 0)
     launch = prompt_launch(capability, lat_lo is not None)
-    group = min(launch["heads"], max(16, triton.next_power_of_2(heads)))
+    group = head_group(launch, heads)
     out = torch.empty(heads, t, rank, dtype=torch.float32, device=q_hi.device)
     _attend_prompt[(t, triton.cdiv(heads, group))](
         q_hi, q_lo, lat_hi.contiguous(), lat_hi if lat_lo is None else lat_lo.contiguous(), tokens.contiguous(),

@@ -99,13 +99,11 @@ def _compile_for_sm121(entry: dict) -> None:
 def _attend_prompt_on_gb10(entry: dict, names: list[str]) -> dict:
     """A recorded `_attend_prompt` launch (the H200's: engine/ops/triton_dsa.py picks its launch by compute
     capability) as a GB10 (sm_121) launches it: its block of tokens, head group, warps and stages."""
-    import triton
-
     from engine.ops import triton_dsa
 
     values = {names[k[0]]: v for k, v in entry["constexprs"]}
     launch = triton_dsa.prompt_launch((12, 1), bool(values["HAS_LO"]))
     values["BT"] = launch["block"]
-    values["HG"] = min(launch["heads"], max(16, triton.next_power_of_2(values["H"])))
+    values["HG"] = triton_dsa.head_group(launch, values["H"])
     constexprs = [[[names.index(n)], v] for n, v in values.items()]
     return {**entry, "constexprs": constexprs, "num_warps": launch["num_warps"], "num_stages": launch["num_stages"]}
