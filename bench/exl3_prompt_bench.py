@@ -37,12 +37,15 @@ HIDDEN, INTER, TOP_K, EXPERTS = (
 PEAK = {"bf16": 989e12, "tf32": 494e12}  # H200 dense tensor-core peaks
 # launch variants timed beside the default (engine/ops/triton_exl3.PROMPT_LAUNCH)
 VARIANTS = {
-    "session19_default": {"operands": "tf32", "rotate_warps": 4},
-    "tf32": {"operands": "tf32"},
-    "rotate_warps4": {"rotate_warps": 4},
+    "dot": {"form": "dot"},  # `_exl3_grouped`'s tl.dot (fp16 operands through shared memory): other GPUs' form
+    "dot_blocks_first": {"form": "dot", "n_first": False},  # session 21's default
+    "tf32": {"operands": "tf32", "form": "dot"},
     "one_fp16_product": {"split_x": False},
+    "blocks_first": {"n_first": False},
+    "wgmma_8warps": {"wgmma_warps": 8},
+    "bnt16_8warps": {"bnt": 16, "wgmma_warps": 8},
     "bm128": {"bm": 128},
-    "bnt16": {"bnt": 16},
+    "bm64": {"bm": 64},
 }
 
 

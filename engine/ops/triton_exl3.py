@@ -60,6 +60,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
 
 from engine.quant import exl3
 
@@ -366,11 +369,19 @@ def _parts_sum(in_ptr, row, rows, offs, WIDTH: tl.constexpr, PARTS: tl.constexpr
 
 @triton.jit
 def _swiglu_between(
-    parts_ptr, out_ptr, expert_ptr, svh_ptr, suh_ptr, limit, WIDTH: tl.constexpr, PARTS: tl.constexpr, MMA: tl.constexpr
+    parts_ptr,
+    out_ptr,
+    expert_ptr,
+    svh_ptr,
+    suh_ptr,
+    limit,
+    WIDTH: tl.constexpr,
+    PARTS: tl.constexpr,
+    ORDER: tl.constexpr,
 ):
     """Between the MoE's two GEMVs, one 128-block of pair p: gate / up = H(Σ partials of rows 2p / 2p+1) · svh,
-    h = silu(min(gate, limit)) · clamp(up, ±limit), out = H(h · suh_down[expert]) in the GEMV's input order (MMA: the
-    grouped MMA's)."""
+    h = silu(min(gate, limit)) · clamp(up, ±limit), out = H(h · suh_down[expert]), each 16-tile stored in the
+    INPUT_ORDERS order ORDER (the GEMV's, the grouped MMA's or as is)."""
     pair = tl.program_id(0)
     block = tl.program_id(1)
     rows = 2 * tl.num_programs(0)
@@ -386,7 +397,11 @@ def _swiglu_between(
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate / (1.0 + tl.exp(-gate)) * up
     h = _hadamard(h * tl.load(suh_ptr + expert * WIDTH + offs).to(tl.float32))
-    tl.store(out_ptr + pair.to(tl.int64) * WIDTH + _kernel_order(block, MMA), h)
+    if ORDER == 0:
+        dest = offs
+    else:
+        dest = _kernel_order(block, ORDER == 2)
+    tl.store(out_ptr + pair.to(tl.int64) * WIDTH + dest, h)
 
 
 @triton.jit
@@ -477,6 +492,7 @@ def _tile_fragment(
     ASM: tl.constexpr,
     BNT: tl.constexpr,
     F16: tl.constexpr = False,
+    W_T: tl.constexpr = False,
 ):
     """BNT tiles at `base` ([1, BNT, 1] word pointers; quad [1, 1, 8], lane4 [4, 1, 1]) as one [16, 16 BNT] fp32
     (F16: fp16) tensor-core operand: rows are the tile's inputs in the grouped MMA's order (position 4 (l%4) +
@@ -485,7 +501,9 @@ def _tile_fragment(
     half are 4 consecutive inputs, so the operand is built as [outputs, inputs] with them innermost and transposed:
     16-byte stores to the MMA's K-major shared layout (the GEMV's input order here stored through stmatrix with 19-way
     bank conflicts, ncu; this order is 1.3x faster, though its stores are still ~21-way conflicted: docs/BENCHMARKS.md).
-    cur / prev: the 4-bit path's words (`_tile_words`), loaded by the caller ahead."""
+    cur / prev: the 4-bit path's words (`_tile_words`), loaded by the caller ahead. W_T: the operand transposed,
+    [16 BNT outputs, 16 inputs] with the inputs in their natural order, no transposition: `_exl3_grouped_wgmma`'s
+    register operand, whose layout is then the one the values were decoded in."""
     D4: tl.constexpr = BITS2 == 8
     w0 = _tile_values(base, quad, lane4, 0, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
     w1 = _tile_values(base, quad, lane4, 1, WORDS, BITS2, D4, cur, prev, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, F16)
@@ -498,8 +516,11 @@ def _tile_fragment(
     low = tl.join(tl.join(w0, w1), tl.join(w2, w3))  # [4 (l%4), BNT, 8 (l//4), 2 (j&1), 2 (j>>1 & 1)]
     high = tl.join(tl.join(w4, w5), tl.join(w6, w7))
     every = tl.join(low, high)  # [.., 2 (j>>2)]
-    # outputs (tile, j>>2, l//4), inputs (l%4, j>>1 & 1, j&1)
-    return tl.trans(tl.reshape(tl.permute(every, (1, 5, 2, 0, 4, 3)), [16 * BNT, 16]))
+    if W_T:  # [outputs, inputs]: outputs (tile, j>>2, l//4), inputs in their natural order (j>>1 & 1, l%4, j&1)
+        w = tl.reshape(tl.permute(every, (1, 5, 2, 4, 0, 3)), [16 * BNT, 16])
+    else:  # [inputs, outputs]: inputs (l%4, j>>1 & 1, j&1), outputs (tile, j>>2, l//4)
+        w = tl.trans(tl.reshape(tl.permute(every, (1, 5, 2, 0, 4, 3)), [16 * BNT, 16]))
+    return w
 
 
 @triton.jit
@@ -525,6 +546,7 @@ def _exl3_grouped(
     MUL1_BIAS: tl.constexpr,
     ASM: tl.constexpr,
     F16: tl.constexpr = False,
+    N_FIRST: tl.constexpr = False,
 ):
     """A prompt chunk's (row, expert) pairs, sorted by expert, times their experts' W_q on the tensor cores: program
     (b, n, m) takes block b of the block table ((expert, first pair, end pair): at most BM pairs of one expert),
@@ -540,9 +562,14 @@ def _exl3_grouped(
     below), and below 2^-14 the remainder loses bits to subnormals, so each x carries an absolute error up to 2^-25
     where TF32's is relative (at the served shapes the sums came closer to fp32 than TF32's: 2.5e-5 against 4.9e-5).
     Output row: MATS·p + m, or dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on
-    the pair count alone."""
-    b = tl.program_id(0)
-    n = tl.program_id(1)
+    the pair count alone. N_FIRST: the grid's first two axes swapped, (n, b, m), so the programs that read one
+    block's x rows (and one expert's trellis) run side by side and find them in L2."""
+    if N_FIRST:
+        n = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        n = tl.program_id(1)
     m = tl.program_id(2)
     expert = tl.load(block_ptr + 3 * b).to(tl.int64)
     first = tl.load(block_ptr + 3 * b + 1)
@@ -594,6 +621,120 @@ def _exl3_grouped(
         out_row = x_row
     cols = n * (16 * BNT) + tl.arange(0, 16 * BNT)
     tl.store(out_ptr + out_row[:, None] * (N_TILES * 16) + cols[None, :], acc, mask=live[:, None])
+
+
+@gluon.jit
+def _exl3_grouped_wgmma(
+    x_ptr,
+    t_ptr,
+    block_ptr,
+    dest_ptr,
+    out_ptr,
+    K_TILES: gl.constexpr,
+    N_TILES: gl.constexpr,
+    WORDS: gl.constexpr,
+    BITS2: gl.constexpr,
+    CODEBOOK: gl.constexpr,
+    BM: gl.constexpr,
+    BNT: gl.constexpr,
+    MATS: gl.constexpr,
+    SCATTER: gl.constexpr,
+    SPLIT_X: gl.constexpr,
+    MUL1_SCALE: gl.constexpr,
+    MUL1_BIAS: gl.constexpr,
+    ASM: gl.constexpr,
+    WARPS: gl.constexpr,
+    N_FIRST: gl.constexpr,
+):
+    """`_exl3_grouped` with fp16 operands on Hopper's warpgroup MMA (Gluon: layouts stated, not inferred), the
+    product transposed: accᵀ [16 BNT outputs, BM pairs] += W_qᵀ · xᵀ. The format lays a tile's values out as the
+    MMA's A fragment (lane l holds outputs l//4, l//4 + 8 and inputs 2 (l%4) + (0, 1, 8, 9)), so with the words
+    loaded in a layout whose lanes are the tile's lanes and whose warps are its tiles, the decoded W_qᵀ is the
+    register operand as it stands (the conversion is checked trivial at compile time): nothing of W_q goes through
+    shared memory, where `_exl3_grouped`'s operand stores were 21-way bank-conflicted. x (natural input order, fp32)
+    goes to shared memory as the fp16 head and remainder (SPLIT_X), the B operand. Same block table, outputs and
+    program grid as `_exl3_grouped` (N_FIRST: its first two axes swapped)."""
+    if N_FIRST:
+        n = gl.program_id(0)
+        b = gl.program_id(1)
+    else:
+        b = gl.program_id(0)
+        n = gl.program_id(1)
+    m = gl.program_id(2)
+    # words [4 (l%4), BNT tiles, 8 (l//4)]: lane l = 4 (l//4) + l%4 of the warp, tile t on warp t % WARPS
+    words: gl.constexpr = gl.BlockedLayout([1, 1, 1], [4, 1, 8], [1, WARPS, 1], [0, 2, 1])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BM, 16])
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [WARPS, 1], [1, 0])
+    shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+    expert = gl.load(block_ptr + 3 * b).to(gl.int64)
+    first = gl.load(block_ptr + 3 * b + 1)
+    end = gl.load(block_ptr + 3 * b + 2)
+    pair = first + gl.arange(0, BM, layout=gl.SliceLayout(1, rows))
+    live = gl.expand_dims(pair < end, 1)
+    x_row = (pair * MATS + m).to(gl.int64)
+    x_ptrs = (
+        x_ptr
+        + gl.expand_dims(x_row, 1) * (K_TILES * 16)
+        + gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, rows)), 0)
+    )
+    lane4 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, words))), 1), 2)
+    tiles = n * BNT + gl.arange(0, BNT, layout=gl.SliceLayout(0, gl.SliceLayout(2, words)))
+    tiles = gl.expand_dims(gl.expand_dims(tiles, 0), 2)
+    quad = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, words))), 0), 1)
+    t_base = t_ptr + (expert * MATS + m) * (K_TILES * N_TILES * WORDS) + tiles * WORDS
+    lane_words = 4 * quad + lane4
+    step_words = N_TILES * WORDS
+    heads = gl.allocate_shared_memory(gl.float16, [BM, 16], shared)
+    rests = gl.allocate_shared_memory(gl.float16, [BM, 16], shared)
+    acc = gl.zeros([16 * BNT, BM], gl.float32, layout=mma)
+    if end > first:
+        cur, prev = _tile_words(t_base, lane_words, BITS2 == 8)
+        x = gl.load(x_ptrs, mask=live, other=0.0)
+        for kt in range(K_TILES):
+            ahead = gl.minimum(kt + 1, K_TILES - 1)
+            next_cur, next_prev = _tile_words(t_base + ahead * step_words, lane_words, BITS2 == 8)
+            next_x = gl.load(x_ptrs + ahead * 16, mask=live, other=0.0)
+            w = _tile_fragment(
+                t_base + kt * step_words,
+                quad,
+                lane4,
+                cur,
+                prev,
+                WORDS,
+                BITS2,
+                CODEBOOK,
+                MUL1_SCALE,
+                MUL1_BIAS,
+                ASM,
+                BNT,
+                True,
+                True,
+            )
+            w = gl.convert_layout(w, operand, assert_trivial=True)
+            head = x.to(gl.float16)
+            gl.thread_barrier()  # the last step's products have read the buffers
+            heads.store(head)
+            if SPLIT_X:
+                rests.store((x - head.to(gl.float32)).to(gl.float16))
+            hopper.fence_async_shared()
+            gl.thread_barrier()
+            acc = hopper.warpgroup_mma(w, heads.permute((1, 0)), acc)
+            if SPLIT_X:
+                acc = hopper.warpgroup_mma(w, rests.permute((1, 0)), acc)
+            cur, prev, x = next_cur, next_prev, next_x
+    # stores along the outputs: a thread's 4 consecutive outputs of one pair
+    outs: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, WARPS], [0, 1])
+    acc = gl.convert_layout(acc, outs)
+    pair = first + gl.arange(0, BM, layout=gl.SliceLayout(0, outs))
+    live = pair < end
+    if SCATTER:
+        out_row = gl.load(dest_ptr + pair, mask=live, other=0).to(gl.int64)
+    else:
+        out_row = (pair * MATS + m).to(gl.int64)
+    cols = n * (16 * BNT) + gl.arange(0, 16 * BNT, layout=gl.SliceLayout(1, outs))
+    out_ptrs = out_ptr + gl.expand_dims(out_row, 0) * (N_TILES * 16) + gl.expand_dims(cols, 1)
+    gl.store(out_ptrs, acc, mask=gl.expand_dims(live, 0))
 
 
 # -- host side ---------------------------------------------------------------------------------------------------
@@ -849,6 +990,11 @@ PROMPT_LAUNCH: dict = {
     "operands": "fp16",
     "rotate_warps": 1,  # warps a 128-block program of the rotations around the products (their bits at any count;
     # `_weighted_sum`'s sum of a row's k pairs follows the layout, so its last bits do not)
+    # "wgmma": `_exl3_grouped_wgmma` where it applies (compute capability 9.0, fp16 operands, 4-bit or any width);
+    # "dot": `_exl3_grouped` everywhere (the form the other GPUs and the interpreter run)
+    "form": "wgmma",
+    "wgmma_warps": None,  # wgmma: warps a program; None: 4 for 64-pair blocks, 8 for 128
+    "n_first": True,  # the grid as (output block, pair block, matrix): one block's programs side by side
 }
 
 
@@ -882,6 +1028,25 @@ def _operands_f16(operands: str) -> bool:
     return operands == "fp16"
 
 
+def _wgmma_applies(launch: dict, device: torch.device) -> bool:
+    """Whether `grouped_experts` runs `_exl3_grouped_wgmma`: asked for, fp16 operands, and a Hopper GPU (warpgroup
+    MMA is compute capability 9.0's alone; the GB10 and the interpreter run `_exl3_grouped`)."""
+    if launch["form"] not in ("wgmma", "dot"):
+        raise ValueError(f"form={launch['form']!r}: the grouped product's form is 'wgmma' or 'dot'")
+    return (
+        launch["form"] == "wgmma"
+        and _operands_f16(launch["operands"])
+        and device.type == "cuda"
+        and not _INTERPRETED
+        and torch.cuda.get_device_capability(device) == (9, 0)
+    )
+
+
+def _grouped_grid(table: torch.Tensor, n_blocks: int, mats: int, launch: dict) -> tuple[int, int, int]:
+    blocks = table.shape[0]
+    return (n_blocks, blocks, mats) if launch["n_first"] else (blocks, n_blocks, mats)
+
+
 def _grouped_launch(
     xp: torch.Tensor,
     bank: exl3.Exl3Bank,
@@ -894,8 +1059,36 @@ def _grouped_launch(
     bits2, cb = _format(bank.trellis, bank.codebook)
     _, k_tiles, n_tiles, _ = bank.trellis.shape
     bnt = math.gcd(launch["bnt"], n_tiles)
+    if _wgmma_applies(launch, xp.device):
+        warps = launch["wgmma_warps"] or (4 if launch["bm"] <= 64 else 8)
+        if bnt % warps or launch["bm"] not in (64, 128):
+            raise ValueError(f"the wgmma form takes 64 or 128 pairs a block and tiles a multiple of its {warps} warps")
+        _exl3_grouped_wgmma[_grouped_grid(table, n_tiles // bnt, mats, launch)](
+            xp,
+            _words(bank.trellis),
+            table,
+            table if dest is None else dest,
+            out,
+            K_TILES=k_tiles,
+            N_TILES=n_tiles,
+            WORDS=bits2 * 4,
+            BITS2=bits2,
+            CODEBOOK=cb,
+            BM=launch["bm"],
+            BNT=bnt,
+            MATS=mats,
+            SCATTER=dest is not None,
+            SPLIT_X=launch["split_x"],
+            MUL1_SCALE=_MUL1_SCALE,
+            MUL1_BIAS=_MUL1_BIAS,
+            ASM=_asm(None),
+            WARPS=warps,
+            N_FIRST=launch["n_first"],
+            num_warps=warps,
+        )
+        return
     ku = launch["ku"] if k_tiles % launch["ku"] == 0 else 1
-    _exl3_grouped[(table.shape[0], n_tiles // bnt, mats)](
+    _exl3_grouped[_grouped_grid(table, n_tiles // bnt, mats, launch)](
         xp,
         _words(bank.trellis),
         table,
@@ -917,6 +1110,7 @@ def _grouped_launch(
         MUL1_BIAS=_MUL1_BIAS,
         ASM=_asm(None),
         F16=_operands_f16(launch["operands"]),
+        N_FIRST=launch["n_first"],
         num_warps=launch["num_warps"],
     )
 
@@ -943,14 +1137,24 @@ def grouped_experts(
     launch["bm"] = _block_rows(pairs, len(down), launch["bm"])
     table = _block_table(torch.bincount(flat, minlength=len(down)), launch["bm"], pairs)
     warps = launch["rotate_warps"]
+    inputs = "natural" if _wgmma_applies(launch, x.device) else "mma"  # the products' input order
     xp = rotate_rows(
-        x[None], 1, experts, pre=gate_up.suh, order="mma", share=2, paired=True, gather=order // k, num_warps=warps
+        x[None], 1, experts, pre=gate_up.suh, order=inputs, share=2, paired=True, gather=order // k, num_warps=warps
     )
     h = torch.empty(2 * pairs, width, dtype=torch.float32, device=x.device)
     _grouped_launch(xp, gate_up, table, 2, h, None, launch)
     hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
     _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
-        h, hp, experts, gate_up.svh, down.suh, float(limit), WIDTH=width, PARTS=1, MMA=True, num_warps=warps
+        h,
+        hp,
+        experts,
+        gate_up.svh,
+        down.suh,
+        float(limit),
+        WIDTH=width,
+        PARTS=1,
+        ORDER=INPUT_ORDERS[inputs],
+        num_warps=warps,
     )
     y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _grouped_launch(hp, down, table, 1, y, order, launch)
@@ -1012,7 +1216,15 @@ def routed_experts(
         parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, experts, gate_up.codebook, paired=True)
         hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
         _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
-            parts, hp, experts, gate_up.svh, down.suh, float(limit), WIDTH=width, PARTS=parts.shape[0], MMA=False
+            parts,
+            hp,
+            experts,
+            gate_up.svh,
+            down.suh,
+            float(limit),
+            WIDTH=width,
+            PARTS=parts.shape[0],
+            ORDER=INPUT_ORDERS["gemv"],
         )
         parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook)
         return _pairs_summed(parts, rows, experts, down, weights)

@@ -126,15 +126,16 @@ def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
     assert_nccl_tp2_equals_cpu(checkpoint, tmp_path)
 
 
-def _bank(gen: torch.Generator, matrices: int, k: int, n: int):
-    """A random 4-bit mcg EXL3 bank on the GPU (any trellis bitstream is a valid encoding)."""
+def _bank(gen: torch.Generator, matrices: int, k: int, n: int, bits: float = 4, codebook: str = "mcg"):
+    """A random EXL3 bank on the GPU, 4-bit mcg unless asked (any trellis bitstream is a valid encoding)."""
     from engine.quant import exl3
 
     trellis = torch.randint(
-        -32768, 32768, (matrices, k // 16, n // 16, 64), generator=gen, device="cuda", dtype=torch.int32
+        -32768, 32768, (matrices, k // 16, n // 16, int(16 * bits)), generator=gen, device="cuda", dtype=torch.int32
     ).to(torch.int16)
     suh = (torch.rand(matrices, k, generator=gen, device="cuda") / k**0.5).half()
-    return exl3.Exl3Bank(trellis, suh, (torch.rand(matrices, n, generator=gen, device="cuda") + 0.5).half(), "mcg")
+    svh = (torch.rand(matrices, n, generator=gen, device="cuda") + 0.5).half()
+    return exl3.Exl3Bank(trellis, suh, svh, codebook)
 
 
 def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
@@ -157,14 +158,26 @@ def test_routed_rows_do_not_depend_on_the_batch_at_the_served_shapes():
         assert torch.equal(alone[0], together[t]), t
 
 
-@pytest.mark.parametrize("operands", ["tf32", "fp16"])
+PROMPT_FORMS = {  # name: launch options of grouped_experts, and whether the wgmma form runs (on the H200)
+    "tf32": ({"operands": "tf32"}, False),
+    "fp16_dot": ({"operands": "fp16", "form": "dot"}, False),
+    "fp16_wgmma": ({"operands": "fp16", "form": "wgmma"}, True),
+    "fp16_dot_blocks_first": ({"operands": "fp16", "form": "dot", "n_first": False}, False),
+    "fp16_wgmma_blocks_first": ({"operands": "fp16", "form": "wgmma", "n_first": False}, True),
+    "fp16_wgmma_bm128": ({"operands": "fp16", "form": "wgmma", "bm": 128}, True),
+    "fp16_wgmma_16_tiles_8warps": ({"operands": "fp16", "form": "wgmma", "bnt": 16, "wgmma_warps": 8}, True),
+}
+
+
+@pytest.mark.parametrize("form", list(PROMPT_FORMS))
 @pytest.mark.parametrize("split_x", [True, False])
-def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x, operands):
+def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x, form, monkeypatch):
     """A prompt chunk at GLM-5.3-Flash's expert shapes (hidden 4096, width 2048, top-8 of 32 experts, 96 tokens: 768
-    pairs, past PAIRS_MAX): the grouped kernel (each expert's trellis decoded into TF32 or fp16 MMA operands) against
-    the first prompt path (W_q decoded whole, fp32 matmul), within the operand's rounding of x (split_x: x as two
-    parts, as close as fp32); two runs give the same bits; a token's bits do not depend on the chunk's other
-    tokens."""
+    pairs, past PAIRS_MAX): the grouped kernels (each expert's trellis decoded into TF32 or fp16 MMA operands:
+    `_exl3_grouped`'s tl.dot, or on Hopper `_exl3_grouped_wgmma`'s warpgroup MMA with W_q as the register operand)
+    against the first prompt path (W_q decoded whole, fp32 matmul), within the operand's rounding of x (split_x: x
+    as two parts, as close as fp32); two runs give the same bits; a token's bits do not depend on the chunk's other
+    tokens; the form asked for is the one that ran."""
     from engine.ops import triton_exl3 as tx
 
     gen = torch.Generator(device="cuda").manual_seed(6)
@@ -176,12 +189,17 @@ def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x, operan
     weights = torch.rand(rows, k, generator=gen, device="cuda")
     assert chosen.numel() > tx.PAIRS_MAX
     looped = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
-    launch = {"split_x": split_x, "operands": operands}
+    launch, wgmma = PROMPT_FORMS[form]
+    launch = {**launch, "split_x": split_x}
+    ran = []
+    applies = tx._wgmma_applies
+    monkeypatch.setattr(tx, "_wgmma_applies", lambda *a: ran.append(applies(*a)) or ran[-1])
     grouped = tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, **launch)
+    assert ran and set(ran) == {wgmma and torch.cuda.get_device_capability() == (9, 0)}, ran
     error = float((grouped - looped).abs().max() / looped.abs().max())
     assert error <= (1e-4 if split_x else 3e-3), error  # TF32 5.4e-5 and 1.3e-3 on the H200; fp16 2.5e-5, 3.7e-4
     assert torch.equal(grouped, tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, **launch))
-    if operands == "fp16":  # the option is taken: other operands, other last bits
+    if launch["operands"] == "fp16":  # the option is taken: other operands, other last bits
         tf32 = tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, split_x=split_x, operands="tf32")
         assert not torch.equal(grouped, tf32)
     # the first 80 tokens again beside 16 others: their pairs sit elsewhere in the experts' blocks
@@ -190,3 +208,26 @@ def test_prompt_chunk_on_the_tensor_cores_equals_the_expert_loop(split_x, operan
         other, torch.cat([chosen[:80], chosen[16:32]]), weights[:96], gate_up, down, 10.0, **launch
     )
     assert torch.equal(again[:80], grouped[:80])
+
+
+@pytest.mark.parametrize(("bits", "codebook"), [(3, "mcg"), (5, "3inst"), (3.5, "mul1"), (4, "mul1")])
+def test_the_wgmma_form_decodes_every_width_like_the_dot_form(bits, codebook):
+    """The wgmma form reads a tile's words for any width and codebook through the same decode as the dot form: a
+    chunk's result agrees with the dot form's and with the expert loop, whatever the format."""
+    from engine.ops import triton_exl3 as tx
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma form is compute capability 9.0's")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    experts, hidden, width, k, rows = 16, 1024, 512, 8, 80
+    gate_up = _bank(gen, 2 * experts, hidden, width, bits, codebook)
+    down = _bank(gen, experts, width, hidden, bits, codebook)
+    x = torch.randn(rows, hidden, generator=gen, device="cuda")
+    chosen = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:k] for _ in range(rows)])
+    weights = torch.rand(rows, k, generator=gen, device="cuda")
+    looped = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
+    scale = looped.abs().max()
+    wgmma = tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, form="wgmma")
+    dot = tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, form="dot")
+    assert float((wgmma - looped).abs().max() / scale) <= 1e-4
+    assert float((wgmma - dot).abs().max() / scale) <= 1e-4

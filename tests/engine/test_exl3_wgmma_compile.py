@@ -1,0 +1,100 @@
+"""`_exl3_grouped_wgmma` (engine/ops/triton_exl3.py: a prompt chunk's EXL3 experts on Hopper's warpgroup MMA, W_q
+decoded straight into the register operand) is a Gluon kernel, which Triton's CPU interpreter cannot run: here it is
+compiled for the H200 (sm_90) at the real model's expert shapes with every launch option `grouped_experts` can pick.
+The kernel states `gl.convert_layout(w, operand, assert_trivial=True)`, so a compile is also the check that the
+decoded values are the MMA's A fragment as they stand (no shared-memory round trip for W_q, the point of the form).
+Its numbers against the expert loop and the dot form: tests/gpu/test_exl3_moe_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+HIDDEN, WIDTH = 4096, 2048  # GLM-5.3-Flash's routed experts (TP=1; TP=2 halves the width)
+
+
+def _compile(**const):
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from engine.ops import triton_exl3 as tx
+
+    fn = tx._exl3_grouped_wgmma
+    const = {"MUL1_SCALE": tx._MUL1_SCALE, "MUL1_BIAS": tx._MUL1_BIAS, "ASM": True, **const}
+    pointers = {"x_ptr": "*fp32", "t_ptr": "*i32", "block_ptr": "*i32", "dest_ptr": "*i32", "out_ptr": "*fp32"}
+    signature = {n: pointers.get(n, "constexpr") for n in fn.arg_names}
+    assert set(signature) - set(pointers) == set(const), "the kernel's constexprs changed"
+    source = GluonASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers},
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": const["WARPS"]})
+
+
+# (K, N, MATS, SCATTER): gate‖up and down at TP=1 and at TP=2's shard
+SHAPES = [
+    (HIDDEN, WIDTH, 2, False),
+    (WIDTH, HIDDEN, 1, True),
+    (HIDDEN, WIDTH // 2, 2, False),
+    (WIDTH // 2, HIDDEN, 1, True),
+]
+
+
+@pytest.mark.parametrize(("k", "n", "mats", "scatter"), SHAPES)
+@pytest.mark.parametrize(("bm", "bnt", "warps"), [(64, 8, 4), (64, 8, 8), (128, 8, 8), (64, 16, 8)])
+def test_the_wgmma_form_compiles_with_w_in_registers(k, n, mats, scatter, bm, bnt, warps):
+    kernel = _compile(
+        K_TILES=k // 16,
+        N_TILES=n // 16,
+        WORDS=32,
+        BITS2=8,
+        CODEBOOK=1,
+        BM=bm,
+        BNT=bnt,
+        MATS=mats,
+        SCATTER=scatter,
+        SPLIT_X=True,
+        WARPS=warps,
+        N_FIRST=True,
+    )
+    ptx = kernel.asm["ptx"]
+    assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx
+    # the A operand from registers: wgmma's A is a register list, not a shared-memory descriptor
+    assert "wgmma.mma_async.sync.aligned.m64n%d k16.f32.f16.f16".replace(" ", "") % bm in ptx
+    # shared memory: x's fp16 head and remainder, and the accumulator's trip to the store layout
+    assert kernel.metadata.shared <= 16 * 1024, kernel.metadata.shared
+
+
+@pytest.mark.parametrize(("bits2", "codebook"), [(6, 1), (7, 2), (10, 0), (8, 2)])
+def test_every_width_and_codebook_compiles(bits2, codebook):
+    kernel = _compile(
+        K_TILES=64,
+        N_TILES=32,
+        WORDS=4 * bits2,
+        BITS2=bits2,
+        CODEBOOK=codebook,
+        BM=64,
+        BNT=8,
+        MATS=2,
+        SCATTER=False,
+        SPLIT_X=True,
+        WARPS=4,
+        N_FIRST=False,
+    )
+    assert "wgmma.mma_async" in kernel.asm["ptx"]
+
+
+def test_the_form_is_chosen_by_the_device_and_checked():
+    pytest.importorskip("triton")
+    from engine.ops import triton_exl3 as tx
+
+    launch = dict(tx.PROMPT_LAUNCH)
+    assert launch["form"] == "wgmma"
+    assert not tx._wgmma_applies(launch, torch.device("cpu"))  # the CPU and the interpreter run the dot form
+    with pytest.raises(ValueError, match="'wgmma' or 'dot'"):
+        tx._wgmma_applies({**launch, "form": "mma"}, torch.device("cpu"))
+    with pytest.raises(ValueError, match="'fp16' or 'tf32'"):
+        tx._wgmma_applies({**launch, "operands": "bf16"}, torch.device("cpu"))
