@@ -39,14 +39,14 @@ PEAK = {"bf16": 989e12, "tf32": 494e12}  # H200 dense tensor-core peaks
 VARIANTS = {
     "dot": {"form": "dot"},  # `_exl3_grouped`'s tl.dot (fp16 operands through shared memory): other GPUs' form
     "dot_blocks_first": {"form": "dot", "n_first": False},  # session 21's default
-    "tf32": {"operands": "tf32", "form": "dot"},
     "one_fp16_product": {"split_x": False},
     "blocks_first": {"n_first": False},
-    "wgmma_8warps": {"wgmma_warps": 8},
     "bnt16_8warps": {"bnt": 16, "wgmma_warps": 8},
     "bm128": {"bm": 128},
     "bm64": {"bm": 64},
+    "rotate_rows4": {"rotate_rows": 4},
 }
+ROTATE_VARIANTS = [(1, 1), (2, 1), (4, 1), (4, 2), (8, 2), (8, 4), (16, 4)]  # (rows a program, warps)
 
 
 def random_bank(matrices: int, k: int, n: int, gen: torch.Generator) -> exl3.Exl3Bank:
@@ -131,6 +131,31 @@ def main() -> int:
                     y = fn()
                     entry["max_rel_diff"] = float((y - reference).abs().max() / reference.abs().max())
                 row[name] = entry
+            # the rotation before gate‖up alone (every pair's x gathered, pre-scaled by its expert's suh, rotated,
+            # written in fp32 twice: gate and up), by rows a program and warps
+            flat = chosen.reshape(-1)
+            order = torch.argsort(flat, stable=True)
+            rotation = {}
+            for rows_a, warps in ROTATE_VARIANTS:
+                ms = do_bench(
+                    lambda: tx.rotate_rows(
+                        x[None],
+                        1,
+                        flat[order],
+                        pre=gate_up.suh,
+                        share=2,
+                        paired=True,
+                        gather=order // TOP_K,
+                        num_warps=warps,
+                        block_rows=rows_a,
+                    ),
+                    warmup=10,
+                    rep=40,
+                    return_mode="median",
+                )
+                written = 2 * pairs * HIDDEN * 4
+                rotation[f"{rows_a}x{warps}"] = {"ms": ms, "written_tb_s": written / ms / 1e9}
+            row["rotate"] = rotation
             result["rows"].append(row)
             print(
                 f"tp{tp} T={tokens}: "
@@ -139,7 +164,9 @@ def main() -> int:
                     + (f" d={v['max_rel_diff']:.1e}" if "max_rel_diff" in v else "")
                     for k, v in row.items()
                     if isinstance(v, dict) and "ms" in v
-                ),
+                )
+                + "  rotate "
+                + " ".join(f"{k} {v['ms']:.3f}" for k, v in row["rotate"].items()),
                 flush=True,
             )
             with open(args.out, "w") as f:

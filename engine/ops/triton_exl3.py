@@ -291,6 +291,7 @@ def _rotate(
     live_rows,
     share,
     gather_ptr,
+    total,
     WIDTH: tl.constexpr,
     ROWS: tl.constexpr,
     PARTS: tl.constexpr,
@@ -300,40 +301,45 @@ def _rotate(
     ORDER: tl.constexpr,
     PAIRED: tl.constexpr,
     GATHER: tl.constexpr,
+    R: tl.constexpr = 1,
 ):
-    """One 128-block of one row r = g*ROWS + m: out = H(sum of PARTS partials · pre[mats[g]]) · post[mats[g]]
-    (+ add[mats[g]]), H by the butterflies of exl3.rotate in its order (same fp32 bits); rows m >= live_rows are
-    written as zeros; ORDER 1 / 2 stores each 16-tile in the GEMV's / the grouped MMA's input order. Output row r reads input row
-    r // share (one input row feeding `share` matrices), or row gather[r // share] (GATHER; one part)."""
-    row = tl.program_id(0)
+    """One 128-block of R rows r = g*ROWS + m (of `total`): out = H(sum of PARTS partials · pre[mats[g]]) ·
+    post[mats[g]] (+ add[mats[g]]), H by the butterflies of exl3.rotate in its order (same fp32 bits, whatever R);
+    rows m >= live_rows are written as zeros; ORDER 1 / 2 stores each 16-tile in the GEMV's / the grouped MMA's
+    input order. Output row r reads input row r // share (one input row feeding `share` matrices), or row
+    gather[r // share] (GATHER; one part)."""
+    row = tl.program_id(0) * R + tl.arange(0, R)
     block = tl.program_id(1)
-    in_rows = tl.num_programs(0) // share
+    valid = row < total
+    in_rows = total // share
     if GATHER:
-        in_row = tl.load(gather_ptr + row // share).to(tl.int64)
+        in_row = tl.load(gather_ptr + row // share, mask=valid, other=0).to(tl.int64)
     else:
-        in_row = row // share
+        in_row = (row // share).to(tl.int64)
     if PAIRED:  # matrix 2 ids[g // 2] + g % 2
-        mat = 2 * tl.load(mat_ptr + row // ROWS // 2).to(tl.int64) + (row // ROWS) % 2
+        mat = 2 * tl.load(mat_ptr + row // ROWS // 2, mask=valid, other=0).to(tl.int64) + (row // ROWS) % 2
     else:
-        mat = tl.load(mat_ptr + row // ROWS).to(tl.int64)
-    live = (row % ROWS) < live_rows
+        mat = tl.load(mat_ptr + row // ROWS, mask=valid, other=0).to(tl.int64)
+    live = ((row % ROWS) < live_rows)[:, None]
     offs = block * 128 + tl.arange(0, 128)
-    y = tl.zeros([128], dtype=tl.float32)
+    mask = valid[:, None]
+    y = tl.zeros([R, 128], dtype=tl.float32)
     for part in tl.static_range(PARTS):
-        y += tl.load(in_ptr + (part * in_rows + in_row).to(tl.int64) * WIDTH + offs)
+        y += tl.load(in_ptr + (part * in_rows + in_row)[:, None] * WIDTH + offs[None, :], mask=mask, other=0.0)
+    mat_offs = mat[:, None] * WIDTH + offs[None, :]
     if PRE:
-        y = y * tl.load(pre_ptr + mat * WIDTH + offs).to(tl.float32)
-    y = _hadamard(y)
+        y = y * tl.load(pre_ptr + mat_offs, mask=mask, other=0.0).to(tl.float32)
+    y = _hadamard_rows(y, R)
     if POST:
-        y = y * tl.load(post_ptr + mat * WIDTH + offs).to(tl.float32)
+        y = y * tl.load(post_ptr + mat_offs, mask=mask, other=0.0).to(tl.float32)
     if ADD:
-        y = y + tl.load(add_ptr + mat * WIDTH + offs).to(tl.float32)
+        y = y + tl.load(add_ptr + mat_offs, mask=mask, other=0.0).to(tl.float32)
     y = tl.where(live, y, 0.0)
     if ORDER == 0:
         dest = offs
     else:
         dest = _kernel_order(block, ORDER == 2)
-    tl.store(out_ptr + row.to(tl.int64) * WIDTH + dest, y)
+    tl.store(out_ptr + row.to(tl.int64)[:, None] * WIDTH + dest[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -344,6 +350,16 @@ def _hadamard(y):
         a, b = tl.split(pairs)
         y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [128])
     return y * 0.08838834764831845  # 1 / sqrt(128), as exl3.rotate
+
+
+@triton.jit
+def _hadamard_rows(y, R: tl.constexpr):
+    """H of the 128-blocks of [R, 128], each by `_hadamard`'s butterflies (the same fp32 bits a row)."""
+    for stage in tl.static_range(7):
+        halves = tl.permute(tl.reshape(y, [R, 64 >> stage, 2, 1 << stage]), (0, 1, 3, 2))
+        a, b = tl.split(halves)
+        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), [R, 128])
+    return y * 0.08838834764831845
 
 
 @triton.jit
@@ -430,11 +446,7 @@ def _weighted_sum(
     y = tl.zeros([KP, 128], dtype=tl.float32)
     for part in tl.static_range(PARTS):
         y += tl.load(parts_ptr + (part * pairs + pair).to(tl.int64) * WIDTH + offs[None, :], mask=live, other=0.0)
-    for stage in tl.static_range(7):  # H of every row, as _hadamard
-        halves = tl.permute(tl.reshape(y, [KP, 64 >> stage, 2, 1 << stage]), (0, 1, 3, 2))
-        a, b = tl.split(halves)
-        y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), [KP, 128])
-    y = y * 0.08838834764831845
+    y = _hadamard_rows(y, KP)
     y = y * tl.load(svh_ptr + expert * WIDTH + offs[None, :], mask=live, other=0.0).to(tl.float32)
     y = y * tl.load(weight_ptr + pair, mask=live, other=0.0)
     tl.store(out_ptr + row.to(tl.int64) * WIDTH + offs, tl.sum(y, axis=0))
@@ -830,12 +842,14 @@ def rotate_rows(
     paired: bool = False,
     gather: torch.Tensor | None = None,
     num_warps: int = 4,
+    block_rows: int = 1,
 ) -> torch.Tensor:
     """x [PARTS, G*rows / share, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
     [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]. `paired`: mats holds
     G/2 ids and group g uses matrix 2 ids[g // 2] + g % 2 (an expert's gate and up). `gather` [G*rows / share]:
     output row r reads input row gather[r // share] of x [1, any, W] instead. `order` (INPUT_ORDERS): how each
-    16-input tile is stored — as is, in `_exl3_gemv`'s input order or in `_exl3_grouped`'s."""
+    16-input tile is stored — as is, in `_exl3_gemv`'s input order or in `_exl3_grouped`'s. `block_rows`: rows a
+    program (a power of two; a row's bits are the same at any)."""
     parts, total, width = x.shape
     if gather is not None:
         if parts != 1:
@@ -844,7 +858,7 @@ def rotate_rows(
     total *= share
     out = torch.empty(total, width, dtype=torch.float32, device=x.device)
     dummy = out
-    _rotate[(total, width // exl3.HADAMARD_BLOCK)](
+    _rotate[(-(-total // block_rows), width // exl3.HADAMARD_BLOCK)](
         x.contiguous(),
         out,
         mats,
@@ -854,6 +868,7 @@ def rotate_rows(
         rows if live_rows is None else live_rows,
         share,
         dummy if gather is None else gather,
+        total,
         WIDTH=width,
         ROWS=rows,
         PARTS=parts,
@@ -863,6 +878,7 @@ def rotate_rows(
         ORDER=INPUT_ORDERS[order],
         PAIRED=paired,
         GATHER=gather is not None,
+        R=block_rows,
         num_warps=num_warps,
     )
     return out
@@ -990,6 +1006,9 @@ PROMPT_LAUNCH: dict = {
     "operands": "fp16",
     "rotate_warps": 1,  # warps a 128-block program of the rotations around the products (their bits at any count;
     # `_weighted_sum`'s sum of a row's k pairs follows the layout, so its last bits do not)
+    "rotate_rows": 4,  # rows a program of the rotation before gate‖up (the same bits at any count): H200, 2,048
+    # tokens (0.54 GB written), 0.647 ms at one row, 0.207 at four, 0.23 at 8 or 16 with more warps
+    # (bench/results/2026-12-03-h200-session22-call3-benches.json)
     # "wgmma": `_exl3_grouped_wgmma` where it applies (compute capability 9.0, fp16 operands, 4-bit or any width);
     # "dot": `_exl3_grouped` everywhere (the form the other GPUs and the interpreter run)
     "form": "wgmma",
@@ -1139,7 +1158,16 @@ def grouped_experts(
     warps = launch["rotate_warps"]
     inputs = "natural" if _wgmma_applies(launch, x.device) else "mma"  # the products' input order
     xp = rotate_rows(
-        x[None], 1, experts, pre=gate_up.suh, order=inputs, share=2, paired=True, gather=order // k, num_warps=warps
+        x[None],
+        1,
+        experts,
+        pre=gate_up.suh,
+        order=inputs,
+        share=2,
+        paired=True,
+        gather=order // k,
+        num_warps=warps,
+        block_rows=launch["rotate_rows"],
     )
     h = torch.empty(2 * pairs, width, dtype=torch.float32, device=x.device)
     _grouped_launch(xp, gate_up, table, 2, h, None, launch)

@@ -108,11 +108,28 @@ def _cases() -> dict:
     together = tx.exl3_linear(linear, x)
     out["rows_alone_differ"] = int(sum((tx.exl3_linear(linear, x[i : i + 1])[0] != together[i]).sum() for i in (0, 5)))
 
-    # the Hadamard kernel gives exl3.rotate's bits
+    # the Hadamard kernel gives exl3.rotate's bits, one row a program or several (the last program's rows partly
+    # past the end), and as the grouped products use it: gathered rows, each feeding a pair of matrices, pre-scaled
     x = torch.randn(3, 256, generator=gen)
-    out["rotate_differ"] = int(
-        (tx.rotate_rows(x[None], 1, torch.zeros(3, dtype=torch.int32)) != exl3.rotate(x, -1)).sum()
-    )
+    out["rotate_differ"] = {
+        rows: int(
+            (tx.rotate_rows(x[None], 1, torch.zeros(3, dtype=torch.int32), block_rows=rows) != exl3.rotate(x, -1)).sum()
+        )
+        for rows in (1, 2, 4)
+    }
+    pre = torch.rand(8, 256, generator=gen).half()
+    ids, gather = torch.tensor([3, 1, 0, 2, 1]), torch.tensor([2, 0, 1, 1, 2])
+    mats = 2 * ids.repeat_interleave(2) + torch.arange(10) % 2  # paired: output row r, matrix 2 ids[r // 2] + r % 2
+    expected = exl3.rotate(x[gather].repeat_interleave(2, 0) * pre[mats].float(), -1)
+    out["rotate_gathered_differ"] = {
+        rows: int(
+            (
+                tx.rotate_rows(x[None], 1, ids, pre=pre, share=2, paired=True, gather=gather, block_rows=rows)
+                != expected
+            ).sum()
+        )
+        for rows in (1, 4, 8)
+    }
 
     # a prompt chunk (more than 8 rows): exact fp16 W_q, torch matmul
     linear = exl3.Exl3Linear(*random_linear(4, "mcg", 128, 128, False)[:3], "mcg")
@@ -152,7 +169,8 @@ def test_a_rows_result_does_not_depend_on_the_batch(results: dict) -> None:
 
 
 def test_rotation_kernel_is_bitwise_the_reference(results: dict) -> None:
-    assert results["rotate_differ"] == 0
+    assert results["rotate_differ"] == {"1": 0, "2": 0, "4": 0}
+    assert results["rotate_gathered_differ"] == {"1": 0, "4": 0, "8": 0}
 
 
 def test_prompt_chunk_path(results: dict) -> None:
