@@ -48,8 +48,13 @@ values are fp16: exact) or, as an option, TF32; each activation is split into it
 the remainder, two products, so the sums are close to fp32 (from the expert loop's fp32 matmuls at the served
 shapes, H200: 2.5e-5 of the largest output with fp16 operands, 4.9e-5 with TF32). The same rotations,
 `_swiglu_between` and `_weighted_sum` as the decode path; a token's bits do not depend on the chunk's other tokens.
-H200, 2,048 tokens through one GLM-5.3-Flash layer's routed experts at TP=2's shard: 7.22 ms (session 20; 7.8 ms
-with TF32 operands, 176 ms for the loop over experts it replaced, `_looped_experts`, kept for the bench).
+On Hopper (compute capability 9.0) the product is `_exl3_grouped_wgmma` instead, a Gluon kernel: the format's tile
+layout is the MMA's A fragment, so the product is computed transposed (outputs × pairs) and each decoded W_q tile is
+the warpgroup MMA's register operand as it stands, where `_exl3_grouped`'s tl.dot stored it to shared memory
+(21-way bank conflicts); its x rows come in their natural input order. Both grids put a pair block's output blocks
+side by side, so they read the block's x rows from L2. H200, 2,048 tokens through one GLM-5.3-Flash layer's routed
+experts at TP=2's shard: 3.91 ms (session 22; 6.58 with the dot form blocks first, as in session 21; bf16 experts'
+`_grouped_mm` 3.75; the loop over experts it replaced, `_looped_experts`, kept for the bench, 176 ms).
 """
 
 from __future__ import annotations
