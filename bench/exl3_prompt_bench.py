@@ -38,13 +38,15 @@ PEAK = {"bf16": 989e12, "tf32": 494e12}  # H200 dense tensor-core peaks
 # launch variants timed beside the default (engine/ops/triton_exl3.PROMPT_LAUNCH)
 VARIANTS = {
     "dot": {"form": "dot"},  # `_exl3_grouped`'s tl.dot (fp16 operands through shared memory): other GPUs' form
-    "dot_blocks_first": {"form": "dot", "n_first": False},  # session 21's default
+    "dot_blocks_first": {"form": "dot", "n_first": False, "rotate_rows": 1},  # session 21's default
     "one_fp16_product": {"split_x": False},
     "blocks_first": {"n_first": False},
     "bnt16_8warps": {"bnt": 16, "wgmma_warps": 8},
     "bm128": {"bm": 128},
     "bm64": {"bm": 64},
-    "rotate_rows4": {"rotate_rows": 4},
+    "rotate_rows1": {"rotate_rows": 1},
+    "two_k_tiles": {"wgmma_ku": 2},
+    "bm128_two_k_tiles": {"bm": 128, "wgmma_ku": 2},
 }
 ROTATE_VARIANTS = [(1, 1), (2, 1), (4, 1), (4, 2), (8, 2), (8, 4), (16, 4)]  # (rows a program, warps)
 

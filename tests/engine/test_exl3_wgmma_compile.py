@@ -44,8 +44,10 @@ SHAPES = [
 
 
 @pytest.mark.parametrize(("k", "n", "mats", "scatter"), SHAPES)
-@pytest.mark.parametrize(("bm", "bnt", "warps"), [(64, 8, 4), (64, 8, 8), (128, 8, 8), (64, 16, 8)])
-def test_the_wgmma_form_compiles_with_w_in_registers(k, n, mats, scatter, bm, bnt, warps):
+@pytest.mark.parametrize(
+    ("bm", "bnt", "warps", "ku"), [(64, 8, 4, 1), (64, 8, 8, 1), (128, 8, 8, 1), (64, 16, 8, 1), (64, 8, 4, 2)]
+)
+def test_the_wgmma_form_compiles_with_w_in_registers(k, n, mats, scatter, bm, bnt, warps, ku):
     kernel = _compile(
         K_TILES=k // 16,
         N_TILES=n // 16,
@@ -59,6 +61,7 @@ def test_the_wgmma_form_compiles_with_w_in_registers(k, n, mats, scatter, bm, bn
         SPLIT_X=True,
         WARPS=warps,
         N_FIRST=True,
+        KU=ku,
     )
     ptx = kernel.asm["ptx"]
     assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx
@@ -83,6 +86,7 @@ def test_every_width_and_codebook_compiles(bits2, codebook):
         SPLIT_X=True,
         WARPS=4,
         N_FIRST=False,
+        KU=2,
     )
     assert "wgmma.mma_async" in kernel.asm["ptx"]
 
