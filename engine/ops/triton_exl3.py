@@ -1109,7 +1109,9 @@ PROMPT_LAUNCH: dict = {
     "form": "wgmma",
     "wgmma_warps": None,  # wgmma: warps a program; None: 4 for 64-pair blocks, 8 for 128
     "n_first": True,  # the grid as (output block, pair block, matrix): one block's programs side by side
-    "wgmma_ku": 1,  # wgmma: K tiles a step, 1 or 2 (one fence and barrier pair a step)
+    "wgmma_ku": 1,  # wgmma: K tiles a step, 1 or 2 (one fence and barrier pair a step). H200, TP=2's shard: two
+    # are slower at the served 2k chunk (4.40 against 3.89 ms: 140 registers, three programs an SM) and faster at 8k
+    # with 128-pair blocks (10.81 against 12.02; bench/results/2026-12-03-h200-session22-call5-benches.json)
 }
 
 
@@ -1176,8 +1178,11 @@ def _grouped_launch(
     bnt = math.gcd(launch["bnt"], n_tiles)
     if _wgmma_applies(launch, xp.device):
         warps = launch["wgmma_warps"] or (4 if launch["bm"] <= 64 else 8)
-        if bnt % warps or launch["bm"] not in (64, 128):
-            raise ValueError(f"the wgmma form takes 64 or 128 pairs a block and tiles a multiple of its {warps} warps")
+        if bnt % warps or launch["bm"] not in (64, 128) or launch["wgmma_ku"] not in (1, 2):
+            raise ValueError(
+                f"the wgmma form takes 64 or 128 pairs a block, tiles a multiple of its {warps} warps and 1 or 2 K "
+                "tiles a step"
+            )
         _exl3_grouped_wgmma[_grouped_grid(table, n_tiles // bnt, mats, launch)](
             xp,
             _words(bank.trellis),
