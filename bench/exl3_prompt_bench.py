@@ -45,8 +45,6 @@ VARIANTS = {
     "bm128": {"bm": 128},
     "bm64": {"bm": 64},
     "rotate_rows1": {"rotate_rows": 1},
-    "two_k_tiles": {"wgmma_ku": 2},
-    "bm128_two_k_tiles": {"bm": 128, "wgmma_ku": 2},
 }
 ROTATE_VARIANTS = [(1, 1), (2, 1), (4, 1), (4, 2), (8, 2), (8, 4), (16, 4)]  # (rows a program, warps)
 

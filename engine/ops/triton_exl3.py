@@ -641,63 +641,6 @@ def _exl3_grouped(
 
 
 @gluon.jit
-def _wgmma_tile(
-    t_base,
-    x_ptrs,
-    live,
-    heads,
-    rests,
-    kt0,
-    u: gl.constexpr,
-    cur,
-    prev,
-    x,
-    quad,
-    lane4,
-    lane_words,
-    operand: gl.constexpr,
-    K_TILES: gl.constexpr,
-    N_TILES: gl.constexpr,
-    WORDS: gl.constexpr,
-    BITS2: gl.constexpr,
-    CODEBOOK: gl.constexpr,
-    BNT: gl.constexpr,
-    SPLIT_X: gl.constexpr,
-    MUL1_SCALE: gl.constexpr,
-    MUL1_BIAS: gl.constexpr,
-    ASM: gl.constexpr,
-):
-    """K tile kt0 + u of `_exl3_grouped_wgmma`: the next tile's words and x loaded ahead, this tile's W_qᵀ decoded
-    into the register operand, its x stored to buffer u as the fp16 head and remainder."""
-    kt = kt0 + u
-    ahead = gl.minimum(kt + 1, K_TILES - 1)
-    next_cur, next_prev = _tile_words(t_base + ahead * (N_TILES * WORDS), lane_words, BITS2 == 8)
-    next_x = gl.load(x_ptrs + ahead * 16, mask=live, other=0.0)
-    w = _tile_fragment(
-        t_base + kt * (N_TILES * WORDS),
-        quad,
-        lane4,
-        cur,
-        prev,
-        WORDS,
-        BITS2,
-        CODEBOOK,
-        MUL1_SCALE,
-        MUL1_BIAS,
-        ASM,
-        BNT,
-        True,
-        True,
-    )
-    w = gl.convert_layout(w, operand, assert_trivial=True)
-    head = x.to(gl.float16)
-    heads.index(u).store(head)
-    if SPLIT_X:
-        rests.index(u).store((x - head.to(gl.float32)).to(gl.float16))
-    return w, next_cur, next_prev, next_x
-
-
-@gluon.jit
 def _exl3_grouped_wgmma(
     x_ptr,
     t_ptr,
@@ -719,7 +662,6 @@ def _exl3_grouped_wgmma(
     ASM: gl.constexpr,
     WARPS: gl.constexpr,
     N_FIRST: gl.constexpr,
-    KU: gl.constexpr = 1,
 ):
     """`_exl3_grouped` with fp16 operands on Hopper's warpgroup MMA (Gluon: layouts stated, not inferred), the
     product transposed: accᵀ [16 BNT outputs, BM pairs] += W_qᵀ · xᵀ. The format lays a tile's values out as the
@@ -728,8 +670,7 @@ def _exl3_grouped_wgmma(
     register operand as it stands (the conversion is checked trivial at compile time): nothing of W_q goes through
     shared memory, where `_exl3_grouped`'s operand stores were 21-way bank-conflicted. x (natural input order, fp32)
     goes to shared memory as the fp16 head and remainder (SPLIT_X), the B operand. Same block table, outputs and
-    program grid as `_exl3_grouped` (N_FIRST: its first two axes swapped). KU K tiles a step: decoded and their x
-    stored, then one fence and barrier before their products."""
+    program grid as `_exl3_grouped` (N_FIRST: its first two axes swapped)."""
     if N_FIRST:
         n = gl.program_id(0)
         b = gl.program_id(1)
@@ -760,76 +701,45 @@ def _exl3_grouped_wgmma(
     quad = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, words))), 0), 1)
     t_base = t_ptr + (expert * MATS + m) * (K_TILES * N_TILES * WORDS) + tiles * WORDS
     lane_words = 4 * quad + lane4
-    heads = gl.allocate_shared_memory(gl.float16, [KU, BM, 16], shared)
-    rests = gl.allocate_shared_memory(gl.float16, [KU, BM, 16], shared)
+    step_words = N_TILES * WORDS
+    heads = gl.allocate_shared_memory(gl.float16, [BM, 16], shared)
+    rests = gl.allocate_shared_memory(gl.float16, [BM, 16], shared)
     acc = gl.zeros([16 * BNT, BM], gl.float32, layout=mma)
     if end > first:
         cur, prev = _tile_words(t_base, lane_words, BITS2 == 8)
         x = gl.load(x_ptrs, mask=live, other=0.0)
-        for kt0 in range(0, K_TILES, KU):
-            gl.thread_barrier()  # the last step's products have read the buffers
-            w0, cur, prev, x = _wgmma_tile(
-                t_base,
-                x_ptrs,
-                live,
-                heads,
-                rests,
-                kt0,
-                0,
-                cur,
-                prev,
-                x,
+        for kt in range(K_TILES):
+            ahead = gl.minimum(kt + 1, K_TILES - 1)
+            next_cur, next_prev = _tile_words(t_base + ahead * step_words, lane_words, BITS2 == 8)
+            next_x = gl.load(x_ptrs + ahead * 16, mask=live, other=0.0)
+            w = _tile_fragment(
+                t_base + kt * step_words,
                 quad,
                 lane4,
-                lane_words,
-                operand,
-                K_TILES,
-                N_TILES,
+                cur,
+                prev,
                 WORDS,
                 BITS2,
                 CODEBOOK,
-                BNT,
-                SPLIT_X,
                 MUL1_SCALE,
                 MUL1_BIAS,
                 ASM,
+                BNT,
+                True,
+                True,
             )
-            if KU == 2:
-                w1, cur, prev, x = _wgmma_tile(
-                    t_base,
-                    x_ptrs,
-                    live,
-                    heads,
-                    rests,
-                    kt0,
-                    1,
-                    cur,
-                    prev,
-                    x,
-                    quad,
-                    lane4,
-                    lane_words,
-                    operand,
-                    K_TILES,
-                    N_TILES,
-                    WORDS,
-                    BITS2,
-                    CODEBOOK,
-                    BNT,
-                    SPLIT_X,
-                    MUL1_SCALE,
-                    MUL1_BIAS,
-                    ASM,
-                )
+            w = gl.convert_layout(w, operand, assert_trivial=True)
+            head = x.to(gl.float16)
+            gl.thread_barrier()  # the last step's products have read the buffers
+            heads.store(head)
+            if SPLIT_X:
+                rests.store((x - head.to(gl.float32)).to(gl.float16))
             hopper.fence_async_shared()
             gl.thread_barrier()
-            acc = hopper.warpgroup_mma(w0, heads.index(0).permute((1, 0)), acc)
+            acc = hopper.warpgroup_mma(w, heads.permute((1, 0)), acc)
             if SPLIT_X:
-                acc = hopper.warpgroup_mma(w0, rests.index(0).permute((1, 0)), acc)
-            if KU == 2:
-                acc = hopper.warpgroup_mma(w1, heads.index(1).permute((1, 0)), acc)
-                if SPLIT_X:
-                    acc = hopper.warpgroup_mma(w1, rests.index(1).permute((1, 0)), acc)
+                acc = hopper.warpgroup_mma(w, rests.permute((1, 0)), acc)
+            cur, prev, x = next_cur, next_prev, next_x
     # stores along the outputs: a thread's 4 consecutive outputs of one pair
     outs: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, WARPS], [0, 1])
     acc = gl.convert_layout(acc, outs)
@@ -1109,9 +1019,6 @@ PROMPT_LAUNCH: dict = {
     "form": "wgmma",
     "wgmma_warps": None,  # wgmma: warps a program; None: 4 for 64-pair blocks, 8 for 128
     "n_first": True,  # the grid as (output block, pair block, matrix): one block's programs side by side
-    "wgmma_ku": 1,  # wgmma: K tiles a step, 1 or 2 (one fence and barrier pair a step). H200, TP=2's shard: two
-    # are slower at the served 2k chunk (4.40 against 3.89 ms: 140 registers, three programs an SM) and faster at 8k
-    # with 128-pair blocks (10.81 against 12.02; bench/results/2026-12-03-h200-session22-call5-benches.json)
 }
 
 
@@ -1178,11 +1085,8 @@ def _grouped_launch(
     bnt = math.gcd(launch["bnt"], n_tiles)
     if _wgmma_applies(launch, xp.device):
         warps = launch["wgmma_warps"] or (4 if launch["bm"] <= 64 else 8)
-        if bnt % warps or launch["bm"] not in (64, 128) or launch["wgmma_ku"] not in (1, 2):
-            raise ValueError(
-                f"the wgmma form takes 64 or 128 pairs a block, tiles a multiple of its {warps} warps and 1 or 2 K "
-                "tiles a step"
-            )
+        if bnt % warps or launch["bm"] not in (64, 128):
+            raise ValueError(f"the wgmma form takes 64 or 128 pairs a block and tiles a multiple of its {warps} warps")
         _exl3_grouped_wgmma[_grouped_grid(table, n_tiles // bnt, mats, launch)](
             xp,
             _words(bank.trellis),
@@ -1204,7 +1108,6 @@ def _grouped_launch(
             ASM=_asm(None),
             WARPS=warps,
             N_FIRST=launch["n_first"],
-            KU=launch["wgmma_ku"] if k_tiles % 2 == 0 else 1,
             num_warps=warps,
         )
         return
@@ -1249,6 +1152,9 @@ def grouped_experts(
     decoded once per block of up to `bm` of its pairs straight into tensor-core operands (`_exl3_grouped`), no W_q in
     memory, no host sync. Six launches besides the sort: rotate the rows for gate and up (gathered in sorted order),
     gate‖up, `_swiglu_between`, down (rows scattered back to (row, slot) order), `_weighted_sum`."""
+    unknown = set(launch) - set(PROMPT_LAUNCH)
+    if unknown:
+        raise ValueError(f"grouped_experts takes the launch options of PROMPT_LAUNCH, not {sorted(unknown)}")
     launch = {**PROMPT_LAUNCH, **launch}
     rows, k = chosen.shape
     pairs, width, hidden = rows * k, gate_up.svh.shape[-1], down.svh.shape[-1]
