@@ -1,7 +1,8 @@
 """A prompt chunk through one GLM-5.3-Flash MoE layer's routed experts on one GPU: EXL3 experts on the tensor cores
 (engine/ops/triton_exl3.grouped_experts: pairs sorted by expert, each expert's trellis decoded once per block of its
-pairs straight into fp16 - or, a variant, TF32 - MMA operands) against the first EXL3 prompt path (`_looped_experts`: per selected expert a
-host read, W_q decoded whole to fp16, an fp32 matmul) and against bf16 experts' grouped GEMMs (moe.MoE._grouped:
+pairs straight into fp16 MMA operands, on Hopper as the warpgroup MMA's register operand; VARIANTS: the other launch
+options) against the first EXL3 prompt path (`_looped_experts`: per selected expert a host read, W_q decoded whole
+to fp16, an fp32 matmul) and against bf16 experts' grouped GEMMs (moe.MoE._grouped:
 torch's `_grouped_mm`, what a bf16 checkpoint's prompt runs).
 
 The layer's real bank (288 experts, hidden 4096, width 2048 at TP=1, 1024 at TP=2's shard, top-8; read from
@@ -119,8 +120,8 @@ def main() -> int:
                 except Exception as exc:  # a variant that does not compile or fit: say so, keep the rest
                     row[name] = {"error": repr(exc)[:300]}
                     continue
-                fp16_mma = name.startswith("exl3_grouped") and "tf32" not in name and "session19" not in name
-                peak = PEAK["bf16" if fp16_mma or name.startswith("bf16") else "tf32"]  # fp16 MMA: bf16's rate
+                fp16_mma = name.startswith("exl3_grouped")  # every variant's operands are fp16: bf16's rate
+                peak = PEAK["bf16" if fp16_mma or name.startswith("bf16") else "tf32"]
                 entry = {
                     "ms": ms,
                     "tflops": flops / ms / 1e9,

@@ -340,10 +340,7 @@ def _rotate(
     if ADD:
         y = y + tl.load(add_ptr + mat_offs, mask=mask, other=0.0).to(tl.float32)
     y = tl.where(live, y, 0.0)
-    if ORDER == 0:
-        dest = offs
-    else:
-        dest = _kernel_order(block, ORDER == 2)
+    dest = _kernel_order(block, ORDER)
     tl.store(out_ptr + row.to(tl.int64)[:, None] * WIDTH + dest[None, :], y, mask=mask)
 
 
@@ -368,14 +365,17 @@ def _hadamard_rows(y, R: tl.constexpr):
 
 
 @triton.jit
-def _kernel_order(block, MMA: tl.constexpr):
-    """Where each input of 128-block `block` goes in the GEMV's input order (each 16-tile as (j&3, l%4)) or, MMA, in
-    the grouped MMA's (each 16-tile as (l%4, j>>1 & 1, j&1), `_tile_fragment`)."""
+def _kernel_order(block, ORDER: tl.constexpr):
+    """Where each input of 128-block `block` goes in the INPUT_ORDERS order ORDER: as is (0), the GEMV's input order
+    (1: each 16-tile as (j&3, l%4)) or the grouped MMA's (2: each 16-tile as (l%4, j>>1 & 1, j&1),
+    `_tile_fragment`)."""
     k = tl.arange(0, 128) % 16  # input row in the tile: 2 (l%4) + (j&1) + 8 (j>>1 & 1)
-    if MMA:
+    if ORDER == 2:
         place = 4 * ((k % 8) // 2) + 2 * (k >> 3) + (k & 1)
-    else:
+    elif ORDER == 1:
         place = 4 * ((k & 1) + 2 * (k >> 3)) + (k % 8) // 2
+    else:
+        place = k
     return block * 128 + (tl.arange(0, 128) // 16) * 16 + place
 
 
@@ -418,11 +418,7 @@ def _swiglu_between(
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate / (1.0 + tl.exp(-gate)) * up
     h = _hadamard(h * tl.load(suh_ptr + expert * WIDTH + offs).to(tl.float32))
-    if ORDER == 0:
-        dest = offs
-    else:
-        dest = _kernel_order(block, ORDER == 2)
-    tl.store(out_ptr + pair.to(tl.int64) * WIDTH + dest, h)
+    tl.store(out_ptr + pair.to(tl.int64) * WIDTH + _kernel_order(block, ORDER), h)
 
 
 @triton.jit
@@ -580,7 +576,7 @@ def _exl3_grouped(
     where TF32's is relative (at the served shapes the sums came closer to fp32 than TF32's: 2.5e-5 against 4.9e-5).
     Output row: MATS·p + m, or dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on
     the pair count alone. N_FIRST: the grid's first two axes swapped, (n, b, m), so the programs that read one
-    block's x rows (and one expert's trellis) run side by side and find them in L2."""
+    block's x rows run side by side and find them in L2."""
     if N_FIRST:
         n = tl.program_id(0)
         b = tl.program_id(1)
@@ -856,6 +852,8 @@ def rotate_rows(
     16-input tile is stored — as is, in `_exl3_gemv`'s input order or in `_exl3_grouped`'s. `block_rows`: rows a
     program (a power of two; a row's bits are the same at any)."""
     parts, total, width = x.shape
+    if block_rows < 1 or block_rows & (block_rows - 1):
+        raise ValueError(f"block_rows={block_rows}: rows a program is a power of two")
     if gather is not None:
         if parts != 1:
             raise ValueError("a gathered rotation reads one part")
@@ -999,26 +997,28 @@ PAIRS_MAX = 576  # (row, expert) pairs up to which the routed experts run as syn
 
 # `grouped_experts`' launch (bench/exl3_prompt_bench.py times alternatives)
 PROMPT_LAUNCH: dict = {
+    # both forms
     "bm": None,  # pairs a program: 128 where the experts average 128 pairs or more, else 64 (`_block_rows`)
-    "bnt": 8,
-    "split_x": True,
-    "ku": 1,
-    "prefetch": True,
-    "num_warps": 4,
+    "bnt": 8,  # output tiles a program
+    "split_x": True,  # x as two operands (head and remainder): fp32-close sums
+    "n_first": True,  # the grid as (output block, pair block, matrix): one block's programs side by side
     # fp16 operands (`_exl3_grouped`'s F16) and one-warp rotations: H200, TP=2's shard, 2,048 / 8,192 tokens, 7.22 /
     # 18.46 ms against 8.38 / 22.52 with TF32 and four warps (fp16 alone 7.72 / 21.00, one warp alone 7.76 / 20.24;
     # bench/results/2026-12-03-h200-session20-call3-benches.json)
-    "operands": "fp16",
+    "operands": "fp16",  # "tf32" takes the dot form
     "rotate_warps": 1,  # warps a 128-block program of the rotations around the products (their bits at any count;
     # `_weighted_sum`'s sum of a row's k pairs follows the layout, so its last bits do not)
     "rotate_rows": 4,  # rows a program of the rotation before gate‖up (the same bits at any count): H200, 2,048
     # tokens (0.54 GB written), 0.647 ms at one row, 0.207 at four, 0.23 at 8 or 16 with more warps
     # (bench/results/2026-12-03-h200-session22-call3-benches.json)
-    # "wgmma": `_exl3_grouped_wgmma` where it applies (compute capability 9.0, fp16 operands, 4-bit or any width);
+    # "wgmma": `_exl3_grouped_wgmma` where it applies (compute capability 9.0 on CUDA, fp16 operands, any width);
     # "dot": `_exl3_grouped` everywhere (the form the other GPUs and the interpreter run)
     "form": "wgmma",
-    "wgmma_warps": None,  # wgmma: warps a program; None: 4 for 64-pair blocks, 8 for 128
-    "n_first": True,  # the grid as (output block, pair block, matrix): one block's programs side by side
+    "wgmma_warps": None,  # wgmma form: warps a program, a multiple of 4; None: 4 for 64-pair blocks, 8 for 128
+    # dot form only
+    "ku": 1,  # K tiles a step
+    "prefetch": True,  # the next K tile's words loaded ahead
+    "num_warps": 4,
 }
 
 
@@ -1061,6 +1061,7 @@ def _wgmma_applies(launch: dict, device: torch.device) -> bool:
         launch["form"] == "wgmma"
         and _operands_f16(launch["operands"])
         and device.type == "cuda"
+        and torch.version.hip is None  # a ROCm GPU may report 9.0 too
         and not _INTERPRETED
         and torch.cuda.get_device_capability(device) == (9, 0)
     )
@@ -1079,14 +1080,18 @@ def _grouped_launch(
     out: torch.Tensor,
     dest: torch.Tensor | None,
     launch: dict,
+    wgmma: bool,
 ) -> None:
     bits2, cb = _format(bank.trellis, bank.codebook)
     _, k_tiles, n_tiles, _ = bank.trellis.shape
     bnt = math.gcd(launch["bnt"], n_tiles)
-    if _wgmma_applies(launch, xp.device):
+    if wgmma:
         warps = launch["wgmma_warps"] or (4 if launch["bm"] <= 64 else 8)
-        if bnt % warps or launch["bm"] not in (64, 128):
-            raise ValueError(f"the wgmma form takes 64 or 128 pairs a block and tiles a multiple of its {warps} warps")
+        if warps % 4 or bnt % warps or launch["bm"] not in (64, 128):
+            raise ValueError(
+                f"the wgmma form takes 64 or 128 pairs a block and whole warpgroups (warps a multiple of 4) whose "
+                f"count divides the output tiles a program: {launch['bm']} pairs, {warps} warps, {bnt} tiles"
+            )
         _exl3_grouped_wgmma[_grouped_grid(table, n_tiles // bnt, mats, launch)](
             xp,
             _words(bank.trellis),
@@ -1149,9 +1154,10 @@ def grouped_experts(
     **launch,
 ) -> torch.Tensor:
     """`routed_experts` for a prompt chunk: the (row, expert) pairs sorted by expert once, each expert's trellis
-    decoded once per block of up to `bm` of its pairs straight into tensor-core operands (`_exl3_grouped`), no W_q in
-    memory, no host sync. Six launches besides the sort: rotate the rows for gate and up (gathered in sorted order),
-    gate‖up, `_swiglu_between`, down (rows scattered back to (row, slot) order), `_weighted_sum`."""
+    decoded once per block of up to `bm` of its pairs straight into tensor-core operands (`_exl3_grouped_wgmma` on
+    Hopper, `_exl3_grouped` elsewhere: `launch["form"]`), no W_q in memory, no host sync. Six launches besides the
+    sort: rotate the rows for gate and up (gathered in sorted order), gate‖up, `_swiglu_between`, down (rows
+    scattered back to (row, slot) order), `_weighted_sum`. `launch`: options of PROMPT_LAUNCH to override."""
     unknown = set(launch) - set(PROMPT_LAUNCH)
     if unknown:
         raise ValueError(f"grouped_experts takes the launch options of PROMPT_LAUNCH, not {sorted(unknown)}")
@@ -1164,7 +1170,8 @@ def grouped_experts(
     launch["bm"] = _block_rows(pairs, len(down), launch["bm"])
     table = _block_table(torch.bincount(flat, minlength=len(down)), launch["bm"], pairs)
     warps = launch["rotate_warps"]
-    inputs = "natural" if _wgmma_applies(launch, x.device) else "mma"  # the products' input order
+    wgmma = _wgmma_applies(launch, x.device)
+    inputs = "natural" if wgmma else "mma"  # the products' input order
     xp = rotate_rows(
         x[None],
         1,
@@ -1178,7 +1185,7 @@ def grouped_experts(
         block_rows=launch["rotate_rows"],
     )
     h = torch.empty(2 * pairs, width, dtype=torch.float32, device=x.device)
-    _grouped_launch(xp, gate_up, table, 2, h, None, launch)
+    _grouped_launch(xp, gate_up, table, 2, h, None, launch, wgmma)
     hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
     _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
         h,
@@ -1193,7 +1200,7 @@ def grouped_experts(
         num_warps=warps,
     )
     y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    _grouped_launch(hp, down, table, 1, y, order, launch)
+    _grouped_launch(hp, down, table, 1, y, order, launch, wgmma)
     return _pairs_summed(y[None], rows, flat, down, weights, warps)
 
 

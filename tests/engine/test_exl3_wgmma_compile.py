@@ -1,11 +1,14 @@
 """`_exl3_grouped_wgmma` (engine/ops/triton_exl3.py: a prompt chunk's EXL3 experts on Hopper's warpgroup MMA, W_q
 decoded straight into the register operand) is a Gluon kernel, which Triton's CPU interpreter cannot run: here it is
-compiled for the H200 (sm_90) at the real model's expert shapes with every launch option `grouped_experts` can pick.
+compiled for the H200 (sm_90) at the real model's expert shapes with the launches `grouped_experts` picks (64 or 128
+pairs a block) and the variants the bench and GPU tests run (8 warps, 16 output tiles a program).
 The kernel states `gl.convert_layout(w, operand, assert_trivial=True)`, so a compile is also the check that the
 decoded values are the MMA's A fragment as they stand (no shared-memory round trip for W_q, the point of the form).
 Its numbers against the expert loop and the dot form: tests/gpu/test_exl3_moe_gpu.py."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -62,14 +65,18 @@ def test_the_wgmma_form_compiles_with_w_in_registers(k, n, mats, scatter, bm, bn
     )
     ptx = kernel.asm["ptx"]
     assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx
-    # the A operand from registers: wgmma's A is a register list, not a shared-memory descriptor
-    assert "wgmma.mma_async.sync.aligned.m64n%d k16.f32.f16.f16".replace(" ", "") % bm in ptx
+    # the A operand from registers: after the accumulators, wgmma's A is a list of four registers (W_qᵀ's fp16 pairs),
+    # then B's shared-memory descriptor (with A in shared memory it would be a second descriptor)
+    products = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bm}k16\.f32\.f16\.f16 \{{[^}}]*\}}, (\S+) %rd", ptx)
+    assert products and all(re.fullmatch(r"\{%r\d+,%r\d+,%r\d+,%r\d+\},", a) for a in products), products[:2]
     # shared memory: x's fp16 head and remainder, and the accumulator's trip to the store layout
     assert kernel.metadata.shared <= 16 * 1024, kernel.metadata.shared
 
 
-@pytest.mark.parametrize(("bits2", "codebook"), [(6, 1), (7, 2), (10, 0), (8, 2)])
-def test_every_width_and_codebook_compiles(bits2, codebook):
+@pytest.mark.parametrize(
+    ("bits2", "codebook", "split_x"), [(6, 1, True), (7, 2, True), (10, 0, True), (8, 2, True), (8, 1, False)]
+)
+def test_every_width_and_codebook_compiles(bits2, codebook, split_x):
     kernel = _compile(
         K_TILES=64,
         N_TILES=32,
@@ -80,7 +87,7 @@ def test_every_width_and_codebook_compiles(bits2, codebook):
         BNT=8,
         MATS=2,
         SCATTER=False,
-        SPLIT_X=True,
+        SPLIT_X=split_x,
         WARPS=4,
         N_FIRST=False,
     )

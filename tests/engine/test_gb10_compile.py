@@ -71,6 +71,26 @@ def test_the_prompt_chunk_hyper_connection_mix_compiles_for_sm121():
     _compile_for_sm121({**entry, "num_warps": triton_mhc.PROMPT_WARPS})
 
 
+def test_the_prompt_chunk_rotation_compiles_for_sm121():
+    """The rotation before a prompt chunk's gate‖up as other GPUs than the H200 launch it — the recorded gathered,
+    paired one in the grouped MMA's input order with PROMPT_LAUNCH's rows a program and warps (the record's may be
+    of one row) —, which `_entries` may leave out."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from engine.ops import triton_exl3
+
+    names = triton_exl3._rotate.arg_names
+    for entry in json.loads(LAUNCHES.read_text()):
+        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_rotate" else {}
+        if values.get("GATHER") and values.get("ORDER") == triton_exl3.INPUT_ORDERS["mma"]:
+            break
+    else:
+        pytest.fail("no gathered _rotate in the grouped MMA's order recorded (run bench/record_triton_launches.sh)")
+    values["R"] = triton_exl3.PROMPT_LAUNCH["rotate_rows"]
+    entry = {**entry, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    _compile_for_sm121({**entry, "num_warps": triton_exl3.PROMPT_LAUNCH["rotate_warps"]})
+
+
 def _compile_for_sm121(entry: dict) -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
