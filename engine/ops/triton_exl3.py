@@ -1085,6 +1085,11 @@ def _grouped_launch(
     bits2, cb = _format(bank.trellis, bank.codebook)
     _, k_tiles, n_tiles, _ = bank.trellis.shape
     bnt = math.gcd(launch["bnt"], n_tiles)
+    grid = _grouped_grid(table, n_tiles // bnt, mats, launch)
+    args = (xp, _words(bank.trellis), table, table if dest is None else dest, out)
+    shape = dict(K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2, CODEBOOK=cb, BM=launch["bm"], BNT=bnt)
+    shape |= dict(MATS=mats, SCATTER=dest is not None, SPLIT_X=launch["split_x"], N_FIRST=launch["n_first"])
+    decode = dict(MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS, ASM=_asm(None))
     if wgmma:
         warps = launch["wgmma_warps"] or (4 if launch["bm"] <= 64 else 8)
         if warps % 4 or bnt % warps or launch["bm"] not in (64, 128):
@@ -1092,55 +1097,12 @@ def _grouped_launch(
                 f"the wgmma form takes 64 or 128 pairs a block and whole warpgroups (warps a multiple of 4) whose "
                 f"count divides the output tiles a program: {launch['bm']} pairs, {warps} warps, {bnt} tiles"
             )
-        _exl3_grouped_wgmma[_grouped_grid(table, n_tiles // bnt, mats, launch)](
-            xp,
-            _words(bank.trellis),
-            table,
-            table if dest is None else dest,
-            out,
-            K_TILES=k_tiles,
-            N_TILES=n_tiles,
-            WORDS=bits2 * 4,
-            BITS2=bits2,
-            CODEBOOK=cb,
-            BM=launch["bm"],
-            BNT=bnt,
-            MATS=mats,
-            SCATTER=dest is not None,
-            SPLIT_X=launch["split_x"],
-            MUL1_SCALE=_MUL1_SCALE,
-            MUL1_BIAS=_MUL1_BIAS,
-            ASM=_asm(None),
-            WARPS=warps,
-            N_FIRST=launch["n_first"],
-            num_warps=warps,
-        )
+        _exl3_grouped_wgmma[grid](*args, **shape, **decode, WARPS=warps, num_warps=warps)
         return
     ku = launch["ku"] if k_tiles % launch["ku"] == 0 else 1
-    _exl3_grouped[_grouped_grid(table, n_tiles // bnt, mats, launch)](
-        xp,
-        _words(bank.trellis),
-        table,
-        table if dest is None else dest,
-        out,
-        K_TILES=k_tiles,
-        N_TILES=n_tiles,
-        WORDS=bits2 * 4,
-        BITS2=bits2,
-        CODEBOOK=cb,
-        BM=launch["bm"],
-        BNT=bnt,
-        MATS=mats,
-        SCATTER=dest is not None,
-        SPLIT_X=launch["split_x"],
-        KU=ku,
-        PREFETCH=launch["prefetch"],
-        MUL1_SCALE=_MUL1_SCALE,
-        MUL1_BIAS=_MUL1_BIAS,
-        ASM=_asm(None),
-        F16=_operands_f16(launch["operands"]),
-        N_FIRST=launch["n_first"],
-        num_warps=launch["num_warps"],
+    f16 = _operands_f16(launch["operands"])
+    _exl3_grouped[grid](
+        *args, **shape, **decode, KU=ku, PREFETCH=launch["prefetch"], F16=f16, num_warps=launch["num_warps"]
     )
 
 
