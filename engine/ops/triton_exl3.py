@@ -537,6 +537,19 @@ def _tile_fragment(
 
 
 @triton.jit
+def _grouped_program(N_FIRST: tl.constexpr):
+    """(pair block b, output block n, matrix m) of a grouped-product program: the grid is (b, n, m), or (n, b, m)
+    with N_FIRST (`_grouped_grid`)."""
+    if N_FIRST:
+        n = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        n = tl.program_id(1)
+    return b, n, tl.program_id(2)
+
+
+@triton.jit
 def _exl3_grouped(
     x_ptr,
     t_ptr,
@@ -577,13 +590,7 @@ def _exl3_grouped(
     Output row: MATS·p + m, or dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on
     the pair count alone. N_FIRST: the grid's first two axes swapped, (n, b, m), so the programs that read one
     block's x rows run side by side and find them in L2."""
-    if N_FIRST:
-        n = tl.program_id(0)
-        b = tl.program_id(1)
-    else:
-        b = tl.program_id(0)
-        n = tl.program_id(1)
-    m = tl.program_id(2)
+    b, n, m = _grouped_program(N_FIRST)
     expert = tl.load(block_ptr + 3 * b).to(tl.int64)
     first = tl.load(block_ptr + 3 * b + 1)
     end = tl.load(block_ptr + 3 * b + 2)
@@ -667,13 +674,7 @@ def _exl3_grouped_wgmma(
     shared memory, where `_exl3_grouped`'s operand stores were 21-way bank-conflicted. x (natural input order, fp32)
     goes to shared memory as the fp16 head and remainder (SPLIT_X), the B operand. Same block table, outputs and
     program grid as `_exl3_grouped` (N_FIRST: its first two axes swapped)."""
-    if N_FIRST:
-        n = gl.program_id(0)
-        b = gl.program_id(1)
-    else:
-        b = gl.program_id(0)
-        n = gl.program_id(1)
-    m = gl.program_id(2)
+    b, n, m = _grouped_program(N_FIRST)
     # words [4 (l%4), BNT tiles, 8 (l//4)]: lane l = 4 (l//4) + l%4 of the warp, tile t on warp t % WARPS
     words: gl.constexpr = gl.BlockedLayout([1, 1, 1], [4, 1, 8], [1, WARPS, 1], [0, 2, 1])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BM, 16])
