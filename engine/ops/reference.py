@@ -245,7 +245,15 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     out = seq[:t] * weight[:, 0]
     for k in range(1, kernel):
         out.addcmul_(seq[k : k + t], weight[:, k])
-    return silu(out), seq[t:].t().contiguous()
+    return silu(out), conv_window(x, window)
+
+
+def conv_window(x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """The causal conv's next window: the last K-1 inputs of [window ‖ x] (x [T, C], window [C, K-1]), as [C, K-1]."""
+    t, kept = x.shape[0], window.shape[1]
+    if t >= kept:
+        return x[t - kept :].t().contiguous()
+    return torch.cat([window[:, t:], x.t()], dim=1)
 
 
 def kda_step(

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.ops import reference
+
 
 @triton.jit
 def _conv_silu(proj_ptr, win_ptr, conv_w_ptr, chan, live, taps, KERNEL: tl.constexpr):
@@ -243,6 +245,4 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     _causal_conv[(triton.cdiv(t, bt), triton.cdiv(channels, bc))](
         x, window, weight, out, t, channels, x.stride(0), weight.stride(0), KERNEL=kernel, BT=bt, BC=bc, num_warps=4
     )
-    if t >= kernel - 1:
-        return out, x[t - (kernel - 1) :].t().contiguous()
-    return out, torch.cat([window[:, t:], x.t()], dim=1)
+    return out, reference.conv_window(x, window)
