@@ -9,8 +9,10 @@ Two runs of the same step under torch.profiler:
   each kernel is named with the innermost range whose CPU span holds its launch (chrome trace: the launch's
   correlation id);
 - replayed from the CUDA graph (what serves): the kernels in order, each with its GPU time and the idle gap before it.
-Written: the ordered list of both, and per scope the launches and GPU time (graphed times matched to eager scopes by
-position when the two lists have the same kernels).
+With --prefill: first the chunk's wall-clock time (three runs) and an unannotated trace recording only the GPU (its
+kernel time against its span: how long the GPU waits on the host, and the widest waits with the kernels around them),
+then the annotated eager run. Written: the ordered list of both, and per scope the launches and GPU time (graphed
+times matched to eager scopes by position when the two lists have the same kernels).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gzip
 import json
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -82,12 +85,12 @@ def annotate(prompt: bool = False) -> None:
             setattr(ParallelGroup, name, _wrapped(f"group.{name}", getattr(ParallelGroup, name)))
 
 
-def traced(fn) -> list[dict]:
-    """One call of `fn` under torch.profiler: its kernels in GPU order (name, µs, gap before it in µs, scope)."""
+def traced(fn, cpu: bool = True) -> list[dict]:
+    """One call of `fn` under torch.profiler: its kernels in GPU order (name, µs, gap before it in µs, scope; without
+    `cpu` the host side is not recorded - less overhead on it, no scopes)."""
     torch.cuda.synchronize()
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    ) as prof:
+    activities = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if cpu else [])
+    with torch.profiler.profile(activities=activities) as prof:
         fn()
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -210,20 +213,38 @@ def prefill_trace(model, cfg, args) -> None:
     ids = prompt_ids(cfg, args.prefill)
     result: dict = vars(args).copy()
 
-    def run(trace: bool):
+    def run(measure):
+        """`measure` of a thunk running the last chunk, the earlier ones prefilled untimed."""
         seq = model.new_sequence(pool)
         try:
             for start in range(0, args.prefill - chunk, chunk):
                 model.prefill(seq, ids[start : start + chunk])
-            last = ids[args.prefill - chunk :]
-            return traced(lambda: model.prefill(seq, last)) if trace else model.prefill(seq, last)
+            torch.cuda.synchronize()
+            return measure(lambda: model.prefill(seq, ids[args.prefill - chunk :]))
         finally:
             seq.release()
 
+    def wall_ms(fn) -> float:
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - begin) * 1e3
+
     with torch.no_grad():
-        run(False)
+        run(lambda fn: fn())  # compiles, autotunes
+        # the GPU's idle time within the chunk as it serves: wall clock, then kernels with nothing recorded on the host
+        result["wall_ms"] = sorted(run(wall_ms) for _ in range(3))
+        plain = run(lambda fn: traced(fn, cpu=False))
         annotate(prompt=True)
-        rows = run(True)
+        rows = run(traced)
+    result["plain_kernel_us"] = round(sum(r["us"] for r in plain), 1)
+    result["plain_span_us"] = round(sum(r["us"] + r["gap_us"] for r in plain), 1)
+    widest = sorted(range(1, len(plain)), key=lambda i: -plain[i]["gap_us"])[:20]
+    result["plain_widest_gaps"] = [
+        {"gap_us": plain[i]["gap_us"], "after": plain[i - 1]["kernel"], "before": plain[i]["kernel"], "at": i}
+        for i in widest
+    ]
     result["kernel_us"] = round(sum(r["us"] for r in rows), 1)
     result["span_us"] = round(sum(r["us"] + r["gap_us"] for r in rows), 1)
     result["launches"] = len(rows)
@@ -232,7 +253,10 @@ def prefill_trace(model, cfg, args) -> None:
         row["scope_kernel"] = f"{row['scope']} | {row['kernel'][:60]}"
     result["by_scope_kernel"] = tally(rows, "scope_kernel")[:80]
     result["by_name"] = tally(rows, "kernel")[:60]
-    print(json.dumps({k: result[k] for k in ("kernel_us", "span_us", "launches", "by_scope")}, indent=1))
+    shown = ("wall_ms", "plain_kernel_us", "plain_span_us", "kernel_us", "span_us", "launches", "by_scope")
+    print(json.dumps({k: result[k] for k in shown}, indent=1))
+    for gap in result["plain_widest_gaps"]:
+        print(f"gap {gap['gap_us']:8.1f} us at {gap['at']}: {gap['after'][:50]} -> {gap['before'][:50]}")
     for row in result["by_scope_kernel"][:40]:
         print(f"{row['us']:10.1f} us x{row['launches']:<5} {row['scope_kernel']}")
     result["kernels"] = rows

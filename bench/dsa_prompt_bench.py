@@ -13,6 +13,8 @@ largest difference from the fp32 form (relative to its largest value, over the f
 
     PYTHONPATH=. python bench/dsa_prompt_bench.py --out dsa_prompt.json [--contexts 8192,32768] [--tokens 2048]
         [--latents bf16,lo]
+    PYTHONPATH=. python bench/dsa_prompt_bench.py --index --out dsa_index.json   # the indexer's scores instead:
+        the torch form against engine/ops/triton_dsa.py `index_scores` under INDEX_VARIANTS
 """
 
 from __future__ import annotations
@@ -126,15 +128,67 @@ def case(mla: SparseMLA, context: int, t: int, lo: bool, gen: torch.Generator) -
     return row
 
 
+INDEX_VARIANTS = {  # changes to triton_dsa.INDEX_LAUNCH, each timed beside it
+    "ieee": {"precision": "ieee"},
+    "pools128": {"pools": 128},
+    "pools128_w8": {"pools": 128, "num_warps": 8},
+    "queries4": {"queries": 4},
+    "queries64": {"queries": 64},
+    "warps8": {"num_warps": 8},
+}
+
+
+def index_case(context: int, t: int, gen: torch.Generator) -> dict:
+    """The indexer's scores for a chunk of t queries ending at `context` (`--index`): the torch form (a batched fp32
+    product per query, relu, a weighted sum over the heads, the mask) against the one-launch kernel under each
+    launch, ms and the largest difference from the float64 sums over the pools each query sees."""
+    heads, dim, kpool = TEXT["index_n_heads"], TEXT["index_head_dim"], TEXT["index_kpool"]
+    q = torch.randn(t, heads, dim, device="cuda", generator=gen)
+    keys = torch.randn(1, context // kpool, dim, device="cuda", generator=gen) * 0.3
+    head_w = torch.randn(t, heads, device="cuda", generator=gen) * heads**-0.5
+    positions = torch.arange(context - t, context, device="cuda")
+    args = (q, keys, head_w, positions, kpool, dim**-0.5)
+    exact = torch.einsum("th,thp->tp", head_w.double(), torch.relu(torch.einsum("thd,pd->thp", q.double(),
+        keys[0].double()) * dim**-0.5))  # fmt: skip
+    hidden = ops.reference.index_scores(*args) == torch.finfo(torch.float32).min
+
+    def error(got: torch.Tensor) -> float:
+        return relative(got.masked_fill(hidden, 0), exact.masked_fill(hidden, 0))
+
+    row: dict = {"pools": keys.shape[1], "gflop": round(2 * t * heads * keys.shape[1] * dim / 1e9, 2)}
+    ms = do_bench(lambda: ops.reference.index_scores(*args), warmup=20, rep=200)
+    row["torch"] = {"ms": round(ms, 3), "error": error(ops.reference.index_scores(*args))}
+    served = triton_dsa.INDEX_LAUNCH
+    default = dict(served)
+    for name, change in {"kernel": {}, **INDEX_VARIANTS}.items():
+        served.update(change)
+        try:
+            ms = do_bench(lambda: triton_dsa.index_scores(*args), warmup=20, rep=200)
+            row[name] = {"ms": round(ms, 3), "error": error(triton_dsa.index_scores(*args)), "launch": dict(served)}
+        except Exception as e:  # a launch that does not compile or fit: say so
+            row[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        finally:
+            served.clear()
+            served.update(default)
+        print(context, "index", name, row[name], flush=True)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", default="8192,32768")
     ap.add_argument("--tokens", type=int, default=2048, help="queries in the chunk")
     ap.add_argument("--tp", type=int, default=2, help="the heads are this share of the config's")
     ap.add_argument("--latents", default="bf16", help="bf16 (a bf16 cache's), lo (with a lo part), or both: bf16,lo")
+    ap.add_argument("--index", action="store_true", help="the indexer's scores instead of the attention")
     ap.add_argument("--out", default="dsa_prompt.json")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.index:
+        rows = {str(c): index_case(int(c), args.tokens, gen) for c in args.contexts.split(",")}
+        result = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name()}
+        Path(args.out).write_text(json.dumps({**result, "tokens": args.tokens, "index": rows}, indent=1))
+        return 0
     heads = TEXT["num_attention_heads"] // args.tp
     mla = layer(heads, gen)
     result: dict = {

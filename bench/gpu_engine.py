@@ -168,6 +168,7 @@ EXL3 = False  # --exl3-experts
 SHARD = 1  # --shard
 PREFILL_LENGTHS = (2048, 8192, 32768)
 PREFILL_REPEATS = 3
+PREFILL_CHUNK = 2048  # --prefill-chunk: prompt tokens a prefill step (the engine's GPU default)
 PRECISION = False  # --prompt-precision
 
 
@@ -594,22 +595,27 @@ def prompt_attention_precision(model: Glm5NextForCausalLM, pool, ids: list[int],
 def prefill_rates(
     model: Glm5NextForCausalLM, pool, ids: list[int], lengths: tuple[int, ...], flops_per_token: int, repeats: int = 3
 ) -> dict:
-    """One stream's prompt in 2,048-token chunks: one untimed prompt first (compiles, autotunes, allocator), then each
-    length `repeats` times; tok/s of every run, the median, and the median's fraction of the H200's bf16 peak."""
+    """One stream's prompt in chunks of PREFILL_CHUNK tokens (2,048, the engine's GPU default, unless
+    --prefill-chunk): one untimed prompt first (compiles, autotunes, allocator), then each length `repeats` times;
+    tok/s of every run, the median, and the median's fraction of the H200's bf16 peak."""
 
     def once(length: int) -> float:
         seq = model.new_sequence(pool)
         try:
             sync()
             start = time.perf_counter()
-            for chunk in range(0, length, 2048):
-                model.prefill(seq, ids[chunk : chunk + 2048])
+            for chunk in range(0, length, PREFILL_CHUNK):
+                model.prefill(seq, ids[chunk : chunk + PREFILL_CHUNK])
             sync()
             return length / (time.perf_counter() - start)
         finally:
             seq.release()
 
-    out: dict = {"kda_prompt_form": model.kda_prompt_form, "matmul_gflop_per_token": round(flops_per_token / 1e9, 3)}
+    out: dict = {
+        "chunk": PREFILL_CHUNK,
+        "kda_prompt_form": model.kda_prompt_form,
+        "matmul_gflop_per_token": round(flops_per_token / 1e9, 3),
+    }
     once(min(lengths))
     for length in lengths:
         try:
@@ -871,6 +877,7 @@ def main() -> None:
     ap.add_argument("--shard", type=int, default=1, help="rank 0's TP share of this many ranks, on this one GPU")
     ap.add_argument("--prefill-lengths", default="2048,8192,32768", help="prompt lengths timed (GPU)")
     ap.add_argument("--prefill-repeats", type=int, default=3, help="runs of each prompt length (the median is kept)")
+    ap.add_argument("--prefill-chunk", type=int, default=2048, help="prompt tokens a prefill step in the rate figures")
     ap.add_argument(
         "--transformers", action="store_true", help="then transformers' glm5_next at the same config, warm (GPU)"
     )
@@ -924,11 +931,12 @@ def main() -> None:
         SHARD, \
         PREFILL_LENGTHS, \
         PREFILL_REPEATS, \
+        PREFILL_CHUNK, \
         PRECISION
     PRECISION = args.prompt_precision
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
-    PREFILL_REPEATS = args.prefill_repeats
+    PREFILL_REPEATS, PREFILL_CHUNK = args.prefill_repeats, args.prefill_chunk
     if args.moe_loop:
         from engine.models.glm5_next import moe
 

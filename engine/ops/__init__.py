@@ -7,6 +7,7 @@ from engine.ops.fused import (  # noqa: F401
     hc_around,
     hc_weights,
     head_products,
+    index_scores,
     kda_decode,
     kda_decode_applies,
     lane_attention,

@@ -197,6 +197,27 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     return reference.causal_conv(x, window, weight)
 
 
+def index_scores(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    head_w: torch.Tensor,
+    positions: torch.Tensor,
+    kpool: int,
+    scale: float,
+    alone: bool = False,
+) -> torch.Tensor:
+    """DSA's indexer scores (`reference.index_scores`): on CUDA in one launch, each query's scores computed alone
+    (engine/ops/triton_dsa.py `index_scores`: the same bits in a prompt chunk, a decode step or a verify window; the
+    torch form wrote [T, h, P] fp32 and read it back three times, and multiplied a [h, d] by [d, P] product per query
+    in cuBLAS's batched fp32 kernel). `alone` asks the CPU's form for that property."""
+    if q.is_cuda:
+        from engine.ops import triton_dsa
+
+        if triton_dsa.index_applies(q, keys):
+            return triton_dsa.index_scores(q, keys, head_w, positions, kpool, scale)
+    return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone)
+
+
 def selected_attention_applies(q: torch.Tensor, heads: int, rank: int) -> bool:
     """Whether a prompt chunk's DSA attention over selected tokens (queries q) runs as engine/ops/triton_dsa.py's
     `selected_attention` (CUDA with bf16 tensor cores and ~100 KB of shared memory a block - compute capability 8.0

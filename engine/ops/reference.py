@@ -256,6 +256,29 @@ def conv_window(x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     return torch.cat([window[:, t:], x.t()], dim=1)
 
 
+def index_scores(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    head_w: torch.Tensor,
+    positions: torch.Tensor,
+    kpool: int,
+    scale: float,
+    alone: bool = False,
+) -> torch.Tensor:
+    """DSA's indexer: each query's score for every pool, Σ_h head_w[t, h] · relu(scale · q[t, h] · keys[p]), with the
+    pools not complete at its position (pool p ends at p·kpool + kpool - 1) at fp32's lowest. q [T, h, d], keys
+    [T or 1, P, d], head_w [T, h], positions [T] -> [T, P] fp32. `alone`: each score an elementwise product and sum of
+    its own (a query's scores then do not depend on the other queries or the span: the CPU lane step)."""
+    pool_end = torch.arange(keys.shape[-2], device=keys.device) * kpool + kpool - 1
+    if alone:
+        raw = (q[:, :, None, :] * keys[:, None, :, :]).sum(-1)  # [T, h, P], each score alone
+        index = (head_w[:, :, None] * torch.relu(raw * scale)).sum(1)
+    else:
+        scores = torch.relu(torch.matmul(q, keys.transpose(-1, -2)) * scale)  # [T, h, P]
+        index = torch.einsum("bh,bhp->bp", head_w, scores)
+    return index.masked_fill(pool_end[None, :] > positions[:, None], torch.finfo(torch.float32).min)
+
+
 def kda_step(
     state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

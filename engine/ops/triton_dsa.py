@@ -28,6 +28,12 @@ latentsᵀ · p — with the block's tokens (then the rank) as the tensor-core t
 narrow one; each latent block is read once, from L2 or HBM, for both products. Operands are the split bf16 pairs of
 the torch form (`reference.split_product`: q_abs and p as hi + lo against bf16 latents, plus the latents' lo part
 where the cache is not bf16), so the result agrees with it to fp32 rounding.
+
+DSA's indexer (`index_scores`, `_index_scores`) scores every pool for a query — Σ_h w_h · relu(q_h · key) — for prompt
+chunks and decode steps alike: a program per (block of pools, block of queries), each query's [heads × pools] product
+alone on the tensor cores (tf32x3) with the relu, the weighted sum over the heads and the mask of pools not yet
+complete in registers. The torch form wrote a [T, heads, P] fp32 tensor (0.5 GB for a 2k chunk at 32k) and read it
+back three times; a query's scores now have the same bits whichever form of step computes them.
 """
 
 from __future__ import annotations
@@ -265,5 +271,92 @@ def selected_attention(
         q_hi, q_lo, lat_hi.contiguous(), lat_hi if lat_lo is None else lat_lo.contiguous(), tokens.contiguous(),
         counts.contiguous().view(torch.uint8), out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
         HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+    )  # fmt: skip
+    return out
+
+
+# the indexer's launch: pools a program, queries a program (sharing its pools' keys where every query reads the same
+# ones: a prompt chunk), warps, and the products' precision ("tf32x3": fp32's accuracy on the tensor cores; "ieee":
+# fp32 FMAs, 50x slower on the H200). The heads are the product's 32-row side (mma.sync's tiles): with the pools as the
+# tall side instead (Hopper's warpgroup MMA) it took 0.90 ms against 0.69 for a 2k chunk at 8k on the H200
+# (docs/BENCHMARKS.md, session 23). 98,560 B of shared memory a block compiled for sm_121: within the GB10's 101,376
+INDEX_LAUNCH = {"pools": 64, "queries": 16, "num_warps": 4, "precision": "tf32x3"}
+
+
+@triton.jit
+def _index_scores(
+    q_ptr,
+    k_ptr,
+    w_ptr,
+    pos_ptr,
+    out_ptr,
+    T,
+    P,
+    scale,
+    KPOOL: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BP: tl.constexpr,
+    QB: tl.constexpr,
+    SHARED: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pools = tl.program_id(0) * BP + tl.arange(0, BP)
+    pool_ok = pools < P
+    heads = tl.arange(0, H)
+    dims = tl.arange(0, D)
+    key_at = pools[None, :].to(tl.int64) * D + dims[:, None]  # [D, BP]: keysᵀ
+    if SHARED:
+        keys = tl.load(k_ptr + key_at, mask=pool_ok[None, :], other=0.0)
+    for i in range(QB):
+        t = tl.program_id(1) * QB + i
+        ok = t < T
+        t64 = t.to(tl.int64)
+        if not SHARED:
+            keys = tl.load(k_ptr + t64 * P * D + key_at, mask=pool_ok[None, :] & ok, other=0.0)
+        q = tl.load(q_ptr + (t64 * H + heads[:, None]) * D + dims[None, :], mask=ok, other=0.0)  # [H, D]
+        scores = tl.maximum(tl.dot(q, keys, input_precision=PRECISION) * scale, 0.0)  # [H, BP]
+        w = tl.load(w_ptr + t64 * H + heads, mask=ok, other=0.0)
+        index = tl.sum(w[:, None] * scores, axis=0)
+        visible = pools * KPOOL + KPOOL - 1 <= tl.load(pos_ptr + t, mask=ok, other=0)
+        index = tl.where(visible, index, -3.4028234663852886e38)
+        tl.store(out_ptr + t64 * P + pools, index, mask=pool_ok & ok)
+
+
+def index_applies(q: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether `index_scores` takes these shapes: heads and key width powers of two of at least 16 (the MMA's sides),
+    fp32 throughout, keys shared by every query or one set a query."""
+    _, heads, dim = q.shape
+    return (
+        heads >= 16
+        and heads & (heads - 1) == 0
+        and dim >= 16
+        and dim & (dim - 1) == 0
+        and keys.shape[-1] == dim
+        and keys.shape[0] in (1, q.shape[0])
+        and q.dtype == keys.dtype == torch.float32
+    )
+
+
+def index_scores(
+    q: torch.Tensor, keys: torch.Tensor, head_w: torch.Tensor, positions: torch.Tensor, kpool: int, scale: float
+) -> torch.Tensor:
+    """`reference.index_scores` in one launch, nothing [T, h, P] in memory: a program per (block of pools, block of
+    queries), each query's heads × pools product on the tensor cores (tf32x3), relu, weighted and summed over the
+    heads in registers. A query's scores are computed alone (its own product, the same blocks whatever the other
+    queries or how many there are), so they have the same bits in a prompt chunk, a decode step or a verify window."""
+    t, heads, dim = q.shape
+    n_pools = keys.shape[-2]
+    out = torch.empty(t, n_pools, dtype=torch.float32, device=q.device)
+    if t == 0 or n_pools == 0:
+        return out
+    launch = INDEX_LAUNCH
+    shared = keys.shape[0] == 1
+    queries = launch["queries"] if shared else 1
+    grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
+    _index_scores[grid](
+        q.contiguous(), keys.contiguous(), head_w.contiguous(), positions.contiguous(), out, t, n_pools, float(scale),
+        KPOOL=kpool, H=heads, D=dim, BP=launch["pools"], QB=queries, SHARED=shared,
+        PRECISION=launch["precision"], num_warps=launch["num_warps"],
     )  # fmt: skip
     return out

@@ -267,6 +267,31 @@ def _cases() -> dict:
         want_out, want_window = engine_ops.reference.causal_conv(x, window, conv_w)
         conv[t], conv_window[t] = _relative(got_out, want_out), bool(torch.equal(got_window, want_window))
     out["causal_conv"], out["causal_conv_window"] = max(conv.values()), all(conv_window.values())
+
+    # DSA's indexer scores in one kernel: 37 queries (three blocks of queries, the last ragged) over 150 pools (three
+    # blocks, the last ragged), 16 heads of 32, pools of 4, queries at positions that see none, some or all pools;
+    # keys shared by every query (a prompt chunk) and one set a query (decode), against both torch forms; and each
+    # query's scores alone, with its own keys, equal to its row of the chunk's
+    q = torch.randn(37, 16, 32, generator=gen)
+    keys = torch.randn(1, 150, 32, generator=gen)
+    head_w = torch.randn(37, 16, generator=gen)
+    positions = torch.linspace(0, 700, 37).long()
+    index, flags = {}, []
+    for alone in (False, True):
+        want = engine_ops.reference.index_scores(q, keys, head_w, positions, 4, 0.2, alone)
+        got = triton_dsa.index_scores(q, keys, head_w, positions, 4, 0.2)
+        each = triton_dsa.index_scores(q, keys.expand(37, -1, -1), head_w, positions, 4, 0.2)
+        hidden = want == torch.finfo(torch.float32).min
+        index[str(alone)] = _relative(got.masked_fill(hidden, 0), want.masked_fill(hidden, 0))
+        flags.append(bool(torch.equal(got == torch.finfo(torch.float32).min, hidden)))
+        flags.append(bool(torch.equal(got, each)))
+    rows = [
+        triton_dsa.index_scores(q[i : i + 1], keys, head_w[i : i + 1], positions[i : i + 1], 4, 0.2)
+        for i in (0, 20, 36)
+    ]
+    flags.append(all(torch.equal(row[0], got[i]) for row, i in zip(rows, (0, 20, 36))))
+    out["index_scores"], out["index_flags"] = index, flags
+    out["index_some_hidden"] = bool(hidden.any() and not hidden.all())
     return out
 
 
@@ -354,6 +379,18 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     errors = results["selected_attention"]
     assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
     assert max(errors.values()) <= TOLERANCE, errors
+
+
+def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:
+    """engine/ops/triton_dsa.py `index_scores` (DSA's indexer on CUDA, prompt chunks and decode steps) against
+    `reference.index_scores`'s batched and elementwise forms, the pools a query cannot see yet at fp32's lowest as
+    there; keys shared by the chunk's queries give each query the bits its own keys give it, and a query alone the
+    bits it has among 37."""
+    index = results["index_scores"]
+    assert len(index) == 2 and max(index.values()) <= TOLERANCE, index  # both torch forms
+    # hidden pools and shared keys ≡ own keys for each torch form, then a query alone
+    assert results["index_flags"] == [True] * 5, results["index_flags"]
+    assert results["index_some_hidden"]
 
 
 if __name__ == "__main__":

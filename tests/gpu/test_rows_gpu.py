@@ -129,3 +129,33 @@ def test_hyper_connection_kernels_at_the_served_width(tokens):
     others = torch.randn(tokens, n, hidden, device="cuda", generator=g)
     others[-1] = streams[-1]
     assert torch.equal(triton_mhc.hc_pre(others, *args)[0][-1], x[-1])
+
+
+@pytest.mark.parametrize("contexts", [8192, 32768])
+def test_indexer_scores_at_the_served_shapes(contexts):
+    """engine/ops/triton_dsa.py `index_scores` (DSA's indexer: 32 heads of 128, pools of 16) for a 2,048-query prompt
+    chunk ending at `contexts`: against the float64 sums (tf32x3 products: fp32's accuracy), the pools a query cannot
+    see at fp32's lowest, and each query's bits the same with the chunk's shared keys, with its own keys (a decode
+    step's form) and alone — so a query chooses the same pools in a prompt chunk and in a decode step."""
+    from engine.ops import triton_dsa
+
+    g = torch.Generator(device="cuda").manual_seed(8)
+    t, pools = 2048, contexts // 16
+    q = torch.randn(t, 32, 128, device="cuda", generator=g)
+    keys = torch.randn(1, pools, 128, device="cuda", generator=g) * 0.3
+    head_w = torch.randn(t, 32, device="cuda", generator=g) * 0.2
+    positions = torch.arange(contexts - t, contexts, device="cuda")
+    got = ops.index_scores(q, keys, head_w, positions, 16, 128**-0.5)
+    scores = torch.relu(torch.einsum("thd,pd->thp", q.double(), keys[0].double()) * 128**-0.5)
+    want = torch.einsum("th,thp->tp", head_w.double(), scores)
+    hidden = (torch.arange(pools, device="cuda") * 16 + 15)[None, :] > positions[:, None]
+    assert hidden.any() and not hidden.all()
+    assert torch.equal(got == torch.finfo(torch.float32).min, hidden)
+    seen = want.masked_fill(hidden, 0)
+    assert float((got.double().masked_fill(hidden, 0) - seen).abs().max() / seen.abs().max()) < 1e-6
+    rows = torch.tensor([0, 1, 777, t - 1], device="cuda")
+    own = triton_dsa.index_scores(q[rows], keys.expand(4, -1, -1), head_w[rows], positions[rows], 16, 128**-0.5)
+    assert torch.equal(own, got[rows])
+    for i in rows.tolist():
+        alone = ops.index_scores(q[i : i + 1], keys, head_w[i : i + 1], positions[i : i + 1], 16, 128**-0.5)
+        assert torch.equal(alone[0], got[i]), i

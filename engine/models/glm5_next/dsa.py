@@ -120,14 +120,13 @@ class SparseMLA:
     def _select(
         self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """What the queries at `positions` (one stream) attend to among its L cached rows: in the dense regime a
-        causal mask [T, L]; beyond it the selected tokens as `_select_tokens` gives them."""
+        """What the queries at `positions` (one stream; the last at the span's last row, L - 1) attend to among its L
+        cached rows: in the dense regime a causal mask [T, L]; beyond it the selected tokens as `_select_tokens`
+        gives them. Nothing here reads the GPU: the regime follows from L."""
         length = rows.shape[0]
-        dev = rows.device
         n_pools = length // self.kpool
-        pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
-        if n_pools <= self.pick or int((pool_end[None, :] <= positions[:, None]).sum(-1).max()) <= self.pick:
-            return torch.arange(length, device=dev)[None, :] <= positions[:, None]  # dense regime
+        if n_pools <= self.pick:  # the last query sits at the span's last row: it sees every complete pool
+            return torch.arange(length, device=rows.device)[None, :] <= positions[:, None]  # dense regime
         keys = self._pool_keys(rows[:, self.rank_dim :], n_pools)[None]  # [1, P, d]
         return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
@@ -208,7 +207,7 @@ class SparseMLA:
         positions: torch.Tensor,
         shared: torch.Tensor | tuple | None,
     ) -> tuple[torch.Tensor, torch.Tensor | tuple]:
-        rows = seq.pool.read(self.pool_layer, seq.slots[: int(positions[-1]) + 1])
+        rows = seq.pool.read(self.pool_layer, seq.slots[: seq.length + x.shape[0]])  # through the last query's row
         chosen = self._select(x, q_low, rows, positions) if self.runs_indexer else shared
         if chosen is None:
             raise RuntimeError(f"pool layer {self.pool_layer} shares an indexer that has not run for this chunk")
@@ -291,14 +290,7 @@ class SparseMLA:
         visible = pool_end[None, :] <= positions[:, None]  # [T, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
         head_w = head_logits * self.idx_heads**-0.5
-        if fixed and not q.is_cuda:
-            raw = (q[:, :, None, :] * pool_keys[:, None, :, :]).sum(-1)  # [T, h, P], each score alone
-            scores = torch.relu(raw * self.idx_dim**-0.5)
-            index = (head_w[:, :, None] * scores).sum(1)
-        else:
-            scores = torch.relu(torch.matmul(q, pool_keys.transpose(-1, -2)) * self.idx_dim**-0.5)  # [T, h, P]
-            index = torch.einsum("bh,bhp->bp", head_w, scores)
-        index = index.masked_fill(~visible, torch.finfo(torch.float32).min)
+        index = ops.index_scores(q, pool_keys, head_w, positions, self.kpool, self.idx_dim**-0.5, alone=fixed)
         chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
         counts = visible.gather(-1, chosen)
         if fixed:
