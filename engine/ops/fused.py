@@ -206,16 +206,17 @@ def index_scores(
     scale: float,
     alone: bool = False,
 ) -> torch.Tensor:
-    """DSA's indexer scores (`reference.index_scores`): on CUDA in one launch, each query's scores computed alone
-    (engine/ops/triton_dsa.py `index_scores`: the same bits in a prompt chunk, a decode step or a verify window; the
-    torch form wrote [T, h, P] fp32 and read it back three times, and multiplied a [h, d] by [d, P] product per query
-    in cuBLAS's batched fp32 kernel). `alone` asks the CPU's form for that property."""
+    """DSA's indexer scores (`reference.index_scores`): on CUDA, where its shapes apply, in one launch, each query's
+    scores computed alone (engine/ops/triton_dsa.py `index_scores`: the same bits in a prompt chunk, a decode step or
+    a verify window; the torch form wrote [T, h, P] fp32 and read it back three times, and multiplied a [h, d] by
+    [d, P] product per query in cuBLAS's batched fp32 kernel). `alone` asks the CPU's form for that property (on
+    CUDA, outside the kernel's shapes, the batched torch form runs as before)."""
     if q.is_cuda:
         from engine.ops import triton_dsa
 
         if triton_dsa.index_applies(q, keys):
             return triton_dsa.index_scores(q, keys, head_w, positions, kpool, scale)
-    return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone)
+    return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone and not q.is_cuda)
 
 
 def selected_attention_applies(q: torch.Tensor, heads: int, rank: int) -> bool:

@@ -202,6 +202,9 @@ def test_the_static_step_never_reads_the_device_from_the_host(model, monkeypatch
     with host.mode:
         model.decode_step(decoder.state, inputs, 64)
     assert host.found == []
+    with host.mode:  # the plain path neither (its DSA layer's regime and span come from the lengths)
+        model.decode(seqs, [5, 6])
+    assert host.found == []
     with host.mode:  # what the check catches: a tensor's value read on the host
         int(inputs.sum())
     assert "aten._local_scalar_dense.default" in host.found
