@@ -36,4 +36,5 @@ from engine.ops.reference import (  # noqa: F401
     softplus,
     split_bf16,
     split_product,
+    visible_pools,
 )

@@ -269,14 +269,19 @@ def index_scores(
     pools not complete at its position (pool p ends at p·kpool + kpool - 1) at fp32's lowest. q [T, h, d], keys
     [T or 1, P, d], head_w [T, h], positions [T] -> [T, P] fp32. `alone`: each score an elementwise product and sum of
     its own (a query's scores then do not depend on the other queries or the span: the CPU lane step)."""
-    pool_end = torch.arange(keys.shape[-2], device=keys.device) * kpool + kpool - 1
     if alone:
         raw = (q[:, :, None, :] * keys[:, None, :, :]).sum(-1)  # [T, h, P], each score alone
         index = (head_w[:, :, None] * torch.relu(raw * scale)).sum(1)
     else:
         scores = torch.relu(torch.matmul(q, keys.transpose(-1, -2)) * scale)  # [T, h, P]
         index = torch.einsum("bh,bhp->bp", head_w, scores)
-    return index.masked_fill(pool_end[None, :] > positions[:, None], torch.finfo(torch.float32).min)
+    return index.masked_fill(~visible_pools(keys.shape[-2], kpool, positions), torch.finfo(torch.float32).min)
+
+
+def visible_pools(n_pools: int, kpool: int, positions: torch.Tensor) -> torch.Tensor:
+    """[T, P] bool: whether pool p (its last token at p·kpool + kpool - 1) is complete at each query's position."""
+    pool_end = torch.arange(n_pools, device=positions.device) * kpool + kpool - 1
+    return pool_end[None, :] <= positions[:, None]
 
 
 def kda_step(

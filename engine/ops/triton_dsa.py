@@ -279,7 +279,7 @@ def selected_attention(
 # ones: a prompt chunk), warps, and the products' precision ("tf32x3": fp32's accuracy on the tensor cores; "ieee":
 # fp32 FMAs, 50x slower on the H200). The heads are the product's 32-row side (mma.sync's tiles): with the pools as the
 # tall side instead (Hopper's warpgroup MMA) it took 0.90 ms against 0.69 for a 2k chunk at 8k on the H200
-# (docs/BENCHMARKS.md, session 23). 98,560 B of shared memory a block compiled for sm_121: within the GB10's 101,376
+# (docs/BENCHMARKS.md, session 23). 98,560 B of shared memory a block compiled for sm_121: within the GB10's 101,376 B
 INDEX_LAUNCH = {"pools": 64, "queries": 16, "num_warps": 4, "precision": "tf32x3"}
 
 

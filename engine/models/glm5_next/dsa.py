@@ -286,8 +286,7 @@ class SparseMLA:
         whatever the span, the width of a verify window or the other rows of the step."""
         batch, n_pools = positions.shape[0], pool_keys.shape[-2]
         dev = pool_keys.device
-        pool_end = torch.arange(n_pools, device=dev) * self.kpool + self.kpool - 1
-        visible = pool_end[None, :] <= positions[:, None]  # [T, P]
+        visible = ops.visible_pools(n_pools, self.kpool, positions)  # [T, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
         head_w = head_logits * self.idx_heads**-0.5
         index = ops.index_scores(q, pool_keys, head_w, positions, self.kpool, self.idx_dim**-0.5, alone=fixed)
