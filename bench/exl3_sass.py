@@ -20,14 +20,17 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
 
 from engine.ops import triton_exl3 as tx
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_gemv(rows: int, bnt: int, warps: int, unroll: int, asm: bool, k_tiles: int = 256, n_tiles: int = 128):
-    fn = tx._exl3_gemv
+def compile_gemv(
+    rows: int, bnt: int, warps: int, unroll: int, asm: bool, k_tiles: int = 256, n_tiles: int = 128, form: str = "fma"
+):
+    fn = tx._exl3_gemv_mma if form == "mma" else tx._exl3_gemv
     pointers = {"x_ptr": "*fp32", "t_ptr": "*i32", "mat_ptr": "*i32", "out_ptr": "*fp32"}
     const = dict(
         K_TILES=k_tiles,
@@ -42,9 +45,17 @@ def compile_gemv(rows: int, bnt: int, warps: int, unroll: int, asm: bool, k_tile
         MUL1_SCALE=tx._MUL1_SCALE,
         MUL1_BIAS=tx._MUL1_BIAS,
         ASM=asm,
+        PAIRED=False,
     )
+    if form == "mma":
+        const["WARPS"] = warps
     signature = {n: pointers.get(n, "constexpr") for n in fn.arg_names}
-    src = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    constexprs = {(fn.arg_names.index(k),): v for k, v in const.items()}
+    if form == "mma":  # a Gluon kernel
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers}
+        src = GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    else:
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
@@ -85,10 +96,11 @@ def main() -> int:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--unroll", type=int, default=2)
     parser.add_argument("--no-asm", action="store_true")
+    parser.add_argument("--form", default="fma", choices=("fma", "mma"), help="_exl3_gemv or _exl3_gemv_mma")
     args = parser.parse_args()
     for rows in map(int, args.rows.split(",")):
         for bnt in map(int, args.bnt.split(",")):
-            found = analyse(compile_gemv(rows, bnt, args.warps, args.unroll, not args.no_asm))
+            found = analyse(compile_gemv(rows, bnt, args.warps, args.unroll, not args.no_asm, form=args.form))
             weights = args.unroll * 256 * bnt / (32 * args.warps)
             print(
                 f"rows {rows} tiles {bnt} warps {args.warps}: {found['loop_instructions']} loop instructions "

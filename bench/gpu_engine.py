@@ -893,6 +893,9 @@ def main() -> None:
         help="DSA's prompt attention on the tensor cores against fp32 products, call by call over an 8k prompt (GPU)",
     )
     ap.add_argument("--dense", choices=("bf16", "q4", "fp8"), default="bf16", help="how the dense weights are kept")
+    ap.add_argument(
+        "--exl3-gemv", choices=("mma", "fma"), default=None, help="the EXL3 decode GEMV's form (default: the engine's)"
+    )
     ap.add_argument("--long-contexts", default="", help="batch-1 decode step after prompts this long (e.g. 8192,32768)")
     ap.add_argument(
         "--profile-prefill", default="", help="GPU time per kernel of the 2k chunk ending at these contexts"
@@ -934,6 +937,10 @@ def main() -> None:
         PREFILL_CHUNK, \
         PRECISION
     PRECISION = args.prompt_precision
+    if args.exl3_gemv:
+        from engine.ops import triton_exl3
+
+        triton_exl3.LAUNCH_DEFAULTS["form"] = args.exl3_gemv
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS, PREFILL_CHUNK = args.prefill_repeats, args.prefill_chunk
@@ -950,6 +957,7 @@ def main() -> None:
     RESULT.update(
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
         dense=args.dense,
+        exl3_gemv=args.exl3_gemv or "engine default",
         routed_experts="EXL3 4-bit mcg (random trellis)" if args.exl3_experts else "bf16",
         shard=f"rank 0 of {args.shard} (ShardStandIn: one GPU, collectives as local copies)"
         if args.shard > 1

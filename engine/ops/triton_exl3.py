@@ -12,6 +12,17 @@ y = H(H(x ⊙ suh) · W_q) ⊙ svh + bias, H the 128-block Hadamard rotation. He
   (unrolled, so their loads are in flight together), and decodes each 16×16 tile from its 16·bits trellis words
   straight into registers.
 
+`_exl3_gemv_mma` is the same product on the tensor cores (the "mma" form of `exl3_gemv_parts`; Gluon, compiled CUDA
+only): each decoded tile is `mma.sync`'s A operand where it was decoded (the format lays tiles out as MMA
+fragments), the rows, in their natural order, the B operand as fp16 head and remainder. It spends no FMA a weight a
+row, so 4 and 8 rows an expert cost about what one does (H200: 0.69-0.72x and 0.50x the FMA form's time at 4 and 8
+rows), but at one row an expert — every (row, expert) pair the served MoE launches — it is not faster (0.99-1.06x
+the FMA form's time): both
+forms spend ~6-7 instructions a value on the decode (the state's shifts and masks, the hash, its mask-and-flip, the
+halves' add; the tensor-core form packs two fp16 values with a byte permute where the FMA form converts each to fp32
+and multiplies), which limits both well below the memory rate (no hardware counters here to say which pipe). So the engine runs the FMA form (`GEMV_LAUNCH`, `gemv_form`), and the MMA form is there for rows
+that share an expert (bench/exl3_gemv_bench.py, docs/BENCHMARKS.md, session 24).
+
 Decoding in the kernel's layout. A tile's 256 values come in the order of the MMA fragments: "lane" l (0..31) holds
 values p = 8l + j, j = 0..7; value (l, j) belongs to input row r = 2(l%4) + (j&1) + 8((j>>1)&1) and output column
 c = l//4 + 8(j>>2) of the tile (exl3.tile_cells). So the kernel keeps a [.., 8 (l//4), 4 (l%4)] grid of lanes and, for
@@ -68,6 +79,7 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from engine.quant import exl3
 
@@ -78,7 +90,19 @@ MAX_ROWS = 8  # rows per matrix in one launch (decode and verify windows)
 INPUT_ORDERS = {"natural": 0, "gemv": 1, "mma": 2}
 LAST_LAUNCH: dict = {}  # the last compiled GEMV (registers, spills: bench/exl3_bench.py)
 SPLIT_TILES = 16  # K tiles a program when the split is not given (K=4096: 16 runs)
-LAUNCH_DEFAULTS: dict = {}  # block_n_tiles / split / unroll / num_warps / asm when a call gives none
+LAUNCH_DEFAULTS: dict = {}  # form / block_n_tiles / split / unroll / num_warps / asm when a call gives none
+# the decode GEMV's forms, each with its launch when none is given: "fma" (`_exl3_gemv`, fp32 FMAs: what the engine
+# runs, and the interpreter's) and "mma" (`_exl3_gemv_mma`, the tensor cores; compiled CUDA of compute capability 8.0
+# on). H200 (bench/exl3_gemv_bench.py, docs/BENCHMARKS.md, session 24): at one row an expert — every (row, expert)
+# pair of the served MoE — the mma form takes 0.99-1.06x the fma form's time (both limited by the decode's ~6-7
+# instructions a value), and the released depth's decode step 8.57 against 8.47 ms; with 4 and 8 rows an
+# expert it takes 0.69-0.72x and 0.50x. The mma launch: the sweep's best, or within 1 %, at 8 and 32 pairs of one
+# row and 8 experts of 4 rows (TP=2's shard)
+GEMV_FORMS = ("fma", "mma")
+GEMV_LAUNCH = {
+    "fma": {"unroll": 2, "num_warps": 4},  # block_n_tiles: `_config`'s choice by rows and format
+    "mma": {"block_n_tiles": 16, "unroll": 1, "num_warps": 2},
+}
 
 
 def _fp16_value(bits: int) -> float:
@@ -283,6 +307,122 @@ def _exl3_gemv(
     )
     tl.store(out_rows + cols, _lane_sum(acc_lo, ROWS, BNT))
     tl.store(out_rows + cols + 8, _lane_sum(acc_hi, ROWS, BNT))
+
+
+@gluon.jit
+def _mma_tile(
+    acc, t_base, kt, step_words, quad, lane4, cur, prev, x_ptrs, x_ok, a_l: gl.constexpr, DECODE: gl.constexpr
+):
+    """`_exl3_gemv_mma`'s K tile kt: its BNT tiles decoded into the A operand, the rows' x as fp16 head and remainder,
+    two products into acc."""
+    WORDS, BITS2, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, BNT = DECODE
+    base = t_base + kt * step_words
+    w = _tile_fragment(
+        base, quad, lane4, cur, prev, WORDS, BITS2, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, BNT, True, True
+    )
+    w = gl.convert_layout(w, a_l, assert_trivial=True)
+    x = gl.load(x_ptrs + kt * 16, mask=x_ok, other=0.0)
+    head = x.to(gl.float16)
+    acc = mma_v2(w, head, acc)
+    return mma_v2(w, (x - head.to(gl.float32)).to(gl.float16), acc)
+
+
+@gluon.jit
+def _exl3_gemv_mma(
+    x_ptr,
+    t_ptr,
+    mat_ptr,
+    out_ptr,
+    K_TILES: gl.constexpr,
+    N_TILES: gl.constexpr,
+    WORDS: gl.constexpr,
+    BITS2: gl.constexpr,
+    CODEBOOK: gl.constexpr,
+    ROWS: gl.constexpr,
+    BNT: gl.constexpr,
+    SPLIT: gl.constexpr,
+    KU: gl.constexpr,
+    MUL1_SCALE: gl.constexpr,
+    MUL1_BIAS: gl.constexpr,
+    ASM: gl.constexpr,
+    PAIRED: gl.constexpr,
+    WARPS: gl.constexpr,
+):
+    """`_exl3_gemv` on the tensor cores (`mma.sync` m16n8k16, Gluon): the same partials part[s, g, m, :] from xp in
+    its natural input order, the product transposed, partᵀ [16 BNT outputs, 8 rows] += W_qᵀ · xpᵀ. A tile's values
+    are the MMA's A fragment as the format lays them out (`_exl3_grouped_wgmma`), so each decoded tile is the first
+    operand where it was decoded (the conversion is checked trivial at compile time); the rows (up to 8, the rest
+    masked to zero) are the second, as the fp16 rounding of each x and the fp16 of its remainder, two products (what
+    `_exl3_grouped` does with F16: fp32-close sums, fp16's range). Where `_exl3_gemv` spends an FMA a weight a row
+    and converts each decoded fp16 to fp32, here the decode is the work, whatever the row count.
+
+    Bytes in flight: at one row a step's loads are a few hundred bytes a warp and each waits a memory latency, so
+    the words of the next KU tiles (1, 2 or 4) are loaded while this step's KU are decoded and multiplied, held in
+    registers. Tiles in K order; a row's bits depend on the launch (SPLIT by the matrix) alone."""
+    gl.static_assert(KU == 1 or KU == 2 or KU == 4, "KU is 1, 2 or 4")
+    words: gl.constexpr = gl.BlockedLayout([1, 1, 1], [4, 1, 8], [1, WARPS, 1], [0, 2, 1])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    DECODE: gl.constexpr = (WORDS, BITS2, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, BNT)
+    D4: gl.constexpr = BITS2 == 8
+    group = gl.program_id(0)
+    block = gl.program_id(1)
+    split = gl.program_id(2)
+    groups = gl.num_programs(0)
+    if PAIRED:
+        mat = 2 * gl.load(mat_ptr + group // 2).to(gl.int64) + group % 2
+    else:
+        mat = gl.load(mat_ptr + group).to(gl.int64)
+    lane4 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, words))), 1), 2)
+    tiles = block * BNT + gl.arange(0, BNT, layout=gl.SliceLayout(0, gl.SliceLayout(2, words)))
+    tiles = gl.expand_dims(gl.expand_dims(tiles, 0), 2)
+    quad = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, words))), 0), 1)
+    STEPS: gl.constexpr = K_TILES // SPLIT
+    first_tile = split * STEPS
+    t_base = t_ptr + (mat * (K_TILES * N_TILES) + first_tile * N_TILES) * WORDS + tiles * WORDS
+    lane_words = 4 * quad + lane4
+    sw = N_TILES * WORDS
+    k_b = gl.arange(0, 16, layout=gl.SliceLayout(1, b_l))
+    r_b = gl.arange(0, 8, layout=gl.SliceLayout(0, b_l))
+    x_ptrs = (
+        x_ptr
+        + group.to(gl.int64) * (ROWS * K_TILES * 16)
+        + first_tile * 16
+        + gl.expand_dims(r_b * (K_TILES * 16), 0)
+        + gl.expand_dims(k_b, 1)
+    )
+    x_ok = gl.expand_dims(r_b < ROWS, 0) & gl.expand_dims(k_b < 16, 1)
+    acc = gl.zeros([16 * BNT, 8], gl.float32, layout=mma)
+    # the first step's words; then each step loads the next step's before its own are decoded
+    c0, p0 = _tile_words(t_base, lane_words, D4)
+    c1, p1, c2, p2, c3, p3 = 0, 0, 0, 0, 0, 0
+    if KU > 1:
+        c1, p1 = _tile_words(t_base + sw, lane_words, D4)
+    if KU > 2:
+        c2, p2 = _tile_words(t_base + 2 * sw, lane_words, D4)
+        c3, p3 = _tile_words(t_base + 3 * sw, lane_words, D4)
+    for kt in range(0, STEPS, KU):
+        ahead = gl.minimum(kt + KU, STEPS - KU)  # the last step loads its own words again (cached), unused
+        n0, q0 = _tile_words(t_base + ahead * sw, lane_words, D4)
+        n1, q1, n2, q2, n3, q3 = 0, 0, 0, 0, 0, 0
+        if KU > 1:
+            n1, q1 = _tile_words(t_base + (ahead + 1) * sw, lane_words, D4)
+        if KU > 2:
+            n2, q2 = _tile_words(t_base + (ahead + 2) * sw, lane_words, D4)
+            n3, q3 = _tile_words(t_base + (ahead + 3) * sw, lane_words, D4)
+        acc = _mma_tile(acc, t_base, kt, sw, quad, lane4, c0, p0, x_ptrs, x_ok, a_l, DECODE)
+        if KU > 1:
+            acc = _mma_tile(acc, t_base, kt + 1, sw, quad, lane4, c1, p1, x_ptrs, x_ok, a_l, DECODE)
+        if KU > 2:
+            acc = _mma_tile(acc, t_base, kt + 2, sw, quad, lane4, c2, p2, x_ptrs, x_ok, a_l, DECODE)
+            acc = _mma_tile(acc, t_base, kt + 3, sw, quad, lane4, c3, p3, x_ptrs, x_ok, a_l, DECODE)
+        c0, p0, c1, p1, c2, p2, c3, p3 = n0, q0, n1, q1, n2, q2, n3, q3
+    cols = block * (16 * BNT) + gl.arange(0, 16 * BNT, layout=gl.SliceLayout(1, mma))
+    m = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
+    out_rows = ((split * groups + group) * ROWS + m).to(gl.int64) * (N_TILES * 16)
+    ok = gl.expand_dims(m < ROWS, 0) & gl.expand_dims(cols >= 0, 1)
+    gl.store(out_ptr + gl.expand_dims(out_rows, 0) + gl.expand_dims(cols, 1), acc, mask=ok)
 
 
 @triton.jit
@@ -888,6 +1028,28 @@ def rotate_rows(
     return out
 
 
+def gemv_form(device: torch.device, form: str | None = None) -> str:
+    """The decode GEMV's form on `device`: `form` (or LAUNCH_DEFAULTS["form"], else "fma") where it applies — "mma"
+    needs compiled CUDA (Gluon kernels do not run in the interpreter) with `mma.sync` (compute capability 8.0 on:
+    the H200's 9.0, the GB10's 12.1) — else "fma"."""
+    form = form or LAUNCH_DEFAULTS.get("form", "fma")
+    if form not in GEMV_FORMS:
+        raise ValueError(f"form={form!r}: the decode GEMV's forms are {GEMV_FORMS}")
+    if form == "mma" and not (
+        device.type == "cuda"
+        and not _INTERPRETED
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(device) >= (8, 0)
+    ):
+        return "fma"
+    return form
+
+
+def gemv_order(device: torch.device, form: str | None = None) -> str:
+    """The input order (INPUT_ORDERS) the decode GEMV of that form reads its rows in."""
+    return "natural" if gemv_form(device, form) == "mma" else "gemv"
+
+
 def exl3_gemv_parts(
     xp: torch.Tensor,
     trellis: torch.Tensor,
@@ -899,43 +1061,41 @@ def exl3_gemv_parts(
     num_warps: int | None = None,
     asm: bool | None = None,
     paired: bool = False,
+    form: str | None = None,
 ) -> torch.Tensor:
-    """The kernel alone: xp fp32 [G, ROWS, K] (rotated, in kernel order, ROWS in 1, 2, 4, 8), trellis int16
-    [E, K/16, N/16, 16*bits], mats int32 / int64 [G] (`paired`: [G/2], group g uses matrix 2 mats[g // 2] + g % 2)
-    -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q).
-    Launch options not given come from LAUNCH_DEFAULTS (bench/exl3_bench.py times alternatives)."""
-    block_n_tiles = block_n_tiles or LAUNCH_DEFAULTS.get("block_n_tiles")
+    """The kernel alone: xp fp32 [G, ROWS, K] (rotated, in `gemv_order`'s order for the form, ROWS in 1, 2, 4, 8),
+    trellis int16 [E, K/16, N/16, 16*bits], mats int32 / int64 [G] (`paired`: [G/2], group g uses matrix
+    2 mats[g // 2] + g % 2) -> fp32 partials [SPLIT, G, ROWS, N] (their sum is xp @ W_q).
+    Launch options not given come from LAUNCH_DEFAULTS, then GEMV_LAUNCH (bench/exl3_gemv_bench.py times them)."""
+    form = gemv_form(xp.device, form)
+    launch = GEMV_LAUNCH[form]
+    block_n_tiles = block_n_tiles or LAUNCH_DEFAULTS.get("block_n_tiles") or launch.get("block_n_tiles")
     split = split or LAUNCH_DEFAULTS.get("split")
-    unroll = unroll or LAUNCH_DEFAULTS.get("unroll", 2)
-    num_warps = num_warps or LAUNCH_DEFAULTS.get("num_warps", 4)
+    unroll = unroll or LAUNCH_DEFAULTS.get("unroll") or launch["unroll"]
+    num_warps = num_warps or LAUNCH_DEFAULTS.get("num_warps") or launch["num_warps"]
     asm = _asm(asm)
     bits2, cb = _format(trellis, codebook)
     _, k_tiles, n_tiles, _ = trellis.shape
     groups, rows, k = xp.shape
     if k != 16 * k_tiles or rows not in (1, 2, 4, 8):
         raise ValueError(f"rows [G, ROWS, K] with ROWS in 1, 2, 4, 8 and K = {16 * k_tiles}, got {list(xp.shape)}")
-    wide = not (cb == CODEBOOK_ID["mul1"] and bits2 != 8)  # see _config
+    wide = form == "mma" or not (cb == CODEBOOK_ID["mul1"] and bits2 != 8)  # see _config
     bnt, split, unroll = _config(k_tiles, n_tiles, block_n_tiles, split, unroll, rows, wide)
     out = torch.empty(split, groups, rows, 16 * n_tiles, dtype=torch.float32, device=xp.device)
+    shape = dict(K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2, CODEBOOK=cb, ROWS=rows, BNT=bnt)
+    decode = dict(SPLIT=split, KU=unroll, MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS, ASM=asm, PAIRED=paired)
+    if form == "mma":
+        if bnt % num_warps or unroll not in (1, 2, 4):
+            raise ValueError(
+                f"the mma form takes a whole number of output tiles a warp and 1, 2 or 4 K tiles a step: "
+                f"{bnt} tiles, {num_warps} warps, unroll {unroll}"
+            )
+        LAST_LAUNCH["gemv"] = _exl3_gemv_mma[(groups, n_tiles // bnt, split)](
+            xp, _words(trellis), mats, out, **shape, **decode, WARPS=num_warps, num_warps=num_warps
+        )
+        return out
     LAST_LAUNCH["gemv"] = _exl3_gemv[(groups, n_tiles // bnt, split)](
-        xp,
-        _words(trellis),
-        mats,
-        out,
-        K_TILES=k_tiles,
-        N_TILES=n_tiles,
-        WORDS=bits2 * 4,
-        BITS2=bits2,
-        CODEBOOK=cb,
-        ROWS=rows,
-        BNT=bnt,
-        SPLIT=split,
-        KU=unroll,
-        MUL1_SCALE=_MUL1_SCALE,
-        MUL1_BIAS=_MUL1_BIAS,
-        ASM=asm,
-        PAIRED=paired,
-        num_warps=num_warps,
+        xp, _words(trellis), mats, out, **shape, **decode, num_warps=num_warps
     )
     return out
 
@@ -965,7 +1125,8 @@ def exl3_matmul(
     xin = x.float()
     if rows != m:
         xin = torch.cat([xin, xin.new_zeros(groups, rows - m, k)], dim=1)
-    xp = rotate_rows(xin.reshape(1, groups * rows, k), rows, mats, pre=suh.contiguous(), live_rows=m, order="gemv")
+    order = gemv_order(x.device, kw.get("form"))
+    xp = rotate_rows(xin.reshape(1, groups * rows, k), rows, mats, pre=suh.contiguous(), live_rows=m, order=order)
     parts = exl3_gemv_parts(xp.view(groups, rows, k), trellis, mats, codebook, **kw)
     y = rotate_rows(
         parts.view(parts.shape[0], groups * rows, -1),
@@ -1218,7 +1379,8 @@ def routed_experts(
         # GEMV, (sum, rotate, weight, add the row's k pairs in order)
         pairs, width = rows * k, gate_up.svh.shape[-1]
         experts = chosen.reshape(-1)  # on the device; gate / up: matrices 2e, 2e+1
-        xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, order="gemv", share=2 * k, paired=True)
+        order = gemv_order(x.device)
+        xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, order=order, share=2 * k, paired=True)
         parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, experts, gate_up.codebook, paired=True)
         hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
         _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
@@ -1230,7 +1392,7 @@ def routed_experts(
             float(limit),
             WIDTH=width,
             PARTS=parts.shape[0],
-            ORDER=INPUT_ORDERS["gemv"],
+            ORDER=INPUT_ORDERS[order],
         )
         parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook)
         return _pairs_summed(parts, rows, experts, down, weights)

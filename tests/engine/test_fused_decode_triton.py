@@ -159,6 +159,22 @@ def _cases() -> dict:
             fused.kda_rows[attn.layer][[1, 3]].abs().max() == 0 and fused.conv_rows[attn.layer][[1, 3]].abs().max() == 0
         ),
     }
+    # the verify rows read in place (strided views of the projections) against contiguous copies of each row, the
+    # form before session 24: the same bits, outputs and kept rows
+    copied = lane_state(9)
+    mixed, f, gate = (part.reshape(-1, width, *part.shape[1:]) for part in attn._fused_project(x))
+    kept = (copied.conv_rows[attn.layer], copied.kda_rows[attn.layer])
+    rows = []
+    for t in range(width):
+        row_t = (mixed[:, t].contiguous(), f[:, t].contiguous(), gate[:, t].contiguous())
+        source = (copied.conv[attn.layer], copied.kda[attn.layer]) if t == 0 else (kept[0][:, t - 1], kept[1][:, t - 1])
+        rows.append(attn._fused_core(*row_t, torch.tensor([2, 0]), *source, kept[0][:, t], kept[1][:, t]))
+    core = attn.group.sum_partials(engine_ops.linear(torch.stack(rows, 1).flatten(0, 1), attn.o_proj))
+    out["kda_verify"]["strided_equal"] = bool(
+        torch.equal(core, got)
+        and torch.equal(copied.kda_rows[attn.layer], fused.kda_rows[attn.layer])
+        and torch.equal(copied.conv_rows[attn.layer], fused.conv_rows[attn.layer])
+    )
 
     # MoE: route + gate‖up + down with the SwiGLU and routing weights fused, the shared expert in the bank
     moe = layer.mlp
@@ -332,6 +348,7 @@ def test_kda_verify_rows_write_their_kept_states_through_the_kernel(results: dic
     for figure in ("out", "state_rows", "window_rows"):
         assert case[figure] <= TOLERANCE, (figure, case)
     assert case["lanes_untouched"] and case["other_rows_untouched"]
+    assert case["strided_equal"]  # rows read in place ≡ copied out first, bit for bit
 
 
 def test_moe_kernels_match_the_torch_path(results: dict) -> None:

@@ -175,27 +175,31 @@ def test_inline_ptx_decode_gives_the_triton_decodes_bits(codebook):
 
 
 def _dispatched_launches():
-    """Every format the GEMV decodes × every row count a launch takes; ASM on and off where the decode has an
-    inline-PTX form (3inst, mcg). The launch shape is what the dispatcher picks for it (BNT by rows and format, the
-    split by K: K = 512 splits 2 ways, N = 256 allows 16 tiles a program)."""
+    """Every format the GEMV decodes × every row count a launch takes × both forms (`triton_exl3.GEMV_FORMS`: the
+    tensor-core form the GPU serves with, the FMA form); ASM on and off where the decode has an inline-PTX form
+    (3inst, mcg). The launch shape is what the dispatcher picks for it (BNT by rows and format, the split by K:
+    K = 512 splits 2 ways, N = 256 allows 16 tiles a program)."""
     from engine.quant import exl3
 
-    for codebook in exl3.CODEBOOKS:
-        for bits in exl3.WIDTHS:
-            if not float(bits).is_integer() and codebook != "mul1":
-                continue
-            for rows in (1, 2, 4, 8):
-                for asm in (True, False) if codebook != "mul1" else (True,):
-                    yield pytest.param(
-                        codebook, bits, rows, asm, id=f"{codebook}-{bits}b-{rows}r-{'asm' if asm else 'tt'}"
-                    )
+    for form in ("fma", "mma"):
+        for codebook in exl3.CODEBOOKS:
+            for bits in exl3.WIDTHS:
+                if not float(bits).is_integer() and codebook != "mul1":
+                    continue
+                for rows in (1, 2, 4, 8):
+                    for asm in (True, False) if codebook != "mul1" else (True,):
+                        name = f"{form}-{codebook}-{bits}b-{rows}r-{'asm' if asm else 'tt'}"
+                        yield pytest.param(form, codebook, bits, rows, asm, id=name)
 
 
-@pytest.mark.parametrize("codebook,bits,rows,asm", list(_dispatched_launches()))
-def test_every_format_and_row_count_the_dispatcher_launches_gives_the_cpu_decoders_product(codebook, bits, rows, asm):
+@pytest.mark.parametrize("form,codebook,bits,rows,asm", list(_dispatched_launches()))
+def test_every_format_and_row_count_the_dispatcher_launches_gives_the_cpu_decoders_product(
+    form, codebook, bits, rows, asm
+):
     """Issue 20: mul1 at 5 and 3.5 bits with one row and 16 tiles a program summed wrongly (40-70 % off) while the
-    tests covered neither; the dispatcher now avoids that launch, and this covers every case it can choose."""
-    from engine.ops.triton_exl3 import _config, exl3_gemv_parts, kernel_order
+    tests covered neither; the dispatcher now avoids that launch, and this covers every case it can choose, in both
+    forms."""
+    from engine.ops.triton_exl3 import GEMV_LAUNCH, _config, exl3_gemv_parts, gemv_order, kernel_order
     from engine.quant import exl3
 
     k, n = 512, 256
@@ -203,8 +207,29 @@ def test_every_format_and_row_count_the_dispatcher_launches_gives_the_cpu_decode
     trellis = torch.randint(-32768, 32768, (1, k // 16, n // 16, int(16 * bits)), generator=gen).to(torch.int16)
     x = torch.randn(1, rows, k, generator=gen)
     mats = torch.zeros(1, dtype=torch.int32, device=CUDA)
-    parts = exl3_gemv_parts(kernel_order(x).to(CUDA), trellis.to(CUDA), mats, codebook, asm=asm)
-    assert parts.shape[0] == _config(k // 16, n // 16, None, None, 2, rows)[1] == 2  # K split as served
+    assert gemv_order(torch.device(CUDA), form) == ("natural" if form == "mma" else "gemv")
+    xp = x if form == "mma" else kernel_order(x)
+    parts = exl3_gemv_parts(xp.to(CUDA), trellis.to(CUDA), mats, codebook, asm=asm, form=form)
+    unroll = GEMV_LAUNCH[form]["unroll"]
+    assert parts.shape[0] == _config(k // 16, n // 16, None, None, unroll, rows)[1] == 2  # K split as served
     exact = x[0].double() @ exl3.unpack(trellis[0], codebook).double()
     got = parts.sum(0)[0].double().cpu()
     assert float((got - exact).abs().max() / exact.abs().max()) < 1e-5
+
+
+def test_the_mma_form_gives_each_row_its_own_bits_whatever_its_column():
+    """Drafts need a row's partials to be the same bits alone and beside up to 7 other rows, in any of the MMA's 8
+    columns, and the served expert bank's groups (`paired`) to be the single matrices' products."""
+    from engine.ops.triton_exl3 import exl3_gemv_parts
+
+    trellis = _random(4, "mcg", 2048, 1024, experts=6, seed=13)[0].to(CUDA)
+    x = torch.randn(4, 8, 2048, generator=torch.Generator().manual_seed(14)).to(CUDA)
+    mats = torch.tensor([2, 0], dtype=torch.int32, device=CUDA)
+    together = exl3_gemv_parts(x, trellis, mats, "mcg", paired=True, form="mma")  # matrices 4, 5, 0, 1
+    for g, matrix in enumerate((4, 5, 0, 1)):
+        one = torch.tensor([matrix], dtype=torch.int32, device=CUDA)
+        for m in range(8):
+            alone = exl3_gemv_parts(x[g : g + 1, m : m + 1], trellis, one, "mcg", form="mma")
+            assert torch.equal(alone[:, 0, 0], together[:, g, m]), (g, m)
+        shifted = exl3_gemv_parts(x[g : g + 1, [3, 0, 1, 2]][:, :4], trellis, one, "mcg", form="mma")
+        assert torch.equal(shifted[:, 0, 1], together[:, g, 0])

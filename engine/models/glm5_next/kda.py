@@ -193,7 +193,7 @@ class KimiDeltaAttention:
             mixed, f, gate = (part.reshape(-1, width, *part.shape[1:]) for part in parts)
             cores = []
             for t in range(width):
-                row_t = (mixed[:, t].contiguous(), f[:, t].contiguous(), gate[:, t].contiguous())
+                row_t = (mixed[:, t], f[:, t], gate[:, t])  # strided rows, read where they are (no copies)
                 source = (conv, kda) if t == 0 else (conv_rows[:, t - 1], kda_rows[:, t - 1])
                 cores.append(self._fused_core(*row_t, lane_ids, *source, conv_rows[:, t], kda_rows[:, t]))
             core = torch.stack(cores, 1).flatten(0, 1)
