@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 import triton
+from exl3_prompt_bench import random_bank
 from triton.testing import do_bench_cudagraph
 
 from engine.ops import triton_exl3 as tx
-from engine.quant import exl3
 
 FLASH = json.loads((Path(__file__).resolve().parents[1] / "engine/checkpoint/glm53_flash_config.json").read_text())
 HIDDEN, INTER, TOP_K, EXPERTS = (
@@ -38,16 +38,6 @@ HIDDEN, INTER, TOP_K, EXPERTS = (
 )
 HBM = 4.8e12
 COPIES = 8  # copies of a case in one graph, each over other experts
-
-
-def _bank(matrices: int, k: int, n: int, gen: torch.Generator) -> exl3.Exl3Bank:
-    trellis = torch.randint(-32768, 32768, (matrices, k // 16, n // 16, 64), device="cuda", generator=gen)
-    return exl3.Exl3Bank(
-        trellis.to(torch.int16),
-        (torch.rand(matrices, k, device="cuda", generator=gen) / k**0.5).half(),
-        (torch.rand(matrices, n, device="cuda", generator=gen) + 0.5).half(),
-        "mcg",
-    )
 
 
 def _graph_us(fn) -> float:
@@ -64,7 +54,7 @@ def main() -> int:
     t0 = time.time()
     width = INTER // args.shard
     gen = torch.Generator(device="cuda").manual_seed(0)
-    gate_up, down = _bank(2 * EXPERTS, HIDDEN, width, gen), _bank(EXPERTS, width, HIDDEN, gen)
+    gate_up, down = random_bank(2 * EXPERTS, HIDDEN, width, gen), random_bank(EXPERTS, width, HIDDEN, gen)
     expert_bytes = (gate_up.trellis[:2].numel() + down.trellis[:1].numel()) * 2
     result: dict = {
         "schema": "exl3-gemv-bench/1",

@@ -230,6 +230,19 @@ def _lane_sum(acc, ROWS: tl.constexpr, BNT: tl.constexpr):
 
 
 @triton.jit
+def _gemv_program(mat_ptr, PAIRED: tl.constexpr):
+    """A decode-GEMV program's (group, output block, K run, groups, matrix): matrix mats[group], or with PAIRED
+    2 mats[group // 2] + group % 2 (an expert's gate and up)."""
+    group = tl.program_id(0)
+    groups = tl.num_programs(0)
+    if PAIRED:
+        mat = 2 * tl.load(mat_ptr + group // 2).to(tl.int64) + group % 2
+    else:
+        mat = tl.load(mat_ptr + group).to(tl.int64)
+    return group, tl.program_id(1), tl.program_id(2), groups, mat
+
+
+@triton.jit
 def _exl3_gemv(
     x_ptr,
     t_ptr,
@@ -257,14 +270,7 @@ def _exl3_gemv(
     same layout (a mixed one costs a shared-memory round trip with barriers per value, what made the first version
     of this kernel slow), and it puts a tile's 32 lanes on a warp's 32 threads (one 128-byte load a tile) and a
     thread's BNT/warps tiles in its registers, so one input value serves them all."""
-    group = tl.program_id(0)
-    block = tl.program_id(1)
-    split = tl.program_id(2)
-    groups = tl.num_programs(0)
-    if PAIRED:
-        mat = 2 * tl.load(mat_ptr + group // 2).to(tl.int64) + group % 2
-    else:
-        mat = tl.load(mat_ptr + group).to(tl.int64)
+    group, block, split, groups, mat = _gemv_program(mat_ptr, PAIRED)
 
     rows = tl.arange(0, ROWS)[:, None, None, None]
     lane4 = tl.arange(0, 4)[None, :, None, None]  # l % 4
@@ -366,14 +372,7 @@ def _exl3_gemv_mma(
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     DECODE: gl.constexpr = (WORDS, BITS2, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, BNT)
     D4: gl.constexpr = BITS2 == 8
-    group = gl.program_id(0)
-    block = gl.program_id(1)
-    split = gl.program_id(2)
-    groups = gl.num_programs(0)
-    if PAIRED:
-        mat = 2 * gl.load(mat_ptr + group // 2).to(gl.int64) + group % 2
-    else:
-        mat = gl.load(mat_ptr + group).to(gl.int64)
+    group, block, split, groups, mat = _gemv_program(mat_ptr, PAIRED)
     lane4 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, words))), 1), 2)
     tiles = block * BNT + gl.arange(0, BNT, layout=gl.SliceLayout(0, gl.SliceLayout(2, words)))
     tiles = gl.expand_dims(gl.expand_dims(tiles, 0), 2)

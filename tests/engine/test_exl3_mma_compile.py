@@ -9,30 +9,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_exl3_wgmma_compile import compile_gluon
 
 HIDDEN, WIDTH = 4096, 2048  # GLM-5.3-Flash's routed experts (TP=1; TP=2 halves the width)
 
 
 def _compile(capability: int = 90, warps: int = 4, **const):
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+    pytest.importorskip("triton")
     from engine.ops import triton_exl3 as tx
 
-    fn = tx._exl3_gemv_mma
     base = {"MUL1_SCALE": tx._MUL1_SCALE, "MUL1_BIAS": tx._MUL1_BIAS, "ASM": True, "PAIRED": False, "WARPS": warps}
-    const = {**base, **const}
     pointers = {"x_ptr": "*fp32", "t_ptr": "*i32", "mat_ptr": "*i32", "out_ptr": "*fp32"}
-    signature = {n: pointers.get(n, "constexpr") for n in fn.arg_names}
-    assert set(signature) - set(pointers) == set(const), "the kernel's constexprs changed"
-    source = GluonASTSource(
-        fn=fn,
-        signature=signature,
-        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers},
-    )
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": warps})
+    return compile_gluon(tx._exl3_gemv_mma, pointers, {**base, **const}, capability, warps)
 
 
 def _served(k: int, n: int, rows: int, launch: dict) -> dict:

@@ -16,16 +16,13 @@ import torch
 HIDDEN, WIDTH = 4096, 2048  # GLM-5.3-Flash's routed experts (TP=1; TP=2 halves the width)
 
 
-def _compile(**const):
+def compile_gluon(fn, pointers: dict, const: dict, capability: int, warps: int):
+    """A Gluon kernel compiled for GPUTarget("cuda", capability) without a GPU: `pointers` its pointer arguments'
+    types (16-byte aligned), `const` every other argument (all of them: the kernel's constexprs are checked)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from engine.ops import triton_exl3 as tx
-
-    fn = tx._exl3_grouped_wgmma
-    const = {"MUL1_SCALE": tx._MUL1_SCALE, "MUL1_BIAS": tx._MUL1_BIAS, "ASM": True, **const}
-    pointers = {"x_ptr": "*fp32", "t_ptr": "*i32", "block_ptr": "*i32", "dest_ptr": "*i32", "out_ptr": "*fp32"}
     signature = {n: pointers.get(n, "constexpr") for n in fn.arg_names}
     assert set(signature) - set(pointers) == set(const), "the kernel's constexprs changed"
     source = GluonASTSource(
@@ -34,7 +31,16 @@ def _compile(**const):
         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
         attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers},
     )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": const["WARPS"]})
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": warps})
+
+
+def _compile(**const):
+    pytest.importorskip("triton")
+    from engine.ops import triton_exl3 as tx
+
+    const = {"MUL1_SCALE": tx._MUL1_SCALE, "MUL1_BIAS": tx._MUL1_BIAS, "ASM": True, **const}
+    pointers = {"x_ptr": "*fp32", "t_ptr": "*i32", "block_ptr": "*i32", "dest_ptr": "*i32", "out_ptr": "*fp32"}
+    return compile_gluon(tx._exl3_grouped_wgmma, pointers, const, 90, const["WARPS"])
 
 
 # (K, N, MATS, SCATTER): gate‖up and down at TP=1 and at TP=2's shard
