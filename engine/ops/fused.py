@@ -45,11 +45,24 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     return reference.linear(x, dequantized(weight))
 
 
-def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str) -> bool:
+def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [N, in] fp32 times weight [out, in] in fp32 arithmetic whatever the weight is kept in (fp32, or bf16 values
+    kept as bf16: the MoE routers on a GPU) -> fp32 [N, out]: the products of its fp32 copy, bit for bit. A bf16
+    weight's few CUDA rows (decode, verify windows) go through engine/ops/triton_rows.py, which reads the bf16 as
+    they are (half the bytes, row-invariant); anything else is `linear` of the fp32 copy."""
+    if weight.dtype == torch.bfloat16 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear", always=True):
+        from engine.ops.triton_rows import rows_product
+
+        return rows_product(x[:, None], weight[None])[:, 0]
+    return linear(x, weight.float())
+
+
+def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str, always: bool = False) -> bool:
     """Whether a product of x's rows with P weights of `shape` (P, out, in) runs through engine/ops/triton_rows.py: a
     CUDA decode step or verify window (at most ROW_INVARIANT_ROWS rows) that must be row-invariant
-    (`reference.pads_on_cuda`), with a launch grid the weight fits (`triton_rows.fits`)."""
-    if not (x.is_cuda and x.shape[0] <= reference.ROW_INVARIANT_ROWS and reference.pads_on_cuda(kind)):
+    (`reference.pads_on_cuda`), or `always` (a bf16-kept weight of fp32 products: the kernel reads it as it is), with
+    a launch grid the weight fits (`triton_rows.fits`)."""
+    if not (x.is_cuda and x.shape[0] <= reference.ROW_INVARIANT_ROWS and (always or reference.pads_on_cuda(kind))):
         return False
     from engine.ops.triton_rows import fits
 
@@ -59,10 +72,13 @@ def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str) -> bool:
 def head_products(
     x: torch.Tensor, weight: torch.Tensor, torch_form: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
-    """x [N, P, K] fp32 times P weights [P, O, K] (a strided view) -> [N, P, O] fp32, head by head (DSA's absorbed
-    kv_b); `torch_form(rows)` computes the same with torch. Row-invariant: in a CUDA step that may verify drafts
-    through engine/ops/triton_rows.py, else `torch_form` in `row_blocks` (kind dsa_heads)."""
-    if x.dim() == 3 and _rows_kernel(x, tuple(weight.shape), "dsa_heads"):
+    """x [N, P, K] fp32 times P weights [P, O, K] (a strided view; fp32, or bf16 values kept as bf16) -> [N, P, O]
+    fp32, head by head (DSA's absorbed kv_b); `torch_form(rows)` computes the same with torch. Row-invariant: in a
+    CUDA step that may verify drafts through engine/ops/triton_rows.py, else `torch_form` in `row_blocks` (kind
+    dsa_heads); a bf16 weight's few CUDA rows take the kernel either way (it reads the bf16 as they are, where
+    `torch_form` would first make an fp32 copy)."""
+    bf16 = weight.dtype == torch.bfloat16
+    if x.dim() == 3 and _rows_kernel(x, tuple(weight.shape), "dsa_heads", always=bf16):
         from engine.ops.triton_rows import rows_product
 
         return rows_product(x, weight)
@@ -123,7 +139,7 @@ def hc_weights(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] -> pre [T, n], post [T, n], comb [T, n, n] (Sinkhorn through `sinkhorn`)."""
     n = streams.shape[1]
-    logits = reference.linear(reference.rms_norm(streams.flatten(1), None, hc_norm_eps), fn)
+    logits = reference.linear(reference.rms_norm(streams.flatten(1), None, hc_norm_eps), fn.float())
     pre_l, post_l, comb_l = logits.split([n, n, n * n], dim=-1)
     pre_b, post_b, comb_b = base.split([n, n, n * n])
     pre = reference.sigmoid(pre_l * scale[0] + pre_b) + hc_eps

@@ -17,11 +17,12 @@ only): each decoded tile is `mma.sync`'s A operand where it was decoded (the for
 fragments), the rows, in their natural order, the B operand as fp16 head and remainder. It spends no FMA a weight a
 row, so 4 and 8 rows an expert cost about what one does (H200: 0.69-0.72x and 0.50x the FMA form's time at 4 and 8
 rows), but at one row an expert — every (row, expert) pair the served MoE launches — it is not faster (0.99-1.06x
-the FMA form's time): both
+the FMA form's time; the released depth's decode step the same at batch 1, 1.8 % slower at batch 4): both
 forms spend ~6-7 instructions a value on the decode (the state's shifts and masks, the hash, its mask-and-flip, the
 halves' add; the tensor-core form packs two fp16 values with a byte permute where the FMA form converts each to fp32
-and multiplies), which limits both well below the memory rate (no hardware counters here to say which pipe). So the engine runs the FMA form (`GEMV_LAUNCH`, `gemv_form`), and the MMA form is there for rows
-that share an expert (bench/exl3_gemv_bench.py, docs/BENCHMARKS.md, session 24).
+and multiplies), which limits both well below the memory rate (no hardware counters here to say which pipe). So
+the engine runs the FMA form (`GEMV_LAUNCH`, `gemv_form`), and the MMA form is there for rows that share an expert
+(bench/exl3_gemv_bench.py, docs/BENCHMARKS.md, session 24).
 
 Decoding in the kernel's layout. A tile's 256 values come in the order of the MMA fragments: "lane" l (0..31) holds
 values p = 8l + j, j = 0..7; value (l, j) belongs to input row r = 2(l%4) + (j&1) + 8((j>>1)&1) and output column
@@ -95,9 +96,10 @@ LAUNCH_DEFAULTS: dict = {}  # form / block_n_tiles / split / unroll / num_warps 
 # runs, and the interpreter's) and "mma" (`_exl3_gemv_mma`, the tensor cores; compiled CUDA of compute capability 8.0
 # on). H200 (bench/exl3_gemv_bench.py, docs/BENCHMARKS.md, session 24): at one row an expert — every (row, expert)
 # pair of the served MoE — the mma form takes 0.99-1.06x the fma form's time (both limited by the decode's ~6-7
-# instructions a value), and the released depth's decode step 8.57 against 8.47 ms; with 4 and 8 rows an
-# expert it takes 0.69-0.72x and 0.50x. The mma launch: the sweep's best, or within 1 %, at 8 and 32 pairs of one
-# row and 8 experts of 4 rows (TP=2's shard)
+# instructions a value), and the released depth's graphed decode step 8.35 / 13.19 ms at batch 1 / 4 against
+# 8.36 / 12.96; with 4 and 8 rows an expert it takes 0.69-0.72x and 0.50x. The mma launch: the sweep's best, or
+# within 1 %, at 8 and 32 pairs of one row and 8 experts of 4 rows (TP=2's shard). LAUNCH_DEFAULTS' options apply to
+# either form (a bench's override; an mma launch its layout cannot take is refused, not changed)
 GEMV_FORMS = ("fma", "mma")
 GEMV_LAUNCH = {
     "fma": {"unroll": 2, "num_warps": 4},  # block_n_tiles: `_config`'s choice by rows and format
@@ -1378,9 +1380,10 @@ def routed_experts(
         # GEMV, (sum, rotate, weight, add the row's k pairs in order)
         pairs, width = rows * k, gate_up.svh.shape[-1]
         experts = chosen.reshape(-1)  # on the device; gate / up: matrices 2e, 2e+1
-        order = gemv_order(x.device)
+        form = gemv_form(x.device)  # once: both GEMVs and the orders they read
+        order = gemv_order(x.device, form)
         xp = rotate_rows(x[None], 1, experts, pre=gate_up.suh, order=order, share=2 * k, paired=True)
-        parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, experts, gate_up.codebook, paired=True)
+        parts = exl3_gemv_parts(xp[:, None], gate_up.trellis, experts, gate_up.codebook, paired=True, form=form)
         hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
         _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
             parts,
@@ -1393,7 +1396,7 @@ def routed_experts(
             PARTS=parts.shape[0],
             ORDER=INPUT_ORDERS[order],
         )
-        parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook)
+        parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook, form=form)
         return _pairs_summed(parts, rows, experts, down, weights)
     return grouped_experts(x, chosen, weights, gate_up, down, limit)
 

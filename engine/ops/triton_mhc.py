@@ -237,14 +237,15 @@ def hc_pre(
     iters: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] fp32 -> (the sublayer's input rms_norm(Σ pre·streams) · norm_weight [T, hidden],
-    post [T, n], comb [T, n, n]); fn [2n + n², n·hidden], base [2n + n²], scale [3], norm_weight [hidden], fp32."""
+    post [T, n], comb [T, n, n]); fn [2n + n², n·hidden] (fp32, or bf16 values kept as bf16: `_hc_dots` reads them
+    as they are, each exact in its fp32 products), base [2n + n²], scale [3], norm_weight [hidden], fp32."""
     streams = streams.contiguous()
     tokens, n, hidden = streams.shape
     rows = fn.shape[0]
     chunks = triton.cdiv(hidden, CHUNK)  # CHUNK read at the call (the bench)
     prompt = tokens > DECODE_TOKENS and torch.get_float32_matmul_precision() == "highest"
     if prompt:  # the dot products as one fp32 product
-        dots = torch.mm(streams.view(tokens, n * hidden), fn.t())  # [T, rows]: one part, rows apart
+        dots = torch.mm(streams.view(tokens, n * hidden), fn.float().t())  # [T, rows]: one part, rows apart
         gram, r_pad, parts = dots, rows, 1  # no Gram partials: `_hc_mix` makes the matrix (gram_ptr unread)
     else:
         r_pad = triton.next_power_of_2(rows)

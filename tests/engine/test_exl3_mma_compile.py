@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_exl3_wgmma_compile import compile_gluon
+
+pytest.importorskip("triton")  # every test here compiles (and `_served` reads the engine's Triton launch)
+
+from test_exl3_wgmma_compile import compile_gluon  # noqa: E402
 
 HIDDEN, WIDTH = 4096, 2048  # GLM-5.3-Flash's routed experts (TP=1; TP=2 halves the width)
 
@@ -76,5 +79,11 @@ def test_the_form_follows_the_device_and_refuses_what_it_does_not_know():
     cpu = torch.device("cpu")
     assert tx.gemv_form(cpu) == "fma" and tx.gemv_order(cpu) == "gemv"  # the interpreter's form off CUDA
     assert tx.gemv_form(cpu, "fma") == "fma"
+    assert tx.gemv_form(cpu, "mma") == "fma" and tx.gemv_order(cpu, "mma") == "gemv"  # where it cannot run
+    tx.LAUNCH_DEFAULTS["form"] = "mma"
+    try:
+        assert tx.gemv_form(cpu) == "fma"
+    finally:
+        tx.LAUNCH_DEFAULTS.pop("form")
     with pytest.raises(ValueError, match="forms are"):
         tx.gemv_form(cpu, "wgmma")

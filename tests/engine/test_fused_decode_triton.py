@@ -75,6 +75,20 @@ def _cases() -> dict:
         streams[1:2], hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters
     )
     out["hc"]["batch_independent"] = bool(torch.equal(alone[0], x[1]))
+    # the map kept as the bf16 a GPU's load reads (`HyperConnection`): `_hc_dots` reads it as it is, the same bits as
+    # its fp32 copy; and the rows kernel the same for a bf16-kept weight of fp32 products (routers, DSA's kv_b)
+    kept = hc.fn.bfloat16()
+    args = (hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters)
+    bf16_map = triton_mhc.hc_pre(streams, kept, *args)
+    fp32_map = triton_mhc.hc_pre(streams, kept.float(), *args)
+    rows = torch.randn(3, 2, 96, generator=gen)
+    weight = torch.randn(2, 40, 96, generator=gen).bfloat16()
+    from engine.ops import triton_rows
+
+    out["bf16_kept_equal"] = bool(
+        all(torch.equal(a, b) for a, b in zip(bf16_map, fp32_map))
+        and torch.equal(triton_rows.rows_product(rows, weight), triton_rows.rows_product(rows, weight.float()))
+    )
 
     # a prompt chunk's form (more than DECODE_TOKENS tokens: the dot products as one matrix product, one `_hc_mix`
     # program a token with its Gram matrix, PROMPT_CHUNK columns a step: two steps here, the second masked) against
@@ -349,6 +363,12 @@ def test_kda_verify_rows_write_their_kept_states_through_the_kernel(results: dic
         assert case[figure] <= TOLERANCE, (figure, case)
     assert case["lanes_untouched"] and case["other_rows_untouched"]
     assert case["strided_equal"]  # rows read in place ≡ copied out first, bit for bit
+
+
+def test_bf16_kept_weights_give_their_fp32_copys_bits(results: dict) -> None:
+    """The hyper-connections' map and the rows kernel's weight (routers, DSA's kv_b) kept as bf16 on a GPU: every
+    product the same bits as with the fp32 copy of the same values (half the bytes a decode step reads of them)."""
+    assert results["bf16_kept_equal"]
 
 
 def test_moe_kernels_match_the_torch_path(results: dict) -> None:

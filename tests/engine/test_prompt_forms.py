@@ -124,6 +124,33 @@ def test_dsa_selected_tokens_split_in_query_blocks(monkeypatch) -> None:
     assert relative_error(layer._attend_selected(q, bf16, tokens, counts, bf16_latents=True), want) < 5e-5
 
 
+def test_a_bf16_kept_kv_b_gives_its_fp32_copys_bits(monkeypatch) -> None:
+    """On a GPU the loader keeps kv_b as the bf16 it reads (half the bytes a decode step reads): every attention path
+    must give what the same values held in fp32 give — the einsums and the lane products bit for bit, the split
+    products too (the bf16 weight is its own head: the remainder's product, exactly zero, is not made)."""
+    kept = dsa_heads()
+    kv_b = torch.cat([kept.w_k, kept.w_v], 1).bfloat16()
+    kept.w_k, kept.w_v = kv_b[:, : kept.nope], kv_b[:, kept.nope :]
+    upcast = dsa_heads()
+    upcast.w_k, upcast.w_v = kept.w_k.float(), kept.w_v.float()
+    g = torch.Generator().manual_seed(6)
+    t, length, n = 12, 40, 16
+    q = torch.randn(t, kept.local_heads, kept.nope, generator=g)
+    latents = torch.randn(length, kept.rank_dim, generator=g)
+    mask = torch.arange(length)[None, :] <= torch.arange(length - t, length)[:, None]
+    tokens = torch.randint(0, length, (t, n), generator=g)
+    counts = torch.rand(t, n, generator=g) < 0.8
+    counts[:, 0] = True
+    assert kept._split(kept.w_k)[1] is None and upcast._split(upcast.w_k)[1] is not None
+    assert torch.equal(kept._attend(q, latents, mask), upcast._attend(q, latents, mask))
+    assert torch.equal(kept._attend_lanes(q, latents[tokens], counts), upcast._attend_lanes(q, latents[tokens], counts))
+    assert torch.equal(kept._attend_split(q, latents, mask), upcast._attend_split(q, latents, mask))
+    monkeypatch.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: True)
+    assert torch.equal(
+        kept._attend_selected(q, latents, tokens, counts), upcast._attend_selected(q, latents, tokens, counts)
+    )
+
+
 def test_the_cpu_never_takes_the_split_path() -> None:
     """(The CUDA gate's row boundary: tests/gpu/test_prompt_forms_gpu.py.)"""
     layer = dsa_heads()

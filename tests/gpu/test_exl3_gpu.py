@@ -111,6 +111,7 @@ def test_exllamav3_fixture_layers(case):
         {"split": 1, "unroll": 1},
         {"split": 8, "unroll": 4, "block_n_tiles": 8},
         {"block_n_tiles": 2, "num_warps": 2},
+        {"form": "mma"},
     ],
 )
 def test_expert_bank_selected_on_the_device(kw):
@@ -176,8 +177,8 @@ def test_inline_ptx_decode_gives_the_triton_decodes_bits(codebook):
 
 def _dispatched_launches():
     """Every format the GEMV decodes × every row count a launch takes × both forms (`triton_exl3.GEMV_FORMS`: the
-    tensor-core form the GPU serves with, the FMA form); ASM on and off where the decode has an inline-PTX form
-    (3inst, mcg). The launch shape is what the dispatcher picks for it (BNT by rows and format, the split by K:
+    FMA form the engine serves with, the tensor-core form kept as an option); ASM on and off where the decode has an
+    inline-PTX form (3inst, mcg). The launch shape is what the dispatcher picks for it (BNT by rows and format, the split by K:
     K = 512 splits 2 ways, N = 256 allows 16 tiles a program)."""
     from engine.quant import exl3
 
@@ -233,3 +234,27 @@ def test_the_mma_form_gives_each_row_its_own_bits_whatever_its_column():
             assert torch.equal(alone[:, 0, 0], together[:, g, m]), (g, m)
         shifted = exl3_gemv_parts(x[g : g + 1, [3, 0, 1, 2]][:, :4], trellis, one, "mcg", form="mma")
         assert torch.equal(shifted[:, 0, 1], together[:, g, 0])
+
+
+def test_routed_experts_in_both_forms_agree():
+    """The MoE's decode path with the tensor-core GEMV (its rows in their natural order, `_swiglu_between` storing
+    down's input so) against the FMA form the engine serves with: the same experts' sums to fp32-close."""
+    from engine.ops import triton_exl3 as tx
+    from engine.quant import exl3
+
+    gen = torch.Generator().manual_seed(15)
+    banks = []
+    for matrices, k, n in ((2 * 6, 512, 256), (6, 256, 512)):
+        trellis, suh, svh, _ = _random(4, "mcg", k, n, experts=matrices, seed=k + matrices)
+        banks.append(exl3.Exl3Bank(trellis.to(CUDA), suh.to(CUDA), svh.to(CUDA), "mcg"))
+    x = torch.randn(3, 512, generator=gen).to(CUDA)
+    chosen = torch.tensor([[0, 5], [2, 3], [5, 1]], device=CUDA)
+    weights = torch.rand(3, 2, generator=gen).to(CUDA)
+    outs = {}
+    for form in tx.GEMV_FORMS:
+        tx.LAUNCH_DEFAULTS["form"] = form
+        try:
+            outs[form] = tx.routed_experts(x, chosen, weights, *banks, 10.0)
+        finally:
+            tx.LAUNCH_DEFAULTS.pop("form")
+    assert float((outs["mma"] - outs["fma"]).abs().max() / outs["fma"].abs().max()) < 2e-5

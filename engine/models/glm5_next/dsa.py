@@ -73,7 +73,10 @@ class SparseMLA:
         self.q_a_norm = reader.get(p + "q_a_layernorm.weight").float()
         self.q_b = store(reader.get(p + "q_b_proj.weight", dim=0, units=heads))
         self.kv_a_norm = reader.get(p + "kv_a_layernorm.weight").float()
-        kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads).float()  # absorbed: used in einsums
+        # absorbed (used in fp32 products), kept as read where that is bf16 (a GPU's load): every product takes the
+        # same values as their fp32 copy would hold, and a decode step reads half the bytes (`_split`, `_f32`)
+        kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads)
+        kv_b = kv_b if kv_b.dtype == torch.bfloat16 else kv_b.float()
         self.local_heads = kv_b.shape[0] // (self.nope + self.v_dim)
         kv_b = kv_b.view(self.local_heads, self.nope + self.v_dim, self.rank_dim)
         self.w_k, self.w_v = kv_b[:, : self.nope], kv_b[:, self.nope :]
@@ -137,11 +140,17 @@ class SparseMLA:
         which the tensor-core path uses as they are)."""
         if self._on_tensor_cores(q):
             return self._attend_split(q, latents, mask, bf16_latents)
-        q_abs = torch.einsum("thd,hdr->thr", q, self.w_k)
+        q_abs = torch.einsum("thd,hdr->thr", q, self.w_k.float())
         scores = torch.einsum("thr,lr->thl", q_abs, latents) * self.scaling
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
         ctx = torch.einsum("thl,lr->thr", torch.softmax(scores, dim=-1), latents)
-        return torch.einsum("thr,hvr->thv", ctx, self.w_v).flatten(1)
+        return torch.einsum("thr,hvr->thv", ctx, self.w_v.float()).flatten(1)
+
+    @staticmethod
+    def _split(weight: torch.Tensor) -> ops.Split:
+        """A kv_b part as a split product's operand: a bf16-kept one is its own bf16 head, with no remainder (the
+        product it would add is exactly zero), an fp32 one split in two (`ops.split_bf16`)."""
+        return (weight, None) if weight.dtype == torch.bfloat16 else ops.split_bf16(weight)
 
     def _on_tensor_cores(self, q: torch.Tensor) -> bool:
         """Whether these queries' attention takes the split products: a prompt chunk on CUDA (measured on the H200:
@@ -156,12 +165,12 @@ class SparseMLA:
         head-major so each is one call."""
         heads, t = self.local_heads, q.shape[0]
         lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
-        q_abs = ops.split_product(q.transpose(0, 1), self.w_k) * self.scaling  # [Hl, T, r], scaled here: r < L
+        q_abs = ops.split_product(q.transpose(0, 1), self._split(self.w_k)) * self.scaling  # [Hl, T, r]: r < L
         lat_t = lat_hi.t(), None if lat_lo is None else lat_lo.t()
         scores = ops.split_product(q_abs.view(heads * t, -1), lat_t)
         scores = torch.softmax(scores.view(heads, t, -1).masked_fill_(~mask[None], float("-inf")), dim=-1)
         ctx = ops.split_product(scores.view(heads * t, -1), (lat_hi, lat_lo))
-        out = ops.split_product(ctx.view(heads, t, -1), self.w_v.transpose(1, 2))  # [Hl, T, v]
+        out = ops.split_product(ctx.view(heads, t, -1), self._split(self.w_v.transpose(1, 2)))  # [Hl, T, v]
         return out.transpose(0, 1).reshape(t, -1)
 
     def _attend_selected(
@@ -180,7 +189,7 @@ class SparseMLA:
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         if self._on_tensor_cores(q):
             lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
-            weights = ops.split_bf16(self.w_k), ops.split_bf16(self.w_v.transpose(1, 2))  # once, not per block
+            weights = self._split(self.w_k), self._split(self.w_v.transpose(1, 2))  # once, not per block
             if ops.selected_attention_applies(q, self.local_heads, self.rank_dim):  # one launch, nothing gathered
                 q_abs = ops.split_product(q.transpose(0, 1), weights[0]) * self.scaling  # [Hl, T, r]
                 ctx = ops.selected_attention(q_abs, (lat_hi, lat_lo), tokens, counts)
@@ -311,11 +320,10 @@ class SparseMLA:
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant
         (`ops.head_products`, `ops.lane_attention`)."""
-        q_abs = ops.head_products(
-            q, self.w_k.transpose(1, 2), lambda rows: torch.einsum("bhd,hdr->bhr", rows, self.w_k)
-        )
+        w_k, w_v = self.w_k, self.w_v
+        q_abs = ops.head_products(q, w_k.transpose(1, 2), lambda rows: torch.einsum("bhd,hdr->bhr", rows, w_k.float()))
         ctx = ops.lane_attention(q_abs, latents, counts, self.scaling, self._attend_rows)
-        return ops.head_products(ctx, self.w_v, lambda rows: torch.einsum("bhr,hvr->bhv", rows, self.w_v)).flatten(1)
+        return ops.head_products(ctx, w_v, lambda rows: torch.einsum("bhr,hvr->bhv", rows, w_v.float())).flatten(1)
 
     def _attend_gathered_split(
         self, q: torch.Tensor, latents: ops.Split, counts: torch.Tensor, w_k: ops.Split, w_v_t: ops.Split

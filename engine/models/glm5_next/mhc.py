@@ -19,7 +19,8 @@ from engine.models.glm5_next.config import TextConfig
 class HyperConnection:
     def __init__(self, cfg: TextConfig, reader: CheckpointReader, prefix: str) -> None:
         self.n, self.eps, self.iters, self.norm_eps = cfg.hc_mult, cfg.hc_eps, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps
-        self.fn = reader.get(prefix + "_fn").float()
+        fn = reader.get(prefix + "_fn")  # used in fp32 products; bf16 values (a GPU's load) kept as they are
+        self.fn = fn if fn.dtype == torch.bfloat16 else fn.float()
         self.base = reader.get(prefix + "_base").float()
         self.scale = reader.get(prefix + "_scale").float()
 

@@ -146,8 +146,10 @@ class Glm5NextForCausalLM:
         mtp: bool = False,
         dense: str = "bf16",
     ) -> Glm5NextForCausalLM:
-        """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms, gates,
-        the router and the hyper-connections are always kept in fp32, and activations are fp32 throughout. `mtp`:
+        """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms and gates
+        are always kept in fp32, the routers, the hyper-connections' maps and DSA's absorbed kv_b run in fp32 products
+        on their values as read (a bf16 load keeps them bf16: the same products, half the bytes), and activations are
+        fp32 throughout. `mtp`:
         load the multi-token-prediction layer to draft with (when the checkpoint has one). `dense`: how the dense
         (non-expert) weights are kept — bf16 as loaded (`dtype`), or q4 / fp8 quantised at load
         (engine/quant/dense.py)."""
