@@ -38,4 +38,5 @@ from engine.ops.reference import (  # noqa: F401
     split_bf16,
     split_product,
     visible_pools,
+    widened,
 )

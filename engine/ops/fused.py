@@ -26,8 +26,8 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     windows) through engine/ops/triton_dense.py — the weight read once in its stored bits, a row's result
     independent of the others — and larger prompt chunks as a tensor-core matmul with the weight dequantised to bf16
     for the call (in one launch: `dequantized`); on the CPU the reference: dequantised to fp32, then
-    `reference.linear`. An fp32 weight (the MoE routers) in a step that may verify drafts: engine/ops/triton_rows.py,
-    row-invariant without padding."""
+    `reference.linear`. An fp32 weight in a step that may verify drafts: engine/ops/triton_rows.py, row-invariant
+    without padding (the MoE routers take `linear_fp32`)."""
     if not isinstance(weight, QuantWeight):
         if weight.dtype == torch.float32 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear"):
             from engine.ops.triton_rows import rows_product
@@ -47,14 +47,15 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
 
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [N, in] fp32 times weight [out, in] in fp32 arithmetic whatever the weight is kept in (fp32, or bf16 values
-    kept as bf16: the MoE routers on a GPU) -> fp32 [N, out]: the products of its fp32 copy, bit for bit. A bf16
-    weight's few CUDA rows (decode, verify windows) go through engine/ops/triton_rows.py, which reads the bf16 as
-    they are (half the bytes, row-invariant); anything else is `linear` of the fp32 copy."""
+    kept as bf16: the MoE routers on a GPU) -> fp32 [N, out]. A bf16 weight's few CUDA rows (decode, verify windows)
+    go through engine/ops/triton_rows.py, which reads the bf16 as they are (half the bytes; row-invariant, drafts or
+    not; its sums' order follows its layout, which the element size sets, so the last bits are not the fp32 copy's);
+    anything else is `linear` of the widened weight (`reference.widened`): on the CPU the fp32 copy's bits."""
     if weight.dtype == torch.bfloat16 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear", always=True):
         from engine.ops.triton_rows import rows_product
 
         return rows_product(x[:, None], weight[None])[:, 0]
-    return linear(x, weight.float())
+    return linear(x, reference.widened(weight))
 
 
 def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str, always: bool = False) -> bool:
@@ -139,7 +140,7 @@ def hc_weights(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] -> pre [T, n], post [T, n], comb [T, n, n] (Sinkhorn through `sinkhorn`)."""
     n = streams.shape[1]
-    logits = reference.linear(reference.rms_norm(streams.flatten(1), None, hc_norm_eps), fn.float())
+    logits = reference.linear(reference.rms_norm(streams.flatten(1), None, hc_norm_eps), reference.widened(fn))
     pre_l, post_l, comb_l = logits.split([n, n, n * n], dim=-1)
     pre_b, post_b, comb_b = base.split([n, n, n * n])
     pre = reference.sigmoid(pre_l * scale[0] + pre_b) + hc_eps

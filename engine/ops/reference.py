@@ -143,6 +143,12 @@ def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 Split = tuple[torch.Tensor, torch.Tensor | None]  # (hi, lo) bf16; lo None where the value is bf16 itself
 
 
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """t in fp32 where it is kept narrower (bf16 values as a GPU load reads them), else as it is (fp32; a test's
+    fp64): the operand of an fp32 product whatever the weight is kept in."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def split_bf16(x: torch.Tensor, bf16_values: bool = False) -> Split:
     """fp32 x as two bf16 tensors whose sum is x to ~2^-17 of its magnitude: hi = x rounded, lo = the rest rounded.
     `bf16_values`: x is known to hold bf16 values (latents read from a bf16 cache) - hi is x exactly, no lo."""

@@ -9,8 +9,8 @@ session 16). Here:
 
 - `_hc_dots` (token × hidden chunk): each program's share of the logits' dot products (streams · fn) and of the
   streams' n × n Gram matrix, over one chunk of the hidden width of all n streams — fn (2n + n² rows of n·hidden,
-  fp32) is read once per token, spread over many SMs; a prompt chunk (more than DECODE_TOKENS tokens) takes the dot
-  products as one fp32 matrix product instead (cuBLAS, [T, n·hidden] · fnᵀ: fn read once per tile of tokens; per
+  fp32, or the bf16 a GPU load keeps: fp32 products either way) is read once per token, spread over many SMs; a
+  prompt chunk (more than DECODE_TOKENS tokens) takes the dot products as one fp32 matrix product instead (cuBLAS, [T, n·hidden] · fnᵀ: fn read once per tile of tokens; per
   token it was ~3 GB of L2 reads for a 2,048-token chunk, 0.46 ms on the H200) and the Gram matrix in `_hc_mix`;
 - `_hc_mix` (token × hidden chunk; a prompt chunk: a token): the partial sums added, the norm applied
   (rms_norm(s) · fn = rsqrt(mean s²) · (s · fn), Σ s² the Gram matrix's trace), pre / post / comb gates, softmax and
@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.ops.reference import ROW_INVARIANT_ROWS
+from engine.ops.reference import ROW_INVARIANT_ROWS, widened
 
 CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program covers
 DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
@@ -238,14 +238,15 @@ def hc_pre(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] fp32 -> (the sublayer's input rms_norm(Σ pre·streams) · norm_weight [T, hidden],
     post [T, n], comb [T, n, n]); fn [2n + n², n·hidden] (fp32, or bf16 values kept as bf16: `_hc_dots` reads them
-    as they are, each exact in its fp32 products), base [2n + n²], scale [3], norm_weight [hidden], fp32."""
+    as they are, each exact in its fp32 products, its sums in the order its layout for that element size gives),
+    base [2n + n²], scale [3], norm_weight [hidden], fp32."""
     streams = streams.contiguous()
     tokens, n, hidden = streams.shape
     rows = fn.shape[0]
     chunks = triton.cdiv(hidden, CHUNK)  # CHUNK read at the call (the bench)
     prompt = tokens > DECODE_TOKENS and torch.get_float32_matmul_precision() == "highest"
     if prompt:  # the dot products as one fp32 product
-        dots = torch.mm(streams.view(tokens, n * hidden), fn.float().t())  # [T, rows]: one part, rows apart
+        dots = torch.mm(streams.view(tokens, n * hidden), widened(fn).t())  # [T, rows]: one part, rows apart
         gram, r_pad, parts = dots, rows, 1  # no Gram partials: `_hc_mix` makes the matrix (gram_ptr unread)
     else:
         r_pad = triton.next_power_of_2(rows)

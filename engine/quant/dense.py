@@ -18,8 +18,8 @@ boundaries, multiples of GROUP at the real widths) and quantising a slice gives 
 quantised whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded (`quantize` says so by
 returning it); fp8 takes any width (a last, shorter group).
 
-What stays in the loaded precision (the modules in engine/models/glm5_next/ apply their `store` to the rest): norms, the router (fp32, it picks
-experts), the hyper-connection maps (fp32), embeddings, the absorbed MLA kv_b (per-head einsums) and the routed
+What stays in the loaded precision (the modules in engine/models/glm5_next/ apply their `store` to the rest): norms, the router (fp32 products, it picks
+experts), the hyper-connection maps (fp32 products), embeddings, the absorbed MLA kv_b (per-head einsums) and the routed
 experts (EXL3 or as stored: the experts are not dense weights). The LM head is stored fp8 in both reduced modes
 (HEAD_MODE; docs/QUALITY.md has the measurement behind it).
 

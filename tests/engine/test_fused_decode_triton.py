@@ -75,8 +75,9 @@ def _cases() -> dict:
         streams[1:2], hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters
     )
     out["hc"]["batch_independent"] = bool(torch.equal(alone[0], x[1]))
-    # the map kept as the bf16 a GPU's load reads (`HyperConnection`): `_hc_dots` reads it as it is, the same bits as
-    # its fp32 copy; and the rows kernel the same for a bf16-kept weight of fp32 products (routers, DSA's kv_b)
+    # the map kept as the bf16 a GPU's load reads (`HyperConnection`): `_hc_dots` reads it as it is, each value
+    # exact in its fp32 product; and the rows kernel for a bf16-kept weight of fp32 products (routers, DSA's kv_b).
+    # In the interpreter (numpy's sums) the bits equal the fp32 copy's; compiled, the layout follows the element size
     kept = hc.fn.bfloat16()
     args = (hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters)
     bf16_map = triton_mhc.hc_pre(streams, kept, *args)
@@ -366,8 +367,9 @@ def test_kda_verify_rows_write_their_kept_states_through_the_kernel(results: dic
 
 
 def test_bf16_kept_weights_give_their_fp32_copys_bits(results: dict) -> None:
-    """The hyper-connections' map and the rows kernel's weight (routers, DSA's kv_b) kept as bf16 on a GPU: every
-    product the same bits as with the fp32 copy of the same values (half the bytes a decode step reads of them)."""
+    """The hyper-connections' map and the rows kernel's weight (routers, DSA's kv_b) kept as bf16 on a GPU: read as
+    they are, each value exact in its fp32 product (in the interpreter, the fp32 copy's bits; compiled, the sums'
+    order follows the layout the element size gives: tests/gpu checks row invariance there)."""
     assert results["bf16_kept_equal"]
 
 

@@ -125,9 +125,9 @@ def test_dsa_selected_tokens_split_in_query_blocks(monkeypatch) -> None:
 
 
 def test_a_bf16_kept_kv_b_gives_its_fp32_copys_bits(monkeypatch) -> None:
-    """On a GPU the loader keeps kv_b as the bf16 it reads (half the bytes a decode step reads): every attention path
-    must give what the same values held in fp32 give — the einsums and the lane products bit for bit, the split
-    products too (the bf16 weight is its own head: the remainder's product, exactly zero, is not made)."""
+    """On a GPU the loader keeps kv_b as the bf16 it reads (half the bytes a decode step reads): on the CPU every
+    attention path gives what the same values held in fp32 give, bit for bit — the einsums, the lane products, the
+    split products (the bf16 weight is its own head: the remainder's product, exactly zero, is not made)."""
     kept = dsa_heads()
     kv_b = torch.cat([kept.w_k, kept.w_v], 1).bfloat16()
     kept.w_k, kept.w_v = kv_b[:, : kept.nope], kv_b[:, kept.nope :]

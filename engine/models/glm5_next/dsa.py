@@ -74,7 +74,8 @@ class SparseMLA:
         self.q_b = store(reader.get(p + "q_b_proj.weight", dim=0, units=heads))
         self.kv_a_norm = reader.get(p + "kv_a_layernorm.weight").float()
         # absorbed (used in fp32 products), kept as read where that is bf16 (a GPU's load): every product takes the
-        # same values as their fp32 copy would hold, and a decode step reads half the bytes (`_split`, `_f32`)
+        # values their fp32 copy would hold (`_split`, the einsums' `ops.widened`, `ops.head_products`), and a decode
+        # step reads half the bytes
         kv_b = reader.get(p + "kv_b_proj.weight", dim=0, units=heads)
         kv_b = kv_b if kv_b.dtype == torch.bfloat16 else kv_b.float()
         self.local_heads = kv_b.shape[0] // (self.nope + self.v_dim)
@@ -140,11 +141,11 @@ class SparseMLA:
         which the tensor-core path uses as they are)."""
         if self._on_tensor_cores(q):
             return self._attend_split(q, latents, mask, bf16_latents)
-        q_abs = torch.einsum("thd,hdr->thr", q, self.w_k.float())
+        q_abs = torch.einsum("thd,hdr->thr", q, ops.widened(self.w_k))
         scores = torch.einsum("thr,lr->thl", q_abs, latents) * self.scaling
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
         ctx = torch.einsum("thl,lr->thr", torch.softmax(scores, dim=-1), latents)
-        return torch.einsum("thr,hvr->thv", ctx, self.w_v.float()).flatten(1)
+        return torch.einsum("thr,hvr->thv", ctx, ops.widened(self.w_v)).flatten(1)
 
     @staticmethod
     def _split(weight: torch.Tensor) -> ops.Split:
@@ -321,9 +322,11 @@ class SparseMLA:
         """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant
         (`ops.head_products`, `ops.lane_attention`)."""
         w_k, w_v = self.w_k, self.w_v
-        q_abs = ops.head_products(q, w_k.transpose(1, 2), lambda rows: torch.einsum("bhd,hdr->bhr", rows, w_k.float()))
+        q_abs = ops.head_products(
+            q, w_k.transpose(1, 2), lambda rows: torch.einsum("bhd,hdr->bhr", rows, ops.widened(w_k))
+        )
         ctx = ops.lane_attention(q_abs, latents, counts, self.scaling, self._attend_rows)
-        return ops.head_products(ctx, w_v, lambda rows: torch.einsum("bhr,hvr->bhv", rows, w_v.float())).flatten(1)
+        return ops.head_products(ctx, w_v, lambda rows: torch.einsum("bhr,hvr->bhv", rows, ops.widened(w_v))).flatten(1)
 
     def _attend_gathered_split(
         self, q: torch.Tensor, latents: ops.Split, counts: torch.Tensor, w_k: ops.Split, w_v_t: ops.Split

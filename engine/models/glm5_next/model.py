@@ -148,11 +148,11 @@ class Glm5NextForCausalLM:
     ) -> Glm5NextForCausalLM:
         """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms and gates
         are always kept in fp32, the routers, the hyper-connections' maps and DSA's absorbed kv_b run in fp32 products
-        on their values as read (a bf16 load keeps them bf16: the same products, half the bytes), and activations are
-        fp32 throughout. `mtp`:
-        load the multi-token-prediction layer to draft with (when the checkpoint has one). `dense`: how the dense
-        (non-expert) weights are kept — bf16 as loaded (`dtype`), or q4 / fp8 quantised at load
-        (engine/quant/dense.py)."""
+        on their values as read (a bf16 load keeps them bf16: fp32 products of the same values, half the bytes), and
+        activations are fp32 throughout. `mtp`: load the multi-token-prediction layer to draft with (when the
+        checkpoint has one).
+        `dense`: how the dense (non-expert) weights are kept — bf16 as loaded (`dtype`), or q4 / fp8 quantised at
+        load (engine/quant/dense.py)."""
         group = group or ParallelGroup.single()
         cfg = TextConfig.from_file(path)
         dtype = dtype or (torch.bfloat16 if group.device.type == "cuda" else torch.float32)
