@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from engine.checkpoint.info import rank_share  # noqa: E402
-from engine.checkpoint.layout import text_config, text_tensors  # noqa: E402
+from engine.checkpoint.layout import kept_fp32, text_config, text_tensors  # noqa: E402
 from engine.models.glm5_next.config import TextConfig  # noqa: E402
 from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
 from engine.parallel import ParallelGroup, shard_range  # noqa: E402
@@ -99,12 +99,13 @@ class RandomReader:
 
     def _draw(self, name: str) -> torch.Tensor:
         shape = self.specs[name].shape
+        dtype = torch.float32 if kept_fp32(name) else self.dtype  # as CheckpointReader.dtype_of
         if name.endswith(("norm.weight", "_scale", "o_norm.weight")) or name.endswith("layernorm.weight"):
-            return torch.ones(shape, dtype=self.dtype, device=self.device)
+            return torch.ones(shape, dtype=dtype, device=self.device)
         if name.endswith(("A_log", "_base", "e_score_correction_bias", "compress_ape", "k_norm.bias")):
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return torch.zeros(shape, dtype=dtype, device=self.device)
         std = 1.0 if "embed_tokens" in name else 1 / math.sqrt(shape[-1])
-        return (torch.randn(shape, generator=self.gen, device=self.device) * std).to(self.dtype)
+        return (torch.randn(shape, generator=self.gen, device=self.device) * std).to(dtype)
 
 
 class ShardStandIn(ParallelGroup):

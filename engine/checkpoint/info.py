@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoint.layout import split_of, text_config, text_tensors, vision_tensors
+from engine.checkpoint.layout import kept_fp32, split_of, text_config, text_tensors, vision_tensors
 from engine.config import DENSE_MODES
 from engine.parallel import shard_range
 
@@ -127,13 +127,13 @@ def kept_share(
     tensor: Tensor, config: dict[str, Any], rank: int, world: int, dense: str, loaded: float | None = None
 ) -> int:
     """`rank_share` once loaded: at DENSE=`dense`'s bytes per value where that mode reduces the tensor
-    (engine/quant/dense.py `kept_bytes`), else at `loaded` bytes per value (None: as stored); never more than
-    stored."""
+    (engine/quant/dense.py `kept_bytes`), as stored for the control tensors kept in fp32 (`layout.kept_fp32`), else
+    at `loaded` bytes per value (None: as stored); never more than stored."""
     from engine.quant.dense import kept_bytes
 
     share = rank_share(tensor, config, rank, world)
     kept = kept_bytes(tensor.name, tensor.shape, dense)
-    item = loaded if kept is None else kept
+    item = None if kept is None and kept_fp32(tensor.name) else loaded if kept is None else kept
     return share if item is None else int(share * min(1.0, item / DTYPE_BYTES.get(tensor.dtype, 2)))
 
 

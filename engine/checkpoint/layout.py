@@ -51,6 +51,20 @@ class Split:
 
 REPLICATED = Split(None)
 
+# The small control tensors the released checkpoint stores in fp32 (the specs marked `fp32` below), which
+# transformers keeps in fp32 whatever the load dtype (`_keep_in_fp32_modules_strict`): the routers and their
+# correction bias, KDA's conv taps, dt_bias and A_log, the hyper-connections' base and scale.
+_KEPT_FP32 = re.compile(
+    r"\.(mlp\.gate\.(weight|e_score_correction_bias)|self_attn\.([qkv]_conv1d\.weight|dt_bias|A_log)"
+    r"|hc_(attn|ffn)_(base|scale))$"
+)
+
+
+def kept_fp32(name: str) -> bool:
+    """Whether tensor `name` loads as fp32 on every device (a bf16 load would round the values the reference uses:
+    a router's correction bias rounded to bf16 can change which experts a token picks)."""
+    return _KEPT_FP32.search(name) is not None
+
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     """The text tower's fields (nested `text_config` or a flat config), `linear_attn_config` folded in."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from engine.checkpoint.layout import kept_fp32
 from engine.parallel import ParallelGroup, shard_range
 
 SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.")
@@ -80,7 +81,11 @@ class CheckpointReader:
             index = [slice(None)] * len(shape)
             index[dim] = slice(start * width, stop * width)
             tensor = part[tuple(index)]
-        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
+        return tensor.to(device=self.device, dtype=self.dtype_of(name)).contiguous()
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        """The dtype `name` loads in: the reader's, except the control tensors kept in fp32 (`layout.kept_fp32`)."""
+        return torch.float32 if kept_fp32(name) else self.dtype
 
     def close(self) -> None:
         self._handles.clear()

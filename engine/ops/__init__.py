@@ -12,7 +12,6 @@ from engine.ops.fused import (  # noqa: F401
     kda_decode_applies,
     lane_attention,
     linear,
-    linear_fp32,
     linear_pairs,
     moe_decode_applies,
     moe_experts,

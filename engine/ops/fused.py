@@ -27,7 +27,7 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     independent of the others — and larger prompt chunks as a tensor-core matmul with the weight dequantised to bf16
     for the call (in one launch: `dequantized`); on the CPU the reference: dequantised to fp32, then
     `reference.linear`. An fp32 weight in a step that may verify drafts: engine/ops/triton_rows.py, row-invariant
-    without padding (the MoE routers take `linear_fp32`)."""
+    without padding (the MoE routers, fp32 on every device: `layout.kept_fp32`)."""
     if not isinstance(weight, QuantWeight):
         if weight.dtype == torch.float32 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear"):
             from engine.ops.triton_rows import rows_product
@@ -45,23 +45,10 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     return reference.linear(x, dequantized(weight))
 
 
-def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [N, in] fp32 times weight [out, in] in fp32 arithmetic whatever the weight is kept in (fp32, or bf16 values
-    kept as bf16: the MoE routers on a GPU) -> fp32 [N, out]. A bf16 weight's few CUDA rows (decode, verify windows)
-    go through engine/ops/triton_rows.py, which reads the bf16 as they are (half the bytes; row-invariant, drafts or
-    not; its sums' order follows its layout, which the element size sets, so the last bits are not the fp32 copy's);
-    anything else is `linear` of the widened weight (`reference.widened`): on the CPU the fp32 copy's bits."""
-    if weight.dtype == torch.bfloat16 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear", always=True):
-        from engine.ops.triton_rows import rows_product
-
-        return rows_product(x[:, None], weight[None])[:, 0]
-    return linear(x, reference.widened(weight))
-
-
 def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str, always: bool = False) -> bool:
     """Whether a product of x's rows with P weights of `shape` (P, out, in) runs through engine/ops/triton_rows.py: a
     CUDA decode step or verify window (at most ROW_INVARIANT_ROWS rows) that must be row-invariant
-    (`reference.pads_on_cuda`), or `always` (a bf16-kept weight of fp32 products: the kernel reads it as it is), with
+    (`reference.pads_on_cuda`), or `always` (a bf16-kept weight of fp32 products, DSA's kv_b: the kernel reads it as it is), with
     a launch grid the weight fits (`triton_rows.fits`)."""
     if not (x.is_cuda and x.shape[0] <= reference.ROW_INVARIANT_ROWS and (always or reference.pads_on_cuda(kind))):
         return False

@@ -9,11 +9,10 @@ the row count: it reads its outputs' weights once, in BLOCK_K-wide slices, keeps
 accumulator of products, and sums it along the inputs at the end in the one order the launch shape fixes. The launch
 shape comes from the weight's shape alone, so a row's bits never depend on the batch, and nothing is padded.
 
-`rows_product(x [N, P, K], w [P, O, K])` covers both uses: one weight (P = 1, `fused.linear` with an fp32 weight,
-`fused.linear_fp32` with the routers) and P weights applied head by head (DSA's `bhd,hdr` and `bhr,hvr` products,
-`fused.head_products`); w may be any strided view (w_k is read through its transpose) and fp32 or bf16 (the
-routers and kv_b as a GPU load keeps them: each value exact in its fp32 product; the layout, and so the order of
-the sums, follows the element size).
+`rows_product(x [N, P, K], w [P, O, K])` covers both uses: one weight (P = 1, `fused.linear` with an fp32 weight:
+the routers) and P weights applied head by head (DSA's `bhd,hdr` and `bhr,hvr` products, `fused.head_products`); w
+may be any strided view (w_k is read through its transpose) and fp32 or bf16 (kv_b as a GPU load keeps it: each
+value exact in its fp32 product; the layout, and so the order of the sums, follows the element size).
 
 `rms_norm_rows` is the RMS norm of a step's rows the same way: a program a row, the row's sum of squares in one
 fixed order, one launch where torch takes six behind a padding copy (`row_blocks` "norm").

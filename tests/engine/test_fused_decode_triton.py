@@ -367,7 +367,7 @@ def test_kda_verify_rows_write_their_kept_states_through_the_kernel(results: dic
 
 
 def test_bf16_kept_weights_give_their_fp32_copys_bits(results: dict) -> None:
-    """The hyper-connections' map and the rows kernel's weight (routers, DSA's kv_b) kept as bf16 on a GPU: read as
+    """The hyper-connections' map and the rows kernel's weight (DSA's kv_b) kept as bf16 on a GPU: read as
     they are, each value exact in its fp32 product (in the interpreter, the fp32 copy's bits; compiled, the sums'
     order follows the layout the element size gives: tests/gpu checks row invariance there)."""
     assert results["bf16_kept_equal"]

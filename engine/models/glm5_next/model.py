@@ -147,8 +147,10 @@ class Glm5NextForCausalLM:
         dense: str = "bf16",
     ) -> Glm5NextForCausalLM:
         """Weights in `dtype` (default: fp32 on the CPU — the reference precision — and bf16 on CUDA); norms and gates
-        are always kept in fp32, the routers, the hyper-connections' maps and DSA's absorbed kv_b run in fp32 products
-        on their values as read (a bf16 load keeps them bf16: fp32 products of the same values, half the bytes), and
+        are always kept in fp32, the control tensors the checkpoint stores in fp32 load as fp32 on every device (the
+        routers and their bias, KDA's conv taps, dt_bias and A_log, the hyper-connections' base and scale:
+        `layout.kept_fp32`), the hyper-connections' maps and DSA's absorbed kv_b run in fp32 products on their values
+        as read (a bf16 load keeps them bf16: fp32 products of the same values, half the bytes), and
         activations are fp32 throughout. `mtp`: load the multi-token-prediction layer to draft with (when the
         checkpoint has one).
         `dense`: how the dense (non-expert) weights are kept — bf16 as loaded (`dtype`), or q4 / fp8 quantised at

@@ -78,9 +78,10 @@ class MoE:
         p = prefix + "mlp."
         self.group = group
         self.top_k, self.scale, self.renorm = cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.norm_topk_prob
-        router = reader.get(p + "gate.weight")  # fp32 products (`ops.linear_fp32`); bf16 values kept as they are
-        self.router = router if router.dtype == torch.bfloat16 else router.float()
-        self.bias = reader.get(p + "gate.e_score_correction_bias").float()
+        # fp32 on every device, as stored and as the reference keeps them (`layout.kept_fp32`): a bias rounded to bf16
+        # can change which experts a token picks
+        self.router = reader.get(p + "gate.weight")
+        self.bias = reader.get(p + "gate.e_score_correction_bias")
         # on CUDA, EXL3 routed experts stay EXL3 (engine/checkpoint/exl3.py); elsewhere they are decoded on load
         banks = read_expert_banks(reader, p, cfg.n_routed_experts) if self.router.is_cuda else None
         self.exl3 = ops.Exl3Experts(*banks) if banks is not None else None
@@ -114,7 +115,7 @@ class MoE:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Chosen experts [N, k] and their weights [N, k] for tokens x [N, hidden]."""
-        scores = ops.sigmoid(ops.linear_fp32(x.float(), self.router))  # the router runs in fp32
+        scores = ops.sigmoid(ops.linear(x.float(), self.router))  # the router runs in fp32
         chosen = torch.topk(scores + self.bias, self.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if self.renorm:
@@ -166,7 +167,7 @@ class MoE:
         shared expert one more pair when it is in the bank; EXL3 experts through their decode-GEMV
         (engine/ops/triton_exl3.py), the shared expert beside them."""
         chosen, weights = ops.moe_route(
-            ops.linear_fp32(x, self.router),
+            ops.linear(x, self.router),
             self.bias,
             self.top_k,
             self.scale,
