@@ -24,7 +24,10 @@ DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}  # memory left to the system whe
 # wins, else the MTP layer (copy alone when the checkpoint has no MTP layer)
 DRAFTERS = ("none", "copy", "mtp", "mtp+copy")
 DENSE_MODES = ("bf16", "q4", "fp8")  # how the dense weights are kept (engine/quant/dense.py)
+KV_MODES = ("bf16", "fp8", "fp32")  # the cached attention row type (engine/cache.py `KV_DTYPES`)
 MAX_DRAFT_TOKENS = 7  # a verify window holds at most 8 rows a lane
+# rows of a step whose bits stay each row's own (engine/ops/reference.py ROW_INVARIANT_ROWS): lanes × verify window
+MAX_STEP_ROWS = 64
 
 
 def switch(text: str) -> bool:
@@ -45,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=int, default=4, help="requests decoded at once (lanes)")
     p.add_argument("--context", type=int, default=8192, help="prompt + reply window per request; 0 = largest fit")
     p.add_argument("--max-tokens", type=int, default=1024, help="reply budget when a request sets none")
-    p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
+    p.add_argument("--kv", choices=KV_MODES, default="bf16", help="cached attention row type")
     p.add_argument(
         "--dense",
         choices=DENSE_MODES,
@@ -215,6 +218,14 @@ class EngineConfig:
             out.append(f"--draft-tokens must be 0..{MAX_DRAFT_TOKENS} (got {self.draft_tokens})")
         if self.drafter not in DRAFTERS:
             out.append(f"--drafter must be one of {', '.join(DRAFTERS)} (got {self.drafter})")
+        elif self.drafting and self.parallel * self.verify_window > MAX_STEP_ROWS:
+            out.append(
+                f"--parallel {self.parallel} with --draft-tokens {self.draft_tokens} verifies up to "
+                f"{self.parallel * self.verify_window} rows a step, more than the {MAX_STEP_ROWS} whose bits stay "
+                "each row's own (drafted replies would not equal serial ones): lower --draft-tokens to "
+                f"{max(MAX_STEP_ROWS // self.parallel - 1, 0)} or --parallel to {MAX_STEP_ROWS // self.verify_window}, "
+                "or pass --drafter none"
+            )
         if not 0 <= self.prompt_reuse_gib <= 1024:
             out.append(f"--prompt-reuse-gib must be 0..1024 (got {self.prompt_reuse_gib:g})")
         if self.vision_urls and not self.vision:

@@ -229,6 +229,10 @@ class Scheduler:
         # the same counts by drafter (mtp+copy chooses per lane per step)
         self.by_drafter = {name: {"windows": 0, "drafted": 0, "accepted": 0} for name in ("copy", "mtp")}
         self._verifies = False  # whether the decode step in flight verifies (its lanes commit in the next plan)
+        # a reply's end sampled inside a lane's window, sent once the window's counts are in (usage, /health); only
+        # the thread sampling that window holds (the peer watch's `abandon` sends its ends at once)
+        self._held: list[tuple[Request, Event]] | None = None
+        self._held_by = 0
         decoder = executor.decoder
         self.index: PrefixIndex | None = None
         if reuse_bytes is not None and decoder is not None:
@@ -546,15 +550,29 @@ class Scheduler:
     def _take_window(self, req: Request, logits: Any, verified: bool) -> None:
         """Sample a lane's rows in order, each at its own position; a draft counts while it equals the sample
         before it. The lane keeps the rows up to the first sample that differs from its draft (that sample is its
-        new pending token); after a verify step it commits them in the next plan."""
+        new pending token); after a verify step it commits them in the next plan. A reply that ends in the window
+        gets its end after the window's counts: its usage (and /health) then include this step's drafts."""
         window, kept = req.window, 0
-        for t in range(len(window)):
-            token = self._sample(req, logits[t])
-            if token is None:
-                break
-            kept = t + 1
-            if req.done or t + 1 >= len(window) or window[t + 1] != token:
-                break
+        self._held, self._held_by = [], threading.get_ident()
+        try:
+            for t in range(len(window)):
+                token = self._sample(req, logits[t])
+                if token is None:
+                    break
+                kept = t + 1
+                if req.done or t + 1 >= len(window) or window[t + 1] != token:
+                    break
+            self._count_window(req, kept)
+            if verified and not req.done:
+                req.commit = kept
+        finally:
+            held, self._held = self._held, None
+            for done, event in held:
+                self._send(done, event)
+
+    def _count_window(self, req: Request, kept: int) -> None:
+        """A window's counts: /health's and vLLM's spec-decode counters, per drafter, and the reply's own (usage)."""
+        window = req.window
         accepted = max(0, kept - 1)
         self.drafts["windows"] += 1
         self.drafts["committed"] += kept
@@ -570,8 +588,6 @@ class Scheduler:
             counts["windows"] += 1
             counts["drafted"] += len(window) - 1
             counts["accepted"] += accepted
-        if verified and not req.done:
-            req.commit = kept
 
     def _sample(self, req: Request, logits: Any) -> int | None:
         """Sample and emit one request's next token. Sampling runs on rank 0 alone, after the step every rank ran,
@@ -637,7 +653,12 @@ class Scheduler:
             self._in_system -= 1
         self.totals["requests"] += 1
         self.totals["cancelled"] += reason == "cancelled"
-        self._send(req, Failed(message) if reason == "failed" else Finished(reason, len(req.output), req.cached))
+        event = Failed(message) if reason == "failed" else Finished(reason, len(req.output), req.cached)
+        held = self._held
+        if held is not None and self._held_by == threading.get_ident():
+            held.append((req, event))
+        else:
+            self._send(req, event)
 
     def _send(self, req: Request, event: Event) -> None:
         try:

@@ -133,7 +133,9 @@ class Generation:
 
     @property
     def draft_counts(self) -> tuple[int, int]:
-        """(drafted, accepted) tokens of this reply's verify windows (final once the reply has ended)."""
+        """(drafted, accepted) tokens of this reply's verify windows: final once the scheduler has ended the request
+        (its end goes out after the last window's counts); a reply a stop string ended reads them as counted so far
+        (the window that completed the stop string may be counted after, drafts past the stop included)."""
         return (self._request.drafted, self._request.accepted) if self._request is not None else (0, 0)
 
     def cancel(self) -> None:

@@ -4,12 +4,17 @@ The property everything rests on: a row's logits have the same bits whatever the
 in and whatever other lanes share the step. Then a draft accepted only when it equals the keyed sample of the row
 before it gives the serial reply token for token. These tests check that property directly on tiny random
 checkpoints (sparse DSA selection included: the index picks 2 of the pools), then the scheduler's drafted replies
-against `"draft": false` on the trained demo, where copy drafts are accepted often.
+against `"draft": false` on the trained demo, where copy drafts are accepted often, read through the server's
+`Generation` (text, finish reason, and stop strings, one of which must cut inside a verify window).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +27,9 @@ from engine.parallel import ParallelGroup
 from engine.runner.executor import StepExecutor
 from engine.runner.lanes import LaneDecoder
 from engine.sampling import SamplingParams
-from engine.scheduler import Finished, Request, Scheduler
+from engine.scheduler import Failed, Finished, Request, Scheduler, Token
+from engine.server.generation import Delta, End, Generation, IncrementalDecoder
+from engine.server.metrics import Metrics
 
 WINDOW = 5
 PROMPTS = [(1, 23), (2, 9), (3, 41)]  # (seed, length) of the streams on lanes 0, 1, 2
@@ -177,13 +184,64 @@ def params_for(i: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, top_k=1, max_tokens=max_tokens)
 
 
-def serve(
-    model, eos, prompts, draft: bool, parallel: int, stagger: bool, graphs: bool = False, drafter: str = "copy"
-) -> tuple[list[list[int]], dict]:
-    """Every prompt through a real Scheduler + StepExecutor (the server's path minus HTTP); per request its
-    tokens, and the scheduler's draft counts."""
-    from test_scheduler import Collector
+@dataclass
+class Reply:
+    """One reply as a client sees it (the server's asyncio side: incremental text, stop strings), and when the
+    scheduler made each token it sent (replies compare by what a client sees only)."""
 
+    tokens: list[int]
+    text: str
+    finish: str
+    stop: str | None = None  # the stop string that ended it
+    # per token sent, past a stop string too: the scheduler step that made it (a verify window's tokens share one)
+    steps: list[int] = field(default_factory=list, compare=False)
+    # (drafted, accepted) of its verify windows when its end was sent: the earliest its usage can read them
+    drafts: tuple[int, int] | None = field(default=None, compare=False)
+
+
+class Recorded:
+    """The scheduler as `Generation` sees it, recording per request the step of every token it is sent, and when it
+    ends (a stop string cancels its request; the lane must be free again before the run stops)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.steps: dict[str, list[int]] = {}
+        self.ended: list[threading.Event] = []
+        self.counts_at_end: dict[str, tuple[int, int]] = {}  # (drafted, accepted) as its end is sent
+
+    def submit(self, request: Request) -> None:
+        steps, ended, sink = self.steps.setdefault(request.id, []), threading.Event(), request.sink
+
+        def record(event: object) -> None:  # on the scheduler's thread, inside the step's `_apply`
+            if isinstance(event, Token):
+                steps.append(self.scheduler.totals["steps"])
+            elif isinstance(event, (Finished, Failed)):
+                self.counts_at_end[request.id] = (request.drafted, request.accepted)  # what its usage can read
+                ended.set()
+            sink(event)
+
+        self.ended.append(ended)
+        request.sink = record
+        self.scheduler.submit(request)
+
+    def cancel(self, request_id: str) -> None:
+        self.scheduler.cancel(request_id)
+
+
+def serve(
+    demo,
+    prompts: list[list[int]],
+    draft: bool,
+    parallel: int,
+    stagger: bool,
+    graphs: bool = False,
+    drafter: str = "copy",
+    stops: dict[int, list[str]] | None = None,
+) -> tuple[list[Reply], dict]:
+    """Requests through a real Scheduler + StepExecutor and the server's `Generation` (detokenising, stop strings,
+    cancelling): the server's path minus HTTP. Request i is prompts[i] with params_for(i); `stops` maps the requests
+    to serve to their stop strings (default: every prompt, none). Per request its reply, and the draft counts."""
+    model, tokenizer, eos = demo
     executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, graphs=graphs, window=4)
     sched = Scheduler(
         executor,
@@ -195,36 +253,122 @@ def serve(
         drafter=drafter,
         draft_tokens=3,
     )
+    recorded = Recorded(sched)
+    state = SimpleNamespace(scheduler=recorded, tokenizer=tokenizer, metrics=Metrics(), eos_ids=eos)
+    cases = sorted(stops.items()) if stops is not None else [(i, []) for i in range(len(prompts))]
     sched.start()
-    sinks = []
     try:
-        for i, ids in enumerate(prompts):
-            sink = Collector()
-            sched.submit(Request(f"r{i}", ids, params_for(i), sink, eos, draft=draft))
-            sinks.append(sink)
-            if stagger and i % 3 == 2:
-                assert sink.done.wait(120)
-        for sink in sinks:
-            assert sink.done.wait(300)
-            assert isinstance(sink.end, Finished), sink.end
+        replies = asyncio.run(replies_of(state, prompts, cases, draft, stagger))
     finally:
         sched.stop()
     assert executor.pool.free_tokens == executor.pool.num_tokens
-    return [sink.tokens for sink in sinks], sched.stats()["drafts"]
+    return replies, sched.stats()["drafts"]
+
+
+async def replies_of(state, prompts, cases: list[tuple[int, list[str]]], draft: bool, stagger: bool) -> list[Reply]:
+    async def reply(generation: Generation) -> Reply:
+        text, end = "", None
+        async for event in generation.events():
+            if isinstance(event, Delta):
+                text += event.text
+            elif isinstance(event, End):
+                end = event
+        assert end is not None
+        steps = state.scheduler.steps[generation.request_id]
+        drafts = state.scheduler.counts_at_end.get(generation.request_id)  # None: a stop string ended it first
+        return Reply(list(generation.token_ids), text, end.finish_reason, end.stop_string, steps, drafts)
+
+    tasks = []
+    for n, (i, stop) in enumerate(cases):
+        generation = Generation(state, prompts[i], params_for(i), stop=stop, draft=draft)
+        generation.start()
+        tasks.append(asyncio.create_task(reply(generation)))
+        if stagger and n % 3 == 2:
+            await asyncio.wait_for(asyncio.shield(tasks[-1]), 120)
+    replies = await asyncio.wait_for(asyncio.gather(*tasks), 300)
+    ended = state.scheduler.ended  # the requests stop strings cancelled too, each lane released
+    assert await asyncio.to_thread(lambda: all(event.wait(60) for event in ended))
+    return list(replies)
+
+
+@dataclass
+class StopCase:
+    stops: list[str]
+    expected: Reply  # the reply without stop strings, cut where the stop string completes
+    inside_window: bool  # the token completing it was committed by a verify window with more tokens after it
+
+
+def stop_at(tokenizer, reply: Reply, k: int) -> tuple[str, Reply] | None:
+    """A stop string that reply token k completes: the shortest tail (4 characters or more, where there are) of the
+    text after token k that occurs nowhere earlier; and the reply it gives. None where token k adds no text."""
+    decoder, texts = IncrementalDecoder(tokenizer), [""]
+    for token in reply.tokens[: k + 1]:  # the text after each token, detokenised as the server does
+        texts.append(texts[-1] + decoder.push(token))
+    text = texts[-1]
+    if len(text) == len(texts[-2]):
+        return None
+    n = next(n for n in range(min(4, len(text)), len(text) + 1) if text.find(text[-n:]) == len(text) - n)
+    return text[-n:], Reply(reply.tokens[: k + 1], text[:-n], "stop", text[-n:])
+
+
+def stop_cases(tokenizer, drafted: list[Reply]) -> dict[int, StopCase]:
+    """Stop strings taken from the drafted replies' own text (equal to the serial ones), so each occurs: for up to
+    three requests, completed by a token a verify window committed with more after it (the nearest such token to the
+    middle); for three others, greedy and sampled, completed mid-reply, one listed after a string that never occurs."""
+    cases: dict[int, StopCase] = {}
+    for i, reply in enumerate(drafted):
+        inside = [k for k in range(len(reply.tokens) - 1) if reply.steps[k] == reply.steps[k + 1]]
+        for k in sorted(inside, key=lambda k: abs(k - len(reply.tokens) // 2)):
+            if len(cases) < 3 and (found := stop_at(tokenizer, reply, k)) is not None:
+                cases[i] = StopCase([found[0]], found[1], inside_window=True)
+                break
+    others = 0
+    for i, reply in enumerate(drafted):
+        if others < 3 and i not in cases and len(reply.tokens) >= 4:
+            found = stop_at(tokenizer, reply, len(reply.tokens) // 2)
+            if found is not None:
+                never = "\u2603 no such text"
+                stops = [never, found[0]] if others == 2 else [found[0]]
+                cases[i] = StopCase(stops, found[1], inside_window=False)
+                others += 1
+    return cases
+
+
+def check_stop_strings(demo, prompts, drafted: list[Reply], parallel, stagger, graphs, drafter) -> None:
+    """Stop strings cut a drafted reply where they cut the serial one: the same tokens (up to the one completing the
+    stop string), the same text (up to the stop string), finish "stop" and the same stop string named; for at least
+    one request the stop string completed inside a verify window, whose later accepted tokens had to be dropped."""
+    cases = stop_cases(demo[1], drafted)
+    assert any(case.inside_window for case in cases.values()), "no verify window committed more than one token"
+    stops = {i: case.stops for i, case in cases.items()}
+    serial, _ = serve(demo, prompts, False, parallel, stagger, graphs, drafter, stops)
+    cut, _ = serve(demo, prompts, True, parallel, stagger, graphs, drafter, stops)
+    for (i, case), a, b in zip(sorted(cases.items()), serial, cut):
+        assert a == case.expected, f"request {i} served serially, stop strings {case.stops}"
+        assert b == case.expected, f"request {i} drafted, stop strings {case.stops}"
+    # the step that made the token completing a stop string sent more tokens after it
+    windows = [b.steps[len(b.tokens) - 1 :] for (_, case), b in zip(sorted(cases.items()), cut) if case.inside_window]
+    assert any(len(steps) > 1 and steps[0] == steps[1] for steps in windows), "no stop string inside a verify window"
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("parallel,stagger", [(4, False), (3, True), (1, False)])
 def test_drafted_replies_equal_serial_replies(demo, parallel, stagger, graphs: bool = False):
+    """Every request's reply (token ids, text, finish reason) is the same drafted and with `"draft": false`; then
+    stop strings taken from those replies cut both alike (`check_stop_strings`)."""
     model, tokenizer, eos = demo
     prompts = demo_prompts(tokenizer, 24 if parallel > 1 else 12)
-    serial, none = serve(model, eos, prompts, draft=False, parallel=parallel, stagger=stagger, graphs=graphs)
-    drafted, counts = serve(model, eos, prompts, draft=True, parallel=parallel, stagger=stagger, graphs=graphs)
+    serial, none = serve(demo, prompts, draft=False, parallel=parallel, stagger=stagger, graphs=graphs)
+    drafted, counts = serve(demo, prompts, draft=True, parallel=parallel, stagger=stagger, graphs=graphs)
     assert none["drafted"] == 0
     for i, (a, b) in enumerate(zip(serial, drafted)):
         assert a == b, f"request {i} ({params_for(i)})"
     assert counts["accepted"] > 0 and counts["drafted"] > counts["accepted"], counts  # both outcomes happened
     assert counts["committed"] > counts["windows"]  # some steps committed more than one token
+    # each reply's own counts (its usage) are final when its end arrives: its last window's drafts included
+    ends = [r.drafts for r in drafted]
+    assert sum(d[0] for d in ends if d) == counts["drafted"] and sum(d[1] for d in ends if d) == counts["accepted"]
+    check_stop_strings(demo, prompts, drafted, parallel, stagger, graphs, "copy")
 
 
 def test_pool_sizing_leaves_room_for_the_lane_states(model):

@@ -8,6 +8,9 @@ alone through `model.decode`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
 from reference import make_reference
@@ -158,10 +161,23 @@ def test_lane_outside_the_table_is_refused(model):
 
 
 class HostReads:
-    """Records every op that reads a tensor's value on the host or makes a shape from data (what breaks a CUDA
-    graph capture): .item()/.tolist()/int(t) all go through _local_scalar_dense."""
+    """Records every op that reads a tensor's value on the host or makes a shape from data (what syncs a GPU and
+    breaks a CUDA graph capture). .item()/int(t)/bool(t) reach _local_scalar_dense; .tolist() and .numpy() read the
+    memory without dispatching any op, so `mode` wraps those two as well; a boolean mask as an index is a nonzero.
+    A device-to-host copy (.cpu()) is a no-op on the CPU and goes unseen here: tests/gpu's captures catch it."""
 
-    FORBIDDEN = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "repeat_interleave")
+    FORBIDDEN = (
+        "_local_scalar_dense",
+        "nonzero",
+        "unique",
+        "masked_select",
+        "repeat_interleave",
+        "bincount",
+        "aten.equal",
+        "allclose",
+    )
+    INDEXING = ("aten.index.Tensor", "aten.index_put")
+    UNDISPATCHED = ("tolist", "numpy")
 
     def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -170,11 +186,43 @@ class HostReads:
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if any(name in str(func) for name in HostReads.FORBIDDEN):
-                    found.append(str(func))
+                name = str(func)
+                if any(forbidden in name for forbidden in HostReads.FORBIDDEN):
+                    found.append(name)
+                elif name.startswith(HostReads.INDEXING) and any(
+                    isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]
+                ):
+                    found.append(f"{name} with a boolean mask")
                 return func(*args, **(kwargs or {}))
 
-        self.mode = Mode()
+        self._dispatch = Mode()
+
+    @property
+    def mode(self) -> contextlib.AbstractContextManager[None]:
+        """A context (a fresh one each `with`) in which the reads are recorded."""
+        return self._watching()
+
+    @contextlib.contextmanager
+    def _watching(self) -> Iterator[None]:
+        defined = {name: torch.Tensor.__dict__.get(name) for name in self.UNDISPATCHED}  # None: inherited
+        for name in self.UNDISPATCHED:
+            setattr(torch.Tensor, name, self._recording(name, getattr(torch.Tensor, name)))
+        try:
+            with self._dispatch:
+                yield
+        finally:
+            for name, method in defined.items():
+                if method is None:
+                    delattr(torch.Tensor, name)
+                else:
+                    setattr(torch.Tensor, name, method)
+
+    def _recording(self, name: str, method: Callable) -> Callable:
+        def read(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+            self.found.append(f"Tensor.{name}")
+            return method(tensor, *args, **kwargs)
+
+        return read
 
 
 def sync_free_moe(self, x):
@@ -205,6 +253,40 @@ def test_the_static_step_never_reads_the_device_from_the_host(model, monkeypatch
     with host.mode:  # the plain path neither (its DSA layer's regime and span come from the lengths)
         model.decode(seqs, [5, 6])
     assert host.found == []
-    with host.mode:  # what the check catches: a tensor's value read on the host
+    with host.mode:  # what the check catches: a tensor's value read on the host, by dispatch or not, a mask index
         int(inputs.sum())
-    assert "aten._local_scalar_dense.default" in host.found
+        inputs[0].tolist()
+        inputs[1][inputs[0] > 0]
+    assert host.found == ["aten._local_scalar_dense.default", "Tensor.tolist", "aten.index.Tensor with a boolean mask"]
+    assert "tolist" not in torch.Tensor.__dict__  # the wrapper is gone once the context ends
+
+
+@torch.no_grad()
+def test_the_verify_step_never_reads_the_device_from_the_host(model, monkeypatch):
+    """The verify step as `LaneDecoder.verify` runs it (the inputs built from host-side ints, then
+    `decode_step` over three lanes' windows of up to four rows, one window shorter so padding rows sit on the scratch
+    lane, a span padded as under graphs, sparse DSA selection past the selection size) and `commit` keeping a prefix
+    of each window, for two rounds: no op reads a device value on the host. Not covered: reading the logits after the
+    step (sampling and acceptance, on the host by design), and the GPU's own kernels: this runs the CPU's op forms,
+    with `sync_free_moe` for the CPU MoE (which picks experts on the host), as the plain step's check does; the
+    captures in tests/gpu are the check there."""
+    from engine.models.glm5_next.moe import MoE
+
+    monkeypatch.setattr(MoE, "__call__", sync_free_moe)
+    decoder = LaneDecoder(model, model.make_pool(256), num_lanes=3, graphs=False, window=4)
+    decoder.min_span, decoder.pad_spans = 64, True
+    seqs = [decoder.new_sequence(lane) for lane in (0, 1, 2)]
+    for seq, length in zip(seqs, (40, 9, 23)):
+        model.prefill(seq, prompt(seed=length, length=length))
+    assert 40 // model.cfg.index_kpool > model.cfg.index_topk // model.cfg.index_kpool  # sparse selection runs
+    host = HostReads()
+    with host.mode:
+        for windows, keeps in (
+            (([1, 2, 3, 4], [5, 6], [7, 8, 9, 10]), (3, 1, 4)),
+            (([4, 3], [2, 1, 0], [9]), (2, 3, 1)),
+        ):
+            logits = decoder.verify(seqs, list(windows))
+            for seq, keep in zip(seqs, keeps):
+                decoder.commit(seq, keep)
+    assert host.found == []
+    assert logits.shape[:2] == (3, 3)

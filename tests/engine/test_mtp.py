@@ -1,7 +1,8 @@
 """MTP drafts on the CPU: the engine's MTP layer against the trainer's differentiable forward (what was trained is what
 drafts), the lanes' absorb/chain plumbing against that forward at every committed position, a rejected MTP draft
-leaving no trace in the layer's cache, and drafted ≡ `"draft": false` through the real Scheduler with mtp and
-mtp+copy on the trained demo (whose MTP layer is trained: `train-demo` trains it after the main model)."""
+leaving no trace in the layer's cache, no host read in the MTP step, and drafted ≡ `"draft": false` through the real
+Scheduler with mtp and mtp+copy on the trained demo, stop strings included (whose MTP layer is trained: `train-demo`
+trains it after the main model)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from test_drafts import demo_prompts, params_for, serve
+from test_drafts import check_stop_strings, demo_prompts, params_for, serve
 
 from engine.checkpoint.demo import TRAINED
 from engine.checkpoint.layout import PREFIX
@@ -128,12 +129,49 @@ def test_a_rejected_mtp_draft_leaves_no_trace_in_its_cache(demo_mtp, graphs: boo
 
 
 @torch.no_grad()
+def test_the_mtp_draft_chain_never_reads_the_device_from_the_host(demo_mtp, monkeypatch):
+    """The MTP step as `LaneDecoder.verify` runs it before the verify step it feeds (two lanes absorbing blocks of
+    different widths, right-aligned, then the chain to three drafts; the drafts written into the windows' rows on the
+    device) and `commit`, for two rounds: no op reads a device value on the host (tests/engine/test_lane_decode.py
+    `HostReads`). Not covered: rank 0 reading `proposed` after the step to count acceptance (on the host by design,
+    so it sits between the rounds, outside the check), and the GPU's own kernels: this runs the CPU's op forms, with
+    `sync_free_moe` for the MTP layer's MoE and the main layers' as in the plain step's check."""
+    from test_lane_decode import HostReads, sync_free_moe
+
+    from engine.models.glm5_next.moe import MoE
+
+    model, tokenizer, _ = demo_mtp
+    monkeypatch.setattr(MoE, "__call__", sync_free_moe)
+    decoder = LaneDecoder(model, model.make_pool(512), num_lanes=3, graphs=False, window=WINDOW)
+    decoder.min_span, decoder.pad_spans = 64, True  # spans as under graphs
+    seqs = [decoder.new_sequence(lane) for lane in (2, 0)]
+    for seq, ids, length in zip(seqs, demo_prompts(tokenizer, 8), (70, 45)):
+        model.prefill(seq, ids[:length])
+    host = HostReads()
+    with host.mode:
+        decoder.verify(seqs, [[11, -1, -1, -1], [12, -1, -1]], [[11], [12]])
+    assert host.found == []
+    assert decoder.proposed is not None and decoder.proposed.shape == (2, 3)  # the chain ran to its third draft
+    drafts = decoder.proposed.tolist()  # as the executor reads them after the step
+    with host.mode:
+        decoder.commit(seqs[0], 3)
+        decoder.commit(seqs[1], 2)
+        decoder.verify(seqs, [[13, -1, -1, -1], [14, -1]], [[*drafts[0][:2], 13], [drafts[1][0], 14]])
+        decoder.commit(seqs[0], 4)
+        decoder.commit(seqs[1], 1)
+    assert host.found == []
+    assert decoder.proposed.shape == (2, 3)
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("drafter,parallel,stagger", [("mtp", 4, False), ("mtp+copy", 3, True), ("mtp", 1, False)])
 def test_mtp_drafted_replies_equal_serial_replies(demo_mtp, drafter, parallel, stagger, graphs: bool = False):
-    model, tokenizer, eos = demo_mtp
-    prompts = demo_prompts(tokenizer, 20 if parallel > 1 else 10)
-    serial, none = serve(model, eos, prompts, False, parallel, stagger, graphs, drafter)
-    drafted, counts = serve(model, eos, prompts, True, parallel, stagger, graphs, drafter)
+    """Every reply (token ids, text, finish reason) the same drafted by the MTP layer (alone or beside copy drafts) and
+    with `"draft": false`; then stop strings taken from those replies cut both alike (test_drafts.py
+    `check_stop_strings`)."""
+    prompts = demo_prompts(demo_mtp[1], 20 if parallel > 1 else 10)
+    serial, none = serve(demo_mtp, prompts, False, parallel, stagger, graphs, drafter)
+    drafted, counts = serve(demo_mtp, prompts, True, parallel, stagger, graphs, drafter)
     assert none["drafted"] == 0
     for i, (a, b) in enumerate(zip(serial, drafted)):
         assert a == b, f"request {i} ({params_for(i)})"
@@ -142,3 +180,4 @@ def test_mtp_drafted_replies_equal_serial_replies(demo_mtp, drafter, parallel, s
     assert counts["committed"] > counts["windows"]
     if drafter == "mtp":
         assert counts["by_drafter"]["copy"]["drafted"] == 0
+    check_stop_strings(demo_mtp, prompts, drafted, parallel, stagger, graphs, drafter)

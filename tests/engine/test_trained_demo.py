@@ -72,18 +72,40 @@ def test_scoring_rejects_malformed_replies():
     assert not score(tool, Reply(synthetic.format_call("not_offered", args), True)).call_valid
 
 
+def _mtp_tensors(directory) -> dict[str, torch.Tensor]:
+    """The MTP layer's tensors in a checkpoint: the layer numbered after the last main layer."""
+    from safetensors.torch import load_file
+
+    from engine.checkpoint.layout import PREFIX
+    from engine.models.glm5_next.config import TextConfig
+
+    prefix = f"{PREFIX}layers.{TextConfig.from_file(directory).num_hidden_layers}."
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        out.update({n: t for n, t in load_file(str(path)).items() if n.startswith(prefix)})
+    return out
+
+
 def test_short_training_run_is_reproducible(tmp_path):
+    """`train-demo`'s path (main model, then its MTP layer, then export) twice gives the same bytes, and the
+    exported MTP layer is the trained one, not the seeded start."""
     pytest.importorskip("transformers")
     from engine.train.export import write_trained
     from engine.train.trainer import TrainSettings, train
 
-    settings = TrainSettings(seed=5, steps=2, tokens_per_step=512)
-    hashes = []
+    settings = TrainSettings(seed=5, steps=2, tokens_per_step=512, mtp_steps=2)
+    outs = []
     for name in ("a", "b"):
         result = train(settings)
-        hashes.append(weights_hash(write_trained(result.model, tmp_path / name, seed=5, preset="chat")))
-    assert hashes[0] == hashes[1]
-    assert hashes[0] != weights_hash(write_demo(tmp_path / "start", seed=5, size="chat"))  # training moved weights
+        assert len(result.mtp_losses) == settings.mtp_steps
+        outs.append(write_trained(result.model, tmp_path / name, seed=5, preset="chat", mtp=result.mtp))
+    assert weights_hash(outs[0]) == weights_hash(outs[1])
+    start = write_demo(tmp_path / "start", seed=5, size="chat")
+    assert weights_hash(outs[0]) != weights_hash(start)  # training moved weights
+    trained, drawn = _mtp_tensors(outs[0]), _mtp_tensors(start)
+    assert trained.keys() == drawn.keys() and len(trained) > 0
+    moved = {n.rsplit("layers.", 1)[1].split(".", 1)[1] for n in trained if not torch.equal(trained[n], drawn[n])}
+    assert {"eh_proj.weight", "self_attn.q_b_proj.weight", "self_attn.o_proj.weight", "mlp.gate.weight"} <= moved
 
 
 @pytest.fixture(scope="module")
