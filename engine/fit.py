@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine.config import DENSE_MODES, DRAFTERS, switch
+from engine.config import DENSE_MODES, DRAFTERS, KV_MODES, switch
 
 GIB = 2**30
 LARGEST = 1_048_576  # what serve's `size_pool` takes for --context 0 at most
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="checkpoint directory (config.json, safetensors)")
     p.add_argument("--tp", type=int, default=1, help="ranks in all, every one on this machine")
     p.add_argument("--context", type=int, default=8192, help="window per request; 0 = largest fit")
-    p.add_argument("--kv", choices=("bf16", "fp8", "fp32"), default="bf16", help="cached attention row type")
+    p.add_argument("--kv", choices=KV_MODES, default="bf16", help="cached attention row type")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(
         "--drafter",

@@ -1,5 +1,6 @@
-"""`python -m engine info DIR [--tp N] [--config-only]`: a checkpoint's architecture, parameter count, bytes on disk
-by dtype and bytes per rank under tensor parallelism.
+"""`python -m engine info DIR [--tp N] [--config-only] [--dense D] [--kv K]`: a checkpoint's architecture, parameter
+count, bytes on disk by dtype, bytes per rank under tensor parallelism, and what its caches take per sequence and per
+token with the cache row type K.
 
 Everything comes from config.json and the safetensors headers (the JSON at the front of each file): no weight is
 read. With `--config-only`, or when DIR holds only a config.json (or DIR is a .json file), the tensor list is
@@ -9,6 +10,10 @@ the released GLM-5.3-Flash config (glm53_flash_config.json in this package) are 
 Per-rank bytes follow the engine's TP plan (`layout.split_of`); replicated tensors count on every rank, so the
 ranks' sum is at least the text tower's total. The vision tower is not split: rank 0 alone holds it, whole, when
 the engine serves with --vision 1 (shown with rank 0's kinds).
+
+The cache figures are the engine's own: the pool's bytes per token come from `cache_bytes_per_token` (what `engine
+fit` and serve's pool sizing use), the KDA state's from `engine.cache.kda_state_bytes`. How many tokens a machine
+holds depends on its memory, so info gives tokens per free GiB and leaves the window to `engine fit`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint.layout import kept_fp32, split_of, text_config, text_tensors, vision_tensors
-from engine.config import DENSE_MODES
+from engine.config import DENSE_MODES, KV_MODES
 from engine.parallel import shard_range
 
 DTYPE_BYTES = {
@@ -77,6 +82,7 @@ class CheckpointInfo:
     # as kept with DENSE=`dense` (q4 / fp8)
     rank0_kinds: dict[str, int] = field(default_factory=dict)
     dense: str = "bf16"
+    kv: str = "bf16"  # the cache row type the cache lines count
 
     @property
     def total_params(self) -> int:
@@ -137,18 +143,21 @@ def kept_share(
     return share if item is None else int(share * min(1.0, item / DTYPE_BYTES.get(tensor.dtype, 2)))
 
 
-def describe(path: str | Path, tp: int = 1, config_only: bool = False, dense: str = "bf16") -> CheckpointInfo:
+def describe(
+    path: str | Path, tp: int = 1, config_only: bool = False, dense: str = "bf16", kv: str = "bf16"
+) -> CheckpointInfo:
     path = Path(path)
     config_file = path if path.suffix == ".json" else path / "config.json"
     config = json.loads(config_file.read_text())
     tensors = None if config_only or path.suffix == ".json" else checkpoint_tensors(path)
     source = "safetensors headers"
     if tensors is None:
-        tensors = [Tensor(s.name, s.shape, "BF16") for s in text_tensors(config) + vision_tensors(config)]
-        source = "config only (every tensor counted as bf16)"
+        specs = text_tensors(config) + vision_tensors(config)
+        tensors = [Tensor(s.name, s.shape, "F32" if s.fp32 else "BF16") for s in specs]
+        source = "config only (every tensor counted as the released checkpoint stores it: bf16, control tensors fp32)"
     text = text_config(config)
     layers, experts = text["num_hidden_layers"], text.get("n_routed_experts", 1)
-    info = CheckpointInfo(config, source, tp, dict(text=0, mtp=0, vision=0, active=0), {}, [0] * tp, dense=dense)
+    info = CheckpointInfo(config, source, tp, dict(text=0, mtp=0, vision=0, active=0), {}, [0] * tp, dense=dense, kv=kv)
     for t in tensors:
         info.bytes_by_dtype[t.dtype] = info.bytes_by_dtype.get(t.dtype, 0) + t.nbytes
         if is_vision(t.name):
@@ -180,36 +189,75 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
-def architecture_lines(config: dict[str, Any]) -> list[str]:
+ROW_TYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8 e4m3 and an fp32 scale per row"}
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    """What serving the config keeps besides its weights, as the engine allocates it (no rank split: each rank holds
+    every DSA layer's pool row of a token; the KDA state is split by heads)."""
+
+    kda_state_bytes: int  # one sequence's KDA delta-rule states and conv windows, fp32 whatever the row type
+    pool_token_bytes: int  # one token's rows in the pool, every DSA layer, in the row type
+    pool_token_bytes_mtp: int  # the same when the MTP layer drafts (its own pool row too)
+
+
+def cache_sizes(config: dict[str, Any], kv: str) -> CacheSizes:
+    from engine.cache import kda_state_bytes
+    from engine.models.glm5_next.config import TextConfig
+    from engine.models.glm5_next.model import cache_bytes_per_token
+
+    cfg = TextConfig.from_dict(config)
+    heads, dim = cfg.linear_num_heads, cfg.linear_head_dim
+    # a KDA layer's shapes as `KimiDeltaAttention.state_shapes` gives them at TP=1: state, q|k|v conv window
+    state: tuple[int, ...] = (heads, dim, dim)
+    conv: tuple[int, ...] = (3 * heads * dim, cfg.linear_conv_kernel_dim - 1)
+    shapes = {layer: (state, conv) for layer in cfg.kda_layers}
+    return CacheSizes(kda_state_bytes(shapes), cache_bytes_per_token(cfg, kv), cache_bytes_per_token(cfg, kv, mtp=True))
+
+
+def architecture_lines(config: dict[str, Any], kv: str = "bf16") -> list[str]:
     t = text_config(config)
     n = t["num_hidden_layers"]
     kinds = ["K" if k == "linear_attention" else "D" for k in t.get("layer_types") or []]
     mlp = t.get("mlp_layer_types") or []
     dense = sum(1 for m in mlp if m == "dense")
     kda_heads, kda_dim, topk, pool = t["linear_num_heads"], t["linear_head_dim"], t["index_topk"], t["index_kpool"]
-    state = kinds.count("K") * kda_heads * kda_dim * kda_dim * 4
-    # one pool row per DSA layer: latent, index key and pooling gate score (engine/cache.py)
-    per_token = kinds.count("D") * (t["kv_lora_rank"] + 2 * t["index_head_dim"]) * 4
+    sizes = cache_sizes(config, kv)
+    row = t["kv_lora_rank"] + 2 * t["index_head_dim"]
     return [
         f"model: {config.get('model_type', '?')} / {t.get('model_type', '?')}, hidden {t['hidden_size']}, "
         f"vocab {t['vocab_size']}, {t.get('hc_mult', 4)} mHC streams ({t.get('hc_sinkhorn_iters', 20)} Sinkhorn steps)",
         f"layers: {n} ({kinds.count('K')} KDA, {kinds.count('D')} DSA; {''.join(kinds)}) "
         f"+ {t.get('num_nextn_predict_layers', 0)} MTP",
         f"KDA: {kda_heads} heads x {kda_dim}, conv {t['linear_conv_kernel_dim']}, gate lower bound "
-        f"{t.get('linear_lower_bound', -5.0)}; recurrent state {state / 2**20:.2f} MiB per sequence (fp32)",
+        f"{t.get('linear_lower_bound', -5.0)}; recurrent state {sizes.kda_state_bytes / 2**20:.2f} MiB per sequence "
+        "across the ranks (delta-rule states and conv windows, fp32 with every KV)",
         f"DSA: MLA without RoPE, {t['num_attention_heads']} heads, q_lora {t['q_lora_rank']}, kv_lora "
         f"{t['kv_lora_rank']}, qk {t['qk_nope_head_dim']}, v {t['v_head_dim']}; indexer {t['index_n_heads']} x "
         f"{t['index_head_dim']}, top {topk} tokens in pools of {pool}",
-        f"window: every key attended within {topk + pool - 1} tokens (index_topk + kpool - 1), sparse beyond; "
-        f"DSA cache {per_token} B per token (latent + index key + pool gate, fp32)",
+        f"window: every key attended within {topk + pool - 1} tokens (index_topk + kpool - 1), sparse beyond",
+        f"DSA cache, KV={kv}: {sizes.pool_token_bytes} B per token on every rank ({kinds.count('D')} layers x "
+        f"{row} values: latent + index key + pool gate, {ROW_TYPES[kv]}); {sizes.pool_token_bytes_mtp} B with "
+        "the MTP drafter",
         f"MLP: {dense} dense ({t['intermediate_size']} wide) + {n - dense} MoE ({t['n_routed_experts']} experts, "
         f"top-{t['num_experts_per_tok']}, {t.get('n_shared_experts', 1)} shared, width {t['moe_intermediate_size']})",
     ]
 
 
+def pool_line(info: CheckpointInfo) -> str:
+    """Tokens of pool a GiB holds, and the command that sizes the pool for a machine (its memory, the reserve)."""
+    per_token = cache_sizes(info.config, info.kv).pool_token_bytes
+    return (
+        f"pool: {2**30 // per_token:,} tokens per GiB a rank has free after its weights (KV={info.kv}); "
+        f"`python -m engine fit CHECKPOINT --tp {info.tp} --kv {info.kv} --dense {info.dense}` gives the window "
+        "a machine holds"
+    )
+
+
 def render(info: CheckpointInfo) -> str:
     p = info.params
-    lines = architecture_lines(info.config) + [
+    lines = architecture_lines(info.config, info.kv) + [
         f"source: {info.source}",
         f"parameters: {_count(info.total_params)} total = text {_count(p['text'])} + MTP {_count(p['mtp'])} + "
         f"vision {_count(p['vision'])}; active per token {_count(p['active'])} (text tower, top-k of the routed experts)",
@@ -230,6 +278,7 @@ def render(info: CheckpointInfo) -> str:
                 ("vision", "vision tower (with VISION=1)"),
             )
         ),
+        pool_line(info),
     ]
     return "\n".join(lines)
 
@@ -248,6 +297,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bf16",
         help="rank 0's bytes by kind as kept with this DENSE mode (default: as stored)",
     )
+    parser.add_argument(
+        "--kv",
+        choices=KV_MODES,
+        default="bf16",
+        help="as serve's and fit's: the cache row type the DSA cache and pool lines count",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,5 +314,5 @@ def run(args: argparse.Namespace) -> int:
     if args.tp < 1:
         print(f"error: --tp {args.tp} is not a world size\nfix: pass --tp 1 or more")
         return 2
-    print(render(describe(target, tp=args.tp, config_only=args.config_only, dense=args.dense)))
+    print(render(describe(target, tp=args.tp, config_only=args.config_only, dense=args.dense, kv=args.kv)))
     return 0

@@ -26,10 +26,11 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
     windows) through engine/ops/triton_dense.py — the weight read once in its stored bits, a row's result
     independent of the others — and larger prompt chunks as a tensor-core matmul with the weight dequantised to bf16
     for the call (in one launch: `dequantized`); on the CPU the reference: dequantised to fp32, then
-    `reference.linear`. An fp32 weight in a step that may verify drafts: engine/ops/triton_rows.py, row-invariant
-    without padding (the MoE routers, fp32 on every device: `layout.kept_fp32`)."""
+    `reference.linear`. An fp32 weight's few CUDA rows, drafts or not: engine/ops/triton_rows.py, row-invariant
+    without padding (the MoE routers, fp32 on every device: `layout.kept_fp32`; at 2–16 rows cuBLAS's fp32 product
+    took 1.7–4× the kernel's time, docs/BENCHMARKS.md session 17)."""
     if not isinstance(weight, QuantWeight):
-        if weight.dtype == torch.float32 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear"):
+        if weight.dtype == torch.float32 and x.dim() == 2 and _rows_kernel(x, (1, *weight.shape), "linear", True):
             from engine.ops.triton_rows import rows_product
 
             return rows_product(x[:, None], weight[None])[:, 0]
@@ -48,8 +49,8 @@ def linear(x: torch.Tensor, weight: Any) -> torch.Tensor:
 def _rows_kernel(x: torch.Tensor, shape: tuple[int, ...], kind: str, always: bool = False) -> bool:
     """Whether a product of x's rows with P weights of `shape` (P, out, in) runs through engine/ops/triton_rows.py: a
     CUDA decode step or verify window (at most ROW_INVARIANT_ROWS rows) that must be row-invariant
-    (`reference.pads_on_cuda`), or `always` (a bf16-kept weight of fp32 products, DSA's kv_b: the kernel reads it as it is), with
-    a launch grid the weight fits (`triton_rows.fits`)."""
+    (`reference.pads_on_cuda`), or `always` (drafts or not: an fp32 weight's rows, or a bf16-kept weight of fp32
+    products, DSA's kv_b, which the kernel reads as it is), with a launch grid the weight fits (`triton_rows.fits`)."""
     if not (x.is_cuda and x.shape[0] <= reference.ROW_INVARIANT_ROWS and (always or reference.pads_on_cuda(kind))):
         return False
     from engine.ops.triton_rows import fits

@@ -112,14 +112,28 @@ def show_plan(plan: Plan, settings: Settings) -> None:
     )
 
 
-def _drafts(health: dict) -> str:
-    """What drafts: the drafter /health names, and the tokens per step the smoke test committed."""
-    drafts = health.get("drafts") or {}
+def drafts_words(settings: Settings, health: dict) -> str:
+    """What drafts: the drafter /health names, and the tokens per step the smoke test committed; the settings only
+    when /health has no `drafts` (an engine that does not report them)."""
+    drafts = health.get("drafts") or {
+        "drafter": settings.drafter if settings.draft_tokens > 0 else "none",
+        "draft_tokens": settings.draft_tokens,
+    }
     if drafts.get("drafter", "none") == "none":
         return "no drafts"
     per_step = drafts.get("tokens_per_step")
     measured = f", smoke test {per_step:.2f} tokens/step" if per_step else ""
     return f"{drafts['drafter']} drafts (up to {drafts.get('draft_tokens')}{measured})"
+
+
+def serving_words(settings: Settings, health: dict) -> str:
+    """How the server serves, as /health reports it: lanes, the cache's row type, the dense weights and the drafts.
+    A setting stands in only for a field /health leaves out (an engine that does not report it), so the banner
+    states what runs rather than what was asked for."""
+    lanes = (health.get("streams") or {}).get("max", settings.parallel)
+    rows = (health.get("memory") or {}).get("pool_rows", settings.kv)
+    dense = health.get("weights", settings.dense)
+    return f"{lanes} at once · {rows} KV · {dense} dense weights · {drafts_words(settings, health)}"
 
 
 def memory_line(health: dict) -> str | None:
@@ -165,11 +179,7 @@ def live_banner(plan: Plan, settings: Settings, health: dict, smoke: SmokeResult
     console.print(f"\n[bold green]✔ {escape(plan.served_name)} is LIVE[/] on port {settings.port}")
     rows = [
         ("API", f"{plan.api_url}  (model: {plan.served_name}; OpenAI-compatible)"),
-        (
-            "Window",
-            f"{window} tokens · {settings.parallel} at once · {settings.kv} KV · "
-            f"{health.get('weights', settings.dense)} dense weights · {_drafts(health)}{extras}",
-        ),
+        ("Window", f"{window} tokens · {serving_words(settings, health)}{extras}"),
         ("Ranks", f"{plan.tp} × {plan.runtime} on the {plan.device}" + (" (demo checkpoint)" if plan.prepare else "")),
         *([("Memory", line)] if (line := memory_line(health)) else []),
         (

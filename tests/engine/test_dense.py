@@ -1,9 +1,10 @@
 """DENSE=q4 / fp8 (engine/quant/dense.py) on the CPU: the quantiser (deterministic, bounded error, the range search
 never worse than the plain range, views and tensor-parallel slices that are the whole's own bits); the model holds
 exactly the weights `kept_bytes` says (what `engine fit` and `engine info` count); the trained demo's logits within
-the bounds measured for each mode; a q4 model's rows invariant in verify windows and beside other lanes, rejected
-drafts leaving no trace, drafted ≡ serial through the scheduler; TP=2 ≡ TP=1 per mode over gloo. The GPU kernel
-compiled (sm_90, sm_121) and its arithmetic in torch: test_dense_triton.py; run: tests/gpu/test_dense_gpu.py."""
+the bounds measured for each mode; per mode, a model's rows invariant in verify windows and beside other lanes
+(batched ≡ alone) and rejected drafts leaving no trace; a q4 model's drafted ≡ serial through the scheduler; TP=2 ≡
+TP=1 per mode over gloo. The GPU kernel compiled (sm_90, sm_121) and its arithmetic in torch: test_dense_triton.py;
+run: tests/gpu/test_dense_gpu.py."""
 
 from __future__ import annotations
 
@@ -137,23 +138,25 @@ def grouped(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def q4_model(grouped):
-    model = Glm5NextForCausalLM.load(grouped, dense="q4")
+@pytest.fixture(scope="module", params=MODES)
+def quantised_model(grouped, request):
+    """The grouped reference loaded in each reduced mode; its widths are multiples of the q4 group, so every dense
+    weight is reduced in both modes and the checks below run through the quantised products only."""
+    model = Glm5NextForCausalLM.load(grouped, dense=request.param)
     kda = model.layers[0].attn
-    assert isinstance(kda.in_proj, QuantWeight) and isinstance(kda.o_proj, QuantWeight)
-    assert isinstance(model.layers[2].attn.o_proj, QuantWeight)  # every dense weight of this config is q4
+    for weight in (kda.in_proj, kda.o_proj, model.layers[2].attn.o_proj):
+        assert isinstance(weight, QuantWeight) and weight.mode == request.param
     return model
 
 
 @torch.no_grad()
-def test_q4_rows_are_invariant_in_windows_and_beside_other_lanes(q4_model):
-    row_invariance_check(q4_model)
+def test_rows_are_invariant_in_windows_and_beside_other_lanes_per_mode(quantised_model):
+    row_invariance_check(quantised_model)
 
 
 @torch.no_grad()
-def test_q4_rejected_drafts_leave_no_trace(q4_model):
-    rejected_draft_check(q4_model)
+def test_rejected_drafts_leave_no_trace_per_mode(quantised_model):
+    rejected_draft_check(quantised_model)
 
 
 @torch.no_grad()

@@ -76,7 +76,7 @@ def _cases() -> dict:
     )
     out["hc"]["batch_independent"] = bool(torch.equal(alone[0], x[1]))
     # the map kept as the bf16 a GPU's load reads (`HyperConnection`): `_hc_dots` reads it as it is, each value
-    # exact in its fp32 product; and the rows kernel for a bf16-kept weight of fp32 products (routers, DSA's kv_b).
+    # exact in its fp32 product; and the rows kernel for a bf16-kept weight of fp32 products (DSA's kv_b).
     # In the interpreter (numpy's sums) the bits equal the fp32 copy's; compiled, the layout follows the element size
     kept = hc.fn.bfloat16()
     args = (hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters)

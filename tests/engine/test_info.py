@@ -1,7 +1,10 @@
-"""`python -m engine info`: parameter counts and per-rank bytes from headers alone, and from a config alone."""
+"""`python -m engine info`: parameter counts and per-rank bytes from headers alone, and from a config alone; the
+cache lines for each --kv row type against figures worked out from config.json."""
 
 from __future__ import annotations
 
+import json
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -88,3 +91,41 @@ def test_cli_prints_architecture_and_ranks(tiny: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "4 KDA, 2 DSA" in out and "rank 2" in out and "8 experts, top-2" in out
     assert main(["info", str(tiny / "missing")]) == 2
+
+
+def _expected_cache(config_path: Path, kv: str) -> tuple[int, float, int]:
+    """From config.json alone: (pool bytes per token, KDA MiB per sequence, tokens per GiB) with row type `kv`.
+    A pool row per DSA layer holds the latent and the index key and gate (kv_lora_rank + 2 index_head_dim values);
+    fp8 rows carry one fp32 scale each. A KDA layer keeps an fp32 [heads, d, d] state and a q|k|v conv window."""
+    text = json.loads(config_path.read_text())["text_config"]
+    dsa = sum(1 for kind in text["layer_types"] if kind != "linear_attention")
+    kda = len(text["layer_types"]) - dsa
+    item = {"fp32": 4, "bf16": 2, "fp8": 1}[kv]
+    per_token = dsa * ((text["kv_lora_rank"] + 2 * text["index_head_dim"]) * item + (4 if kv == "fp8" else 0))
+    nested = text.get("linear_attn_config") or {}  # the released config nests the KDA sizes
+    heads = text.get("linear_num_heads", nested.get("num_heads"))
+    dim = text.get("linear_head_dim", nested.get("head_dim"))
+    conv = text.get("linear_conv_kernel_dim", nested.get("short_conv_kernel_size"))
+    state = kda * (heads * dim * dim + 3 * heads * dim * (conv - 1)) * 4
+    return per_token, state / 2**20, 2**30 // per_token
+
+
+@pytest.mark.parametrize("source", ["tiny", "real"])
+def test_the_kv_option_sets_the_cache_row_type_and_its_bytes(
+    tiny: Path, source: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tiny if source == "tiny" else REAL_CONFIG
+    config = tiny / "config.json" if source == "tiny" else REAL_CONFIG
+    printed = {}
+    for kv in ("bf16", "fp8", "fp32"):
+        assert main(["info", str(path), "--kv", kv, "--tp", "2"]) == 0
+        out = capsys.readouterr().out
+        per_token, state_mib, per_gib = _expected_cache(config, kv)
+        cache = re.search(r"DSA cache, KV=(\w+): (\d+) B per token", out)
+        assert cache is not None and cache.groups() == (kv, str(per_token)), out
+        assert f"recurrent state {state_mib:.2f} MiB per sequence" in out  # fp32 whatever the row type
+        assert f"pool: {per_gib:,} tokens per GiB" in out and f"--tp 2 --kv {kv} --dense bf16" in out
+        printed[kv] = per_token
+    assert printed["fp32"] == 2 * printed["bf16"] and printed["fp8"] > printed["bf16"] // 2
+    assert main(["info", str(path)]) == 0  # bf16 rows unless asked, as serve's and fit's --kv
+    assert f"KV=bf16: {printed['bf16']} B per token" in capsys.readouterr().out
