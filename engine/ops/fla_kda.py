@@ -10,16 +10,25 @@ set to `PRECISION` unless the operator set it: "tf32x3" splits each fp32 operand
 tensor cores (near-fp32 results). Our own Triton kernels use no `tl.dot`, so the setting touches only fla-core's.
 The variable is part of Triton's compile-cache key, so a cache built under another precision is not reused.
 
-First use of a shape autotunes fla-core's kernels (tens of seconds on an H200); `warm` runs that at load, and with
-a persistent TRITON_CACHE_DIR later starts read the tuned choice from disk (fla-core's FLA_CACHE_RESULTS, on by
-default).
+First use of a shape autotunes fla-core's kernels (199 s on an H200 at GLM-5.3-Flash's TP=2 shape, every candidate
+compiled and timed); `warm` runs that at load. The engine ships fla-core's choices for GLM-5.3-Flash's KDA heads
+(128 wide, the head counts of TP=1..4) in fla-core's own config format, `fla_configs/<GPU>/`: recorded on an H200
+(bench/fla_configs.py record), and for a GB10 the same choices within what fla-core itself offers a GPU of 101,376
+bytes of shared memory a block (bench/fla_configs.py derive: the state kernel's 3 pipeline stages become 2), and the
+KDA recompute kernel capped at 2 stages (its 4 compiled to 163,840 bytes a block on the H200). Unless
+the operator set FLA_CACHE_MODE or FLA_CONFIG_DIR, fla-core reads them (`use_shipped_configs`, mode "strict": a
+kernel whose tuning key matches none autotunes as before), so a first start compiles once per kernel: 15.6 s on an
+H200. With a persistent TRITON_CACHE_DIR later starts read the compiled kernels (and any autotuned choice, fla-core's
+FLA_CACHE_RESULTS) from disk. FLA_CACHE_MODE=disabled tunes on the machine instead.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -28,13 +37,38 @@ from engine.ops.reference import l2norm
 PRECISION = "tf32x3"
 
 
+CONFIGS = Path(__file__).with_name("fla_configs")  # fla-core's choices shipped per GPU (the docstring above)
+
+
+def shipped_configs(device_name: str) -> Path | None:
+    """The folder of fla-core choices shipped for the GPU named `device_name` (as torch names it; the folder as
+    fla-core spells GPU names), or None."""
+    folder = CONFIGS / (re.sub(r"[^0-9A-Za-z]+", "_", device_name).strip("_") or "unknown_gpu")
+    return folder if folder.is_dir() else None
+
+
+def use_shipped_configs(device_name: str) -> Path | None:
+    """Point fla-core at the choices shipped for this GPU (FLA_CACHE_MODE=strict, FLA_CONFIG_DIR), unless the operator
+    set either variable or none is shipped for it; the folder used, or None."""
+    if "FLA_CACHE_MODE" in os.environ or "FLA_CONFIG_DIR" in os.environ:
+        return None
+    folder = shipped_configs(device_name)
+    if folder is not None:
+        os.environ["FLA_CACHE_MODE"], os.environ["FLA_CONFIG_DIR"] = "strict", str(folder)
+    return folder
+
+
 @functools.cache
 def _chunk_kda() -> Callable | None:
     os.environ.setdefault("TRITON_F32_DEFAULT", PRECISION)
+    shipped = use_shipped_configs(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
     try:
         from fla.ops.kda.chunk import chunk_kda
+        from fla.ops.utils import cache
     except ImportError:
         return None
+    if shipped is not None:  # fla-core reads the mode as it is imported: in case something imported it before
+        cache.FLA_CACHE_MODE = cache.FlaCacheMode("strict")
     return chunk_kda
 
 

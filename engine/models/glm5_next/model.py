@@ -129,9 +129,9 @@ class Glm5NextForCausalLM:
         held = cfg.num_nextn_predict_layers > 0 and reader.has(mtp_prefix + "eh_proj.weight")
         self.mtp = MtpLayer(cfg, reader, mtp_prefix, group, dsa_seen, store) if mtp and held else None
         self.num_pool_layers = max(dsa_seen + (self.mtp is not None), 1)
-        if self.kda_prompt_form == "fla":  # autotune fla-core's prompt kernels now, not on the first request
+        if self.kda_prompt_form == "fla":  # compile (or autotune) fla-core's prompt kernels now, not on a request
             if progress:
-                progress("tuning the KDA prompt kernels (fla-core; cached after the first start)")
+                progress("preparing the KDA prompt kernels (fla-core: compiled, or tuned where no choice is shipped)")
             kda = self.kda_layers[0]
             fla_kda.warm(kda.local_heads, kda.head_dim, group.device)
 

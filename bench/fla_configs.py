@@ -1,0 +1,257 @@
+"""fla-core's autotuned choices for the KDA prompt kernels: record them on a GPU, and time a first start with and
+without them.
+
+    python bench/fla_configs.py record --heads 32 --head-dim 128 --out DIR   # autotune, then DIR/<kernel>.json
+    python bench/fla_configs.py time --heads 32 --head-dim 128 [--out result.json]
+    python bench/fla_configs.py derive --source DIR --out DIR2 [--heads-list ...] [--smem 101376] [--cap KERNEL=N]   # no GPU
+
+`record` runs `fla_kda.warm` (the engine's load-time warm-up: every kernel `chunk_kda` launches autotunes on its
+first call), then writes each of fla-core's cached autotuners' choices in the file format fla-core reads back
+(fla/ops/utils/cache.py: `{kernel_name}.json` with `autotune_entries` keyed by the md5 of the tuning key, and a
+`default_config`), one file a kernel. `time` measures what a process's first `warm` takes under the environment it
+is given (a fresh TRITON_CACHE_DIR: compiles included; with FLA_CACHE_MODE / FLA_CONFIG_DIR set, fla-core reads the
+recorded choices instead of autotuning), then one 2,048-token chunk of one layer, as a check that the kernels chosen
+run as fast. Both print JSON.
+
+`derive` (on any machine, fla-core importable) writes the files the engine ships (engine/ops/fla_configs/<GPU>/):
+each recorded choice also under the tuning keys of the other head counts a rank can hold (GLM-5.3-Flash's
+64 KDA heads at TP=1..4, `--heads-list`; the same choice, since a key holds the head count but the tiles do not depend on it), and,
+with `--smem`, each choice checked against fla-core's own candidates for a GPU with that much shared memory a block
+(its lists shrink below 166,912 bytes: a GB10's 101,376 keeps only 1–2 pipeline stages for the state kernel): the
+recorded choice where it is a candidate there, else the candidate with the same tiles and warps and the most stages
+below the recorded, else the first candidate with the same tiles. fla-core's lists do not bound every kernel's
+shared memory: `--cap KERNEL=STAGES` lowers a choice whose compiled kernel measured too large (`time` reports each
+compiled kernel's shared memory a block; on an H200 the KDA recompute kernel's recorded 4 stages take 163,840 bytes,
+2 stages fit a GB10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.ops import fla_kda  # noqa: E402
+from engine.ops.reference import l2norm  # noqa: E402
+
+
+def _inputs(tokens: int, heads: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device=device).manual_seed(1)
+    shape = (tokens, heads, head_dim)
+    q = l2norm(torch.randn(shape, device=device, generator=gen)) * head_dim**-0.5
+    k = l2norm(torch.randn(shape, device=device, generator=gen))
+    v = torch.randn(shape, device=device, generator=gen)
+    g = -torch.rand(shape, device=device, generator=gen)
+    beta = torch.rand(shape[:2], device=device, generator=gen)
+    return torch.zeros(heads, head_dim, head_dim, device=device), q, k, v, g, beta
+
+
+def _chunk_ms(heads: int, head_dim: int, device: torch.device, tokens: int = 2048, repeats: int = 20) -> float:
+    args = _inputs(tokens, heads, head_dim, device)
+    with torch.no_grad():
+        fla_kda.kda_chunked(*args)
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fla_kda.kda_chunked(*args)
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def _autotuners() -> list:
+    from fla.ops.utils.cache import CachedAutotuner
+
+    return [o for o in gc.get_objects() if isinstance(o, CachedAutotuner) and o.cache]
+
+
+def record(heads: int, head_dim: int, out: Path) -> dict:
+    import triton
+    from fla.ops.utils.cache import AutotuneKey
+
+    device = torch.device("cuda")
+    start = time.perf_counter()
+    fla_kda.warm(heads, head_dim, device)
+    warm_s = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
+    kernels = {}
+    for tuner in _autotuners():
+        entries = {}
+        for key, config in tuner.cache.items():
+            chosen = {
+                "kwargs": dict(config.kwargs),
+                "num_warps": config.num_warps,
+                "num_stages": config.num_stages,
+                "num_ctas": getattr(config, "num_ctas", 1),
+                "maxnreg": getattr(config, "maxnreg", None),
+            }
+            entries[AutotuneKey.key_hash(key)] = {
+                "autotune_key": AutotuneKey.normalize_autotune_key(key),
+                "config": chosen,
+            }
+        first = next(iter(entries.values()))["config"]
+        body = {
+            "kernel_name": tuner.kernel_name,
+            "triton_version": triton.__version__,
+            "autotune_entries": entries,
+            "default_config": first,
+            "candidates": len(tuner.configs),
+        }
+        (out / f"{tuner.kernel_name}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+        kernels[tuner.kernel_name] = {"candidates": len(tuner.configs), "chosen": first}
+    return {"warm_s": round(warm_s, 1), "kernels": kernels, "chunk_2k_ms": round(_chunk_ms(heads, head_dim, device), 3)}
+
+
+def time_first_start(heads: int, head_dim: int) -> dict:
+    import os
+
+    device = torch.device("cuda")
+    torch.zeros(1, device=device)  # the CUDA context, outside the figure
+    start = time.perf_counter()
+    fla_kda.warm(heads, head_dim, device)
+    warm_s = time.perf_counter() - start
+    from fla.ops.utils import cache
+
+    return {
+        "warm_s": round(warm_s, 1),
+        "fla_cache_mode": cache.FLA_CACHE_MODE.value,  # the module's, as the engine may have set it
+        "fla_config_dir": str(cache.get_fla_config_dir()),
+        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+        "chunk_2k_ms": round(_chunk_ms(heads, head_dim, device), 3),
+        "chosen": {t.kernel_name: str(next(iter(t.cache.values()))) for t in _autotuners()},
+        "shared_bytes": _shared_bytes(os.environ.get("TRITON_CACHE_DIR")),
+    }
+
+
+def _shared_bytes(cache_dir: str | None) -> dict[str, list[int]]:
+    """Shared memory a block of every kernel compiled into `cache_dir` (Triton's metadata files), by kernel name."""
+    out: dict[str, list[int]] = {}
+    for meta in Path(cache_dir or "/nonexistent").glob("*/*.json"):
+        try:
+            data = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "shared" in data and "name" in data:
+            out.setdefault(data["name"], []).append(data["shared"])
+    return {k: sorted(set(v)) for k, v in sorted(out.items())}
+
+
+def _candidates(kernels: set[str], smem: int | None) -> dict[str, object]:
+    """fla-core's cached autotuners of `kernels`, imported as on a GPU with `smem` bytes of shared memory a block
+    (None: this machine's)."""
+    if smem is not None:  # fla-core reads the shared memory (and caches it) as its kernel modules import
+        import triton
+
+        assert "fla" not in sys.modules, "fla-core was imported before the shared memory was set"
+
+        class Properties:
+            @staticmethod
+            def get_device_properties(index: int) -> dict:
+                return {"max_shared_mem": smem}
+
+        class Stand:  # Triton's active driver as fla-core's import sees it: one device with `smem`, no GPU target
+            utils = Properties()
+
+            def get_current_target(self):
+                raise RuntimeError("no GPU here: configurations derived for another one")
+
+        triton.runtime.driver.set_active(Stand())
+        torch.cuda.device_count = lambda: 1  # fla-core asks torch how many devices to read it for
+    from fla.ops.kda.chunk import chunk_kda  # noqa: F401  (imports every kernel chunk_kda launches)
+    from fla.ops.utils.cache import CachedAutotuner
+
+    return {o.kernel_name: o for o in gc.get_objects() if isinstance(o, CachedAutotuner) and o.kernel_name in kernels}
+
+
+def _nearest(chosen: dict, tuner, cap: int | None = None) -> dict:
+    """The recorded choice where the candidates hold it (with at most `cap` stages), else the candidate with the same
+    tiles and warps and the most stages below it, else the first with the same tiles, else the first."""
+
+    def form(c) -> dict:
+        return {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages}
+
+    if cap is not None and chosen["num_stages"] > cap:
+        chosen = {**chosen, "num_stages": cap}
+    options = [form(c) for c in tuner.configs if cap is None or c.num_stages <= cap]
+    same = [o for o in options if o["kwargs"] == chosen["kwargs"]]
+    for pick in (
+        [o for o in options if o == {k: chosen[k] for k in ("kwargs", "num_warps", "num_stages")}],
+        sorted(
+            (o for o in same if o["num_warps"] == chosen["num_warps"] and o["num_stages"] <= chosen["num_stages"]),
+            key=lambda o: -o["num_stages"],
+        ),
+        same,
+        options,
+    ):
+        if pick:
+            return {**chosen, **pick[0]}
+    raise ValueError(f"{tuner.kernel_name}: no candidate configuration")
+
+
+def derive(source: Path, out: Path, heads: list[int], smem: int | None, caps: dict[str, int]) -> dict:
+    files = {json.loads(f.read_text())["kernel_name"]: json.loads(f.read_text()) for f in sorted(source.glob("*.json"))}
+    tuners = _candidates(set(files), smem)
+    from fla.ops.utils.cache import AutotuneKey
+
+    out.mkdir(parents=True, exist_ok=True)
+    report = {}
+    for name, body in files.items():
+        tuner = tuners[name]
+        names = [n for n in tuner.keys if n in tuner.arg_names]  # the key's leading values, in this order
+        entries = {}
+        for entry in body["autotune_entries"].values():
+            config = _nearest(entry["config"], tuner, caps.get(name))
+            for h in heads:
+                key = [
+                    h if i < len(names) and names[i] in ("H", "HV") else v for i, v in enumerate(entry["autotune_key"])
+                ]
+                entries[AutotuneKey.key_hash(tuple(key))] = {"autotune_key": key, "config": config}
+            report[name] = {"recorded": entry["config"], "shipped": config, "candidates": len(tuner.configs)}
+        body = {**body, "autotune_entries": entries, "default_config": next(iter(entries.values()))["config"]}
+        body["candidates"] = len(tuner.configs)
+        (out / f"{name}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("record", "time", "derive"))
+    parser.add_argument("--source", type=Path, default=None, help="derive: the recorded files")
+    parser.add_argument("--smem", type=int, default=None, help="derive: shared memory a block of the target GPU")
+    parser.add_argument(
+        "--cap",
+        action="append",
+        default=[],
+        metavar="KERNEL=STAGES",
+        help="derive: at most this many pipeline stages for KERNEL (its recorded choice compiled too large)",
+    )
+    parser.add_argument("--heads", type=int, default=32, help="KDA heads a rank holds (GLM-5.3-Flash at TP=2: 32)")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--heads-list", default="64,32,22,21,16", help="derive: head counts a rank can hold")
+    parser.add_argument("--out", type=Path, default=None, help="record: the directory; time: a JSON file")
+    args = parser.parse_args()
+    if args.what == "derive":
+        if args.source is None or args.out is None:
+            parser.error("derive needs --source DIR and --out DIR")
+        heads = [int(h) for h in str(args.heads_list).split(",")]
+        caps = {name: int(stages) for name, stages in (c.split("=") for c in args.cap)}
+        result = derive(args.source, args.out, heads, args.smem, caps)
+    elif args.what == "record":
+        if args.out is None:
+            parser.error("record needs --out DIR")
+        result = record(args.heads, args.head_dim, args.out)
+    else:
+        result = time_first_start(args.heads, args.head_dim)
+        if args.out is not None:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
