@@ -39,22 +39,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.ops import fla_kda  # noqa: E402
-from engine.ops.reference import l2norm  # noqa: E402
-
-
-def _inputs(tokens: int, heads: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator(device=device).manual_seed(1)
-    shape = (tokens, heads, head_dim)
-    q = l2norm(torch.randn(shape, device=device, generator=gen)) * head_dim**-0.5
-    k = l2norm(torch.randn(shape, device=device, generator=gen))
-    v = torch.randn(shape, device=device, generator=gen)
-    g = -torch.rand(shape, device=device, generator=gen)
-    beta = torch.rand(shape[:2], device=device, generator=gen)
-    return torch.zeros(heads, head_dim, head_dim, device=device), q, k, v, g, beta
 
 
 def _chunk_ms(heads: int, head_dim: int, device: torch.device, tokens: int = 2048, repeats: int = 20) -> float:
-    args = _inputs(tokens, heads, head_dim, device)
+    args = fla_kda.random_inputs(tokens, heads, head_dim, device, seed=1)
     with torch.no_grad():
         fla_kda.kda_chunked(*args)
         torch.cuda.synchronize(device)
@@ -195,7 +183,8 @@ def _nearest(chosen: dict, tuner, cap: int | None = None) -> dict:
 
 
 def derive(source: Path, out: Path, heads: list[int], smem: int | None, caps: dict[str, int]) -> dict:
-    files = {json.loads(f.read_text())["kernel_name"]: json.loads(f.read_text()) for f in sorted(source.glob("*.json"))}
+    bodies = [json.loads(f.read_text()) for f in sorted(source.glob("*.json"))]
+    files = {body["kernel_name"]: body for body in bodies}
     tuners = _candidates(set(files), smem)
     from fla.ops.utils.cache import AutotuneKey
 

@@ -40,7 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from engine.checkpoint.info import rank_share  # noqa: E402
-from engine.checkpoint.layout import kept_fp32, text_config, text_tensors  # noqa: E402
+from engine.checkpoint.layout import text_config, text_tensors  # noqa: E402
+from engine.checkpoint.loader import load_dtype  # noqa: E402
 from engine.models.glm5_next.config import TextConfig  # noqa: E402
 from engine.models.glm5_next.model import Glm5NextForCausalLM  # noqa: E402
 from engine.parallel import ParallelGroup, shard_range  # noqa: E402
@@ -99,7 +100,7 @@ class RandomReader:
 
     def _draw(self, name: str) -> torch.Tensor:
         shape = self.specs[name].shape
-        dtype = torch.float32 if kept_fp32(name) else self.dtype  # as CheckpointReader.dtype_of
+        dtype = load_dtype(name, self.dtype)  # as CheckpointReader reads it
         if name.endswith(("norm.weight", "_scale", "o_norm.weight")) or name.endswith("layernorm.weight"):
             return torch.ones(shape, dtype=dtype, device=self.device)
         if name.endswith(("A_log", "_base", "e_score_correction_bias", "compress_ape", "k_norm.bias")):

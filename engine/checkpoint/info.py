@@ -205,14 +205,12 @@ class CacheSizes:
 def cache_sizes(config: dict[str, Any], kv: str) -> CacheSizes:
     from engine.cache import kda_state_bytes
     from engine.models.glm5_next.config import TextConfig
+    from engine.models.glm5_next.kda import state_shapes
     from engine.models.glm5_next.model import cache_bytes_per_token
 
     cfg = TextConfig.from_dict(config)
-    heads, dim = cfg.linear_num_heads, cfg.linear_head_dim
-    # a KDA layer's shapes as `KimiDeltaAttention.state_shapes` gives them at TP=1: state, q|k|v conv window
-    state: tuple[int, ...] = (heads, dim, dim)
-    conv: tuple[int, ...] = (3 * heads * dim, cfg.linear_conv_kernel_dim - 1)
-    shapes = {layer: (state, conv) for layer in cfg.kda_layers}
+    one = state_shapes(cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_conv_kernel_dim)  # all ranks' heads
+    shapes = {layer: one for layer in cfg.kda_layers}
     return CacheSizes(kda_state_bytes(shapes), cache_bytes_per_token(cfg, kv), cache_bytes_per_token(cfg, kv, mtp=True))
 
 

@@ -20,6 +20,12 @@ from engine.parallel import ParallelGroup, shard_range
 SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.")
 
 
+def load_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype tensor `name` loads in under load dtype `dtype`: that, except the control tensors kept in fp32
+    (`layout.kept_fp32`)."""
+    return torch.float32 if kept_fp32(name) else dtype
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint directory this engine cannot load; the message names the file or tensor."""
 
@@ -84,8 +90,7 @@ class CheckpointReader:
         return tensor.to(device=self.device, dtype=self.dtype_of(name)).contiguous()
 
     def dtype_of(self, name: str) -> torch.dtype:
-        """The dtype `name` loads in: the reader's, except the control tensors kept in fp32 (`layout.kept_fp32`)."""
-        return torch.float32 if kept_fp32(name) else self.dtype
+        return load_dtype(name, self.dtype)
 
     def close(self) -> None:
         self._handles.clear()

@@ -92,16 +92,24 @@ def kda_chunked(
     return out[0], final[0]
 
 
-def warm(heads: int, head_dim: int, device: torch.device) -> None:
-    """Compile and autotune fla-core's kernels for this head shape now (every KDA layer shares it), so the first
-    prompt does not wait for it."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    shape = (128, heads, head_dim)
+def random_inputs(
+    tokens: int, heads: int, head_dim: int, device: torch.device, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """`kda_chunked`'s arguments for one stream of `tokens` tokens, drawn at the model's scales: a zero state, q
+    (pre-scaled) and k unit rows, v, a negative log-decay g, beta in (0, 1)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shape = (tokens, heads, head_dim)
     q = l2norm(torch.randn(shape, device=device, generator=gen)) * head_dim**-0.5
     k = l2norm(torch.randn(shape, device=device, generator=gen))
     v = torch.randn(shape, device=device, generator=gen)
     g = -torch.rand(shape, device=device, generator=gen)
     beta = torch.rand(shape[:2], device=device, generator=gen)
+    return torch.zeros(heads, head_dim, head_dim, device=device), q, k, v, g, beta
+
+
+def warm(heads: int, head_dim: int, device: torch.device) -> None:
+    """Compile and autotune fla-core's kernels for this head shape now (every KDA layer shares it), so the first
+    prompt does not wait for it."""
     with torch.no_grad():
-        kda_chunked(torch.zeros(heads, head_dim, head_dim, device=device), q, k, v, g, beta)
+        kda_chunked(*random_inputs(128, heads, head_dim, device))
     torch.cuda.synchronize(device)

@@ -25,6 +25,11 @@ from engine.parallel import ParallelGroup
 from engine.quant.dense import Store, Weight, keep
 
 
+def state_shapes(heads: int, head_dim: int, conv_kernel: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """One stream's delta-rule state [heads, d, d] and q|k|v conv window [3·heads·d, K − 1] for `heads` heads."""
+    return (heads, head_dim, head_dim), (3 * heads * head_dim, conv_kernel - 1)
+
+
 def prompt_form(device: torch.device, head_dim: int, chunked: bool = True) -> str:
     """How prompt chunks run the delta rule on this device: "steps" unless `chunked` (--kda-chunked 0), else "fla"
     where fla-core can take it, else "chunked"."""
@@ -122,7 +127,7 @@ class KimiDeltaAttention:
     @property
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Shapes of one stream's delta-rule state and conv window on this rank."""
-        return (self.local_heads, self.head_dim, self.head_dim), (self.conv.shape[0], self.conv.shape[1] - 1)
+        return state_shapes(self.local_heads, self.head_dim, self.conv.shape[1])
 
     def _fresh_state(self, seq: Sequence) -> None:
         if self.layer not in seq.kda_state:
