@@ -1,9 +1,9 @@
 """Drafts through the API on the committed trained demo: tokens per step and speed-up against `"draft": false`.
 
-    python bench/drafts_api.py [--out drafts_api.json] [--max-tokens 96] [--repeats 3] [--tp 1]
+    python bench/drafts_api.py [--out drafts_api.json] [--max-tokens 96] [--repeats 3] [--tp 1] [--drafter mtp+copy]
 
 Starts `python -m engine serve` on engine/checkpoint/trained_demo (CPU) with the default drafter (mtp+copy, 3 drafts
-a step) and sends each prompt through the `openai` SDK's chat completions, greedy, both ways: drafted and with
+a step; --drafter another) and sends each prompt through the `openai` SDK's chat completions, greedy, both ways: drafted and with
 `extra_body={"draft": False}`. Three sets of four prompts:
 
 - prose: the demo's own chat kinds (OK, a sum, a fact, an answer from a tool's result), thinking as drawn;
@@ -264,7 +264,8 @@ def table(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| set | prompt | form | tokens | tokens per step | drafted / accepted (mtp, copy) | draft false → drafted s |",
+        "| set | prompt | form | tokens | tokens per step | drafted / accepted (format, mtp, copy) "
+        "| draft false → drafted s |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for name, rows in result["prompts"].items():
@@ -273,7 +274,7 @@ def table(result: dict[str, Any]) -> str:
             by = r["accepted_by"]
             lines.append(
                 f"| {name} | {r['prompt']} | {r['form']} | {r['tokens']} | {per_step} "
-                f"| {r['drafted']} / {r['accepted']} ({by['mtp']}, {by['copy']}) "
+                f"| {r['drafted']} / {r['accepted']} ({by.get('format', 0)}, {by['mtp']}, {by['copy']}) "
                 f"| {r['serial_s']} → {r['drafted_s']} |"
             )
     return "\n".join(lines)
@@ -285,9 +286,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each prompt each way")
     parser.add_argument("--tp", type=int, default=1, help="ranks of the server (gloo on the CPU)")
+    parser.add_argument("--drafter", default="mtp+copy", help="the server's --drafter (mtp+copy, copy, mtp)")
     args = parser.parse_args()
     started = time.perf_counter()
-    flags = ["--drafter", "mtp+copy", "--parallel", "1", "--context", "1024", "--prompt-reuse", "0", "--name", "demo"]
+    flags = ["--drafter", args.drafter, "--parallel", "1", "--context", "1024", "--prompt-reuse", "0", "--name", "demo"]
     result: dict[str, Any] = {**vars(args), "prompts": {}, "sets": {}}
     with tempfile.TemporaryDirectory() as logs:
         server = LiveServer(TRAINED, Path(logs), flags, key=None, tp=args.tp)

@@ -12,7 +12,7 @@ grows with the stream (a few dict updates a token), so a lookup costs O(MAX_MATC
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 MIN_MATCH = 2  # shortest suffix that may propose (one token matches too often to pay for its rows)
 MAX_MATCH = 8  # longest suffix looked up; the longest match wins
@@ -34,13 +34,16 @@ class CopyDrafter:
                     seen[tuple(self.tokens[end - n : end])] = end
             self.tokens.append(token)
 
-    def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest (then latest) earlier occurrence of the stream's suffix."""
-        length = len(self.tokens)
+    def propose(self, k: int, after: Sequence[int] = ()) -> list[int]:
+        """Up to k tokens that followed the longest (then latest) earlier occurrence of the stream's suffix; with
+        `after`, of the suffix of the stream continued by those tokens (drafts already chosen: a format's forced
+        text)."""
+        length = len(self.tokens) + len(after)
         if k <= 0:
             return []
+        tail = self.tokens[-MAX_MATCH:] + list(after)
         for n in range(min(MAX_MATCH, length - 1), MIN_MATCH - 1, -1):
-            follow = self.index[n].get(tuple(self.tokens[length - n :]))
+            follow = self.index[n].get(tuple(tail[len(tail) - n :]))
             if follow is not None and length - follow <= LOOKBACK:
                 return self.tokens[follow : follow + k]
         return []

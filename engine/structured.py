@@ -9,8 +9,9 @@ and followed token by token.
 
 Determinism: the mask depends only on the request's own tokens, and sampling runs on rank 0 alone, so a reply under
 a grammar is the same whatever shares its steps, and the same at TP=N (no rank needs the mask). Drafts the grammar
-would reject are cut before the verify step; a drafted window is then sampled row by row under the same masks as
-the one-token steps would be, so drafted ≡ serial holds with grammars too. Log-probabilities stay those of the
+would reject are cut before the verify step, and the text the grammar forces (a JSON key, a tool call's markup) is
+drafted (`Constraint.forced`); a drafted window is then sampled row by row under the same masks as the one-token
+steps would be, so drafted ≡ serial holds with grammars too. Log-probabilities stay those of the
 model's own distribution (before the mask), as vLLM reports them.
 
 xgrammar imports transformers (~3 s): it is imported when the first request with a format arrives.
@@ -132,6 +133,16 @@ class Constraint:
     def ended(self) -> bool:
         """The format is complete and nothing may follow it (its end token was taken, or it needs none)."""
         return bool(self._matcher.is_terminated())
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the format forces from here: xgrammar's jump-forward tokens, the text nothing else
+        may follow with in the vocabulary's longest tokens (never a stop or special token; the last one left out
+        where a longer token could extend it). They are drafts like any other: the model may spell the same text
+        in other tokens, and a draft counts only where it equals the sample. The place in the format is unchanged."""
+        if limit <= 0 or self.ended:
+            return []
+        tokens = [int(t) for t in self._matcher.find_jump_forward_tokens()[:limit]]
+        return tokens[: self.admissible(tokens)]
 
     def admissible(self, tokens: list[int]) -> int:
         """How many of `tokens`, in order from here, the format accepts; the place in the format is unchanged."""

@@ -138,6 +138,10 @@ def test_copy_drafter_proposes_what_followed_the_longest_latest_match():
     assert CopyDrafter([1, 2, 3]).propose(3) == []  # nothing repeats
     lone = CopyDrafter([4, 4, 4])
     assert lone.propose(5) == [4]  # [4, 4] was followed by the last 4
+    # continued by drafts already chosen (a format's forced text): the suffix runs on through them
+    after = CopyDrafter([5, 6, 7, 8, 9, 1, 2, 6, 7])
+    assert after.propose(2) == [8, 9] and after.propose(2, after=[8]) == [9, 1]
+    assert after.propose(3, after=[8, 9, 1]) == [2, 6, 7] and after.propose(2, after=[3, 3]) == []
 
 
 # -- the serving path: the scheduler with copy drafts against "draft": false, on the trained demo -----------------

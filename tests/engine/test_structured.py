@@ -149,6 +149,32 @@ def test_a_constraint_masks_and_cuts_drafts(grammars):
     assert constraint.accept(end) and constraint.ended
 
 
+def test_the_text_a_format_forces_is_drafted(grammars):
+    """`Constraint.forced`: the tokens a format forces from here (a JSON key once its quote is open, a tool call's
+    closing markup), capped at the room given, none once the format is complete; the place is unchanged."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
+    end = tokenizer.token_to_id("<|endoftext|>")
+    schema = {"type": "object", "properties": {"forecast": {"type": "string"}}, "required": ["forecast"]}
+    constraint = Constraint(grammars.compile(formats.spec_text(formats.json_format(schema, "j"))), frozenset({end}))
+    assert constraint.forced(3) == []  # whitespace may come before the opening brace
+    for token in tokenizer.encode('{"', add_special_tokens=False).ids:
+        assert constraint.accept(token)
+    forced = constraint.forced(8)
+    assert forced and tokenizer.decode(forced) == "forecast"[: len(tokenizer.decode(forced))], forced
+    assert constraint.forced(1) == forced[:1] and constraint.forced(0) == []
+    for token in forced:  # forced() left the place unchanged: the key is still ahead, and takes the forced tokens
+        assert constraint.accept(token)
+    choice = Constraint(grammars.compile(formats.spec_text(formats.choice_format(["alpha beta"]))), frozenset({end}))
+    whole = choice.forced(16)
+    assert whole and "alpha beta".startswith(tokenizer.decode(whole))
+    for token in tokenizer.encode("alpha beta", add_special_tokens=False).ids:
+        assert choice.accept(token)
+    assert choice.forced(4) == []  # only the end token may follow, and it is never drafted as forced text
+    assert choice.accept(end) and choice.ended and choice.forced(4) == []
+
+
 # -- the serving path: Scheduler + StepExecutor with formats, drafted ≡ serial and batched ≡ alone ----------------
 
 
@@ -212,6 +238,7 @@ def test_replies_under_formats_obey_them_drafted_equal_serial_batched_equal_alon
     batched, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=4, graphs=graphs)
     drafted, counts = serve_formats(model, eos, grammars, todo, draft=True, parallel=4, graphs=graphs)
     assert counts["accepted"] > 0, counts  # drafts were verified under formats, and some were kept
+    assert counts["by_drafter"]["format"]["accepted"] > 0, counts  # forced text among them
     for i, ((_, _, check), a, b, c) in enumerate(zip(todo, alone, batched, drafted)):
         assert a == b == c, f"case {i}"
         text = tokenizer.decode([t for t in a if t not in eos], skip_special_tokens=False)
