@@ -24,7 +24,9 @@ DEFAULT_RESERVE_GIB = {"cpu": 1.0, "cuda": 4.0}  # memory left to the system whe
 # wins, else the MTP layer (copy alone when the checkpoint has no MTP layer)
 DRAFTERS = ("none", "copy", "mtp", "mtp+copy")
 DENSE_MODES = ("bf16", "q4", "fp8")  # how the dense weights are kept (engine/quant/dense.py)
-KV_MODES = ("bf16", "fp8", "fp32")  # the cached attention row type (engine/cache.py `KV_DTYPES`)
+# the cached attention row type (engine/cache.py `KV_DTYPES`), and the words `engine info` names it with
+KV_ROW_TYPES = {"bf16": "bf16", "fp8": "fp8 e4m3 and an fp32 scale per row", "fp32": "fp32"}
+KV_MODES = tuple(KV_ROW_TYPES)
 MAX_DRAFT_TOKENS = 7  # a verify window holds at most 8 rows a lane
 # rows of a step whose bits stay each row's own (engine/ops/reference.py ROW_INVARIANT_ROWS): lanes × verify window
 MAX_STEP_ROWS = 64

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint.layout import kept_fp32, split_of, text_config, text_tensors, vision_tensors
-from engine.config import DENSE_MODES, KV_MODES
+from engine.config import DENSE_MODES, KV_MODES, KV_ROW_TYPES
 from engine.parallel import shard_range
 
 DTYPE_BYTES = {
@@ -189,9 +189,6 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
-ROW_TYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8 e4m3 and an fp32 scale per row"}
-
-
 @dataclass(frozen=True)
 class CacheSizes:
     """What serving the config keeps besides its weights, as the engine allocates it (no rank split: each rank holds
@@ -236,7 +233,7 @@ def architecture_lines(config: dict[str, Any], kv: str = "bf16") -> list[str]:
         f"{t['index_head_dim']}, top {topk} tokens in pools of {pool}",
         f"window: every key attended within {topk + pool - 1} tokens (index_topk + kpool - 1), sparse beyond",
         f"DSA cache, KV={kv}: {sizes.pool_token_bytes} B per token on every rank ({kinds.count('D')} layers x "
-        f"{row} values: latent + index key + pool gate, {ROW_TYPES[kv]}); {sizes.pool_token_bytes_mtp} B with "
+        f"{row} values: latent + index key + pool gate, {KV_ROW_TYPES[kv]}); {sizes.pool_token_bytes_mtp} B with "
         "the MTP drafter",
         f"MLP: {dense} dense ({t['intermediate_size']} wide) + {n - dense} MoE ({t['n_routed_experts']} experts, "
         f"top-{t['num_experts_per_tok']}, {t.get('n_shared_experts', 1)} shared, width {t['moe_intermediate_size']})",
@@ -245,9 +242,10 @@ def architecture_lines(config: dict[str, Any], kv: str = "bf16") -> list[str]:
 
 def pool_line(info: CheckpointInfo) -> str:
     """Tokens of pool a GiB holds, and the command that sizes the pool for a machine (its memory, the reserve)."""
-    per_token = cache_sizes(info.config, info.kv).pool_token_bytes
+    sizes = cache_sizes(info.config, info.kv)
     return (
-        f"pool: {2**30 // per_token:,} tokens per GiB a rank has free after its weights (KV={info.kv}); "
+        f"pool: {2**30 // sizes.pool_token_bytes:,} tokens per GiB a rank has free after its weights (KV={info.kv}; "
+        f"{2**30 // sizes.pool_token_bytes_mtp:,} with the MTP drafter's row); "
         f"`python -m engine fit CHECKPOINT --tp {info.tp} --kv {info.kv} --dense {info.dense}` gives the window "
         "a machine holds"
     )

@@ -125,6 +125,8 @@ def test_the_kv_option_sets_the_cache_row_type_and_its_bytes(
         assert cache is not None and cache.groups() == (kv, str(per_token)), out
         assert f"recurrent state {state_mib:.2f} MiB per sequence" in out  # fp32 whatever the row type
         assert f"pool: {per_gib:,} tokens per GiB" in out and f"--tp 2 --kv {kv} --dense bf16" in out
+        dsa = int(re.search(r"(\d+) DSA", out).group(1))  # the MTP drafter's layer keeps one more pool row a token
+        assert f"{2**30 // (per_token // dsa * (dsa + 1)):,} with the MTP drafter's row" in out, out
         printed[kv] = per_token
     assert printed["fp32"] == 2 * printed["bf16"] and printed["fp8"] > printed["bf16"] // 2
     assert main(["info", str(path)]) == 0  # bf16 rows unless asked, as serve's and fit's --kv
