@@ -916,6 +916,11 @@ def main() -> None:
         default="auto",
         help="per-layer times at TP=2 too (auto: when two GPUs are visible; on: also gloo on the CPU)",
     )
+    ap.add_argument(
+        "--hc-unchained",
+        action="store_true",
+        help="a step's hyper-connections in three launches each, the form before session 26 (triton_mhc.CHAIN)",
+    )
     ap.add_argument("--tp2-timeout", type=float, default=100.0, help="seconds the TP=2 run may take")
     ap.add_argument("--tp-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tp-port", type=int, default=0, help=argparse.SUPPRESS)
@@ -946,6 +951,10 @@ def main() -> None:
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS, PREFILL_CHUNK = args.prefill_repeats, args.prefill_chunk
+    if args.hc_unchained:
+        from engine.ops import triton_mhc
+
+        triton_mhc.CHAIN = False
     if args.moe_loop:
         from engine.models.glm5_next import moe
 
@@ -960,6 +969,7 @@ def main() -> None:
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
         dense=args.dense,
         exl3_gemv=args.exl3_gemv or "engine default",
+        hyper_connections="three launches a step's sublayer" if args.hc_unchained else "chained (engine default)",
         routed_experts="EXL3 4-bit mcg (random trellis)" if args.exl3_experts else "bf16",
         shard=f"rank 0 of {args.shard} (ShardStandIn: one GPU, collectives as local copies)"
         if args.shard > 1

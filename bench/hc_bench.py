@@ -6,6 +6,9 @@ widths (4 streams of 4,096, 24 logits), for 1 and 4 tokens. Each variant's outpu
     python bench/hc_bench.py [--out hc_bench.json]
     python bench/hc_bench.py --prompt   # a 2,048-token prompt chunk's `_hc_mix` columns a step and warps instead
 
+Then (not with --prompt) a step's sublayer as served, `_hc_post` making the next map's sums (two launches), against
+the three launches it replaced.
+
 Variants: chunk width (hidden columns a program), warps of `_hc_dots` and `_hc_mix`, and Sinkhorn iterations 20
 (the model's) against 1 (what the iterations cost; not a served form). The first variant (4 warps each) is the
 launch before session 19 and the reference of the differences; the served one is (128, 4, 1, 20).
@@ -71,6 +74,36 @@ def prompt_chunk(fn, base, scale, norm, gen, result: dict) -> None:
     triton_mhc.PROMPT_CHUNK, triton_mhc.PROMPT_WARPS = served
 
 
+def chained(fn, base, scale, norm, gen, tokens: int, result: dict) -> None:
+    """One hyper-connection of a step as served (`_hc_mix` and a `_hc_post` that also makes the next map's sums,
+    taking the sums the previous `_hc_post` made) against three launches (`_hc_dots`, `_hc_mix`, `_hc_post`): µs a
+    sublayer, and whether both give the same bits."""
+    n, hidden = 4, 4096
+    before = torch.randn(tokens, n, hidden, device="cuda", generator=gen)
+    out = torch.randn(tokens, hidden, device="cuda", generator=gen)
+    args = (fn, base, scale, norm, 1e-6, 1e-6, 1e-6, 20)
+    x, post, comb = triton_mhc.hc_pre(before, *args)
+    streams, ahead = triton_mhc.hc_post(before, out, post, comb, fn)  # the previous sublayer's chained launch
+
+    def three():
+        x, post, comb = triton_mhc.hc_pre(streams, *args)
+        return triton_mhc.hc_post(streams, out, post, comb)[0]
+
+    def two():
+        x, post, comb = triton_mhc.hc_pre(streams, *args, partials=ahead)
+        return triton_mhc.hc_post(streams, out, post, comb, fn)
+
+    row = {
+        "tokens": tokens,
+        "form": "chained",
+        "three_launches_us": graph_us(three, CALLS, best=True),
+        "two_launches_us": graph_us(two, CALLS, best=True),
+        "same_bits": bool(torch.equal(three(), two()[0])),
+    }
+    result["rows"].append(row)
+    print(row, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -112,6 +145,8 @@ def main() -> None:
             result["rows"].append(row)
             print(row, flush=True)
     triton_mhc.CHUNK, triton_mhc.DOTS_WARPS, triton_mhc.MIX_WARPS = served
+    for tokens in () if args.prompt else (1, 4):
+        chained(fn, base, scale, norm, gen, tokens, result)
     if args.prompt:
         prompt_chunk(fn, base, scale, norm, gen, result)
     if args.out:

@@ -102,19 +102,23 @@ def hc_around(
     hc_norm_eps: float,
     norm_eps: float,
     iters: int,
-) -> torch.Tensor:
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    next_fn: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """A hyper-connection around `sublayer` (engine/models/glm5_next/mhc.py says what it computes): on a GPU with a
-    power-of-two stream count, three fused kernels, for decode steps and prompt chunks alike (prompt chunks measured
-    on the H200: docs/BENCHMARKS.md, session 16); else torch ops."""
+    power-of-two stream count, fused kernels, for decode steps and prompt chunks alike (prompt chunks measured on
+    the H200: docs/BENCHMARKS.md, session 16); else torch ops. Gives the new streams, and on a GPU in a step's form
+    with `next_fn` (the next hyper-connection's map) that one's first partial sums, which it takes as `partials`
+    (`triton_mhc.hc_post`); else None."""
     n = streams.shape[1]
     if streams.is_cuda and n & (n - 1) == 0:
         from engine.ops.triton_mhc import hc_post, hc_pre
 
-        x, post, comb = hc_pre(streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters)
-        return hc_post(streams, sublayer(x), post, comb)
+        x, post, comb = hc_pre(streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters, partials)
+        return hc_post(streams, sublayer(x), post, comb, next_fn)
     pre, post, comb = hc_weights(streams, fn, base, scale, hc_eps, hc_norm_eps, iters)
     out = sublayer(reference.rms_norm((pre.unsqueeze(-1) * streams).sum(1), norm, norm_eps))
-    return post.unsqueeze(-1) * out.unsqueeze(1) + comb.transpose(-1, -2) @ streams
+    return post.unsqueeze(-1) * out.unsqueeze(1) + comb.transpose(-1, -2) @ streams, None
 
 
 def hc_weights(

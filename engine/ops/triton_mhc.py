@@ -18,7 +18,9 @@ session 16). Here:
   (|h|² = preᵀ · Gram · pre, so no program needs another's chunk): the sublayer's input; for a prompt chunk one
   program a token covers the whole width, PROMPT_CHUNK columns a step — the Gram matrix from a first pass over the
   token's streams, the gates once a token, not once per (token, chunk);
-- `_hc_post` (token × hidden chunk): streams' = post ⊗ out + combᵀ · streams.
+- `_hc_post` (token × hidden chunk): streams' = post ⊗ out + combᵀ · streams; in a step (a decode step, a verify
+  window) also the next hyper-connection's `_hc_dots` share over the same chunk of the new streams, so a step runs
+  two launches a hyper-connection where it ran three (`hc_post(..., next_fn)`, `hc_pre(..., partials=)`).
 
 Everything is fp32, as the reference. Sums run in another order than the torch ops (the norm is applied after the
 dot products, the hidden width is cut in chunks), so results agree to fp32 rounding, not bit for bit. A token's
@@ -41,6 +43,9 @@ CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program cove
 DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
 # cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200) ...
 DECODE_TOKENS = ROW_INVARIANT_ROWS  # ... for up to this many tokens (a step's rows: decode, verify windows)
+CHAIN = (
+    True  # a step's `hc_post` makes the next map's sums (False: three launches, `bench/gpu_engine.py --hc-unchained`)
+)
 PROMPT_CHUNK, PROMPT_WARPS = 512, 4  # a prompt chunk's `_hc_mix`: hidden columns a step of its one program a token
 # (32 steps of 128 took 374 µs a call of 2,048 tokens on the H200), warps
 
@@ -73,11 +78,13 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _hc_dots(
+def _dots_of(
     streams_ptr,
     fn_ptr,
     dots_ptr,
     gram_ptr,
+    token,
+    chunk,
     HIDDEN: tl.constexpr,
     N: tl.constexpr,
     R: tl.constexpr,
@@ -85,8 +92,8 @@ def _hc_dots(
     CHUNKS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
-    chunk = tl.program_id(1)
+    """One (token, hidden chunk)'s share of the logits' dot products (streams · fn) and of the streams' Gram
+    matrix: `_hc_dots`, and the tail of `_hc_post` when it works them out for the next hyper-connection."""
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     live = cols < HIDDEN
     n_idx = tl.arange(0, N)
@@ -105,6 +112,24 @@ def _hc_dots(
     part = token * CHUNKS + chunk
     tl.store(dots_ptr + part * R_PAD + rows, dots)
     tl.store(gram_ptr + part * N * N + n_idx[:, None] * N + n_idx[None, :], gram)
+
+
+@triton.jit
+def _hc_dots(
+    streams_ptr,
+    fn_ptr,
+    dots_ptr,
+    gram_ptr,
+    HIDDEN: tl.constexpr,
+    N: tl.constexpr,
+    R: tl.constexpr,
+    R_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
+    chunk = tl.program_id(1)
+    _dots_of(streams_ptr, fn_ptr, dots_ptr, gram_ptr, token, chunk, HIDDEN, N, R, R_PAD, CHUNKS, BLOCK)
 
 
 @triton.jit
@@ -204,8 +229,25 @@ def _hc_mix(
 
 @triton.jit
 def _hc_post(
-    streams_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, HIDDEN: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr
+    streams_ptr,
+    out_ptr,
+    post_ptr,
+    comb_ptr,
+    new_ptr,
+    fn_ptr,
+    dots_ptr,
+    gram_ptr,
+    HIDDEN: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    R: tl.constexpr = 1,
+    R_PAD: tl.constexpr = 1,
+    CHUNKS: tl.constexpr = 1,
+    DOTS: tl.constexpr = False,
 ):
+    """streams' = post ⊗ out + combᵀ · streams for one (token, hidden chunk); DOTS: then the next hyper-connection's
+    share of its dot products and Gram matrix over the same chunk of the new streams (fn: its map), as `_hc_dots`
+    would make them, read back from where this program stored them (its own threads' stores, after a barrier)."""
     token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -223,6 +265,21 @@ def _hc_post(
         post[:, None] * out[None, :] + mixed,
         mask=live[None, :],
     )
+    if DOTS:
+        tl.debug_barrier()
+        _dots_of(new_ptr, fn_ptr, dots_ptr, gram_ptr, token, chunk, HIDDEN, N, R, R_PAD, CHUNKS, BLOCK)
+
+
+def decode_form(tokens: int) -> bool:
+    """Whether `hc_pre` takes a step's form for this many tokens (`_hc_dots`' partial sums, which `hc_post` can make
+    ahead for the next hyper-connection) rather than a prompt chunk's (one fp32 product)."""
+    return tokens <= DECODE_TOKENS or torch.get_float32_matmul_precision() != "highest"
+
+
+def _partials(tokens: int, chunks: int, rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Room for `_hc_dots`' partial sums: dots [T, chunks, R_PAD], Gram matrices [T, chunks, n, n]."""
+    dots = torch.empty(tokens, chunks, triton.next_power_of_2(rows), dtype=torch.float32, device=device)
+    return dots, torch.empty(tokens, chunks, n, n, dtype=torch.float32, device=device)
 
 
 def hc_pre(
@@ -235,28 +292,32 @@ def hc_pre(
     norm_eps: float,
     sub_eps: float,
     iters: int,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] fp32 -> (the sublayer's input rms_norm(Σ pre·streams) · norm_weight [T, hidden],
     post [T, n], comb [T, n, n]); fn [2n + n², n·hidden] (fp32, or bf16 values kept as bf16: `_hc_dots` reads them
     as they are, each exact in its fp32 products, its sums in the order its layout for that element size gives),
-    base [2n + n²], scale [3], norm_weight [hidden], fp32."""
+    base [2n + n²], scale [3], norm_weight [hidden], fp32. `partials`: `_hc_dots`' sums for these streams and this
+    fn, made ahead by the previous `hc_post` (a step's form only)."""
     streams = streams.contiguous()
     tokens, n, hidden = streams.shape
     rows = fn.shape[0]
     chunks = triton.cdiv(hidden, CHUNK)  # CHUNK read at the call (the bench)
-    prompt = tokens > DECODE_TOKENS and torch.get_float32_matmul_precision() == "highest"
+    prompt = not decode_form(tokens)
     if prompt:  # the dot products as one fp32 product
         dots = torch.mm(streams.view(tokens, n * hidden), widened(fn).t())  # [T, rows]: one part, rows apart
         gram, r_pad, parts = dots, rows, 1  # no Gram partials: `_hc_mix` makes the matrix (gram_ptr unread)
     else:
         r_pad = triton.next_power_of_2(rows)
         parts = chunks
-        dots = torch.empty(tokens, chunks, r_pad, dtype=torch.float32, device=streams.device)
-        gram = torch.empty(tokens, chunks, n, n, dtype=torch.float32, device=streams.device)
-        _hc_dots[(tokens, chunks)](
-            streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks, BLOCK=CHUNK,
-            num_warps=DOTS_WARPS,
-        )  # fmt: skip
+        if partials is not None:
+            dots, gram = partials
+        else:
+            dots, gram = _partials(tokens, chunks, rows, n, streams.device)
+            _hc_dots[(tokens, chunks)](
+                streams, fn, dots, gram, HIDDEN=hidden, N=n, R=rows, R_PAD=r_pad, CHUNKS=chunks, BLOCK=CHUNK,
+                num_warps=DOTS_WARPS,
+            )  # fmt: skip
     x = torch.empty(tokens, hidden, dtype=torch.float32, device=streams.device)
     post = torch.empty(tokens, n, dtype=torch.float32, device=streams.device)
     comb = torch.empty(tokens, n, n, dtype=torch.float32, device=streams.device)
@@ -287,10 +348,27 @@ def hc_pre(
     return x, post, comb
 
 
-def hc_post(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """streams [T, n, hidden], the sublayer's output [T, hidden] -> post ⊗ out + combᵀ · streams [T, n, hidden]."""
+def hc_post(
+    streams: torch.Tensor,
+    out: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    next_fn: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """streams [T, n, hidden], the sublayer's output [T, hidden] -> (post ⊗ out + combᵀ · streams [T, n, hidden],
+    and with `next_fn`, where the next `hc_pre` takes a step's form, its `_hc_dots` sums for the new streams, made in
+    the same launch: `hc_pre(..., partials=)`; else None)."""
     streams, out = streams.contiguous(), out.contiguous()
     tokens, n, hidden = streams.shape
     new = torch.empty_like(streams)
-    _hc_post[(tokens, triton.cdiv(hidden, CHUNK))](streams, out, post, comb, new, HIDDEN=hidden, N=n, BLOCK=CHUNK)
-    return new
+    chunks = triton.cdiv(hidden, CHUNK)
+    if next_fn is None or not CHAIN or not decode_form(tokens):
+        _hc_post[(tokens, chunks)](streams, out, post, comb, new, new, new, new, HIDDEN=hidden, N=n, BLOCK=CHUNK)
+        return new, None
+    rows = next_fn.shape[0]
+    dots, gram = _partials(tokens, chunks, rows, n, streams.device)
+    _hc_post[(tokens, chunks)](
+        streams, out, post, comb, new, next_fn, dots, gram, HIDDEN=hidden, N=n, BLOCK=CHUNK, R=rows,
+        R_PAD=triton.next_power_of_2(rows), CHUNKS=chunks, DOTS=True, num_warps=DOTS_WARPS,
+    )  # fmt: skip
+    return new, (dots, gram)

@@ -62,8 +62,17 @@ def _cases() -> dict:
         streams, hc.fn, hc.base, hc.scale, layer.input_norm, hc.eps, hc.norm_eps, layer.eps, hc.iters
     )
     _, ref_post, ref_comb = hc.weights(streams)
-    fused = triton_mhc.hc_post(streams, sublayer(x), post, comb)
+    fused, _ = triton_mhc.hc_post(streams, sublayer(x), post, comb)
+    # chained (a step's form): the launch making the new streams also makes the next hyper-connection's sums
+    nxt = layer.ffn_hc
+    chained, ahead = triton_mhc.hc_post(streams, sublayer(x), post, comb, nxt.fn)
+    after = (nxt.fn, nxt.base, nxt.scale, layer.post_norm, nxt.eps, nxt.norm_eps, layer.eps, nxt.iters)
+    taken = triton_mhc.hc_pre(fused, *after, partials=ahead)
+    chained_equal = torch.equal(chained, fused) and all(
+        torch.equal(a, b) for a, b in zip(taken, triton_mhc.hc_pre(fused, *after))
+    )
     out["hc"] = {
+        "chained_equal": bool(chained_equal),
         "input": _relative(x, seen["x"][0]),
         "post": _relative(post, ref_post),
         "comb": _relative(comb, ref_comb),
@@ -104,9 +113,9 @@ def _cases() -> dict:
         return torch.tanh(x @ mix)
 
     args = (fn, hc.base, hc.scale, norm, hc.eps, hc.norm_eps, layer.eps, hc.iters)
-    reference = engine_ops.hc_around(streams, chunk_sublayer, *args)  # CPU tensors: the torch path
+    reference, _ = engine_ops.hc_around(streams, chunk_sublayer, *args)  # CPU tensors: the torch path
     x, post, comb = triton_mhc.hc_pre(streams, *args)
-    fused = triton_mhc.hc_post(streams, chunk_sublayer(x), post, comb)
+    fused, _ = triton_mhc.hc_post(streams, chunk_sublayer(x), post, comb)
     others = torch.randn(tokens, n, wide, generator=gen)
     others[-1] = streams[-1]
     x_others, _, _ = triton_mhc.hc_pre(others, *args)
@@ -337,6 +346,8 @@ def test_hyper_connection_kernels_match_the_torch_path(results: dict) -> None:
         assert hc[figure] <= TOLERANCE, (figure, hc)
     assert hc["comb_row_sums"] < 1e-3  # Sinkhorn ran: comb is (nearly) doubly stochastic
     assert hc["batch_independent"]
+    # a step's `_hc_post` with the next map: the same new streams, and sums that give the next `hc_pre` its bits
+    assert hc["chained_equal"]
 
 
 def test_hyper_connection_prompt_chunk_kernels_match_the_torch_path(results: dict) -> None:

@@ -33,6 +33,24 @@ def test_cuda_greedy_equals_cpu(checkpoint):
     assert max(float((a - b.cpu()).abs().max()) for a, b in zip(cpu_logits, gpu_logits)) < 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chained_hyper_connections_give_the_unchained_bits(checkpoint, dtype):
+    """A GPU step's `_hc_post` also makes the next hyper-connection's partial sums (one launch fewer a sublayer);
+    the model's logits are the very bits of the three-launch form, in a prompt of a step's size and in decode steps."""
+    from test_parity import ours_greedy as greedy
+
+    model = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=dtype)
+    ids = prompt(seed=5)[:40]  # at most DECODE_TOKENS: the prompt takes the step's form too
+    chained_tokens, chained = greedy(model, ids, 12)
+    links = [(hc, hc.next) for layer in model.layers for hc in (layer.attn_hc, layer.ffn_hc)]
+    assert all(nxt is not None for _, nxt in links[:-1]) and links[-1][1] is None
+    for hc, _ in links:
+        hc.next = None
+    tokens, unchained = greedy(model, ids, 12)
+    assert chained_tokens == tokens
+    assert all(torch.equal(a, b) for a, b in zip(chained, unchained))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for NCCL")
 def test_nccl_tp2_equals_tp1(checkpoint, tmp_path):
     assert_nccl_tp2_equals_cpu(checkpoint, tmp_path)

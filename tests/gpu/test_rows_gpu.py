@@ -124,9 +124,15 @@ def test_hyper_connection_kernels_at_the_served_width(tokens):
     streams = torch.randn(tokens, n, hidden, device="cuda", generator=g)
     args = (fn, base, scale, norm, 1e-6, 1e-6, 1e-6, 20)
     x, post, comb = triton_mhc.hc_pre(streams, *args)
-    got = triton_mhc.hc_post(streams, torch.tanh(x), post, comb)
-    exact = ops.hc_around(streams.cpu().double(), torch.tanh, *(a.cpu().double() for a in args[:4]), *args[4:])
+    got, none = triton_mhc.hc_post(streams, torch.tanh(x), post, comb)
+    exact, _ = ops.hc_around(streams.cpu().double(), torch.tanh, *(a.cpu().double() for a in args[:4]), *args[4:])
     assert float((got.cpu().double() - exact).abs().max() / exact.abs().max()) < 2e-5
+    # chained (a step's form): the same new streams, and the next hyper-connection's sums give its unchained bits
+    chained, ahead = triton_mhc.hc_post(streams, torch.tanh(x), post, comb, fn)
+    assert none is None and torch.equal(chained, got) and (ahead is None) == (tokens > triton_mhc.DECODE_TOKENS)
+    if ahead is not None:
+        pairs = zip(triton_mhc.hc_pre(got, *args, partials=ahead), triton_mhc.hc_pre(got, *args))
+        assert all(torch.equal(a, b) for a, b in pairs)
     others = torch.randn(tokens, n, hidden, device="cuda", generator=g)
     others[-1] = streams[-1]
     assert torch.equal(triton_mhc.hc_pre(others, *args)[0][-1], x[-1])

@@ -23,6 +23,10 @@ class HyperConnection:
         self.fn = fn if fn.dtype == torch.bfloat16 else fn.float()
         self.base = reader.get(prefix + "_base").float()
         self.scale = reader.get(prefix + "_scale").float()
+        # the hyper-connection the new streams go to next in the layer stack (set by the model), and the partial
+        # sums it may take, made for it by this one's last launch: (the streams they are of, (dots, Gram))
+        self.next: HyperConnection | None = None
+        self.ahead: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [N_tok, n, hidden] -> pre [N_tok, n], post [N_tok, n], comb [N_tok, n, n]."""
@@ -30,7 +34,15 @@ class HyperConnection:
 
     def around(self, streams: torch.Tensor, sublayer, norm: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """Run `sublayer` on the mixed-down streams, RMS-normalised with weight `norm`, and fold its output back in
-        (`ops.hc_around`: fused kernels on a GPU, decode steps and prompt chunks alike)."""
-        return ops.hc_around(
-            streams, sublayer, self.fn, self.base, self.scale, norm, self.eps, self.norm_eps, norm_eps, self.iters
-        )
+        (`ops.hc_around`: fused kernels on a GPU, decode steps and prompt chunks alike). On a GPU step the launch
+        that makes the new streams also starts `next`'s sums over them; `next` takes those only for these very
+        streams (the tensor it is handed)."""
+        ahead, self.ahead = self.ahead, None
+        partials = ahead[1] if ahead is not None and ahead[0] is streams else None
+        new, made = ops.hc_around(
+            streams, sublayer, self.fn, self.base, self.scale, norm, self.eps, self.norm_eps, norm_eps, self.iters,
+            partials, None if self.next is None else self.next.fn,
+        )  # fmt: skip
+        if made is not None and self.next is not None:
+            self.next.ahead = (new, made)
+        return new

@@ -124,6 +124,9 @@ class Glm5NextForCausalLM:
             dsa_seen += cfg.layer_types[i] == DSA
             if progress:
                 progress(f"loaded layer {i + 1}/{cfg.num_hidden_layers}")
+        for layer, following in zip(self.layers, [*self.layers[1:], None]):  # the streams' way through the stack
+            layer.attn_hc.next = layer.ffn_hc
+            layer.ffn_hc.next = following.attn_hc if following is not None else None
         # the MTP layer only when it drafts (`mtp`): its weights and its pool layer cost nothing otherwise
         mtp_prefix = f"{prefix}layers.{cfg.num_hidden_layers}."
         held = cfg.num_nextn_predict_layers > 0 and reader.has(mtp_prefix + "eh_proj.weight")
