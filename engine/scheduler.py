@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch.distributed
@@ -52,6 +52,9 @@ class Token:
     id: int
     logprob: float | None = None  # with Request.logprobs set: its log-probability and the top alternatives
     top: tuple[tuple[int, float], ...] = ()
+    # the request's (drafted, accepted) tokens once the step that made this one is counted: what a reply's usage
+    # reports, up to the token a client's stop string ends it at
+    drafts: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,11 @@ def describe_failure(exc: BaseException) -> str:
     ):
         return "a rank stopped answering"
     return "a step failed on rank 0"
+
+
+def _counted(req: Request, event: Event) -> Event:
+    """A token as sent: with its request's draft counts as they stand (after its window's)."""
+    return replace(event, drafts=(req.drafted, req.accepted)) if isinstance(event, Token) else event
 
 
 @dataclass(eq=False)
@@ -230,8 +238,8 @@ class Scheduler:
         # the same counts by drafter (mtp+copy chooses per lane per step)
         self.by_drafter = {name: {"windows": 0, "drafted": 0, "accepted": 0} for name in ("format", "copy", "mtp")}
         self._verifies = False  # whether the decode step in flight verifies (its lanes commit in the next plan)
-        # a reply's end sampled inside a lane's window, sent once the window's counts are in (usage, /health); only
-        # the thread sampling that window holds (the peer watch's `abandon` sends its ends at once)
+        # the tokens and the end sampled inside a lane's window, sent once the window's counts are in (usage,
+        # /health); only the thread sampling that window holds (the peer watch's `abandon` sends its ends at once)
         self._held: list[tuple[Request, Event]] | None = None
         self._held_by = 0
         decoder = executor.decoder
@@ -560,7 +568,8 @@ class Scheduler:
         """Sample a lane's rows in order, each at its own position; a draft counts while it equals the sample
         before it. The lane keeps the rows up to the first sample that differs from its draft (that sample is its
         new pending token); after a verify step it commits them in the next plan. A reply that ends in the window
-        gets its end after the window's counts: its usage (and /health) then include this step's drafts."""
+        gets its tokens and its end after the window's counts: its usage (and /health) then include this step's
+        drafts, and each token carries the counts so far (`Token.drafts`)."""
         window, kept = req.window, 0
         self._held, self._held_by = [], threading.get_ident()
         try:
@@ -577,7 +586,7 @@ class Scheduler:
         finally:
             held, self._held = self._held, None
             for done, event in held:
-                self._send(done, event)
+                self._send(done, _counted(done, event))
 
     def _count_window(self, req: Request, kept: int) -> None:
         """A window's counts: /health's and vLLM's spec-decode counters, per drafter, and the reply's own (usage)."""
@@ -644,7 +653,7 @@ class Scheduler:
         if token in req.stop_ids:
             self._finish(req, "stop")
             return
-        self._send(req, event)
+        self._deliver(req, event)
         if req.constraint is not None and req.constraint.ended:
             self._finish(req, "stop")  # the format is complete and wants no end token (ignore_eos)
         elif len(req.output) >= req.params.max_tokens:
@@ -662,12 +671,15 @@ class Scheduler:
             self._in_system -= 1
         self.totals["requests"] += 1
         self.totals["cancelled"] += reason == "cancelled"
-        event = Failed(message) if reason == "failed" else Finished(reason, len(req.output), req.cached)
+        self._deliver(req, Failed(message) if reason == "failed" else Finished(reason, len(req.output), req.cached))
+
+    def _deliver(self, req: Request, event: Event) -> None:
+        """Send `event` now, or hold it until the lane's window is counted (`_take_window`, this thread only)."""
         held = self._held
         if held is not None and self._held_by == threading.get_ident():
             held.append((req, event))
         else:
-            self._send(req, event)
+            self._send(req, _counted(req, event))
 
     def _send(self, req: Request, event: Event) -> None:
         try:

@@ -87,6 +87,8 @@ class Generation:
     _queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     _finished: bool = False
     _request: Request | None = None
+    _drafts: tuple[int, int] = (0, 0)  # the draft counts the last token came with (`Token.drafts`)
+    _cut_at: tuple[int, int] | None = None  # those of the token completing a stop string, where one ended the reply
 
     def start(self) -> None:
         """Submit; raises APIError 429 (queue full) or 503 (engine down) before any response starts."""
@@ -134,8 +136,11 @@ class Generation:
     @property
     def draft_counts(self) -> tuple[int, int]:
         """(drafted, accepted) tokens of this reply's verify windows: final once the scheduler has ended the request
-        (its end goes out after the last window's counts); a reply a stop string ended reads them as counted so far
-        (the window that completed the stop string may be counted after, drafts past the stop included)."""
+        (its end goes out after the last window's counts); for a reply a stop string ended, those the token that
+        completed it came with: every window up to and including its own (drafts past the stop included), never a
+        later one the scheduler ran before it saw the cancel."""
+        if self._cut_at is not None:
+            return self._cut_at
         return (self._request.drafted, self._request.accepted) if self._request is not None else (0, 0)
 
     def cancel(self) -> None:
@@ -176,6 +181,7 @@ class Generation:
                     text += decoder.push(event.id)
                     cut = _find_stop(text, self.stop, max(0, sent - hold))
                     if cut is not None:
+                        self._cut_at = self._drafts
                         if sent < cut:
                             yield Delta(text[sent:cut], (covered, len(self.token_ids)))
                         self.cancel_quietly()
@@ -199,6 +205,7 @@ class Generation:
             self.first_token_at = time.monotonic()
             self.state.metrics.ttft.observe(self.first_token_at - self.started)
         self.token_ids.append(event.id)
+        self._drafts = event.drafts
         if self.logprobs is not None:
             self.token_logprobs.append((event.logprob, event.top))
 

@@ -201,6 +201,9 @@ class Reply:
     steps: list[int] = field(default_factory=list, compare=False)
     # (drafted, accepted) of its verify windows when its end was sent: the earliest its usage can read them
     drafts: tuple[int, int] | None = field(default=None, compare=False)
+    # what its usage reports (`Generation.draft_counts` at its end), and the counts each token came with
+    usage: tuple[int, int] = field(default=(0, 0), compare=False)
+    carried: list[tuple[int, int]] = field(default_factory=list, compare=False)
 
 
 class Recorded:
@@ -212,13 +215,16 @@ class Recorded:
         self.steps: dict[str, list[int]] = {}
         self.ended: list[threading.Event] = []
         self.counts_at_end: dict[str, tuple[int, int]] = {}  # (drafted, accepted) as its end is sent
+        self.carried: dict[str, list[tuple[int, int]]] = {}  # per token sent: the counts it came with
 
     def submit(self, request: Request) -> None:
         steps, ended, sink = self.steps.setdefault(request.id, []), threading.Event(), request.sink
+        carried = self.carried.setdefault(request.id, [])
 
         def record(event: object) -> None:  # on the scheduler's thread, inside the step's `_apply`
             if isinstance(event, Token):
                 steps.append(self.scheduler.totals["steps"])
+                carried.append(event.drafts)
             elif isinstance(event, (Finished, Failed)):
                 self.counts_at_end[request.id] = (request.drafted, request.accepted)  # what its usage can read
                 ended.set()
@@ -241,10 +247,13 @@ def serve(
     graphs: bool = False,
     drafter: str = "copy",
     stops: dict[int, list[str]] | None = None,
+    pause: float = 0.0,
 ) -> tuple[list[Reply], dict]:
     """Requests through a real Scheduler + StepExecutor and the server's `Generation` (detokenising, stop strings,
     cancelling): the server's path minus HTTP. Request i is prompts[i] with params_for(i); `stops` maps the requests
-    to serve to their stop strings (default: every prompt, none). Per request its reply, and the draft counts."""
+    to serve to their stop strings (default: every prompt, none); `pause`: seconds a client waits after the first
+    text it reads (a reader fallen behind: the scheduler runs ahead of what it has seen). Per request its reply,
+    and the draft counts."""
     model, tokenizer, eos = demo
     executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, graphs=graphs, window=4)
     sched = Scheduler(
@@ -262,25 +271,33 @@ def serve(
     cases = sorted(stops.items()) if stops is not None else [(i, []) for i in range(len(prompts))]
     sched.start()
     try:
-        replies = asyncio.run(replies_of(state, prompts, cases, draft, stagger))
+        replies = asyncio.run(replies_of(state, prompts, cases, draft, stagger, pause))
     finally:
         sched.stop()
     assert executor.pool.free_tokens == executor.pool.num_tokens
     return replies, sched.stats()["drafts"]
 
 
-async def replies_of(state, prompts, cases: list[tuple[int, list[str]]], draft: bool, stagger: bool) -> list[Reply]:
+async def replies_of(
+    state, prompts, cases: list[tuple[int, list[str]]], draft: bool, stagger: bool, pause: float = 0.0
+) -> list[Reply]:
     async def reply(generation: Generation) -> Reply:
         text, end = "", None
         async for event in generation.events():
             if isinstance(event, Delta):
+                if not text:
+                    await asyncio.sleep(pause)
                 text += event.text
             elif isinstance(event, End):
                 end = event
         assert end is not None
         steps = state.scheduler.steps[generation.request_id]
         drafts = state.scheduler.counts_at_end.get(generation.request_id)  # None: a stop string ended it first
-        return Reply(list(generation.token_ids), text, end.finish_reason, end.stop_string, steps, drafts)
+        carried = state.scheduler.carried[generation.request_id]
+        return Reply(
+            list(generation.token_ids), text, end.finish_reason, end.stop_string, steps, drafts,
+            generation.draft_counts, carried,
+        )  # fmt: skip
 
     tasks = []
     for n, (i, stop) in enumerate(cases):
@@ -346,10 +363,13 @@ def check_stop_strings(demo, prompts, drafted: list[Reply], parallel, stagger, g
     assert any(case.inside_window for case in cases.values()), "no verify window committed more than one token"
     stops = {i: case.stops for i, case in cases.items()}
     serial, _ = serve(demo, prompts, False, parallel, stagger, graphs, drafter, stops)
-    cut, _ = serve(demo, prompts, True, parallel, stagger, graphs, drafter, stops)
+    cut, _ = serve(demo, prompts, True, parallel, stagger, graphs, drafter, stops, pause=1.0)  # a reader behind
     for (i, case), a, b in zip(sorted(cases.items()), serial, cut):
         assert a == case.expected, f"request {i} served serially, stop strings {case.stops}"
         assert b == case.expected, f"request {i} drafted, stop strings {case.stops}"
+        # its usage: the counts of every window up to the one completing the stop string, as the same request's
+        # token there came with when no stop string cut it (the same windows), whatever ran after
+        assert b.usage == drafted[i].carried[len(b.tokens) - 1], f"request {i}: usage {b.usage}"
     # the step that made the token completing a stop string sent more tokens after it
     windows = [b.steps[len(b.tokens) - 1 :] for (_, case), b in zip(sorted(cases.items()), cut) if case.inside_window]
     assert any(len(steps) > 1 and steps[0] == steps[1] for steps in windows), "no stop string inside a verify window"
@@ -372,6 +392,7 @@ def test_drafted_replies_equal_serial_replies(demo, parallel, stagger, graphs: b
     # each reply's own counts (its usage) are final when its end arrives: its last window's drafts included
     ends = [r.drafts for r in drafted]
     assert sum(d[0] for d in ends if d) == counts["drafted"] and sum(d[1] for d in ends if d) == counts["accepted"]
+    assert all(r.usage == r.drafts for r in drafted)  # what each reply's usage reports
     check_stop_strings(demo, prompts, drafted, parallel, stagger, graphs, "copy")
 
 
