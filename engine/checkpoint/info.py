@@ -243,9 +243,11 @@ def architecture_lines(config: dict[str, Any], kv: str = "bf16") -> list[str]:
 def pool_line(info: CheckpointInfo) -> str:
     """Tokens of pool a GiB holds, and the command that sizes the pool for a machine (its memory, the reserve)."""
     sizes = cache_sizes(info.config, info.kv)
+    mtp = text_config(info.config).get("num_nextn_predict_layers", 0) > 0
+    with_mtp = f"; {2**30 // sizes.pool_token_bytes_mtp:,} with the MTP drafter's row" if mtp else ""
     return (
-        f"pool: {2**30 // sizes.pool_token_bytes:,} tokens per GiB a rank has free after its weights (KV={info.kv}; "
-        f"{2**30 // sizes.pool_token_bytes_mtp:,} with the MTP drafter's row); "
+        f"pool: {2**30 // sizes.pool_token_bytes:,} tokens per GiB a rank has free after its weights (KV={info.kv}"
+        f"{with_mtp}); "
         f"`python -m engine fit CHECKPOINT --tp {info.tp} --kv {info.kv} --dense {info.dense}` gives the window "
         "a machine holds"
     )

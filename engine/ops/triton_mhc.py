@@ -43,9 +43,8 @@ CHUNK = 128  # hidden columns a `_hc_dots` / `_hc_mix` / `_hc_post` program cove
 DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc_bench.py: one warp saves `_hc_mix` its
 # cross-warp reductions, 10.4 -> 7.8 µs a `hc_pre` of one token on the H200) ...
 DECODE_TOKENS = ROW_INVARIANT_ROWS  # ... for up to this many tokens (a step's rows: decode, verify windows)
-CHAIN = (
-    True  # a step's `hc_post` makes the next map's sums (False: three launches, `bench/gpu_engine.py --hc-unchained`)
-)
+# a step's `hc_post` makes the next map's sums (False: three launches, `bench/gpu_engine.py --hc-unchained`)
+CHAIN = True
 PROMPT_CHUNK, PROMPT_WARPS = 512, 4  # a prompt chunk's `_hc_mix`: hidden columns a step of its one program a token
 # (32 steps of 128 took 374 µs a call of 2,048 tokens on the H200), warps
 
@@ -312,6 +311,11 @@ def hc_pre(
         parts = chunks
         if partials is not None:
             dots, gram = partials
+            if dots.shape != (tokens, chunks, r_pad) or gram.shape != (tokens, chunks, n, n):
+                raise ValueError(
+                    f"partial sums {tuple(dots.shape)} / {tuple(gram.shape)} were not made for {tokens} tokens, "
+                    f"{chunks} chunks and {rows} logits"
+                )
         else:
             dots, gram = _partials(tokens, chunks, rows, n, streams.device)
             _hc_dots[(tokens, chunks)](

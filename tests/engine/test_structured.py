@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import torch
 from test_drafts import demo  # noqa: F401  (the trained demo model, its tokenizer and end tokens)
+from test_mtp import demo_mtp  # noqa: F401  (the same with its MTP layer)
 from test_scheduler import Collector
 
 from engine.checkpoint.demo import TRAINED
@@ -202,12 +203,12 @@ def cases(tokenizer):
 
 
 def serve_formats(
-    model, eos, grammars, todo, draft: bool, parallel: int, graphs: bool = False
+    model, eos, grammars, todo, draft: bool, parallel: int, graphs: bool = False, drafter: str = "copy"
 ) -> tuple[list[list[int]], dict]:
     executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=parallel, window=4, graphs=graphs)
     sched = Scheduler(
         executor, ParallelGroup.single(), parallel=parallel, max_queued=len(todo), prefill_chunk=32,
-        heartbeat_s=0.05, drafter="copy", draft_tokens=3,
+        heartbeat_s=0.05, drafter=drafter, draft_tokens=3,
     )  # fmt: skip
     sched.start()
     sinks = []
@@ -243,6 +244,19 @@ def test_replies_under_formats_obey_them_drafted_equal_serial_batched_equal_alon
         assert a == b == c, f"case {i}"
         text = tokenizer.decode([t for t in a if t not in eos], skip_special_tokens=False)
         assert check(text), (i, text)
+
+
+@torch.no_grad()
+def test_forced_text_and_mtp_drafts_share_steps_under_formats(demo_mtp, grammars):  # noqa: F811
+    """mtp+copy under formats: a lane whose format forces text drafts it (however short) while lanes with free text
+    draft with the MTP layer in the same steps; every reply is the one served without drafts."""
+    model, tokenizer, eos = demo_mtp
+    todo = cases(tokenizer)
+    serial, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=4, drafter="mtp+copy")
+    drafted, counts = serve_formats(model, eos, grammars, todo, draft=True, parallel=4, drafter="mtp+copy")
+    assert serial == drafted
+    accepted = {name: c["accepted"] for name, c in counts["by_drafter"].items()}
+    assert accepted["format"] > 0 and accepted["mtp"] > 0, counts
 
 
 @torch.no_grad()

@@ -39,16 +39,34 @@ def test_chained_hyper_connections_give_the_unchained_bits(checkpoint, dtype):
     the model's logits are the very bits of the three-launch form, in a prompt of a step's size and in decode steps."""
     from test_parity import ours_greedy as greedy
 
+    from engine.ops import triton_mhc
+
+    class Counted:  # `_hc_dots` launches: the chain must be taken, not only give the same bits
+        def __init__(self, kernel) -> None:
+            self.kernel, self.launches = kernel, 0
+
+        def __getitem__(self, grid):
+            self.launches += 1
+            return self.kernel[grid]
+
     model = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dtype=dtype)
     ids = prompt(seed=5)[:40]  # at most DECODE_TOKENS: the prompt takes the step's form too
-    chained_tokens, chained = greedy(model, ids, 12)
-    links = [(hc, hc.next) for layer in model.layers for hc in (layer.attn_hc, layer.ffn_hc)]
-    assert all(nxt is not None for _, nxt in links[:-1]) and links[-1][1] is None
-    for hc, _ in links:
-        hc.next = None
-    tokens, unchained = greedy(model, ids, 12)
+    counted = Counted(triton_mhc._hc_dots)
+    triton_mhc._hc_dots = counted
+    try:
+        chained_tokens, chained = greedy(model, ids, 12)
+        chained_launches, counted.launches = counted.launches, 0
+        links = [(hc, hc.next) for layer in model.layers for hc in (layer.attn_hc, layer.ffn_hc)]
+        assert all(nxt is not None for _, nxt in links[:-1]) and links[-1][1] is None
+        for hc, _ in links:
+            hc.next = None
+        tokens, unchained = greedy(model, ids, 12)
+    finally:
+        triton_mhc._hc_dots = counted.kernel
     assert chained_tokens == tokens
     assert all(torch.equal(a, b) for a, b in zip(chained, unchained))
+    forwards = 1 + 12  # the prompt and the decode steps: the first layer's attention alone makes its own sums
+    assert (chained_launches, counted.launches) == (forwards, forwards * len(links))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for NCCL")

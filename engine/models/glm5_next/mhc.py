@@ -23,8 +23,10 @@ class HyperConnection:
         self.fn = fn if fn.dtype == torch.bfloat16 else fn.float()
         self.base = reader.get(prefix + "_base").float()
         self.scale = reader.get(prefix + "_scale").float()
-        # the hyper-connection the new streams go to next in the layer stack (set by the model), and the partial
-        # sums it may take, made for it by this one's last launch: (the streams they are of, (dots, Gram))
+        # the hyper-connection the new streams go to next in the layer stack (linked by the model at load: a stack
+        # cut short later, as bench/gpu_engine.py's per-layer times, still makes the sums for the next one, unused),
+        # and the partial sums it may take, made for it by this one's last launch: (the streams they are of,
+        # (dots, Gram))
         self.next: HyperConnection | None = None
         self.ahead: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None
 
