@@ -4,12 +4,14 @@
 
 Starts `python -m engine serve` on engine/checkpoint/trained_demo (CPU) with the default drafter (mtp+copy, 3 drafts
 a step; --drafter another) and sends each prompt through the `openai` SDK's chat completions, greedy, both ways: drafted and with
-`extra_body={"draft": False}`. Three sets of four prompts:
+`extra_body={"draft": False}`. Four sets of prompts:
 
 - prose: the demo's own chat kinds (OK, a sum, a fact, an answer from a tool's result), thinking as drawn;
 - structured: two tool calls (the demo's call markup) and two JSON replies under `response_format` json_schema;
 - copy_heavy: a reply that repeats what the conversation already holds — the same tool call or JSON asked for again
-  after an earlier identical exchange, a question asked twice, a list to repeat.
+  after an earlier identical exchange, a question asked twice, a list to repeat;
+- tool_choice_required: the two tool calls and the repeated one with tool_choice "required" (the call under its
+  format: its markup and keys drafted as forced text).
 
 Per prompt and per set: committed tokens per lane window and drafted / accepted tokens, by drafter too (the
 difference of /health's draft counters around each request: one request at a time), the reply's own usage counts,
@@ -169,9 +171,17 @@ def copy_heavy() -> list[Prompt]:
     ]
 
 
+def required(prompt: Prompt) -> Prompt:
+    """The same tool-call prompt with tool_choice "required": the reply is a call under the tools' format, whose
+    markup and argument keys the scheduler drafts as forced text."""
+    return Prompt(f"{prompt.name}_required", prompt.form, {**prompt.request, "tool_choice": "required"})
+
+
 def prompt_sets() -> dict[str, list[Prompt]]:
     prose = [from_synthetic(kind) for kind in ("ok", "arith", "fact", "tool_answer")]
-    return {"prose": prose, "structured": structured(), "copy_heavy": copy_heavy()}
+    again = next(p for p in copy_heavy() if p.name == "tool_call_again")
+    calls = [required(from_synthetic("tool_call", 0)), required(from_synthetic("tool_call", 1)), required(again)]
+    return {"prose": prose, "structured": structured(), "copy_heavy": copy_heavy(), "tool_choice_required": calls}
 
 
 def send(client: openai.OpenAI, http: httpx.Client, prompt: Prompt, draft: bool, max_tokens: int) -> dict[str, Any]:
