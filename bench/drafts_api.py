@@ -3,8 +3,8 @@
     python bench/drafts_api.py [--out drafts_api.json] [--max-tokens 96] [--repeats 3] [--tp 1] [--drafter mtp+copy]
 
 Starts `python -m engine serve` on engine/checkpoint/trained_demo (CPU) with the default drafter (mtp+copy, 3 drafts
-a step; --drafter another) and sends each prompt through the `openai` SDK's chat completions, greedy, both ways: drafted and with
-`extra_body={"draft": False}`. Four sets of prompts:
+a step; --drafter another) and sends each prompt through the `openai` SDK's chat completions, greedy, both ways:
+drafted and with `extra_body={"draft": False}`. Four sets of prompts:
 
 - prose: the demo's own chat kinds (OK, a sum, a fact, an answer from a tool's result), thinking as drawn;
 - structured: two tool calls (the demo's call markup) and two JSON replies under `response_format` json_schema;
