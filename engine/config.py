@@ -28,7 +28,7 @@ DENSE_MODES = ("bf16", "q4", "fp8")  # how the dense weights are kept (engine/qu
 KV_ROW_TYPES = {"bf16": "bf16", "fp8": "fp8 e4m3 and an fp32 scale per row", "fp32": "fp32"}
 KV_MODES = tuple(KV_ROW_TYPES)
 MAX_DRAFT_TOKENS = 7  # a verify window holds at most 8 rows a lane
-# rows of a step whose bits stay each row's own (engine/ops/reference.py ROW_INVARIANT_ROWS): lanes × verify window
+# rows of a step whose bits stay each row's own: lanes × verify window (engine/ops/reference.py ROW_INVARIANT_ROWS)
 MAX_STEP_ROWS = 64
 
 

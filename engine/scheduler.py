@@ -514,9 +514,10 @@ class Scheduler:
         drafts = forced
         if req.drafter is not None and len(forced) < room:
             drafts = forced + req.drafter.propose(room - len(forced), after=forced)
-        if req.constraint is not None and len(drafts) > len(forced):
-            # a draft its format rejects could never equal the sample: not verified
+        if req.constraint is not None and drafts:
+            # a draft its format rejects could never equal the sample: not verified (forced text and copy alike)
             drafts = drafts[: req.constraint.admissible(drafts)]
+            forced = forced[: len(drafts)]
         if req.mtp and room > 0 and len(drafts) < room and not forced:
             req.window_by = "mtp"
             return [-1] * room

@@ -137,12 +137,12 @@ class Constraint:
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens the format forces from here: xgrammar's jump-forward tokens, the text nothing else
         may follow with in the vocabulary's longest tokens (never a stop or special token; the last one left out
-        where a longer token could extend it). They are drafts like any other: the model may spell the same text
-        in other tokens, and a draft counts only where it equals the sample. The place in the format is unchanged."""
+        where a longer token could extend it; the matcher accepts each). They are drafts like any other: the model
+        may spell the same text in other tokens, and a draft counts only where it equals the sample. The place in
+        the format is unchanged."""
         if limit <= 0 or self.ended:
             return []
-        tokens = [int(t) for t in self._matcher.find_jump_forward_tokens()[:limit]]
-        return tokens[: self.admissible(tokens)]
+        return [int(t) for t in self._matcher.find_jump_forward_tokens()[:limit]]
 
     def admissible(self, tokens: list[int]) -> int:
         """How many of `tokens`, in order from here, the format accepts; the place in the format is unchanged."""

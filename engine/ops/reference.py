@@ -8,7 +8,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-ROW_INVARIANT_ROWS = 64  # products of up to this many rows are row-invariant (decode steps, verify windows)
+from engine.config import MAX_STEP_ROWS
+
+ROW_INVARIANT_ROWS = MAX_STEP_ROWS  # products of up to this many rows are row-invariant (decode steps, verify windows)
 CPU_ROW_BLOCK = 8  # ... computed on the CPU as products of exactly this many rows (zero-padded)
 
 
