@@ -3,7 +3,8 @@ GPU: time per call at 1, 2, 4, 8 (and 16, 64) rows for q4 and fp8, the bytes eac
 activations in, the fp32 result out) as a fraction of HBM bandwidth, and the bf16 product of the same shape (the
 serving path's `linear`, fixed 16-row blocks) beside it.
 
-    python bench/dense_bench.py [--out FILE] [--tp 1,2] [--calls 20] [--sweep]
+    python bench/dense_bench.py [--out FILE] [--tp 1,2] [--calls 20]
+    python bench/dense_bench.py --sweep [--swept lm_head:fp8,tp2/kda_in_proj:q4,...] [--repeat 20] [--out FILE]
     python bench/dense_bench.py --dequant [--out FILE] [--tp 1,2]
 
 `--dequant`: what a prompt chunk's product with a reduced weight costs instead — the weight dequantised to bf16 in
@@ -97,54 +98,81 @@ def chain(x: torch.Tensor, weights: list, calls: int, tuning: dict | None = None
     return [one(weights[i % len(weights)]) for i in range(calls)]
 
 
-def sweep(out_path: Path | None, modes: tuple[str, ...]) -> None:
-    """Time every launch shape in a small grid on four of the real shapes (tall, wide, small, the LM head) at 1 and 8
-    rows, for each of `modes` (20 calls a graph over weight copies that miss L2)."""
+# the served weights --sweep times by default: each in the mode DENSE=q4 stores it in (the LM head fp8:
+# engine/quant/dense.py HEAD_MODE), at TP=1 and (the LM head, the KDA input projection) TP=2's shard
+SWEPT = "lm_head:fp8,tp2/lm_head:fp8,kda_in_proj:q4,tp2/kda_in_proj:q4,dsa_o_proj:q4,dense_down:q4,kda_o_proj:q4"
+
+
+def sweep(out_path: Path | None, swept: str, repeat: int) -> None:
+    """Time a grid of launch forms (outputs a program, warps, the split of the inputs, groups unrolled) on the
+    `swept` weights ("[tp2/]NAME:MODE,..."; NAME from `shapes`) at 1 and 8 rows — one row both with Triton's own
+    compile of N == 1 and with the kernel compiled for any N (`one_row`) —, 20 calls a graph over copies that miss
+    L2; then the table's own form and the grid's best three again, taking turns three times (medians)."""
     import itertools
+    import statistics
 
     from engine.ops.triton_dense import launch_shape
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     found: dict = {}
-    for name, (out, width) in [
-        ("kda_in_proj", (24896, 4096)),
-        ("kda_o_proj", (4096, 8192)),
-        ("dsa_x_proj", (2336, 4096)),
-        ("lm_head", (154880, 4096)),
-    ]:
+    keys = ("block_o", "num_warps", "splits", "unroll", "one_row")
+    for item in swept.split(","):
+        label, mode = item.split(":")
+        tp, name = (2, label[4:]) if label.startswith("tp2/") else (1, label)
+        out, width = shapes(tp)[name]
         weight = (torch.randn(out, width, generator=gen, device="cuda") * 0.02).bfloat16()
-        for mode in modes:
-            stored = quantize(weight, mode)
-            default = launch_shape(out, width, stored.group, mode == "fp8")  # type: ignore[union-attr]
-            held = stored.nbytes()  # type: ignore[union-attr]
-            weights = copies(stored, held)
-            grid = [
-                dict(block_o=b, num_warps=w, splits=sp, kw=8, unroll=u)
-                for (b, w), sp, u in itertools.product(
-                    ((128, 2), (128, 4)), (1, 2) if name == "lm_head" else (4, 8, 16), (1, 2)
-                )
-            ]
-            results = []
-            for tuning in grid:
-                if (out // tuning["block_o"]) * tuning["splits"] > 4096:
-                    continue
-                entry: dict = dict(tuning)
-                for rows in (1, 8):
-                    x = torch.randn(rows, width, generator=gen, device="cuda")
-                    try:
-                        seconds = timed(chain(x, weights, max(20, len(weights)), tuning), repeat=10)
-                    except Exception as exc:  # noqa: BLE001 - a shape the compiler refuses is a result too
-                        entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                        break
-                    moved = held + x.numel() * 4 + rows * out * 4
-                    entry[f"us_{rows}"] = round(seconds * 1e6, 2)
-                    entry[f"hbm_{rows}"] = round(moved / seconds / HBM_BYTES_S, 3)
+        stored = quantize(weight, mode)
+        del weight
+        default = launch_shape(out, width, stored.group, mode == "fp8")  # type: ignore[union-attr]
+        held = stored.nbytes()  # type: ignore[union-attr]
+        weights = copies(stored, held)
+        xs = {rows: torch.randn(rows, width, generator=gen, device="cuda") for rows in (1, 8)}
+        splits = sorted({max(1, min(16, default["splits"] * f)) for f in (0.5, 1, 2, 4)})
+        grid = [
+            dict(block_o=b, num_warps=w, splits=int(sp), kw=8, unroll=u)
+            for b, w, sp, u in itertools.product((64, 128), (2, 4), splits, (2,) if mode == "fp8" else (1, 2))
+            if width // (int(sp) * 64) >= 2
+        ]
+
+        def one(tuning: dict, rows: int) -> float:
+            return timed(chain(xs[rows], weights, max(20, len(weights)), tuning), repeat=repeat)
+
+        results = []
+        for tuning in grid:
+            entry: dict = dict(tuning)
+            try:
+                entry["us_1"] = round(one({**tuning, "one_row": True}, 1) * 1e6, 2)
+                entry["us_1_any"] = round(one({**tuning, "one_row": False}, 1) * 1e6, 2)
+                entry["us_8"] = round(one(tuning, 8) * 1e6, 2)
+            except Exception as exc:  # noqa: BLE001 - a form the compiler refuses is a result too
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 results.append(entry)
-            timed_ok = sorted((r for r in results if "us_8" in r), key=lambda r: r["us_1"] + r["us_8"])
-            found[f"{name}/{mode}"] = {"default": default, "best": timed_ok[:8], "all": results}
-            print(name, mode, "default", default, "best", timed_ok[:3], flush=True)
-            if out_path:
-                out_path.write_text(json.dumps(found, indent=1))
+                continue
+            entry["one_row"] = entry["us_1"] <= entry["us_1_any"]
+            entry["us_1_own"], entry["us_1"] = entry["us_1"], min(entry["us_1"], entry["us_1_any"])
+            results.append(entry)
+        timed_ok = sorted((r for r in results if "us_8" in r), key=lambda r: r["us_1"] + r["us_8"])
+        finalists = [default] + [
+            {k: r[k] for k in (*keys, "kw")} for r in timed_ok if any(r[k] != default[k] for k in keys)
+        ][:3]
+        rounds: list[list[tuple[float, float]]] = [[] for _ in finalists]
+        for _ in range(3):
+            for i, tuning in enumerate(finalists):
+                rounds[i].append((one(tuning, 1), one(tuning, 8)))
+        confirmed = []
+        for tuning, times in zip(finalists, rounds):
+            entry = {k: tuning[k] for k in keys}
+            for j, rows in enumerate((1, 8)):
+                seconds = statistics.median(t[j] for t in times)
+                moved = held + xs[rows].numel() * 4 + rows * out * 4
+                entry[f"us_{rows}"] = round(seconds * 1e6, 2)
+                entry[f"hbm_{rows}"] = round(moved / seconds / HBM_BYTES_S, 3)
+                entry[f"runs_us_{rows}"] = [round(t[j] * 1e6, 1) for t in times]
+            confirmed.append(entry)
+        found[item] = {"shape": [out, width], "default": confirmed[0], "confirmed": confirmed[1:], "grid": results}
+        print(item, [out, width], "default", confirmed[0], "\n   best", confirmed[1:], flush=True)
+        if out_path:
+            out_path.write_text(json.dumps(found, indent=1))
 
 
 def dequant(out_path: Path | None, tps: list[int]) -> None:
@@ -185,8 +213,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tp", default="1,2")
-    ap.add_argument("--sweep", action="store_true", help="time launch shapes on four weights instead")
-    ap.add_argument("--sweep-modes", default="q4,fp8", help="with --sweep: the modes swept")
+    ap.add_argument("--sweep", action="store_true", help="time launch forms on the served weights instead")
+    ap.add_argument("--swept", default=SWEPT, help="with --sweep: [tp2/]NAME:MODE of the weights swept")
+    ap.add_argument("--repeat", type=int, default=20, help="with --sweep: graph replays a timing")
     ap.add_argument(
         "--calls",
         type=int,
@@ -201,7 +230,7 @@ def main() -> None:
         dequant(args.out, [int(t) for t in args.tp.split(",")])
         return
     if args.sweep:
-        sweep(args.out, tuple(args.sweep_modes.split(",")))
+        sweep(args.out, args.swept, args.repeat)
         return
     reference.require_row_invariance()  # the bf16 baseline as the serving path runs it with drafts (16-row blocks)
     gen = torch.Generator(device="cuda").manual_seed(0)

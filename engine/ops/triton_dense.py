@@ -48,9 +48,11 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
 # the launch (`launch_shape`, from the sweeps on the H200 in docs/BENCHMARKS.md): outputs a program and a warp (64 a
-# warp from TALL outputs on, else 32), the grid size the split of the inputs aims for, at most this many slices, the
-# operands' k_width, and below UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
-BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 16384, 528, 16, 8, 1024
+# warp from TALL outputs on, else 32), the grid size the split of the inputs aims for (an fp8 weight of HEAD outputs
+# or more — an LM head or its TP share — HEAD_PROGRAMS), at most this many slices, the operands' k_width, and below
+# UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
+BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 12288, 528, 16, 8, 1024
+HEAD, HEAD_PROGRAMS = 32768, 2048
 # `_dequantize`'s tile — outputs and groups a program, warps: of 14 timed ad hoc on the H200 at seven q4 and fp8
 # shapes, the fastest or within 1 µs of it at each (3.4–3.8 TB/s where groups divide the width); its scales fewer than
 # its threads, so Triton loads them in the bytes' layout (no shared memory)
@@ -217,21 +219,29 @@ def _dense_rows(
             gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
+# the same kernel compiled for any row count (`launch_shape`'s one_row false): Triton otherwise compiles a launch of
+# one row (N == 1) on its own
+_dense_rows_any = gluon.jit(do_not_specialize=["N"])(_dense_rows.fn)
+
+
 @functools.cache
 def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> dict[str, int]:
-    """block_o, splits, num_warps, kw, unroll for a weight's shape and mode — never for the row count (each distinct
-    shape once: the table is cached): blocks of BLOCK_O outputs, the inputs split until the grid has PROGRAMS programs
-    (at most MAX_SPLITS slices, each at least two groups), warps and unrolling as the constants above say (fp8, half
-    q4's instructions a byte, loads ahead at every size), unrolling only where a slice holds an even number of
-    groups."""
+    """block_o, splits, num_warps, kw, unroll, one_row for a weight's shape and mode — never for the row count (each
+    distinct shape once: the table is cached): blocks of BLOCK_O outputs, the inputs split until the grid has PROGRAMS
+    programs (an fp8 LM head: HEAD_PROGRAMS; at most MAX_SPLITS slices, each at least two groups), warps and
+    unrolling as the constants above say (fp8, half q4's instructions a byte, loads ahead at every size), unrolling
+    only where a slice holds an even number of groups; one_row: a one-row launch compiled on its own, or (an fp8 LM
+    head, whose one-row form took 1.3x the 8-row time) the kernel compiled for any row count."""
     blocks = -(-out_features // BLOCK_O)
+    head = fp8 and out_features >= HEAD
+    programs = HEAD_PROGRAMS if head else PROGRAMS
     splits = 1
-    while splits < MAX_SPLITS and blocks * splits < PROGRAMS and in_features // (2 * splits) >= 2 * group:
+    while splits < MAX_SPLITS and blocks * splits < programs and in_features // (2 * splits) >= 2 * group:
         splits *= 2
     warps = BLOCK_O // (64 if out_features >= TALL else 32)
     whole = in_features // (splits * group) % 2 == 0  # an even number of groups a slice: no half-empty step
     unroll = 2 if (fp8 or blocks * splits < UNROLL_BELOW) and whole else 1
-    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll)
+    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll, one_row=not head)
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
@@ -251,7 +261,8 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     grid = (triton.cdiv(o, launch["block_o"]), triton.cdiv(n, ROWS), splits)
     if splits > 1 and grid[0] * grid[1] > COUNTS:
         raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
-    _dense_rows[grid](
+    kernel = _dense_rows if launch["one_row"] else _dense_rows_any
+    kernel[grid](
         x, weight.data.view(torch.uint8), weight.scale, weight.scale if fp8 else weight.offset, out,
         _counts(x.device), n, o, x.stride(0), weight.data.stride(0), weight.scale.stride(0),
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],

@@ -62,11 +62,13 @@ def _exact(x, w):
     return rounded.double() @ w.dequantize(torch.float32).double().t()
 
 
-@pytest.mark.parametrize("tuning", [dict(num_warps=2, unroll=1), dict(num_warps=4, unroll=4), dict(splits=3)])
+@pytest.mark.parametrize(
+    "tuning", [dict(num_warps=2, unroll=1), dict(num_warps=4, unroll=4), dict(splits=3), dict(block_o=64, num_warps=4)]
+)
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
 def test_every_launch_form_gives_the_exact_product(mode, tuning):
     """Launches the default table does not pick for SHAPES (each picked for some real weight): 64 outputs a warp,
-    no unrolling or four groups ahead (a split shorter than the unroll), an uneven split."""
+    no unrolling or four groups ahead (a split shorter than the unroll), an uneven split, 64 outputs a program."""
     from engine.ops.triton_dense import dense_rows
 
     w = weight((2000, 1536), mode)
@@ -74,6 +76,19 @@ def test_every_launch_form_gives_the_exact_product(mode, tuning):
     got = dense_rows(x, w, tuning)
     exact = _exact(x, w)
     assert (got.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_one_row_gives_the_same_bits_compiled_for_it_or_for_any_row_count(mode):
+    """`one_row` picks Triton's own compile of a one-row launch (N == 1 a constant) or the kernel compiled for any N:
+    the same arithmetic, so the same bits, and the bits of that row among others."""
+    from engine.ops.triton_dense import dense_rows
+
+    w = weight((2000, 1536), mode)
+    x = rows(5, 1536)
+    own = dense_rows(x[:1], w, dict(one_row=True))
+    assert torch.equal(dense_rows(x[:1], w, dict(one_row=False)), own)
+    assert torch.equal(dense_rows(x, w, dict(one_row=False))[:1], own)
 
 
 def test_an_fp8_width_groups_do_not_divide():
