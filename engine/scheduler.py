@@ -415,6 +415,10 @@ class Scheduler:
             plan.decode = ([_lane(r) for r in decoding], [r.window for r in decoding])
             if any(r.mtp for r in decoding):
                 plan.absorb = [r.fresh if r.mtp else [] for r in decoding]
+                # under a format, the MTP layer's draft 1 is one the format allows after the pending token (the
+                # matcher stands there: `_emit` took the pending token)
+                masks = {_lane(r): r.constraint.words() for r in decoding if r.window_by == "mtp" and r.constraint}
+                plan.draft_masks = {lane: words for lane, words in masks.items() if words is not None} or None
             for r in decoding:
                 r.fresh = []
             self._verifies = plan.verifies
@@ -506,9 +510,10 @@ class Scheduler:
         """The drafts a lane verifies this round: at most draft_tokens, and never past the request's max_tokens
         (so its rows stay inside the budget the pool reserved for it). Under a format, the text it forces comes
         first and a copy match may go on from there; forced text, or a copy match that fills the whole window,
-        wins; otherwise the MTP layer drafts (-1: made on the device in the step). Forced text wins even when
-        short: it is near certain where the MTP layer drafts without the format's mask (on the trained demo's JSON
-        replies, 1.23-1.98 tokens a step against 1.16-1.79 when only a full window won; docs/BENCHMARKS.md)."""
+        wins; otherwise the MTP layer drafts (-1: made on the device in the step; under a format its first draft
+        under the format's mask, `_plan`). Forced text wins even when short: it is near certain, where the MTP
+        layer's drafts after the first are unmasked (on the trained demo's JSON replies, before the first draft took
+        the mask, 1.23-1.98 tokens a step against 1.16-1.79 when only a full window won; docs/BENCHMARKS.md)."""
         room = min(self.draft_tokens, req.params.max_tokens - len(req.output) - 1)
         forced = req.constraint.forced(room) if req.forced and req.constraint is not None else []
         drafts = forced

@@ -8,10 +8,11 @@ from a request (engine/server/formats.py); here it is compiled (once per distinc
 and followed token by token.
 
 Determinism: the mask depends only on the request's own tokens, and sampling runs on rank 0 alone, so a reply under
-a grammar is the same whatever shares its steps, and the same at TP=N (no rank needs the mask). Drafts the grammar
-would reject are cut before the verify step, and the text the grammar forces (a JSON key, a tool call's markup) is
-drafted (`Constraint.forced`); a drafted window is then sampled row by row under the same masks as the one-token
-steps would be, so drafted ≡ serial holds with grammars too. Log-probabilities stay those of the
+a grammar is the same whatever shares its steps, and the same at TP=N (no rank samples with the mask). Drafts the
+grammar would reject are cut before the verify step, the text the grammar forces (a JSON key, a tool call's markup)
+is drafted (`Constraint.forced`), and where the MTP layer drafts, its first draft is one the mask allows (`words`:
+the step's plan carries it to every rank, which all draft alike); a drafted window is then sampled row by row under
+the same masks as the one-token steps would be, so drafted ≡ serial holds with grammars too. Log-probabilities stay those of the
 model's own distribution (before the mask), as vLLM reports them.
 
 xgrammar imports transformers (~3 s): it is imported when the first request with a format arrives.
@@ -125,6 +126,15 @@ class Constraint:
             allowed = torch.cat([allowed, allowed.new_zeros(max(0, logits.numel() - allowed.numel()))])
             allowed = allowed[: logits.numel()]
         return logits.masked_fill(~allowed.to(logits.device, non_blocking=True), float("-inf"))
+
+    def words(self) -> np.ndarray | None:
+        """The tokens the format allows next as int32 words [ceil(vocab / 32)] (bit j of word w is token 32w + j),
+        for the MTP layer's draft 1 (engine/runner/lanes.py); None when the format is complete or allows none."""
+        if self.ended:
+            return None
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        words = self._bitmask.numpy()[0].copy()
+        return words if words.any() else None
 
     def accept(self, token: int) -> bool:
         return bool(self._matcher.accept_token(int(token)))

@@ -44,6 +44,9 @@ class StepPlan:
     # with the MTP layer: per decode lane, the tokens it committed since its last step, which the layer takes in
     # before it drafts (empty: the lane does not use it)
     absorb: list[list[int]] | None = None
+    # with the MTP layer: lane -> the tokens its draft 1 may be (a structured output's mask at the position after
+    # the pending token, int32 words: bit j of word w is token 32w + j); every rank drafts with it
+    draft_masks: dict[int, Any] | None = None
     shutdown: bool = False
 
     @property
@@ -140,7 +143,7 @@ class StepExecutor:
             if plan.verifies:
                 if self.decoder is None:
                     raise RuntimeError("drafts need the lane decoder")
-                logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb).cpu()
+                logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb, plan.draft_masks).cpu()
                 if self.decoder.proposed is not None:
                     self.proposed = self.decoder.proposed.cpu().tolist()
                 return logits

@@ -26,6 +26,7 @@ import functools
 import logging
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from engine import ops
@@ -82,6 +83,11 @@ class LaneDecoder:
         hidden = model.mtp_hidden_size if self.mtp else 0
         self.state = LaneState(pool, num_lanes, model.kda_state_shapes(), window=window, hidden=hidden)
         self.proposed: torch.Tensor | None = None  # the last verify step's MTP drafts [B, 1 + chain] (device)
+        # with the MTP layer: the tokens each lane's draft 1 may be (a structured output's mask, `verify`'s masks;
+        # all bits set: any), read by the MTP step (a graph reads it in place)
+        words = -(-model.vocab_size // 32) if self.mtp else 0
+        self.draft_mask = torch.full((num_lanes + 1, words), -1, dtype=torch.int32, device=pool.rows.device)
+        self._masked: set[int] = set()  # lanes whose mask row is not all bits set
         self._advanced: set[int] = set()  # lanes of the last verify step, when it was one row wide
         if window > 1:  # a verified draft must equal the serial token: a row's bits may not depend on its batch
             ops.require_row_invariance()
@@ -122,7 +128,11 @@ class LaneDecoder:
 
     @torch.no_grad()
     def verify(
-        self, seqs: list[Sequence], windows: list[list[int]], absorb: list[list[int]] | None = None
+        self,
+        seqs: list[Sequence],
+        windows: list[list[int]],
+        absorb: list[list[int]] | None = None,
+        masks: dict[int, np.ndarray] | None = None,
     ) -> torch.Tensor:
         """A verify step: each lane-bound sequence gets its window of tokens (its pending token, then its drafts) at
         the positions that follow it; fp32 logits [B, W, vocab] for every row (W: the widest window; a shorter
@@ -130,13 +140,15 @@ class LaneDecoder:
 
         With the MTP layer, `absorb` gives each lane the tokens it committed since its last step (the pending token
         last; empty: the lane does not use the layer): the layer takes them in first, then drafts, and a window's
-        tokens given as -1 are its drafts, filled on the device (`proposed` keeps them for rank 0 to compare)."""
+        tokens given as -1 are its drafts, filled on the device (`proposed` keeps them for rank 0 to compare).
+        `masks`: lane -> the tokens its draft 1 may be, int32 words (bit j of word w is token 32w + j): a structured
+        output's mask at the position after the pending token; the other lanes' draft 1 may be any token."""
         if any(seq.lane is None for seq in seqs):
             raise ValueError("LaneDecoder.verify takes sequences from LaneDecoder.new_sequence")
         width = max(len(w) for w in windows)
         if not 1 <= width <= self.state.window or min(len(w) for w in windows) < 1:
             raise ValueError(f"verify windows hold 1..{self.state.window} tokens (got {[len(w) for w in windows]})")
-        drafts = self._draft(seqs, windows, absorb) if absorb is not None and any(absorb) else None
+        drafts = self._draft(seqs, windows, absorb, masks) if absorb is not None and any(absorb) else None
         rows: list[list[int]] = [[], [], [], []]
         fill: tuple[list[int], list[int]] = ([], [])  # rows whose token is an MTP draft, and which draft
         pad = (self.state.scratch_lane, 0, 0, self.pool.scratch_slot)
@@ -163,10 +175,16 @@ class LaneDecoder:
         self._advanced = {_lane(seq) for seq in seqs} if width == 1 else set()
         return logits.view(len(seqs), width, -1)
 
-    def _draft(self, seqs: list[Sequence], windows: list[list[int]], absorb: list[list[int]]) -> torch.Tensor:
+    def _draft(
+        self,
+        seqs: list[Sequence],
+        windows: list[list[int]],
+        absorb: list[list[int]],
+        masks: dict[int, np.ndarray] | None = None,
+    ) -> torch.Tensor:
         """The MTP layer's step before a verify: each lane absorbs its committed tokens (right-aligned in a block as
-        wide as the most any lane absorbs), then the layer chains as far as the widest run of -1 drafts needs.
-        Drafts [B, 1 + chain]."""
+        wide as the most any lane absorbs), then the layer chains as far as the widest run of -1 drafts needs; draft
+        1 of a lane in `masks` is one of the tokens its mask allows. Drafts [B, 1 + chain]."""
         if not self.mtp:
             raise RuntimeError("MTP drafts need the model loaded with its MTP layer and verify windows")
         width = max(len(tokens) for tokens in absorb)
@@ -192,8 +210,26 @@ class LaneDecoder:
             for seq, wanted in zip(seqs, used):
                 add((_lane(seq), 0, seq.length + j, seq.slot_at(seq.length + j), 0) if j < wanted else pad)
         batch, span = len(seqs), self.span_for(max(s.length for s in seqs) + self.state.window)
-        run = functools.partial(self.model.mtp_draft, self.state, span=span, width=width, chain=chain)
+        self._set_masks(masks or {})
+        run = functools.partial(
+            self.model.mtp_draft, self.state, span=span, width=width, chain=chain, mask=self.draft_mask
+        )
         return self._run(("mtp", batch, width, chain, span), run, torch.tensor(cols, dtype=torch.long), 5)
+
+    def _set_masks(self, masks: dict[int, np.ndarray]) -> None:
+        """`draft_mask`'s rows: each lane of `masks` its words (zero past them), every other lane all bits set. One
+        copy from the host, in the stream's order before the MTP step, only when a row changes."""
+        if not masks and not self._masked:
+            return
+        rows = torch.full(self.draft_mask.shape, -1, dtype=torch.int32)
+        for lane, words in masks.items():
+            rows[lane] = 0
+            count = min(len(words), rows.shape[1])
+            rows[lane, :count] = torch.from_numpy(np.asarray(words[:count], dtype=np.int32))
+        if self.device.type == "cuda":
+            rows = rows.pin_memory()
+        self.draft_mask.copy_(rows, non_blocking=True)
+        self._masked = set(masks)
 
     def commit(self, seq: Sequence, rows: int) -> None:
         """After `verify`: the sequence keeps its first `rows` rows (its pending token and the accepted drafts)."""

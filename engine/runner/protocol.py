@@ -29,7 +29,12 @@ class LaneModel(ServingModel, Protocol):
     @property
     def mtp_hidden_size(self) -> int: ...  # 0 without an MTP layer that drafts
 
-    def mtp_draft(self, lanes: Any, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor: ...
+    @property
+    def vocab_size(self) -> int: ...  # the width of a row of logits
+
+    def mtp_draft(
+        self, lanes: Any, inputs: torch.Tensor, span: int, width: int, chain: int, mask: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
 
 
 @runtime_checkable
@@ -43,4 +48,9 @@ class LaneCapable(Protocol):
     @property
     def mtp_hidden_size(self) -> int: ...
 
-    def mtp_draft(self, lanes: Any, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+    def mtp_draft(
+        self, lanes: Any, inputs: torch.Tensor, span: int, width: int, chain: int, mask: torch.Tensor | None = None
+    ) -> torch.Tensor: ...

@@ -1,7 +1,9 @@
 """MTP and copy drafts (mtp+copy) through a live 2- and 3-rank server (gloo, real HTTP) on the trained demo, whose MTP
 layer is trained and whose copy-heavy prompts get copy drafts accepted: `"draft": true` (the default) against
-`"draft": false` must give the same token ids, with the `openai` SDK, greedy and sampled, alone and in a burst;
-/health and /metrics count drafted and accepted tokens, by drafter too; each reply's usage has its own counts."""
+`"draft": false` must give the same token ids, with the `openai` SDK, greedy and sampled, alone and in a burst, and
+under structured outputs (where the MTP layer's first draft takes the format's mask, which each step's plan carries
+to every rank); /health and /metrics count drafted and accepted tokens, by drafter too; each reply's usage has its
+own counts."""
 
 from __future__ import annotations
 
@@ -73,3 +75,32 @@ def test_drafted_equals_draft_false_through_the_api(server: LiveServer) -> None:
         metrics = http.get("/metrics").text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in metrics
     assert 'sparks:draft_accepted_tokens_total{drafter="mtp"}' in metrics
+
+
+FORMATS = [
+    {"structured_outputs": {"regex": "(yes|no), [0-9]{3}"}},
+    {"response_format": {"type": "json_object"}},
+    {"structured_outputs": {"choice": ["alpha beta", "gamma delta", "epsilon"]}},
+]
+
+
+def test_drafted_equals_draft_false_under_formats(server: LiveServer) -> None:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    before = httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {KEY}"}).json()["drafts"]
+
+    def ids(k: int, draft: bool) -> list[int]:
+        fmt = FORMATS[k % len(FORMATS)]
+        reply = client.chat.completions.create(
+            model="GLM-5.3-Flash",
+            messages=[{"role": "user", "content": f"Say {WORDS[k]} {WORDS[k + 1]}"}],
+            max_tokens=32,
+            temperature=0.0 if k % 2 == 0 else 0.8,
+            seed=k,
+            extra_body={"draft": draft, "return_token_ids": True, **fmt},
+        )
+        return reply.choices[0].model_extra["token_ids"]
+
+    cases = range(6)
+    assert [ids(k, True) for k in cases] == [ids(k, False) for k in cases]
+    after = httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {KEY}"}).json()["drafts"]
+    assert after["by_drafter"]["mtp"]["drafted"] > before["by_drafter"]["mtp"]["drafted"], (before, after)

@@ -128,6 +128,49 @@ def test_a_rejected_mtp_draft_leaves_no_trace_in_its_cache(demo_mtp, graphs: boo
     assert torch.equal(ours, theirs)
 
 
+def words_allowing(tokens: list[int], vocab: int):
+    """The int32 words of a mask allowing `tokens` only (bit j of word w is token 32w + j)."""
+    import numpy as np
+
+    words = np.zeros(-(-vocab // 32), dtype=np.uint32)
+    for token in tokens:
+        words[token >> 5] |= np.uint32(1 << (token & 31))
+    return words.view(np.int32)
+
+
+@torch.no_grad()
+def test_a_masked_lanes_first_mtp_draft_is_the_best_token_its_mask_allows(demo_mtp):
+    """A lane given a mask (a structured output's next-token mask) drafts, as draft 1, the allowed token the layer
+    ranks highest; a lane beside it without a mask drafts the layer's own first choice, and so does the masked lane
+    once a later step gives it no mask (its row set back to every token)."""
+    model, tokenizer, _ = demo_mtp
+    prompts = demo_prompts(tokenizer, 8)
+    decoder = LaneDecoder(model, model.make_pool(1024), num_lanes=3, graphs=False, window=WINDOW)
+    seqs = [decoder.new_sequence(lane) for lane in (0, 2)]
+    ids = [prompts[5][:40], prompts[6][:30]]
+    pending = [prompts[5][40], prompts[6][30]]
+    for seq, prompt in zip(seqs, ids):
+        model.prefill(seq, prompt)
+    ranked = reference_logits(model, ids[0] + [pending[0]])[len(ids[0])].argsort(descending=True).tolist()
+    allowed = [ranked[9], ranked[4], ranked[1], (ranked[0] + 1) % model.vocab_size]
+    allowed = [t for t in allowed if t != ranked[0]]
+    best = min(allowed, key=ranked.index)
+    masks = {0: words_allowing(allowed, model.vocab_size)}
+    decoder.verify(seqs, [[pending[0], -1, -1, -1], [pending[1], -1, -1, -1]], [[pending[0]], [pending[1]]], masks)
+    assert decoder.proposed is not None
+    first = [int(t) for t in decoder.proposed[:, 0]]
+    assert first[0] == best != ranked[0]
+    other = reference_logits(model, ids[1] + [pending[1]])[len(ids[1])].argmax()
+    assert first[1] == int(other)
+    decoder.commit(seqs[0], 1)
+    decoder.commit(seqs[1], 1)
+    nxt = prompts[5][41]
+    decoder.verify(seqs[:1], [[nxt, -1, -1, -1]], [[nxt]])
+    assert decoder._masked == set()
+    again = reference_logits(model, ids[0] + [pending[0], nxt])[len(ids[0]) + 1].argmax()
+    assert int(decoder.proposed[0, 0]) == int(again)
+
+
 @torch.no_grad()
 def test_the_mtp_draft_chain_never_reads_the_device_from_the_host(demo_mtp, monkeypatch):
     """The MTP step as `LaneDecoder.verify` runs it before the verify step it feeds (two lanes absorbing blocks of

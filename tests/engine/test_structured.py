@@ -260,6 +260,36 @@ def test_forced_text_and_mtp_drafts_share_steps_under_formats(demo_mtp, grammars
 
 
 @torch.no_grad()
+def test_the_mtp_layers_first_draft_is_one_the_format_allows(
+    demo_mtp,  # noqa: F811
+    grammars,
+    monkeypatch,
+    graphs: bool = False,
+):
+    """Under a format, where the MTP layer drafts (no forced text), its first draft is a token the format allows
+    after the pending one: the step's plan carries the format's mask to the layer. Checked at every MTP window as
+    the scheduler takes it (on the GPU with graphs: tests/gpu/test_mtp_gpu.py); the replies are the ones served
+    without drafts."""
+    model, tokenizer, eos = demo_mtp
+    todo = cases(tokenizer)[:8]
+    checked: list[int] = []
+    take = Scheduler._take_window
+
+    def checking(self, req, logits, verified):
+        if req.window_by == "mtp" and req.constraint is not None and not req.constraint.ended:
+            checked.append(req.constraint.admissible(req.window[1:2]))
+        return take(self, req, logits, verified)
+
+    monkeypatch.setattr(Scheduler, "_take_window", checking)
+    drafted, counts = serve_formats(model, eos, grammars, todo, True, 4, graphs, drafter="mtp")
+    assert len(checked) > 20 and all(checked), checked
+    monkeypatch.setattr(Scheduler, "_take_window", take)
+    serial, _ = serve_formats(model, eos, grammars, todo, False, 4, graphs, drafter="mtp")
+    assert drafted == serial
+    assert counts["by_drafter"]["mtp"]["accepted"] > 0, counts
+
+
+@torch.no_grad()
 def test_a_format_complete_before_any_token_ends_the_reply_cleanly(demo, grammars):  # noqa: F811
     """A choice of "" is complete at once: with end tokens the reply is one end token; with none (ignore_eos) it is
     empty. Either way a clean stop, never a failed request (schemathesis found the second as a 503)."""

@@ -51,6 +51,14 @@ def cache_bytes_per_token(cfg: TextConfig, kv: str, mtp: bool = False) -> int:
     return KVPool.bytes_per_token(max(layers, 1), cfg.pool_row_width, kv)
 
 
+def _allowed_only(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] with the tokens `words` [B, ceil(V / 32)] int32 does not allow at -inf (bit j of word w is token
+    32w + j; a word of -1 allows its 32)."""
+    ids = torch.arange(logits.shape[-1], device=logits.device)
+    bits = (words[:, ids >> 5] >> (ids & 31)) & 1
+    return logits.masked_fill(bits == 0, float("-inf"))
+
+
 class DecoderLayer:
     def __init__(
         self,
@@ -194,6 +202,11 @@ class Glm5NextForCausalLM:
         """Width of the hidden rows a lane keeps for the MTP layer (0 without it)."""
         return self.cfg.hidden_size if self.mtp is not None else 0
 
+    @property
+    def vocab_size(self) -> int:
+        """Width of a row of logits: the LM head's outputs (past the tokenizer's vocabulary where it is padded)."""
+        return self.cfg.vocab_size
+
     def new_sequence(self, pool: KVPool) -> Sequence:
         return Sequence(pool)
 
@@ -311,12 +324,22 @@ class Glm5NextForCausalLM:
         return self._head(hidden)
 
     @torch.no_grad()
-    def mtp_draft(self, lanes: LaneState, inputs: torch.Tensor, span: int, width: int, chain: int) -> torch.Tensor:
+    def mtp_draft(
+        self,
+        lanes: LaneState,
+        inputs: torch.Tensor,
+        span: int,
+        width: int,
+        chain: int,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Drafts [B, 1 + chain] from the MTP layer, with every shape fixed by (batch, width, span, chain) and no
         host read (capturable like `decode_step`). inputs [5, B * width + chain * B] long on the device: first the
         absorb rows, `width` a lane, right-aligned (lane, token, position, slot, the lane's hidden row the token
         follows; the rows before a lane's first are padding on the scratch lane), whose last row per lane gives
-        draft 1; then `chain` blocks of B rows (lane, -, position, slot, -) where draft j+1 is made from draft j."""
+        draft 1; then `chain` blocks of B rows (lane, -, position, slot, -) where draft j+1 is made from draft j.
+        `mask` [lanes + 1, ceil(vocab / 32)] int32: the tokens each lane's draft 1 may be (bit j of word w is token
+        32w + j; all bits set: any), a structured output's next-token mask (`LaneDecoder.verify`'s masks)."""
         mtp = self.mtp
         if mtp is None or lanes.hidden is None:
             raise RuntimeError("mtp_draft needs the model loaded with mtp=True and lanes that keep hidden rows")
@@ -327,7 +350,10 @@ class Glm5NextForCausalLM:
         step = LaneStep(lanes, lane_ids, positions, slots, lanes.slots[lane_ids, :span], width)
         out = mtp.forward(self._embed(tokens), lanes.hidden[lane_ids, rows], lambda h: mtp.attn.decode_lanes(h, step))
         last = out.view(batch, width, -1)[:, -1]
-        draft = self._head(mtp.head_input(last)).argmax(dim=-1)
+        logits = self._head(mtp.head_input(last))
+        if mask is not None:
+            logits = _allowed_only(logits, mask[lane_ids.view(batch, width)[:, -1]])
+        draft = logits.argmax(dim=-1)
         drafts = [draft]
         for j in range(chain):
             lane_j, _, pos_j, slot_j, _ = inputs[:, batch * (width + j) : batch * (width + j + 1)]
