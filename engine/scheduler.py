@@ -417,7 +417,11 @@ class Scheduler:
                 plan.absorb = [r.fresh if r.mtp else [] for r in decoding]
                 # under a format, the MTP layer's draft 1 is one the format allows after the pending token (the
                 # matcher stands there: `_emit` took the pending token)
-                masks = {_lane(r): r.constraint.words() for r in decoding if r.window_by == "mtp" and r.constraint}
+                masks = {
+                    _lane(r): r.constraint.words()
+                    for r in decoding
+                    if r.window_by == "mtp" and r.constraint is not None
+                }
                 plan.draft_masks = {lane: words for lane, words in masks.items() if words is not None} or None
             for r in decoding:
                 r.fresh = []

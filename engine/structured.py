@@ -12,8 +12,8 @@ a grammar is the same whatever shares its steps, and the same at TP=N (no rank s
 grammar would reject are cut before the verify step, the text the grammar forces (a JSON key, a tool call's markup)
 is drafted (`Constraint.forced`), and where the MTP layer drafts, its first draft is one the mask allows (`words`:
 the step's plan carries it to every rank, which all draft alike); a drafted window is then sampled row by row under
-the same masks as the one-token steps would be, so drafted ≡ serial holds with grammars too. Log-probabilities stay those of the
-model's own distribution (before the mask), as vLLM reports them.
+the same masks as the one-token steps would be, so drafted ≡ serial holds with grammars too. Log-probabilities stay
+those of the model's own distribution (before the mask), as vLLM reports them.
 
 xgrammar imports transformers (~3 s): it is imported when the first request with a format arrives.
 """
@@ -128,13 +128,21 @@ class Constraint:
         return logits.masked_fill(~allowed.to(logits.device, non_blocking=True), float("-inf"))
 
     def words(self) -> np.ndarray | None:
-        """The tokens the format allows next as int32 words [ceil(vocab / 32)] (bit j of word w is token 32w + j),
-        for the MTP layer's draft 1 (engine/runner/lanes.py); None when the format is complete or allows none."""
+        """The tokens the format allows next as int32 words [ceil(vocab / 32)] (bit j of word w is token 32w + j;
+        none past the tokenizer's vocabulary, as `mask`), for the MTP layer's draft 1 (engine/runner/lanes.py);
+        None when the format is complete, allows no token, or allows every token (nothing to narrow)."""
         if self.ended:
             return None
         self._matcher.fill_next_token_bitmask(self._bitmask)
         words = self._bitmask.numpy()[0].copy()
-        return words if words.any() else None
+        bits = words.view(np.uint32)
+        every = np.full_like(bits, 0xFFFFFFFF)
+        if self.vocab % 32:  # xgrammar may set the bits of the last word's ids past the vocabulary
+            every[-1] = (1 << self.vocab % 32) - 1
+            bits[-1] &= every[-1]
+        if not bits.any() or np.array_equal(bits, every):
+            return None
+        return words
 
     def accept(self, token: int) -> bool:
         return bool(self._matcher.accept_token(int(token)))

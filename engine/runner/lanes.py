@@ -217,8 +217,9 @@ class LaneDecoder:
         return self._run(("mtp", batch, width, chain, span), run, torch.tensor(cols, dtype=torch.long), 5)
 
     def _set_masks(self, masks: dict[int, np.ndarray]) -> None:
-        """`draft_mask`'s rows: each lane of `masks` its words (zero past them), every other lane all bits set. One
-        copy from the host, in the stream's order before the MTP step, only when a row changes."""
+        """`draft_mask`'s rows: each lane of `masks` its words (zero past them), every other lane all bits set: one
+        copy of the whole buffer from the host, in the stream's order before the MTP step, in each step while a lane
+        has a mask or had one in the step before (none otherwise)."""
         if not masks and not self._masked:
             return
         rows = torch.full(self.draft_mask.shape, -1, dtype=torch.int32)

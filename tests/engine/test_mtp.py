@@ -138,6 +138,23 @@ def words_allowing(tokens: list[int], vocab: int):
     return words.view(np.int32)
 
 
+def test_a_draft_mask_leaves_exactly_its_tokens():
+    """`_allowed_only`'s bit arithmetic on int32 words: bit 31 (a negative word), a word of -1 (its 32 tokens) and
+    a row of -1 words (every token, the logits unchanged)."""
+    from engine.models.glm5_next.model import _allowed_only
+
+    logits = torch.randn(3, 70, generator=torch.Generator().manual_seed(0))
+    keep = [[31, 63, 64], list(range(32, 64)), list(range(70))]
+    words = torch.tensor(words_allowing(keep[0], 70)), torch.tensor(words_allowing(keep[1], 70))
+    rows = torch.stack([*words, torch.full((3,), -1, dtype=torch.int32)])
+    assert rows[0, 0] < 0 and rows[1, 1] == -1
+    out = _allowed_only(logits, rows)
+    for row, tokens in enumerate(keep):
+        kept = torch.zeros(70, dtype=torch.bool)
+        kept[tokens] = True
+        assert torch.equal(out[row][kept], logits[row][kept]) and bool((out[row][~kept] == float("-inf")).all())
+
+
 @torch.no_grad()
 def test_a_masked_lanes_first_mtp_draft_is_the_best_token_its_mask_allows(demo_mtp):
     """A lane given a mask (a structured output's next-token mask) drafts, as draft 1, the allowed token the layer

@@ -259,6 +259,28 @@ def test_forced_text_and_mtp_drafts_share_steps_under_formats(demo_mtp, grammars
     assert accepted["format"] > 0 and accepted["mtp"] > 0, counts
 
 
+def test_words_are_the_allowed_tokens_and_none_past_the_vocabulary(demo, grammars):  # noqa: F811
+    """`Constraint.words` (the MTP layer's draft-1 mask) allows exactly what `allowed` does — for a format that
+    allows nearly everything (free thinking text before a JSON reply: xgrammar sets the last word's bits past the
+    tokenizer's vocabulary, which the demo's 2,657 tokens leave unaligned) and for a narrow one — and is None where
+    the format allows every token."""
+    import numpy as np
+
+    _, tokenizer, eos = demo
+    think = formats.after_thinking(formats.json_format(SCHEMA, "j"))
+    cases = [(think, []), ({"type": "regex", "pattern": "(yes|no), [0-9]{3}"}, []), (think, ["</think>"])]
+    for fmt, text in cases:
+        constraint = Constraint(grammars.compile(formats.spec_text(fmt)), eos)
+        for token in tokenizer.encode("".join(text), add_special_tokens=False).ids:
+            assert constraint.accept(token)
+        allowed, words = constraint.allowed(), constraint.words()
+        assert constraint.vocab % 32 and not bool(allowed.all())  # a last word the trim matters for
+        assert words is not None
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+        assert torch.equal(torch.from_numpy(bits[: constraint.vocab].astype(bool)), allowed), fmt
+        assert not bits[constraint.vocab :].any()
+
+
 @torch.no_grad()
 def test_the_mtp_layers_first_draft_is_one_the_format_allows(
     demo_mtp,  # noqa: F811

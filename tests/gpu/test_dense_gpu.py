@@ -78,6 +78,21 @@ def test_every_launch_form_gives_the_exact_product(mode, tuning):
     assert (got.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
 
 
+def test_an_fp8_lm_heads_own_launch_gives_the_exact_product():
+    """An fp8 weight of an LM head's height takes its own launch (`launch_shape`: split to HEAD_PROGRAMS programs,
+    compiled for any row count): exact at 1 and 8 rows, and one row's bits the same alone and among eight."""
+    from engine.ops.triton_dense import HEAD, dense_rows, launch_shape
+
+    w = weight((HEAD, 512), "fp8")
+    launch = launch_shape(HEAD, 512, w.group, True)
+    assert launch["splits"] > 1 and not launch["one_row"]
+    x = rows(8, 512)
+    got = dense_rows(x, w)
+    exact = _exact(x, w)
+    assert (got.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
+    assert torch.equal(dense_rows(x[:1], w), got[:1])
+
+
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
 def test_one_row_gives_the_same_bits_compiled_for_it_or_for_any_row_count(mode):
     """`one_row` picks Triton's own compile of a one-row launch (N == 1 a constant) or the kernel compiled for any N:

@@ -54,7 +54,7 @@ def cache_bytes_per_token(cfg: TextConfig, kv: str, mtp: bool = False) -> int:
 def _allowed_only(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     """logits [B, V] with the tokens `words` [B, ceil(V / 32)] int32 does not allow at -inf (bit j of word w is token
     32w + j; a word of -1 allows its 32)."""
-    ids = torch.arange(logits.shape[-1], device=logits.device)
+    ids = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
     bits = (words[:, ids >> 5] >> (ids & 31)) & 1
     return logits.masked_fill(bits == 0, float("-inf"))
 
