@@ -418,11 +418,11 @@ class Scheduler:
                 # under a format, the MTP layer's draft 1 is one the format allows after the pending token (the
                 # matcher stands there: `_emit` took the pending token)
                 masks = {
-                    _lane(r): r.constraint.words()
+                    _lane(r): words
                     for r in decoding
-                    if r.window_by == "mtp" and r.constraint is not None
+                    if r.window_by == "mtp" and r.constraint is not None and (words := r.constraint.words()) is not None
                 }
-                plan.draft_masks = {lane: words for lane, words in masks.items() if words is not None} or None
+                plan.draft_masks = masks or None
             for r in decoding:
                 r.fresh = []
             self._verifies = plan.verifies

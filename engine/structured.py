@@ -106,12 +106,20 @@ class Constraint:
         )
         vocab = int(compiled.tokenizer_info.vocab_size)
         self._bitmask = xg.allocate_token_bitmask(1, vocab)
+        self._filled = False  # the bitmask holds the next tokens of the matcher's place (until it takes a token)
         self.vocab = vocab
+
+    def _next_bits(self) -> np.ndarray:
+        """The bitmask's int32 words [ceil(vocab / 32)] for the matcher's place, filled once a place: an MTP step's
+        plan (`words`) and its first row's sample (`allowed`) read the same fill."""
+        if not self._filled:
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            self._filled = True
+        return self._bitmask.numpy()[0]
 
     def allowed(self) -> torch.Tensor:
         """bool [vocab] on the CPU: the tokens the format allows next (bit j of 32-bit word w is token 32w + j)."""
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab]
+        bits = np.unpackbits(self._next_bits().view(np.uint8), bitorder="little")[: self.vocab]
         return torch.from_numpy(bits.view(np.bool_))
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
@@ -133,8 +141,7 @@ class Constraint:
         None when the format is complete, allows no token, or allows every token (nothing to narrow)."""
         if self.ended:
             return None
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        words = self._bitmask.numpy()[0].copy()
+        words = self._next_bits().copy()
         bits = words.view(np.uint32)
         every = np.full_like(bits, 0xFFFFFFFF)
         if self.vocab % 32:  # xgrammar may set the bits of the last word's ids past the vocabulary
@@ -145,6 +152,7 @@ class Constraint:
         return words
 
     def accept(self, token: int) -> bool:
+        self._filled = False  # a new place (or, refused, the same: filled again, as before)
         return bool(self._matcher.accept_token(int(token)))
 
     @property

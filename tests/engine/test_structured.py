@@ -281,6 +281,35 @@ def test_words_are_the_allowed_tokens_and_none_past_the_vocabulary(demo, grammar
         assert not bits[constraint.vocab :].any()
 
 
+def test_a_place_in_the_format_fills_its_bitmask_once(demo, grammars):  # noqa: F811
+    """An MTP step's plan (`words`) and its first row's sample (`allowed`) stand at the same place in the format:
+    one fill of the bitmask serves both; a token taken (or tried, by `admissible`) means a fill again."""
+    _, tokenizer, eos = demo
+    constraint = Constraint(
+        grammars.compile(formats.spec_text({"type": "regex", "pattern": "(yes|no), [0-9]{3}"})), eos
+    )
+    fills = []
+
+    class Counting:
+        def __init__(self, matcher):
+            self.matcher = matcher
+
+        def fill_next_token_bitmask(self, bitmask):
+            fills.append(1)
+            return self.matcher.fill_next_token_bitmask(bitmask)
+
+        def __getattr__(self, name):
+            return getattr(self.matcher, name)
+
+    constraint._matcher = Counting(constraint._matcher)
+    words = constraint.words()
+    allowed = constraint.allowed()
+    assert len(fills) == 1 and words is not None and 0 < int(allowed.sum()) < constraint.vocab
+    token = int(allowed.nonzero()[0])
+    assert constraint.admissible([token]) == 1 and constraint.allowed().equal(allowed) and len(fills) == 2
+    assert constraint.accept(token) and not constraint.allowed().equal(allowed) and len(fills) == 3
+
+
 @torch.no_grad()
 def test_the_mtp_layers_first_draft_is_one_the_format_allows(
     demo_mtp,  # noqa: F811
