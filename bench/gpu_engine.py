@@ -265,8 +265,9 @@ def engine_full_width(layers: str, device: str, config: Path) -> dict:
         routed_expert_mb=round(expert / 1e6, 2),
     )
     save()
-    pool = model.make_pool(40_000 if device == "cuda" else 2048, "bf16")
-    ids = prompt_ids(cfg, 32768 if device == "cuda" else 512)
+    longest = max(LONG_CONTEXTS, default=0)  # the long-context steps' prompts (and their span) must fit
+    pool = model.make_pool(max(40_000, longest + 64) if device == "cuda" else max(2048, longest + 64), "bf16")
+    ids = prompt_ids(cfg, max(32768 if device == "cuda" else 512, longest))
     decoders = {
         "graphs": LaneDecoder(model, pool, 4, graphs=device == "cuda"),
         "eager": LaneDecoder(model, pool, 4, graphs=False),

@@ -117,7 +117,10 @@ def test_static_selection_equals_the_plain_one(model, keep_tail, monkeypatch):
     width = span + layer.kpool  # wide enough for a tail past the span
     static = selected_mask(
         layer._select_lanes(
-            ops.linear(x, layer.head_weights), q_low, rows[:, layer.rank_dim :].expand(length, -1, -1), positions
+            ops.linear(x, layer.head_weights),
+            q_low,
+            layer._stored_keys(rows[None], span // layer.kpool).expand(length, -1, -1),
+            positions,
         ),
         width,
     )

@@ -6,10 +6,13 @@ absorbed form: scores = (q·W_k)·c and out = W_v·(probs·c), identical in valu
 
 Indexer ("KPool"): each token also caches an index key k = LayerNorm(wk(x)) and a gate score s = G·x. Every
 `index_kpool` consecutive tokens, once all present, form a pool whose key is the per-channel softmax(s + ape)
-weighted mean of their keys. A query scores each pool with Σ_h w_h(x)·ReLU(q_h·k_pool / √d) (w scaled by H^-1/2),
-may only pick pools whose last token it can see, keeps the best index_topk / kpool of them, and always keeps its
-own unfinished pool (the visible tokens past the last complete pool). Attention then runs over exactly the tokens
-of the chosen pools plus that tail. When a query sees no more pools than it may pick, every pool is chosen and the
+weighted mean of their keys. That key is made once, when the pool's last token is written (`_store_at`), from its
+tokens' rows as the pool holds them, and takes the last token's own index key's place in its row (nothing reads a
+token's own key once its pool is complete); a query's indexer reads just those rows' key columns — a kpool-th of
+the tokens, half of each one's index columns — and pools nothing. A query scores each pool with
+Σ_h w_h(x)·ReLU(q_h·k_pool / √d) (w scaled by H^-1/2), may only pick pools whose last token it can see, keeps the
+best index_topk / kpool of them, and always keeps its own unfinished pool (the visible tokens past the last complete
+pool). Attention then runs over exactly the tokens of the chosen pools plus that tail. When a query sees no more pools than it may pick, every pool is chosen and the
 layer is plain causal attention (the "dense" regime).
 
 Defined behaviour. A query's selection is a function of the tokens it can see and nothing else, so a whole prompt,
@@ -24,9 +27,9 @@ parity tests compare against the reference only where its selection is tie-free.
 Static decode (`decode_lanes`): every stream reads a fixed `span` of its slot-table row (padded past its length);
 the same selection is computed with per-stream lengths as tensors: pools past a stream's length score as invisible,
 the dense regime is a per-stream flag rather than a branch, so nothing waits for the host. The indexer reads only
-the index columns of the span; the selection comes out as a fixed number of token positions (the chosen pools' and
-the tail's, each with a flag whether it counts), and attention gathers just those latents: a step's DSA cost grows
-with the span only through the index columns.
+the pool keys of the span (the key columns of every kpool-th row); the selection comes out as a fixed number of
+token positions (the chosen pools' and the tail's, each with a flag whether it counts), and attention gathers just
+those latents: a step's DSA cost grows with the span only through the pool keys.
 
 Tensor parallel: MLA heads split across ranks (q_b and kv_b column-wise, o_proj row-wise); q_a, kv_a and the
 whole indexer are replicated so every rank selects the same tokens bit for bit.
@@ -37,11 +40,28 @@ from __future__ import annotations
 import torch
 
 from engine import ops
-from engine.cache import Sequence
+from engine.cache import KVPool, Sequence
 from engine.checkpoint.loader import CheckpointReader
 from engine.models.glm5_next.config import TextConfig
 from engine.parallel import ParallelGroup
 from engine.quant.dense import Store, Weight, keep
+
+
+def pool_keys(members: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """The keys [..., d] of pools given their tokens' index columns [..., kpool, 2d] (index key | gate score) and the
+    gate's position bias ape [kpool, d]: per channel, the softmax(gate + ape) weighted mean of the keys,
+    Σ e_i k_i / Σ e_i with e = exp(s - max s). Elementwise steps only, the sums over the pool's tokens in their
+    order: a pool's key has the same bits however many rows share the call (torch's softmax and sums over a middle
+    axis need not: on the CPU a 16-channel softmax of one row differs in its last bit from the same row among
+    others)."""
+    dim = ape.shape[-1]
+    keys = members[..., :dim].unbind(-2)
+    gates = members[..., dim:] + ape
+    weights = torch.exp(gates - gates.amax(dim=-2, keepdim=True)).unbind(-2)  # a max is exact in any order
+    total, weighted = weights[0], weights[0] * keys[0]
+    for weight, key in zip(weights[1:], keys[1:]):
+        total, weighted = total + weight, weighted + weight * key
+    return weighted / total
 
 
 class SparseMLA:
@@ -131,7 +151,7 @@ class SparseMLA:
         n_pools = length // self.kpool
         if n_pools <= self.pick:  # the last query sits at the span's last row: it sees every complete pool
             return torch.arange(length, device=rows.device)[None, :] <= positions[:, None]  # dense regime
-        keys = self._pool_keys(rows[:, self.rank_dim :], n_pools)[None]  # [1, P, d]
+        keys = self._stored_keys(rows[None], n_pools)  # [1, P, d]
         return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
     def _attend(
@@ -228,10 +248,39 @@ class SparseMLA:
         tokens, counts = chosen
         return self._attend_selected(q, latents, tokens, counts, bf16), chosen
 
+    def _store_at(self, seq: Sequence, start: int, rows: torch.Tensor) -> None:
+        """Write the cache rows [T, row_width] (fp32, each with its token's own index key) of positions start ..
+        start+T-1, their slots allocated; then each row that completes a pool is written again with the pool's key
+        in its key columns (`_member_keys`)."""
+        slots, kpool, layer = seq.slots[start : start + rows.shape[0]], self.kpool, self.pool_layer
+        seq.pool.write(layer, slots, rows)
+        first = (kpool - 1 - start) % kpool  # the first row whose position completes a pool
+        if not self.runs_indexer or first >= rows.shape[0]:
+            return
+        ends = torch.arange(first, rows.shape[0], kpool, device=rows.device)
+        members = seq.slots[(start + ends - (kpool - 1))[:, None] + torch.arange(kpool, device=rows.device)]
+        seq.pool.write(layer, slots[ends], self._with_key(rows[ends], self._member_keys(seq.pool, members)))
+
+    def _member_keys(self, pool: KVPool, members: torch.Tensor) -> torch.Tensor:
+        """The keys [m, d] of the pools whose tokens' slots are `members` [m, kpool], made from their rows as the
+        pool holds them (the completing row's own included: written first). A pool's key so depends only on its
+        tokens' stored rows, whichever step writes it: a prompt chunk, a decode step, a verify window's row or an
+        MTP draft."""
+        return self._pool_keys(pool.read(self.pool_layer, members, columns=slice(self.rank_dim, None)))
+
+    def _with_key(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Cache rows [n, row_width] with `keys` [n, d] in their index key columns."""
+        return torch.cat([rows[:, : self.rank_dim], keys, rows[:, self.key_end :]], dim=-1)
+
+    @property
+    def key_end(self) -> int:
+        """Where a cache row's index key columns end (they start at rank_dim; the gate score's follow)."""
+        return self.rank_dim + self.idx_dim
+
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict) -> torch.Tensor:
         """x: [T, hidden] for positions seq.length .. seq.length+T-1 (their pool slots already allocated)."""
         start = seq.length
-        seq.pool.write(self.pool_layer, seq.slots[start : start + x.shape[0]], self._rows(x))
+        self._store_at(seq, start, self._rows(x))
         q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
         positions = torch.arange(start, start + x.shape[0], device=x.device)
         out, selection[id(seq)] = self._stream(x, q_low, seq, positions, selection.get(id(seq)))
@@ -242,7 +291,7 @@ class SparseMLA:
         q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
         outs = []
         for i, seq in enumerate(seqs):
-            seq.pool.write(self.pool_layer, seq.slots[seq.length : seq.length + 1], rows[i : i + 1])
+            self._store_at(seq, seq.length, rows[i : i + 1])
             positions = torch.tensor([seq.length], device=x.device)
             out, selection[id(seq)] = self._stream(
                 x[i : i + 1], q_low[i : i + 1], seq, positions, selection.get(id(seq))
@@ -251,26 +300,26 @@ class SparseMLA:
         return self.group.sum_partials(ops.linear(torch.cat(outs), self.o_proj))
 
     # -- the static decode step (engine/runner/lanes.py) ---------------------------------------------------
-    def _pool_keys(self, index_rows: torch.Tensor, n_pools: int) -> torch.Tensor:
-        """Pooled index keys [..., P, d] of the first n_pools complete pools of the cached index columns
-        [..., L, 2d] (index key | pool gate score)."""
-        lead = index_rows.shape[:-2]
-        span = index_rows[..., : n_pools * self.kpool, :].reshape(*lead, n_pools, self.kpool, 2 * self.idx_dim)
-        keys, gates = span[..., : self.idx_dim], span[..., self.idx_dim :]
-        return (torch.softmax(gates + self.ape, dim=-2) * keys).sum(-2)
+    def _pool_keys(self, members: torch.Tensor) -> torch.Tensor:
+        return pool_keys(members, self.ape)
+
+    def _stored_keys(self, rows: torch.Tensor, n_pools: int) -> torch.Tensor:
+        """The keys [B, P, d] of the first n_pools pools, from cache rows by position [B, L, row_width] (any
+        columns from rank_dim on): the key columns of each pool's last row."""
+        ends = slice(self.kpool - 1, n_pools * self.kpool, self.kpool)
+        return rows[:, ends, self.rank_dim : self.key_end]
 
     def _select_lanes(
-        self, head_logits: torch.Tensor, q_low: torch.Tensor, index_rows: torch.Tensor, positions: torch.Tensor
+        self, head_logits: torch.Tensor, q_low: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_select_tokens` for one query per row at `positions` [B], given the index columns of each row's padded
-        span [B, S, 2d] (pools past a row's position are invisible to it), of a fixed size (`fixed`), row-invariant
+        """`_select_tokens` for one query per row at `positions` [B], given the pool keys of each row's padded span
+        [B, P, d] (pools past a row's position are invisible to it), of a fixed size (`fixed`), row-invariant
         (`ops.head_products`, `ops.row_blocks`)."""
 
-        def select(head: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, where: torch.Tensor):
-            keys = self._pool_keys(rows, rows.shape[1] // self.kpool)
-            return self._select_tokens(head, q, keys, where, fixed=True)
+        def select(head: torch.Tensor, q: torch.Tensor, pool_keys: torch.Tensor, where: torch.Tensor):
+            return self._select_tokens(head, q, pool_keys, where, fixed=True)
 
-        return ops.row_blocks(select, head_logits, q_low, index_rows, positions, kind="dsa_select")
+        return ops.row_blocks(select, head_logits, q_low, keys, positions, kind="dsa_select")
 
     def _select_tokens(
         self,
@@ -349,16 +398,24 @@ class SparseMLA:
         return torch.bmm(torch.softmax(scores, dim=-1), latents)
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
-        """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots`; the
-        indexer reads the index columns of the streams' slot-table rows `step.table` [B, span], attention only the
-        latents of the selected tokens."""
-        pool = step.lanes.pool
+        """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots` (a row
+        that completes a pool with the pool's key, as in `_store_at`); the indexer reads the pool keys of the streams'
+        slot-table rows `step.table` [B, span], attention only the latents of the selected tokens."""
+        pool, table, kpool = step.lanes.pool, step.table, self.kpool
         parts = dict(zip(self.x_names, ops.linear(x, self.x_proj).split(self.x_widths, dim=-1)))
-        pool.write(self.pool_layer, step.new_slots, self._rows(x, parts))
+        rows = self._rows(x, parts)
+        pool.write(self.pool_layer, step.new_slots, rows)
         q_low = ops.rms_norm(parts["q_a"], self.q_a_norm, self.eps)
-        if self.runs_indexer:
-            index_rows = pool.read(self.pool_layer, step.table, columns=slice(self.rank_dim, None))
-            step.selected = self._select_lanes(parts["head_weights"], q_low, index_rows, step.positions)
+        if self.runs_indexer:  # `_store_at` with fixed shapes: every row's pool key made, kept where it completes
+            first = step.positions - step.positions % kpool
+            at = (first[:, None] + torch.arange(kpool, device=x.device)).clamp(max=table.shape[1] - 1)
+            completes = (step.positions % kpool == kpool - 1)[:, None]
+            own = rows[:, self.rank_dim : self.key_end]
+            key = torch.where(completes, self._member_keys(pool, table.gather(1, at)), own)
+            pool.write(self.pool_layer, step.new_slots, self._with_key(rows, key))
+            ends = table[:, kpool - 1 : (table.shape[1] // kpool) * kpool : kpool]  # [B, P]: each pool's last slot
+            keys = pool.read(self.pool_layer, ends, columns=slice(self.rank_dim, self.key_end))
+            step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions)
         tokens, counts = step.selected
         slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
         latents = pool.read(self.pool_layer, slots, columns=slice(0, self.rank_dim))  # [B, N, r]

@@ -1,0 +1,131 @@
+"""What a decode step's DSA indexer spends on its keys, before and after the pool keys were stored (session 28).
+
+Before, every step of every indexer layer read the index columns of its whole span (each token's key and gate score,
+2 × 128 values) and pooled them (softmax over each pool's gate scores, weighted sum of its keys); now each pool's key
+is made once, when its last token is written, and a step reads the key columns of every kpool-th row (128 values a
+pool). Both are timed here on one pool layer at the released widths (kv_lora_rank 512, index_head_dim 128, kpool 4),
+batch 1, with the scoring both share (`ops.index_scores`, 32 heads) after them, for each cache row type and span;
+and what the new form adds to a step: the new row's pool key made and the row written again (`after_completion_ms`).
+
+    python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--out FILE]
+
+On a GPU each form runs as a CUDA graph (as the serving step does); on the CPU eagerly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import ops  # noqa: E402
+from engine.cache import KVPool  # noqa: E402
+from engine.models.glm5_next.dsa import pool_keys  # noqa: E402
+
+RANK, DIM, HEADS, KPOOL = 512, 128, 32, 4
+
+
+def old_keys(pool: KVPool, table: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """The step's keys as every step made them before: the span's index columns read and pooled."""
+    rows = pool.read(0, table, columns=slice(RANK, None))
+    n = rows.shape[1] // KPOOL
+    span = rows[:, : n * KPOOL].reshape(rows.shape[0], n, KPOOL, 2 * DIM)
+    return (torch.softmax(span[..., DIM:] + ape, dim=-2) * span[..., :DIM]).sum(-2)
+
+
+def new_keys(pool: KVPool, table: torch.Tensor) -> torch.Tensor:
+    """The step's keys now: each pool's last row's key columns."""
+    ends = table[:, KPOOL - 1 : (table.shape[1] // KPOOL) * KPOOL : KPOOL]
+    return pool.read(0, ends, columns=slice(RANK, RANK + DIM))
+
+
+def completion(pool: KVPool, table: torch.Tensor, ape: torch.Tensor, row: torch.Tensor) -> None:
+    """What a step now adds: the new row's pool key made from its pool's rows (as `SparseMLA.decode_lanes` does it,
+    for every row, kept where the row completes its pool) and the row written again."""
+    position = table.shape[1] - 1
+    members = pool.read(0, table[:, position - KPOOL + 1 : position + 1], columns=slice(RANK, None))  # [1, kpool, 2d]
+    key = torch.where(torch.tensor([[True]], device=row.device), pool_keys(members, ape), row[:, RANK : RANK + DIM])
+    pool.write(0, table[:, position], torch.cat([row[:, :RANK], key, row[:, RANK + DIM :]], dim=-1))
+
+
+def timed(fn, device: str, repeats: int) -> float:
+    """Median seconds of fn() (a CUDA graph of it on a GPU)."""
+    if device == "cuda":
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    else:
+        run = fn
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spans", default="4096,32768,131072")
+    ap.add_argument("--kv", default="fp32,bf16,fp8")
+    ap.add_argument("--repeats", type=int, default=0, help="timed runs of each (default: 50 on a GPU, 5 on the CPU)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    repeats = args.repeats or (50 if device == "cuda" else 5)
+    gen = torch.Generator(device=device).manual_seed(0)
+    ape = torch.randn(KPOOL, DIM, generator=gen, device=device)
+    q = torch.randn(1, HEADS, DIM, generator=gen, device=device)
+    head_w = torch.randn(1, HEADS, generator=gen, device=device)
+    result: dict = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "widths": {"kv_lora_rank": RANK, "index_head_dim": DIM, "index_heads": HEADS, "kpool": KPOOL},
+        "runs": {},
+    }
+    for kv in args.kv.split(","):
+        for span in (int(s) for s in args.spans.split(",")):
+            pool = KVPool(1, span, RANK + 2 * DIM, kv, device)
+            pool.write(0, torch.arange(span, device=device), torch.randn(span, RANK + 2 * DIM, device=device))
+            table = torch.randperm(span, generator=gen, device=device)[None]  # slots scattered, as a pool hands out
+            position = torch.tensor([span - 1], device=device)
+            row = torch.randn(1, RANK + 2 * DIM, generator=gen, device=device)
+            scale = DIM**-0.5
+
+            def score(keys: torch.Tensor) -> torch.Tensor:
+                return ops.index_scores(q, keys, head_w, position, KPOOL, scale)
+
+            got = {
+                "before_keys_ms": timed(lambda: old_keys(pool, table, ape), device, repeats) * 1e3,
+                "after_keys_ms": timed(lambda: new_keys(pool, table), device, repeats) * 1e3,
+                "before_with_scores_ms": timed(lambda: score(old_keys(pool, table, ape)), device, repeats) * 1e3,
+                "after_with_scores_ms": timed(lambda: score(new_keys(pool, table)), device, repeats) * 1e3,
+                "after_completion_ms": timed(lambda: completion(pool, table, ape, row), device, repeats) * 1e3,
+            }
+            item = pool.rows.element_size()
+            got["bytes_read_before"] = span * (2 * DIM * item + (4 if kv == "fp8" else 0))
+            got["bytes_read_after"] = span // KPOOL * (DIM * item + (4 if kv == "fp8" else 0))
+            got = {k: round(v, 3) if isinstance(v, float) else v for k, v in got.items()}
+            result["runs"][f"{kv}_s{span}"] = got
+            print(kv, span, got, flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
