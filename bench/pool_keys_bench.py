@@ -5,7 +5,8 @@ Before, every step of every indexer layer read the index columns of its whole sp
 is made once, when its last token is written, and a step reads the key columns of every kpool-th row (128 values a
 pool). Both are timed here on one pool layer at the released widths (kv_lora_rank 512, index_head_dim 128, kpool 4),
 batch 1, with the scoring both share (`ops.index_scores`, 32 heads) after them, for each cache row type and span;
-and what the new form adds to a step: the new row's pool key made and the row written again (`after_completion_ms`).
+and what the new form adds to a step: the new row written, its pool's key made and the row written again
+(`after_completion_ms`; on CUDA the one launch of engine/ops/triton_dsa.py, on the CPU the torch form).
 
     python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--out FILE]
 
@@ -47,12 +48,19 @@ def new_keys(pool: KVPool, table: torch.Tensor) -> torch.Tensor:
 
 
 def completion(pool: KVPool, table: torch.Tensor, ape: torch.Tensor, row: torch.Tensor) -> None:
-    """What a step now adds: the new row's pool key made from its pool's rows (as `SparseMLA.decode_lanes` does it,
-    for every row, kept where the row completes its pool) and the row written again."""
+    """What a step now adds: the new row written, then its pool's key made from its pool's rows and the row written
+    again as `SparseMLA.decode_lanes` does it — on CUDA one launch (`ops.complete_pools`), on the CPU the torch form
+    (every row's key made, kept where the row completes its pool)."""
     position = table.shape[1] - 1
+    slot, where = table[:, position], torch.tensor([position], device=row.device)
+    pool.write(0, slot, row)
+    if ops.complete_pools_applies(row, DIM):
+        ops.complete_pools(pool.rows[0], None if pool.scales is None else pool.scales[0], row, slot, where, table, ape,
+                           RANK, KPOOL)  # fmt: skip
+        return
     members = pool.read(0, table[:, position - KPOOL + 1 : position + 1], columns=slice(RANK, None))  # [1, kpool, 2d]
-    key = torch.where(torch.tensor([[True]], device=row.device), pool_keys(members, ape), row[:, RANK : RANK + DIM])
-    pool.write(0, table[:, position], torch.cat([row[:, :RANK], key, row[:, RANK + DIM :]], dim=-1))
+    key = torch.where((where % KPOOL == KPOOL - 1)[:, None], pool_keys(members, ape), row[:, RANK : RANK + DIM])
+    pool.write(0, slot, torch.cat([row[:, :RANK], key, row[:, RANK + DIM :]], dim=-1))
 
 
 def timed(fn, device: str, repeats: int) -> float:

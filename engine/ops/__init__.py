@@ -4,6 +4,8 @@ the Triton kernels on CUDA where their form applies and the reference otherwise 
 from engine.ops.fused import (  # noqa: F401
     Exl3Experts,
     causal_conv,
+    complete_pools,
+    complete_pools_applies,
     hc_around,
     hc_weights,
     head_products,

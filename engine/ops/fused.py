@@ -228,6 +228,23 @@ def index_scores(
     return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone and not q.is_cuda)
 
 
+def complete_pools_applies(rows: torch.Tensor, dim: int) -> bool:
+    """Whether DSA's pool keys are made in engine/ops/triton_dsa.py's one launch (`complete_pools`; CUDA, index keys
+    a power of two wide) rather than the torch form of engine/models/glm5_next/dsa.py."""
+    if not rows.is_cuda:
+        return False
+    from engine.ops.triton_dsa import pool_keys_apply
+
+    return pool_keys_apply(rows, dim)
+
+
+def complete_pools(*args: Any) -> None:
+    """engine/ops/triton_dsa.py `complete_pools` (see there for the arguments)."""
+    from engine.ops.triton_dsa import complete_pools as fused
+
+    fused(*args)
+
+
 def selected_attention_applies(q: torch.Tensor, heads: int, rank: int) -> bool:
     """Whether a prompt chunk's DSA attention over selected tokens (queries q) runs as engine/ops/triton_dsa.py's
     `selected_attention` (CUDA with bf16 tensor cores and ~100 KB of shared memory a block - compute capability 8.0

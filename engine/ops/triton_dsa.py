@@ -34,6 +34,11 @@ chunks and decode steps alike: a program per (block of pools, block of queries),
 alone on the tensor cores (tf32x3) with the relu, the weighted sum over the heads and the mask of pools not yet
 complete in registers. The torch form wrote a [T, heads, P] fp32 tensor (0.5 GB for a 2k chunk at 32k) and read it
 back three times; a query's scores now have the same bits whichever form of step computes them.
+
+DSA's pool keys (`complete_pools`, `_pool_key_rows`): after a step's or a prompt chunk's cache rows are written, a
+program a row makes the key of the pool the row completes (if it does) from its tokens' rows as the pool holds them
+and writes it into the row's key columns — the whole row again with fp8 rows, under a scale that covers the key —:
+one launch a layer where the torch form took about twenty.
 """
 
 from __future__ import annotations
@@ -360,3 +365,94 @@ def index_scores(
         PRECISION=launch["precision"], num_warps=launch["num_warps"],
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _pool_key_rows(
+    pool_ptr,
+    scale_ptr,
+    rows_ptr,
+    slots_ptr,
+    pos_ptr,
+    table_ptr,
+    ape_ptr,
+    table_stride,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    RANK: tl.constexpr,
+    D: tl.constexpr,
+    KPOOL: tl.constexpr,
+    FP8: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + r)
+    if pos % KPOOL == KPOOL - 1:  # this row completes its pool: the others leave the pool as written
+        cols = tl.arange(0, D)
+        members = table_ptr + r * table_stride + pos - (KPOOL - 1)
+        top = tl.full([D], float("-inf"), tl.float32)
+        for i in tl.static_range(KPOOL):  # the largest gate score (+ ape) a channel
+            slot = tl.load(members + i)
+            gate = tl.load(pool_ptr + slot * W + RANK + D + cols).to(tl.float32)
+            if FP8:
+                gate = gate * tl.load(scale_ptr + slot)
+            top = tl.maximum(top, gate + tl.load(ape_ptr + i * D + cols))
+        total = tl.zeros([D], tl.float32)
+        weighted = tl.zeros([D], tl.float32)
+        for i in tl.static_range(KPOOL):  # Σ e_i and Σ e_i k_i in the tokens' order
+            slot = tl.load(members + i)
+            gate = tl.load(pool_ptr + slot * W + RANK + D + cols).to(tl.float32)
+            key = tl.load(pool_ptr + slot * W + RANK + cols).to(tl.float32)
+            if FP8:
+                scale = tl.load(scale_ptr + slot)
+                gate = gate * scale
+                key = key * scale
+            weight = tl.exp(gate + tl.load(ape_ptr + i * D + cols) - top)
+            total += weight
+            weighted += weight * key
+        pooled = weighted / total
+        slot = tl.load(slots_ptr + r)
+        out = pool_ptr + slot * W
+        if FP8:  # the row again under one scale that covers the pool key: latent and gate score from the fp32 row
+            every = tl.arange(0, WP)
+            rest = (every < W) & ((every < RANK) | (every >= RANK + D))
+            row = tl.load(rows_ptr + r * W + every, mask=rest, other=0.0)
+            amax = tl.maximum(tl.max(tl.abs(row), axis=0), tl.max(tl.abs(pooled), axis=0))
+            scale = tl.maximum(amax, 1e-12) / 448.0
+            tl.store(out + every, (row / scale).to(pool_ptr.dtype.element_ty), mask=rest)
+            tl.store(out + RANK + cols, (pooled / scale).to(pool_ptr.dtype.element_ty))
+            tl.store(scale_ptr + slot, scale)
+        else:
+            tl.store(out + RANK + cols, pooled.to(pool_ptr.dtype.element_ty))
+
+
+def pool_keys_apply(rows: torch.Tensor, dim: int) -> bool:
+    """Whether `complete_pools` takes these rows: on CUDA, index keys a power of two wide."""
+    return rows.is_cuda and dim >= 1 and dim & (dim - 1) == 0
+
+
+def complete_pools(
+    pool_rows: torch.Tensor,
+    scales: torch.Tensor | None,
+    rows: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    table: torch.Tensor,
+    ape: torch.Tensor,
+    rank: int,
+    kpool: int,
+) -> None:
+    """DSA's pool keys in one launch (engine/models/glm5_next/dsa.py `_store_at`, `decode_lanes`): for each new row
+    (fp32 `rows` [n, W], already written at `slots` [n]) whose position completes its pool, the pool's key from its
+    tokens' rows as the pool holds them (their slots in `table` [n or 1, span] by position), written into the row's
+    key columns — with fp8 rows (`scales`) the whole row again under a scale that covers the key. A program a row,
+    the pooling in the tokens' order: a key's bits do not depend on the other rows, nor on which step writes it
+    (prompt chunk, decode step, verify window, MTP draft). The torch form took about twenty launches a layer."""
+    n, width = rows.shape
+    if n == 0:
+        return
+    _pool_key_rows[(n,)](
+        pool_rows, scales if scales is not None else pool_rows, rows.contiguous(), slots.contiguous(),
+        positions.contiguous(), table, ape.contiguous(), table.stride(0) if table.shape[0] > 1 else 0,
+        W=width, WP=triton.next_power_of_2(width), RANK=rank, D=ape.shape[-1], KPOOL=kpool, FP8=scales is not None,
+        num_warps=4,
+    )  # fmt: skip

@@ -44,34 +44,37 @@ def poison_complete_pools(model, seq: Sequence, length: int) -> int:
     return poisoned
 
 
+def decode_outputs(model, kv: str, poison: bool, graphs: bool = False) -> list[torch.Tensor]:
+    """Logits of a 61-token prompt (past the dense regime), then decode steps through lanes (one token a step, a
+    verify window of 4 whose rows complete pools inside the step) and the plain path, a next turn's prompt chunk and
+    a step after it; with `poison`, every index column of the prompt's complete pools but their keys NaN first."""
+    ids, tokens = prompt(seed=4, length=61), [5, 9, 14, 3, 22, 8, 31, 2, 17]
+    more = prompt(seed=8, length=9)
+    assert len(ids) // model.cfg.index_kpool > model.cfg.index_topk // model.cfg.index_kpool  # selection runs
+    decoder = LaneDecoder(model, model.make_pool(128, kv), num_lanes=2, graphs=graphs, window=4)
+    seq, plain = decoder.new_sequence(1), model.new_sequence(model.make_pool(128, kv))
+    out = [model.prefill(seq, ids), model.prefill(plain, ids)]
+    if poison:
+        assert poison_complete_pools(model, seq, len(ids)) > 0
+        assert poison_complete_pools(model, plain, len(ids)) > 0
+    for token in tokens[:3]:  # one token a step
+        out += [decoder.decode([seq], [token])[0], model.decode([plain], [token])[0]]
+    logits = decoder.verify([seq], [tokens[3:7]])
+    decoder.commit(seq, 4)
+    for token in tokens[3:7]:
+        out.append(model.decode([plain], [token])[0])
+    out += [logits[0], decoder.decode([seq], [tokens[7]])[0], model.decode([plain], [tokens[7]])[0]]
+    out += [model.prefill(seq, more), model.prefill(plain, more)]  # a next turn's prompt chunk
+    return [*out, decoder.decode([seq], [tokens[8]])[0], model.decode([plain], [tokens[8]])[0]]
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("kv", KVS)
 def test_steps_read_only_the_pool_keys_of_complete_pools(model, kv):
     """Decode steps (plain, lanes, verify windows) and a further prompt chunk give the same logits with every index
     column of the prompt's complete pools but their keys made NaN: the pool keys are all they read of them (before
     the keys were stored, every step read and pooled each token's key and gate score: this test failed)."""
-    ids, tokens = prompt(seed=4, length=61), [5, 9, 14, 3, 22, 8, 31, 2, 17]
-    more = prompt(seed=8, length=9)
-    assert len(ids) // model.cfg.index_kpool > model.cfg.index_topk // model.cfg.index_kpool  # selection runs
-
-    def run(poison: bool) -> list[torch.Tensor]:
-        decoder = LaneDecoder(model, model.make_pool(128, kv), num_lanes=2, graphs=False, window=4)
-        seq, plain = decoder.new_sequence(1), model.new_sequence(model.make_pool(128, kv))
-        out = [model.prefill(seq, ids), model.prefill(plain, ids)]
-        if poison:
-            assert poison_complete_pools(model, seq, len(ids)) > 0
-            assert poison_complete_pools(model, plain, len(ids)) > 0
-        for token in tokens[:3]:  # one token a step
-            out += [decoder.decode([seq], [token])[0], model.decode([plain], [token])[0]]
-        logits = decoder.verify([seq], [tokens[3:7]])  # a window of 4: rows complete pools inside the step
-        decoder.commit(seq, 4)
-        for token in tokens[3:7]:
-            out.append(model.decode([plain], [token])[0])
-        out += [logits[0], decoder.decode([seq], [tokens[7]])[0], model.decode([plain], [tokens[7]])[0]]
-        out += [model.prefill(seq, more), model.prefill(plain, more)]  # a next turn's prompt chunk
-        return [*out, decoder.decode([seq], [tokens[8]])[0], model.decode([plain], [tokens[8]])[0]]
-
-    clean, poisoned = run(False), run(True)
+    clean, poisoned = decode_outputs(model, kv, False), decode_outputs(model, kv, True)
     for i, (a, b) in enumerate(zip(clean, poisoned)):
         assert torch.equal(a, b), f"output {i}"
         assert torch.isfinite(a).all()

@@ -254,12 +254,29 @@ class SparseMLA:
         in its key columns (`_member_keys`)."""
         slots, kpool, layer = seq.slots[start : start + rows.shape[0]], self.kpool, self.pool_layer
         seq.pool.write(layer, slots, rows)
+        positions = torch.arange(start, start + rows.shape[0], device=rows.device)
         first = (kpool - 1 - start) % kpool  # the first row whose position completes a pool
-        if not self.runs_indexer or first >= rows.shape[0]:
+        if self._keys_done(seq.pool, rows, slots, positions, seq.slots[None]) or first >= rows.shape[0]:
             return
         ends = torch.arange(first, rows.shape[0], kpool, device=rows.device)
         members = seq.slots[(start + ends - (kpool - 1))[:, None] + torch.arange(kpool, device=rows.device)]
         seq.pool.write(layer, slots[ends], self._with_key(rows[ends], self._member_keys(seq.pool, members)))
+
+    def _keys_done(
+        self, pool: KVPool, rows: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, table: torch.Tensor
+    ) -> bool:
+        """Whether the pool keys of the rows just written (`rows` at `slots`, their `positions`, the slots by position
+        in `table` [n or 1, span]) need nothing more: a layer without an indexer has none; on CUDA they are made and
+        written here in one launch (`ops.complete_pools`). False: the torch form is the caller's."""
+        if not self.runs_indexer:
+            return True
+        if not ops.complete_pools_applies(rows, self.idx_dim):
+            return False
+        scales = None if pool.scales is None else pool.scales[self.pool_layer]
+        ops.complete_pools(
+            pool.rows[self.pool_layer], scales, rows, slots, positions, table, self.ape, self.rank_dim, self.kpool
+        )
+        return True
 
     def _member_keys(self, pool: KVPool, members: torch.Tensor) -> torch.Tensor:
         """The keys [m, d] of the pools whose tokens' slots are `members` [m, kpool], made from their rows as the
@@ -406,13 +423,15 @@ class SparseMLA:
         rows = self._rows(x, parts)
         pool.write(self.pool_layer, step.new_slots, rows)
         q_low = ops.rms_norm(parts["q_a"], self.q_a_norm, self.eps)
-        if self.runs_indexer:  # `_store_at` with fixed shapes: every row's pool key made, kept where it completes
+        if not self._keys_done(pool, rows, step.new_slots, step.positions, table):
+            # `_store_at`'s torch form with fixed shapes: every row's pool key made, kept where it completes
             first = step.positions - step.positions % kpool
             at = (first[:, None] + torch.arange(kpool, device=x.device)).clamp(max=table.shape[1] - 1)
             completes = (step.positions % kpool == kpool - 1)[:, None]
             own = rows[:, self.rank_dim : self.key_end]
             key = torch.where(completes, self._member_keys(pool, table.gather(1, at)), own)
             pool.write(self.pool_layer, step.new_slots, self._with_key(rows, key))
+        if self.runs_indexer:
             ends = table[:, kpool - 1 : (table.shape[1] // kpool) * kpool : kpool]  # [B, P]: each pool's last slot
             keys = pool.read(self.pool_layer, ends, columns=slice(self.rank_dim, self.key_end))
             step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions)

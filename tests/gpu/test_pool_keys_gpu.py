@@ -1,0 +1,46 @@
+"""DSA's pool keys on the GPU (engine/ops/triton_dsa.py `complete_pools`, one launch a layer): the kernel against the
+torch form for fp32, bf16 and fp8 rows (tests/engine/test_pool_keys_triton.py's cases, there under Triton's
+interpreter), and through the serving path with CUDA graphs: steps read nothing of a complete pool but its key
+(tests/engine/test_pool_keys.py's check). Skipped where no GPU is present (never part of CI)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import make_reference
+from test_pool_keys import KVS, decode_outputs
+from test_pool_keys_triton import check, kernel_figures_on
+
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.parallel import ParallelGroup
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict:
+    return kernel_figures_on("cuda")
+
+
+@pytest.mark.parametrize("kv", KVS)
+@pytest.mark.parametrize("form", ["step", "prompt"])
+def test_the_kernel_writes_the_torch_forms_pool_keys_on_the_gpu(figures, kv, form):
+    f = figures[f"{kv}_{form}"]
+    check(f, kv, form, fp32_tol=1e-5)  # the GPU's exp is Triton's fast one
+    assert f["fp8_slips"] == 0  # e4m3 conversion in hardware: no interpreter slip to allow
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dsa_heavy")
+    make_reference(path, "dsa_heavy", seed=2)
+    return Glm5NextForCausalLM.load(path, ParallelGroup.single("cuda"), dtype=torch.float32)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kv", KVS)
+def test_graphed_steps_read_only_the_pool_keys_of_complete_pools(model, kv):
+    clean, poisoned = decode_outputs(model, kv, False, graphs=True), decode_outputs(model, kv, True, graphs=True)
+    for i, (a, b) in enumerate(zip(clean, poisoned)):
+        assert torch.equal(a, b), f"output {i}"
+        assert torch.isfinite(a).all()
