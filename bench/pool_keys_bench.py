@@ -47,12 +47,12 @@ def new_keys(pool: KVPool, table: torch.Tensor) -> torch.Tensor:
     return pool.read(0, ends, columns=slice(RANK, RANK + DIM))
 
 
-def completion(pool: KVPool, table: torch.Tensor, ape: torch.Tensor, row: torch.Tensor) -> None:
+def completion(pool: KVPool, table: torch.Tensor, ape: torch.Tensor, row: torch.Tensor, where: torch.Tensor) -> None:
     """What a step now adds: the new row written, then its pool's key made from its pool's rows and the row written
     again as `SparseMLA.decode_lanes` does it — on CUDA one launch (`ops.complete_pools`), on the CPU the torch form
     (every row's key made, kept where the row completes its pool)."""
-    position = table.shape[1] - 1
-    slot, where = table[:, position], torch.tensor([position], device=row.device)
+    position = table.shape[1] - 1  # `where` [1]: it on the device (a graph captures no host copy)
+    slot = table[:, position]
     pool.write(0, slot, row)
     if ops.complete_pools_applies(row, DIM):
         ops.complete_pools(pool.rows[0], None if pool.scales is None else pool.scales[0], row, slot, where, table, ape,
@@ -123,7 +123,8 @@ def main() -> None:
                 "after_keys_ms": timed(lambda: new_keys(pool, table), device, repeats) * 1e3,
                 "before_with_scores_ms": timed(lambda: score(old_keys(pool, table, ape)), device, repeats) * 1e3,
                 "after_with_scores_ms": timed(lambda: score(new_keys(pool, table)), device, repeats) * 1e3,
-                "after_completion_ms": timed(lambda: completion(pool, table, ape, row), device, repeats) * 1e3,
+                "after_completion_ms": timed(lambda: completion(pool, table, ape, row, position), device, repeats)
+                * 1e3,
             }
             item = pool.rows.element_size()
             got["bytes_read_before"] = span * (2 * DIM * item + (4 if kv == "fp8" else 0))

@@ -80,6 +80,37 @@ def test_steps_read_only_the_pool_keys_of_complete_pools(model, kv):
         assert torch.isfinite(a).all()
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_a_rejected_row_that_completed_a_pool_leaves_no_trace(model, kv):
+    """A verify window whose rejected rows complete a pool (its key written into a row past the lane's length), then
+    other tokens at those positions: every logit and pool row as one token a step gives them (spans padded as under
+    graphs, so the members' clamp runs too)."""
+    ids = prompt(seed=5, length=61)  # the window's rows at 61..64: 63 completes a pool
+    tokens = [7, 19, 4, 25, 11]
+
+    def lanes(window: int):
+        # 66 slots: the padded span is the whole table, and the row at 64 reaches past it for its pool (clamped)
+        decoder = LaneDecoder(model, model.make_pool(66, kv), num_lanes=2, graphs=False, window=window)
+        decoder.min_span, decoder.pad_spans = 8, True
+        seq = decoder.new_sequence(1)
+        return decoder, seq, model.prefill(seq, ids)
+
+    drafted, seq, first = lanes(4)
+    got = [first, drafted.verify([seq], [[tokens[0], 40, 41, 42]])[0, 0]]  # drafts 40, 41, 42 rejected
+    drafted.commit(seq, 1)
+    window = drafted.verify([seq], [tokens[1:4]])[0]
+    drafted.commit(seq, 3)
+    got += [*window, drafted.decode([seq], [tokens[4]])[0]]
+    serial, one, first = lanes(1)
+    want = [first] + [serial.decode([one], [t])[0] for t in tokens]
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"logits {i}"
+    for attn in indexers(model):
+        rows = (d.pool.read(attn.pool_layer, s.slots[: s.length]) for d, s in ((drafted, seq), (serial, one)))
+        assert torch.equal(*rows), f"pool layer {attn.pool_layer}"
+
+
 def write_in_chunks(attn, kv: str, rows: torch.Tensor, chunks: list[int]) -> torch.Tensor:
     """`_store_at` on a fresh pool in chunks of these sizes; the pool's rows by position."""
     pool = KVPool(attn.pool_layer + 1, rows.shape[0] + 4, attn.row_width, kv)
