@@ -6,7 +6,8 @@ is made once, when its last token is written, and a step reads the key columns o
 pool). Both are timed here on one pool layer at the released widths (kv_lora_rank 512, index_head_dim 128, kpool 4),
 batch 1, with the scoring both share (`ops.index_scores`, 32 heads) after them, for each cache row type and span;
 and what the new form adds to a step: the new row written, its pool's key made and the row written again
-(`after_completion_ms`; on CUDA the one launch of engine/ops/triton_dsa.py, on the CPU the torch form).
+(`after_completion_ms`; on CUDA the one launch of engine/ops/triton_dsa.py, on the CPU the torch form). On CUDA also
+the serving step's form of the scores: the keys read in the pool by slot (`after_in_place_with_scores_ms`).
 
     python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--out FILE]
 
@@ -45,6 +46,12 @@ def new_keys(pool: KVPool, table: torch.Tensor) -> torch.Tensor:
     """The step's keys now: each pool's last row's key columns."""
     ends = table[:, KPOOL - 1 : (table.shape[1] // KPOOL) * KPOOL : KPOOL]
     return pool.read(0, ends, columns=slice(RANK, RANK + DIM))
+
+
+def in_place(pool: KVPool, table: torch.Tensor) -> ops.PoolKeys:
+    """The step's keys as `SparseMLA.decode_lanes` hands them to the indexer on CUDA: left in the pool, by slot."""
+    ends = table[:, KPOOL - 1 : (table.shape[1] // KPOOL) * KPOOL : KPOOL]
+    return ops.PoolKeys(pool.rows[0][:, RANK:], None if pool.scales is None else pool.scales[0], ends, DIM)
 
 
 def completion(pool: KVPool, table: torch.Tensor, ape: torch.Tensor, row: torch.Tensor, where: torch.Tensor) -> None:
@@ -126,6 +133,10 @@ def main() -> None:
                 "after_completion_ms": timed(lambda: completion(pool, table, ape, row, position), device, repeats)
                 * 1e3,
             }
+            if device == "cuda":  # the serving step's form: the indexer's kernel reads the keys in the pool by slot
+                got["after_in_place_with_scores_ms"] = (
+                    timed(lambda: score(in_place(pool, table)), device, repeats) * 1e3
+                )
             item = pool.rows.element_size()
             got["bytes_read_before"] = span * (2 * DIM * item + (4 if kv == "fp8" else 0))
             got["bytes_read_after"] = span // KPOOL * (DIM * item + (4 if kv == "fp8" else 0))

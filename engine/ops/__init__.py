@@ -26,6 +26,7 @@ from engine.ops.fused import (  # noqa: F401
 )
 from engine.ops.reference import (  # noqa: F401
     ROW_INVARIANT_ROWS,
+    PoolKeys,
     Split,
     kda_chunked,
     kda_step,

@@ -208,7 +208,7 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
 
 def index_scores(
     q: torch.Tensor,
-    keys: torch.Tensor,
+    keys: torch.Tensor | reference.PoolKeys,
     head_w: torch.Tensor,
     positions: torch.Tensor,
     kpool: int,

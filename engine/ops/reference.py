@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -266,7 +267,7 @@ def conv_window(x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
 
 def index_scores(
     q: torch.Tensor,
-    keys: torch.Tensor,
+    keys: torch.Tensor | PoolKeys,
     head_w: torch.Tensor,
     positions: torch.Tensor,
     kpool: int,
@@ -276,7 +277,10 @@ def index_scores(
     """DSA's indexer: each query's score for every pool, Σ_h head_w[t, h] · relu(scale · q[t, h] · keys[p]), with the
     pools not complete at its position (pool p ends at p·kpool + kpool - 1) at fp32's lowest. q [T, h, d], keys
     [T or 1, P, d], head_w [T, h], positions [T] -> [T, P] fp32. `alone`: each score an elementwise product and sum of
-    its own (a query's scores then do not depend on the other queries or the span: the CPU lane step)."""
+    its own (a query's scores then do not depend on the other queries or the span: the CPU lane step). keys may be
+    `PoolKeys` (gathered here)."""
+    if isinstance(keys, PoolKeys):
+        keys = keys.read()
     if alone:
         raw = (q[:, :, None, :] * keys[:, None, :, :]).sum(-1)  # [T, h, P], each score alone
         index = (head_w[:, :, None] * torch.relu(raw * scale)).sum(1)
@@ -284,6 +288,32 @@ def index_scores(
         scores = torch.relu(torch.matmul(q, keys.transpose(-1, -2)) * scale)  # [T, h, P]
         index = torch.einsum("bh,bhp->bp", head_w, scores)
     return index.masked_fill(~visible_pools(keys.shape[-2], kpool, positions), torch.finfo(torch.float32).min)
+
+
+@dataclass(frozen=True)
+class PoolKeys:
+    """DSA pool keys left where the cache pool holds them (engine/cache.py KVPool): `rows` [slots, ≥ dim] the pool
+    layer's rows from the key's first column on, in the stored type (a view), `scales` [slots] fp32 for fp8 rows
+    (else None), `slots` [T, P] the slot of each pool's last row a query. `index_scores` reads them in place on CUDA;
+    elsewhere `read` gathers them."""
+
+    rows: torch.Tensor
+    scales: torch.Tensor | None
+    slots: torch.Tensor
+    dim: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (*self.slots.shape, self.dim)
+
+    @property
+    def device(self) -> torch.device:
+        return self.slots.device
+
+    def read(self) -> torch.Tensor:
+        """The keys [T, P, dim] fp32, as KVPool.read gives them."""
+        keys = self.rows[:, : self.dim][self.slots].to(torch.float32)
+        return keys if self.scales is None else keys * self.scales[self.slots][..., None]
 
 
 def visible_pools(n_pools: int, kpool: int, positions: torch.Tensor) -> torch.Tensor:

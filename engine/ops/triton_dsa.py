@@ -33,7 +33,9 @@ DSA's indexer (`index_scores`, `_index_scores`) scores every pool for a query �
 chunks and decode steps alike: a program per (block of pools, block of queries), each query's [heads × pools] product
 alone on the tensor cores (tf32x3) with the relu, the weighted sum over the heads and the mask of pools not yet
 complete in registers. The torch form wrote a [T, heads, P] fp32 tensor (0.5 GB for a 2k chunk at 32k) and read it
-back three times; a query's scores now have the same bits whichever form of step computes them.
+back three times; a query's scores now have the same bits whichever form of step computes them. A decode step's
+keys (`PoolKeys`) are read where the cache pool holds them — each pool's key in its last row's key columns, by slot,
+times the row's scale for fp8 rows — rather than gathered into an fp32 copy first: the same values, so the same bits.
 
 DSA's pool keys (`complete_pools`, `_pool_key_rows`): after a step's or a prompt chunk's cache rows are written, a
 program a row makes the key of the pool the row completes (if it does) from its tokens' rows as the pool holds them
@@ -48,6 +50,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from engine.ops.reference import PoolKeys
 
 BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
 SLICE = 64  # rank columns a product step
@@ -305,6 +309,11 @@ def _index_scores(
     QB: tl.constexpr,
     SHARED: tl.constexpr,
     PRECISION: tl.constexpr,
+    slot_ptr,
+    scl_ptr,
+    row_stride,
+    GATHER: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     pools = tl.program_id(0) * BP + tl.arange(0, BP)
     pool_ok = pools < P
@@ -317,7 +326,13 @@ def _index_scores(
         t = tl.program_id(1) * QB + i
         ok = t < T
         t64 = t.to(tl.int64)
-        if not SHARED:
+        if GATHER:  # each pool's key where the cache pool holds it: the key columns of the slot of its last row
+            slots = tl.load(slot_ptr + t64 * P + pools, mask=pool_ok & ok, other=0)
+            at = k_ptr + slots[None, :] * row_stride + dims[:, None]
+            keys = tl.load(at, mask=pool_ok[None, :] & ok, other=0.0).to(tl.float32)
+            if FP8:  # as KVPool.read: the stored value times its row's scale
+                keys = keys * tl.load(scl_ptr + slots, mask=pool_ok & ok, other=1.0)[None, :]
+        elif not SHARED:
             keys = tl.load(k_ptr + t64 * P * D + key_at, mask=pool_ok[None, :] & ok, other=0.0)
         q = tl.load(q_ptr + (t64 * H + heads[:, None]) * D + dims[None, :], mask=ok, other=0.0)  # [H, D]
         scores = tl.maximum(tl.dot(q, keys, input_precision=PRECISION) * scale, 0.0)  # [H, BP]
@@ -328,41 +343,59 @@ def _index_scores(
         tl.store(out_ptr + t64 * P + pools, index, mask=pool_ok & ok)
 
 
-def index_applies(q: torch.Tensor, keys: torch.Tensor) -> bool:
+def index_applies(q: torch.Tensor, keys: torch.Tensor | PoolKeys) -> bool:
     """Whether `index_scores` takes these shapes: heads and key width powers of two of at least 16 (the MMA's sides),
-    fp32 throughout, keys shared by every query or one set a query."""
+    fp32 queries, keys fp32 and shared by every query or one set a query — or one set a query left in the cache pool
+    (`PoolKeys`, its rows a row's key columns from the first on)."""
     _, heads, dim = q.shape
+    if isinstance(keys, PoolKeys):
+        fits = keys.rows.stride(-1) == 1 and keys.shape[0] == q.shape[0]
+    else:
+        fits = keys.shape[0] in (1, q.shape[0]) and keys.dtype == torch.float32
     return (
-        heads >= 16
+        fits
+        and heads >= 16
         and heads & (heads - 1) == 0
         and dim >= 16
         and dim & (dim - 1) == 0
         and keys.shape[-1] == dim
-        and keys.shape[0] in (1, q.shape[0])
-        and q.dtype == keys.dtype == torch.float32
+        and q.dtype == torch.float32
     )
 
 
 def index_scores(
-    q: torch.Tensor, keys: torch.Tensor, head_w: torch.Tensor, positions: torch.Tensor, kpool: int, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor | PoolKeys,
+    head_w: torch.Tensor,
+    positions: torch.Tensor,
+    kpool: int,
+    scale: float,
 ) -> torch.Tensor:
     """`reference.index_scores` in one launch, nothing [T, h, P] in memory: a program per (block of pools, block of
     queries), each query's heads × pools product on the tensor cores (tf32x3), relu, weighted and summed over the
     heads in registers. A query's scores are computed alone (its own product, the same blocks whatever the other
-    queries or how many there are), so they have the same bits in a prompt chunk, a decode step or a verify window."""
+    queries or how many there are), so they have the same bits in a prompt chunk, a decode step or a verify window.
+    `PoolKeys` (a decode step's): each pool's key read where the cache pool holds it — the values `PoolKeys.read`
+    would gather, so the same bits, without the gathered fp32 copy written and read back."""
     t, heads, dim = q.shape
     n_pools = keys.shape[-2]
     out = torch.empty(t, n_pools, dtype=torch.float32, device=q.device)
     if t == 0 or n_pools == 0:
         return out
     launch = INDEX_LAUNCH
-    shared = keys.shape[0] == 1
+    gather = isinstance(keys, PoolKeys)
+    shared = not gather and keys.shape[0] == 1
     queries = launch["queries"] if shared else 1
     grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
+    if isinstance(keys, PoolKeys):
+        source, slots, scales, stride = keys.rows, keys.slots.contiguous(), keys.scales, keys.rows.stride(0)
+    else:
+        source, slots, scales, stride = keys.contiguous(), positions, None, 0  # slots, scales: not read
     _index_scores[grid](
-        q.contiguous(), keys.contiguous(), head_w.contiguous(), positions.contiguous(), out, t, n_pools, float(scale),
+        q.contiguous(), source, head_w.contiguous(), positions.contiguous(), out, t, n_pools, float(scale),
         KPOOL=kpool, H=heads, D=dim, BP=launch["pools"], QB=queries, SHARED=shared,
-        PRECISION=launch["precision"], num_warps=launch["num_warps"],
+        PRECISION=launch["precision"], slot_ptr=slots, scl_ptr=scales if scales is not None else out,
+        row_stride=stride, GATHER=gather, FP8=scales is not None, num_warps=launch["num_warps"],
     )  # fmt: skip
     return out
 

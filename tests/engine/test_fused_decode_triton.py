@@ -332,6 +332,22 @@ def _cases() -> dict:
     flags.append(all(torch.equal(row[0], got[i]) for row, i in zip(rows, (0, 20, 36))))
     out["index_scores"], out["index_flags"] = index, flags
     out["index_some_hidden"] = bool(hidden.any() and not hidden.all())
+
+    # a decode step's keys left in the cache pool (engine_ops.PoolKeys: each query's own pools' last slots, rows of
+    # 8 + 2 × 32 values, the key at column 8): the same bits as the gathered keys, for every row type
+    from engine.cache import KVPool
+
+    own = {}
+    for kv in ("fp32", "bf16", "fp8"):
+        pool = KVPool(1, 400, 8 + 64, kv)
+        pool.write(0, torch.arange(401), torch.randn(401, 72, generator=gen) * 2)
+        ends = torch.randint(0, 401, (37, 150), generator=gen)
+        stored = engine_ops.PoolKeys(pool.rows[0][:, 8:], None if pool.scales is None else pool.scales[0], ends, 32)
+        gathered = stored.read()
+        in_place = triton_dsa.index_scores(q, stored, head_w, positions, 4, 0.2)
+        own[kv] = bool(torch.equal(in_place, triton_dsa.index_scores(q, gathered, head_w, positions, 4, 0.2)))
+        own[kv] &= bool(torch.equal(gathered, pool.read(0, ends, columns=slice(8, 40))))
+    out["index_pool_keys"] = own
     return out
 
 
@@ -441,6 +457,8 @@ def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:
     # shared keys ≡ own keys, the hidden pools as each torch form's, then a query alone
     assert results["index_flags"] == [True] * 4, results["index_flags"]
     assert results["index_some_hidden"]
+    # keys read where the cache pool holds them: the gathered keys' bits (fp32, bf16 and fp8 rows)
+    assert results["index_pool_keys"] == {"fp32": True, "bf16": True, "fp8": True}, results["index_pool_keys"]
 
 
 if __name__ == "__main__":

@@ -327,22 +327,28 @@ class SparseMLA:
         return rows[:, ends, self.rank_dim : self.key_end]
 
     def _select_lanes(
-        self, head_logits: torch.Tensor, q_low: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor
+        self,
+        head_logits: torch.Tensor,
+        q_low: torch.Tensor,
+        keys: torch.Tensor | ops.PoolKeys,
+        positions: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_select_tokens` for one query per row at `positions` [B], given the pool keys of each row's padded span
-        [B, P, d] (pools past a row's position are invisible to it), of a fixed size (`fixed`), row-invariant
-        (`ops.head_products`, `ops.row_blocks`)."""
+        [B, P, d] (pools past a row's position are invisible to it; `ops.PoolKeys`: where the pool holds them), of a
+        fixed size (`fixed`), row-invariant (`ops.head_products`, `ops.row_blocks`)."""
 
-        def select(head: torch.Tensor, q: torch.Tensor, pool_keys: torch.Tensor, where: torch.Tensor):
+        def select(head: torch.Tensor, q: torch.Tensor, pool_keys: torch.Tensor | ops.PoolKeys, where: torch.Tensor):
             return self._select_tokens(head, q, pool_keys, where, fixed=True)
 
+        if isinstance(keys, ops.PoolKeys):  # left in the pool (CUDA, where row_blocks would not block this kind)
+            return select(head_logits, q_low, keys, positions)
         return ops.row_blocks(select, head_logits, q_low, keys, positions, kind="dsa_select")
 
     def _select_tokens(
         self,
         head_logits: torch.Tensor,
         q_low: torch.Tensor,
-        pool_keys: torch.Tensor,
+        pool_keys: torch.Tensor | ops.PoolKeys,
         positions: torch.Tensor,
         fixed: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -433,7 +439,10 @@ class SparseMLA:
             pool.write(self.pool_layer, step.new_slots, self._with_key(rows, key))
         if self.runs_indexer:
             ends = table[:, kpool - 1 : (table.shape[1] // kpool) * kpool : kpool]  # [B, P]: each pool's last slot
-            keys = pool.read(self.pool_layer, ends, columns=slice(self.rank_dim, self.key_end))
+            scales = None if pool.scales is None else pool.scales[self.pool_layer]
+            stored = ops.PoolKeys(pool.rows[self.pool_layer][:, self.rank_dim :], scales, ends, self.idx_dim)
+            # on CUDA the indexer's kernel reads them in place (`ops.index_scores`)
+            keys = stored if x.is_cuda else stored.read()
             step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions)
         tokens, counts = step.selected
         slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
