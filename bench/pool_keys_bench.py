@@ -61,7 +61,7 @@ def completion(pool: KVPool, table: torch.Tensor, ape: torch.Tensor, row: torch.
     position = table.shape[1] - 1  # `where` [1]: it on the device (a graph captures no host copy)
     slot = table[:, position]
     pool.write(0, slot, row)
-    if ops.complete_pools_applies(row, DIM):
+    if ops.complete_pools_applies(row, DIM, pool.scales is not None):
         ops.complete_pools(pool.rows[0], None if pool.scales is None else pool.scales[0], row, slot, where, table, ape,
                            RANK, KPOOL)  # fmt: skip
         return

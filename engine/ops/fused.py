@@ -228,14 +228,15 @@ def index_scores(
     return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone and not q.is_cuda)
 
 
-def complete_pools_applies(rows: torch.Tensor, dim: int) -> bool:
+def complete_pools_applies(rows: torch.Tensor, dim: int, fp8: bool) -> bool:
     """Whether DSA's pool keys are made in engine/ops/triton_dsa.py's one launch (`complete_pools`; CUDA, index keys
-    a power of two wide) rather than the torch form of engine/models/glm5_next/dsa.py."""
+    a power of two wide, `fp8` cache rows where the GPU has the type) rather than the torch form of
+    engine/models/glm5_next/dsa.py."""
     if not rows.is_cuda:
         return False
     from engine.ops.triton_dsa import pool_keys_apply
 
-    return pool_keys_apply(rows, dim)
+    return pool_keys_apply(rows, dim, fp8)
 
 
 def complete_pools(*args: Any) -> None:

@@ -350,6 +350,7 @@ def index_applies(q: torch.Tensor, keys: torch.Tensor | PoolKeys) -> bool:
     _, heads, dim = q.shape
     if isinstance(keys, PoolKeys):
         fits = keys.rows.stride(-1) == 1 and keys.shape[0] == q.shape[0]
+        fits = fits and (keys.scales is None or fp8_rows_apply(q.device))
     else:
         fits = keys.shape[0] in (1, q.shape[0]) and keys.dtype == torch.float32
     return (
@@ -450,17 +451,24 @@ def _pool_key_rows(
             rest = (every < W) & ((every < RANK) | (every >= RANK + D))
             row = tl.load(rows_ptr + r * W + every, mask=rest, other=0.0)
             amax = tl.maximum(tl.max(tl.abs(row), axis=0), tl.max(tl.abs(pooled), axis=0))
-            scale = tl.maximum(amax, 1e-12) / 448.0
-            tl.store(out + every, (row / scale).to(pool_ptr.dtype.element_ty), mask=rest)
-            tl.store(out + RANK + cols, (pooled / scale).to(pool_ptr.dtype.element_ty))
+            scale = tl.math.div_rn(tl.maximum(amax, 1e-12), 448.0)  # IEEE divisions, as KVPool.write's
+            tl.store(out + every, tl.math.div_rn(row, scale).to(pool_ptr.dtype.element_ty), mask=rest)
+            tl.store(out + RANK + cols, tl.math.div_rn(pooled, scale).to(pool_ptr.dtype.element_ty))
             tl.store(scale_ptr + slot, scale)
         else:
             tl.store(out + RANK + cols, pooled.to(pool_ptr.dtype.element_ty))
 
 
-def pool_keys_apply(rows: torch.Tensor, dim: int) -> bool:
-    """Whether `complete_pools` takes these rows: on CUDA, index keys a power of two wide."""
-    return rows.is_cuda and dim >= 1 and dim & (dim - 1) == 0
+def fp8_rows_apply(device: torch.device) -> bool:
+    """Whether the kernels here may read and write fp8 (e4m3) cache rows on this GPU: compute capability 8.9 or later
+    (Triton has no e4m3 type before it; the torch forms run there)."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def pool_keys_apply(rows: torch.Tensor, dim: int, fp8: bool) -> bool:
+    """Whether `complete_pools` takes these rows: on CUDA, index keys a power of two wide, fp8 cache rows only where
+    the GPU has the type (the choice is the same for the whole process: prompt chunks and steps agree)."""
+    return rows.is_cuda and dim >= 1 and dim & (dim - 1) == 0 and (not fp8 or fp8_rows_apply(rows.device))
 
 
 def complete_pools(
@@ -483,6 +491,8 @@ def complete_pools(
     n, width = rows.shape
     if n == 0:
         return
+    assert pool_rows.stride(0) == width and pool_rows.stride(1) == 1 and table.stride(-1) == 1
+    assert slots.dtype == positions.dtype == table.dtype == torch.int64
     _pool_key_rows[(n,)](
         pool_rows, scales if scales is not None else pool_rows, rows.contiguous(), slots.contiguous(),
         positions.contiguous(), table, ape.contiguous(), table.stride(0) if table.shape[0] > 1 else 0,

@@ -270,7 +270,7 @@ class SparseMLA:
         written here in one launch (`ops.complete_pools`). False: the torch form is the caller's."""
         if not self.runs_indexer:
             return True
-        if not ops.complete_pools_applies(rows, self.idx_dim):
+        if not ops.complete_pools_applies(rows, self.idx_dim, pool.scales is not None):
             return False
         scales = None if pool.scales is None else pool.scales[self.pool_layer]
         ops.complete_pools(
