@@ -205,5 +205,9 @@ def test_reuse_section_resends_and_shares_a_system_prompt(report: dict[str, Any]
         system["cold"]["cached_tokens"] == 0
         and 256 <= system["warm"]["cached_tokens"] < system["warm"]["prompt_tokens"]
     )
-    for row in rows.values():
-        assert row["ratio"] == pytest.approx(row["warm_ttft_s"] / row["cold_ttft_s"], rel=0.01)
+    for (
+        row
+    ) in rows.values():  # the ratio of the unrounded times; the times are rounded to 0.1 ms (a warm one may be ~1 ms)
+        half = 5e-5
+        warm, cold = row["warm_ttft_s"], row["cold_ttft_s"]
+        assert (warm - half) / (cold + half) - half <= row["ratio"] <= (warm + half) / (cold - half) + half
