@@ -9,11 +9,13 @@ Indexer ("KPool"): each token also caches an index key k = LayerNorm(wk(x)) and 
 weighted mean of their keys. That key is made once, when the pool's last token is written (`_store_at`), from its
 tokens' rows as the pool holds them, and takes the last token's own index key's place in its row (nothing reads a
 token's own key once its pool is complete); a query's indexer uses just those rows' key columns — a kpool-th of
-the tokens, half of each one's index columns; the static decode step reads only them — and pools nothing. A query scores each pool with
-Σ_h w_h(x)·ReLU(q_h·k_pool / √d) (w scaled by H^-1/2), may only pick pools whose last token it can see, keeps the
-best index_topk / kpool of them, and always keeps its own unfinished pool (the visible tokens past the last complete
-pool). Attention then runs over exactly the tokens of the chosen pools plus that tail. When a query sees no more pools than it may pick, every pool is chosen and the
-layer is plain causal attention (the "dense" regime).
+the tokens, half of each one's index columns; the static decode step reads only them — and pools nothing.
+
+A query scores each pool with Σ_h w_h(x)·ReLU(q_h·k_pool / √d) (w scaled by H^-1/2), may only pick pools whose last
+token it can see, keeps the best index_topk / kpool of them, and always keeps its own unfinished pool (the visible
+tokens past the last complete pool). Attention then runs over exactly the tokens of the chosen pools plus that tail.
+When a query sees no more pools than it may pick, every pool is chosen and the layer is plain causal attention (the
+"dense" regime).
 
 Defined behaviour. A query's selection is a function of the tokens it can see and nothing else, so a whole prompt,
 the same prompt cut in chunks, and token-by-token decoding must select alike. transformers breaks that in one place:
