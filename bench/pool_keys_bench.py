@@ -51,7 +51,7 @@ def new_keys(pool: KVPool, table: torch.Tensor) -> torch.Tensor:
 def in_place(pool: KVPool, table: torch.Tensor) -> ops.PoolKeys:
     """The step's keys as `SparseMLA.decode_lanes` hands them to the indexer on CUDA: left in the pool, by slot."""
     ends = table[:, KPOOL - 1 : (table.shape[1] // KPOOL) * KPOOL : KPOOL]
-    return ops.PoolKeys(pool.rows[0][:, RANK:], None if pool.scales is None else pool.scales[0], ends, DIM)
+    return ops.PoolKeys(pool, 0, slice(RANK, RANK + DIM), ends)
 
 
 def completion(pool: KVPool, table: torch.Tensor, ape: torch.Tensor, row: torch.Tensor, where: torch.Tensor) -> None:

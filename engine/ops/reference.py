@@ -292,28 +292,26 @@ def index_scores(
 
 @dataclass(frozen=True)
 class PoolKeys:
-    """DSA pool keys left where the cache pool holds them (engine/cache.py KVPool): `rows` [slots, ≥ dim] the pool
-    layer's rows from the key's first column on, in the stored type (a view), `scales` [slots] fp32 for fp8 rows
-    (else None), `slots` [T, P] the slot of each pool's last row a query. `index_scores` reads them in place on CUDA;
-    elsewhere `read` gathers them."""
+    """DSA pool keys left where the cache pool holds them: `pool` (engine/cache.py KVPool), its pool layer `layer`,
+    the key's `columns` of a row, and `slots` [T, P] the slot of each pool's last row a query. `index_scores` reads
+    them in place on CUDA; elsewhere `read` gathers them."""
 
-    rows: torch.Tensor
-    scales: torch.Tensor | None
+    pool: Any
+    layer: int
+    columns: slice
     slots: torch.Tensor
-    dim: int
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return (*self.slots.shape, self.dim)
+        return (*self.slots.shape, self.columns.stop - self.columns.start)
 
     @property
     def device(self) -> torch.device:
         return self.slots.device
 
     def read(self) -> torch.Tensor:
-        """The keys [T, P, dim] fp32, as KVPool.read gives them."""
-        keys = self.rows[:, : self.dim][self.slots].to(torch.float32)
-        return keys if self.scales is None else keys * self.scales[self.slots][..., None]
+        """The keys [T, P, d] fp32 (KVPool.read)."""
+        return self.pool.read(self.layer, self.slots, columns=self.columns)
 
 
 def visible_pools(n_pools: int, kpool: int, positions: torch.Tensor) -> torch.Tensor:

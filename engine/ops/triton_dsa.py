@@ -346,11 +346,10 @@ def _index_scores(
 def index_applies(q: torch.Tensor, keys: torch.Tensor | PoolKeys) -> bool:
     """Whether `index_scores` takes these shapes: heads and key width powers of two of at least 16 (the MMA's sides),
     fp32 queries, keys fp32 and shared by every query or one set a query — or one set a query left in the cache pool
-    (`PoolKeys`, its rows a row's key columns from the first on)."""
+    (`PoolKeys`)."""
     _, heads, dim = q.shape
     if isinstance(keys, PoolKeys):
-        fits = keys.rows.stride(-1) == 1 and keys.shape[0] == q.shape[0]
-        fits = fits and (keys.scales is None or fp8_rows_apply(q.device))
+        fits = keys.shape[0] == q.shape[0] and (keys.pool.scales is None or fp8_rows_apply(q.device))
     else:
         fits = keys.shape[0] in (1, q.shape[0]) and keys.dtype == torch.float32
     return (
@@ -389,7 +388,9 @@ def index_scores(
     queries = launch["queries"] if shared else 1
     grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
     if isinstance(keys, PoolKeys):
-        source, slots, scales, stride = keys.rows, keys.slots.contiguous(), keys.scales, keys.rows.stride(0)
+        rows, scales = keys.pool.rows[keys.layer], keys.pool.scales
+        source, slots, stride = rows[:, keys.columns.start :], keys.slots.contiguous(), rows.stride(0)
+        scales = None if scales is None else scales[keys.layer]
     else:
         source, slots, scales, stride = keys.contiguous(), positions, None, 0  # slots, scales: not read
     _index_scores[grid](
@@ -482,7 +483,7 @@ def complete_pools(
     rank: int,
     kpool: int,
 ) -> None:
-    """DSA's pool keys in one launch (engine/models/glm5_next/dsa.py `_store_at`, `decode_lanes`): for each new row
+    """DSA's pool keys in one launch (engine/models/glm5_next/dsa.py `SparseMLA._store`): for each new row
     (fp32 `rows` [n, W], already written at `slots` [n]) whose position completes its pool, the pool's key from its
     tokens' rows as the pool holds them (their slots in `table` [n or 1, span] by position), written into the row's
     key columns — with fp8 rows (`scales`) the whole row again under a scale that covers the key. A program a row,

@@ -342,7 +342,7 @@ def _cases() -> dict:
         pool = KVPool(1, 400, 8 + 64, kv)
         pool.write(0, torch.arange(401), torch.randn(401, 72, generator=gen) * 2)
         ends = torch.randint(0, 401, (37, 150), generator=gen)
-        stored = engine_ops.PoolKeys(pool.rows[0][:, 8:], None if pool.scales is None else pool.scales[0], ends, 32)
+        stored = engine_ops.PoolKeys(pool, 0, slice(8, 40), ends)
         gathered = stored.read()
         in_place = triton_dsa.index_scores(q, stored, head_w, positions, 4, 0.2)
         own[kv] = bool(torch.equal(in_place, triton_dsa.index_scores(q, gathered, head_w, positions, 4, 0.2)))

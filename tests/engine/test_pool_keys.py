@@ -1,5 +1,5 @@
 """DSA's pool keys, made once when a pool's last token is written and kept in that token's row
-(engine/models/glm5_next/dsa.py `_store_at`, `decode_lanes`): what the indexer reads and what it finds there, on tiny
+(engine/models/glm5_next/dsa.py `_store`): what the indexer reads and what it finds there, on tiny
 random checkpoints on the CPU, for every cache row type."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ absorbed form: scores = (q·W_k)·c and out = W_v·(probs·c), identical in valu
 
 Indexer ("KPool"): each token also caches an index key k = LayerNorm(wk(x)) and a gate score s = G·x. Every
 `index_kpool` consecutive tokens, once all present, form a pool whose key is the per-channel softmax(s + ape)
-weighted mean of their keys. That key is made once, when the pool's last token is written (`_store_at`), from its
+weighted mean of their keys. That key is made once, when the pool's last token is written (`_store`), from its
 tokens' rows as the pool holds them, and takes the last token's own index key's place in its row (nothing reads a
 token's own key once its pool is complete); a query's indexer uses just those rows' key columns — a kpool-th of
 the tokens, half of each one's index columns; the static decode step reads only them — and pools nothing.
@@ -38,6 +38,8 @@ whole indexer are replicated so every rank selects the same tokens bit for bit.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -251,41 +253,37 @@ class SparseMLA:
         return self._attend_selected(q, latents, tokens, counts, bf16), chosen
 
     def _store_at(self, seq: Sequence, start: int, rows: torch.Tensor) -> None:
-        """Write the cache rows [T, row_width] (fp32, each with its token's own index key) of positions start ..
-        start+T-1, their slots allocated; then each row that completes a pool is written again with the pool's key
-        in its key columns (`_member_keys`)."""
-        slots, kpool, layer = seq.slots[start : start + rows.shape[0]], self.kpool, self.pool_layer
-        seq.pool.write(layer, slots, rows)
+        """`_store` for the rows [T, row_width] of positions start .. start+T-1 of one sequence (their slots
+        allocated): a prompt chunk's, or the plain decode's token."""
         positions = torch.arange(start, start + rows.shape[0], device=rows.device)
-        first = (kpool - 1 - start) % kpool  # the first row whose position completes a pool
-        if self._keys_done(seq.pool, rows, slots, positions, seq.slots[None]) or first >= rows.shape[0]:
-            return
-        ends = torch.arange(first, rows.shape[0], kpool, device=rows.device)
-        members = seq.slots[(start + ends - (kpool - 1))[:, None] + torch.arange(kpool, device=rows.device)]
-        seq.pool.write(layer, slots[ends], self._with_key(rows[ends], self._member_keys(seq.pool, members)))
+        self._store(seq.pool, rows, seq.slots[start : start + rows.shape[0]], positions, seq.slots[None])
 
-    def _keys_done(
+    def _store(
         self, pool: KVPool, rows: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, table: torch.Tensor
-    ) -> bool:
-        """Whether the pool keys of the rows just written (`rows` at `slots`, their `positions`, the slots by position
-        in `table` [n or 1, span]) need nothing more: a layer without an indexer has none; on CUDA they are made and
-        written here in one launch (`ops.complete_pools`). False: the torch form is the caller's."""
+    ) -> None:
+        """Write the cache rows [n, row_width] (fp32, each with its token's own index key) of `positions` [n] at
+        `slots` [n]; then each row that completes a pool gets the pool's key in its key columns, made from the pool's
+        rows as the pool holds them (the row's own included: written first), their slots read from `table` [n or 1,
+        span] by position. A pool's key so depends only on its tokens' stored rows, whichever step writes it: a
+        prompt chunk, a decode step, a verify window's row or an MTP draft. On CUDA one launch
+        (`ops.complete_pools`); elsewhere every row's key is made (fixed shapes, as a graphed step needs) and the
+        rows written again, each with the pool's key where it completes one, else its own."""
+        pool.write(self.pool_layer, slots, rows)
         if not self.runs_indexer:
-            return True
-        if not ops.complete_pools_applies(rows, self.idx_dim, pool.scales is not None):
-            return False
+            return
         scales = None if pool.scales is None else pool.scales[self.pool_layer]
-        ops.complete_pools(
-            pool.rows[self.pool_layer], scales, rows, slots, positions, table, self.ape, self.rank_dim, self.kpool
-        )
-        return True
-
-    def _member_keys(self, pool: KVPool, members: torch.Tensor) -> torch.Tensor:
-        """The keys [m, d] of the pools whose tokens' slots are `members` [m, kpool], made from their rows as the
-        pool holds them (the completing row's own included: written first). A pool's key so depends only on its
-        tokens' stored rows, whichever step writes it: a prompt chunk, a decode step, a verify window's row or an
-        MTP draft."""
-        return self._pool_keys(pool.read(self.pool_layer, members, columns=slice(self.rank_dim, None)))
+        if ops.complete_pools_applies(rows, self.idx_dim, scales is not None):
+            layer_rows = pool.rows[self.pool_layer]
+            ops.complete_pools(layer_rows, scales, rows, slots, positions, table, self.ape, self.rank_dim, self.kpool)
+            return
+        kpool = self.kpool
+        first = positions - positions % kpool
+        at = (first[:, None] + torch.arange(kpool, device=rows.device)).clamp(max=table.shape[1] - 1)
+        members = table.expand(rows.shape[0], -1).gather(1, at)  # [n, kpool]: the slots of each row's pool
+        keys = self._pool_keys(pool.read(self.pool_layer, members, columns=slice(self.rank_dim, None)))
+        completes = (positions % kpool == kpool - 1)[:, None]
+        keys = torch.where(completes, keys, rows[:, self.rank_dim : self.key_end])
+        pool.write(self.pool_layer, slots, self._with_key(rows, keys))
 
     def _with_key(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Cache rows [n, row_width] with `keys` [n, d] in their index key columns."""
@@ -339,12 +337,12 @@ class SparseMLA:
         [B, P, d] (pools past a row's position are invisible to it; `ops.PoolKeys`: where the pool holds them), of a
         fixed size (`fixed`), row-invariant (`ops.head_products`, `ops.row_blocks`)."""
 
-        def select(head: torch.Tensor, q: torch.Tensor, pool_keys: torch.Tensor | ops.PoolKeys, where: torch.Tensor):
+        def select(head: torch.Tensor, q: torch.Tensor, block: torch.Tensor, where: torch.Tensor):
+            pool_keys = dataclasses.replace(keys, slots=block) if isinstance(keys, ops.PoolKeys) else block
             return self._select_tokens(head, q, pool_keys, where, fixed=True)
 
-        if isinstance(keys, ops.PoolKeys):  # left in the pool (CUDA, where row_blocks would not block this kind)
-            return select(head_logits, q_low, keys, positions)
-        return ops.row_blocks(select, head_logits, q_low, keys, positions, kind="dsa_select")
+        rows = keys.slots if isinstance(keys, ops.PoolKeys) else keys  # what row_blocks cuts into blocks
+        return ops.row_blocks(select, head_logits, q_low, rows, positions, kind="dsa_select")
 
     def _select_tokens(
         self,
@@ -424,27 +422,15 @@ class SparseMLA:
 
     def decode_lanes(self, x: torch.Tensor, step) -> torch.Tensor:
         """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots` (a row
-        that completes a pool with the pool's key, as in `_store_at`); the indexer reads the pool keys of the streams'
+        that completes a pool with the pool's key, `_store`); the indexer reads the pool keys of the streams'
         slot-table rows `step.table` [B, span], attention only the latents of the selected tokens."""
         pool, table, kpool = step.lanes.pool, step.table, self.kpool
         parts = dict(zip(self.x_names, ops.linear(x, self.x_proj).split(self.x_widths, dim=-1)))
-        rows = self._rows(x, parts)
-        pool.write(self.pool_layer, step.new_slots, rows)
+        self._store(pool, self._rows(x, parts), step.new_slots, step.positions, table)
         q_low = ops.rms_norm(parts["q_a"], self.q_a_norm, self.eps)
-        if not self._keys_done(pool, rows, step.new_slots, step.positions, table):
-            # `_store_at`'s torch form with fixed shapes: every row's pool key made, kept where it completes
-            first = step.positions - step.positions % kpool
-            at = (first[:, None] + torch.arange(kpool, device=x.device)).clamp(max=table.shape[1] - 1)
-            completes = (step.positions % kpool == kpool - 1)[:, None]
-            own = rows[:, self.rank_dim : self.key_end]
-            key = torch.where(completes, self._member_keys(pool, table.gather(1, at)), own)
-            pool.write(self.pool_layer, step.new_slots, self._with_key(rows, key))
         if self.runs_indexer:
             ends = table[:, kpool - 1 : (table.shape[1] // kpool) * kpool : kpool]  # [B, P]: each pool's last slot
-            scales = None if pool.scales is None else pool.scales[self.pool_layer]
-            stored = ops.PoolKeys(pool.rows[self.pool_layer][:, self.rank_dim :], scales, ends, self.idx_dim)
-            # on CUDA the indexer's kernel reads them in place (`ops.index_scores`)
-            keys = stored if x.is_cuda else stored.read()
+            keys = ops.PoolKeys(pool, self.pool_layer, slice(self.rank_dim, self.key_end), ends)
             step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions)
         tokens, counts = step.selected
         slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
