@@ -433,17 +433,27 @@ def long_context_decode(
     model: Glm5NextForCausalLM, pool, ids: list[int], contexts: tuple[int, ...], graphs: bool, steps: int = 10
 ) -> dict:
     """The batch-1 serving step (graphs on a GPU) after a prompt of each length: step ms and the span it read (the
-    DSA layers' cost grows with it)."""
+    DSA layers' cost grows with it), and the prompt's own time in 2,048-token chunks (its first chunks' compiles
+    included for the first length)."""
     out: dict = {}
     decoder = LaneDecoder(model, pool, 1, graphs=graphs)
     for context in contexts:
         seq = decoder.new_sequence(0)
         try:
+            sync()
+            start = time.perf_counter()
             for chunk in range(0, context, 2048):
                 model.prefill(seq, ids[chunk : min(context, chunk + 2048)])
+            sync()
+            prompt_s = time.perf_counter() - start
             decoder.decode([seq], [11])  # captures this span's graph
             step = timed(lambda: decoder.decode([seq], [11]), steps)
-            out[f"t{context}"] = {"step_ms": round(step * 1e3, 2), "span": decoder.span_for(seq.length + 1)}
+            out[f"t{context}"] = {
+                "step_ms": round(step * 1e3, 2),
+                "span": decoder.span_for(seq.length + 1),
+                "prompt_s": round(prompt_s, 3),
+                "prompt_tok_s": round(context / prompt_s, 1),
+            }
         except torch.OutOfMemoryError as exc:
             out[f"t{context}"] = f"out of memory: {str(exc).splitlines()[0]}"
         finally:

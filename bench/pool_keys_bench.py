@@ -9,7 +9,12 @@ and what the new form adds to a step: the new row written, its pool's key made a
 (`after_completion_ms`; on CUDA the one launch of engine/ops/triton_dsa.py, on the CPU the torch form). On CUDA also
 the serving step's form of the scores: the keys read in the pool by slot (`after_in_place_with_scores_ms`).
 
-    python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--out FILE]
+Then the choice among the scored pools (session 29): the best index_topk / kpool = 512 pools, before by a stable sort
+of every pool's score (and a sort of the 512 chosen into position order), now by `ops.top_pools` (a selection, no
+sort): for the step's one query (`select_*_ms`, the scores above) and for a prompt chunk's queries ending at the
+span (`chunk_select_*_ms`, `--chunk` queries, random scores with each query's invisible pools masked).
+
+    python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--chunk N] [--out FILE]
 
 On a GPU each form runs as a CUDA graph (as the serving step does); on the CPU eagerly.
 """
@@ -31,7 +36,20 @@ from engine import ops  # noqa: E402
 from engine.cache import KVPool  # noqa: E402
 from engine.models.glm5_next.dsa import pool_keys  # noqa: E402
 
-RANK, DIM, HEADS, KPOOL = 512, 128, 32, 4
+RANK, DIM, HEADS, KPOOL, PICK = 512, 128, 32, 4, 512
+
+
+def by_sort(index: torch.Tensor) -> torch.Tensor:
+    """The pools chosen as `_select_tokens` chose them before session 29: a stable sort of the scores, its first
+    PICK, sorted again into position order."""
+    return index.sort(dim=-1, descending=True, stable=True).indices[:, :PICK].sort(dim=-1).values
+
+
+def chunk_scores(rows: int, span: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """[rows, span / kpool] scores of a prompt chunk's queries at span - rows .. span - 1, invisible pools masked."""
+    index = torch.randn(rows, span // KPOOL, generator=gen, device=device)
+    positions = torch.arange(span - rows, span, device=device)
+    return index.masked_fill(~ops.visible_pools(span // KPOOL, KPOOL, positions), torch.finfo(torch.float32).min)
 
 
 def old_keys(pool: KVPool, table: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
@@ -97,11 +115,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spans", default="4096,32768,131072")
     ap.add_argument("--kv", default="fp32,bf16,fp8")
+    ap.add_argument(
+        "--chunk", type=int, default=0, help="a prompt chunk's queries (default: 2048 on a GPU, 128 on the CPU)"
+    )
     ap.add_argument("--repeats", type=int, default=0, help="timed runs of each (default: 50 on a GPU, 5 on the CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     repeats = args.repeats or (50 if device == "cuda" else 5)
+    chunk = args.chunk or (2048 if device == "cuda" else 128)
     gen = torch.Generator(device=device).manual_seed(0)
     ape = torch.randn(KPOOL, DIM, generator=gen, device=device)
     q = torch.randn(1, HEADS, DIM, generator=gen, device=device)
@@ -137,6 +159,16 @@ def main() -> None:
                 got["after_in_place_with_scores_ms"] = (
                     timed(lambda: score(in_place(pool, table)), device, repeats) * 1e3
                 )
+            index = score(new_keys(pool, table))
+            assert torch.equal(by_sort(index), ops.top_pools(index, PICK))
+            got["select_sort_ms"] = timed(lambda: by_sort(index), device, repeats) * 1e3
+            got["select_top_pools_ms"] = timed(lambda: ops.top_pools(index, PICK), device, repeats) * 1e3
+            if kv == args.kv.split(",")[0]:  # the chunk's scores do not depend on the row type: once a span
+                many = chunk_scores(chunk, span, gen, device)
+                got["chunk_rows"] = chunk
+                got["chunk_select_sort_ms"] = timed(lambda: by_sort(many), device, repeats) * 1e3
+                got["chunk_select_top_pools_ms"] = timed(lambda: ops.top_pools(many, PICK), device, repeats) * 1e3
+                del many
             item = pool.rows.element_size()
             got["bytes_read_before"] = span * (2 * DIM * item + (4 if kv == "fp8" else 0))
             got["bytes_read_after"] = span // KPOOL * (DIM * item + (4 if kv == "fp8" else 0))

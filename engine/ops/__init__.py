@@ -39,6 +39,7 @@ from engine.ops.reference import (  # noqa: F401
     softplus,
     split_bf16,
     split_product,
+    top_pools,
     visible_pools,
     widened,
 )

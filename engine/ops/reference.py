@@ -320,6 +320,21 @@ def visible_pools(n_pools: int, kpool: int, positions: torch.Tensor) -> torch.Te
     return pool_end[None, :] <= positions[:, None]
 
 
+def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best pools of each query [T, P] fp32 -> [T, k] int64 in position order: exactly the first k of a stable
+    descending sort (a tie at the k-th score goes to the earlier pools), without sorting the span. The k-th best score
+    comes from `topk` (a selection, not a sort: its order among ties is unspecified, so only its value is used), the
+    pools above it are taken, then the earliest tied ones up to k; the j-th taken pool is where the running count of
+    taken pools reaches j. Fixed shapes and no host reads (graphs hold it). Scores must not be NaN."""
+    if k == 0:  # a span shorter than a pool
+        return torch.empty(index.shape[0], 0, dtype=torch.int64, device=index.device)
+    kth = index.topk(k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    above, tied = index > kth, index == kth
+    take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= k - above.sum(-1, keepdim=True)))
+    wanted = torch.arange(1, k + 1, dtype=torch.int32, device=index.device).expand(index.shape[0], k).contiguous()
+    return torch.searchsorted(take.cumsum(-1, dtype=torch.int32), wanted).clamp_(max=index.shape[-1] - 1)
+
+
 def kda_step(
     state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,8 @@
 """DSA's pool keys on the GPU (engine/ops/triton_dsa.py `complete_pools`, one launch a layer): the kernel against the
 torch form for fp32, bf16 and fp8 rows (tests/engine/test_pool_keys_triton.py's cases, there under Triton's
 interpreter), and through the serving path with CUDA graphs: steps read nothing of a complete pool but its key
-(tests/engine/test_pool_keys.py's check). Skipped where no GPU is present (never part of CI)."""
+(tests/engine/test_pool_keys.py's check); the pool choice without a sort (`ops.top_pools`,
+tests/engine/test_top_pools.py's cases), eagerly and replayed from a CUDA graph. Skipped where no GPU is present (never part of CI)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 from reference import make_reference
 from test_pool_keys import KVS, decode_outputs
 from test_pool_keys_triton import check, kernel_figures_on
+from test_top_pools import by_sort, cases, check_cases
 
+from engine import ops
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.parallel import ParallelGroup
 
@@ -44,3 +47,16 @@ def test_graphed_steps_read_only_the_pool_keys_of_complete_pools(model, kv):
     for i, (a, b) in enumerate(zip(clean, poisoned)):
         assert torch.equal(a, b), f"output {i}"
         assert torch.isfinite(a).all()
+
+
+def test_top_pools_on_the_gpu_eagerly_and_from_a_graph():
+    check_cases("cuda")
+    for name, index, k in cases("cuda"):
+        static = index.clone()
+        ops.top_pools(static, k)  # warm (the allocator, topk's workspace) before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.top_pools(static, k)
+        static.copy_(index.flip(-1))  # new scores into the captured input
+        graph.replay()
+        assert torch.equal(out, by_sort(index.flip(-1), k)), name

@@ -23,8 +23,9 @@ pool scores tie EXACTLY whenever every head's ReLU is zero for several pools (fr
 `topk` then picks among the tied pools by an order that depends on the candidate tensor's length — the whole-prompt
 forward (all pools of the prompt, the invisible ones masked) and the cached decode (only the pools cached so far)
 break the same tie differently, which is the ~0.05..2 logit gap between the two. We define ties: the earlier pool
-wins (a stable sort by score). Away from exact ties our selection equals both of the reference's paths, and the
-parity tests compare against the reference only where its selection is tie-free.
+wins (the first of a stable sort by score; `ops.top_pools` takes them without sorting the span). Away from exact
+ties our selection equals both of the reference's paths, and the parity tests compare against the reference only
+where its selection is tie-free.
 
 Static decode (`decode_lanes`): every stream reads a fixed `span` of its slot-table row (padded past its length);
 the same selection is computed with per-stream lengths as tensors: pools past a stream's length score as invisible,
@@ -357,30 +358,27 @@ class SparseMLA:
         [T, N], N = min(pick, P) · kpool + kpool — the chosen pools' tokens, then the unfinished pool's (the tail).
         The count is fixed by P, so attention reads N latents, not all of them, and a graph can hold it.
 
-        Pools sort by score, stably (the earlier pool wins a tie; pools not yet complete at a query's position,
-        padding included, sort after every visible one); in the dense regime (no more visible pools than may be
-        picked) every visible pool is among the first min(pick, P), and the tail counts with or without
-        keep_tail.
+        The chosen pools are the min(pick, P) best by score, in position order (`ops.top_pools`: the earlier pool
+        wins a tie; pools not yet complete at a query's position, padding included, score below every visible one);
+        in the dense regime (no more visible pools than may be picked) every visible pool is chosen, and the tail
+        counts with or without keep_tail.
 
         `fixed` (the lane step): N = pick · kpool + kpool whatever P is (pools past P pad the choice, not counted),
-        the chosen pools in position order, and every pool's score computed alone (an elementwise product and sum on
-        the CPU): a query's attention then reads the same tokens in the same order with the same arithmetic
-        whatever the span, the width of a verify window or the other rows of the step."""
+        and every pool's score computed alone (an elementwise product and sum on the CPU): a query's attention then
+        reads the same tokens in the same order with the same arithmetic whatever the span, the width of a verify
+        window or the other rows of the step."""
         batch, n_pools = positions.shape[0], pool_keys.shape[-2]
         dev = pool_keys.device
         visible = ops.visible_pools(n_pools, self.kpool, positions)  # [T, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
         head_w = head_logits * self.idx_heads**-0.5
         index = ops.index_scores(q, pool_keys, head_w, positions, self.kpool, self.idx_dim**-0.5, alone=fixed)
-        chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, : min(self.pick, n_pools)]
+        chosen = ops.top_pools(index, min(self.pick, n_pools))
         counts = visible.gather(-1, chosen)
-        if fixed:
-            chosen, order = chosen.sort(dim=-1)
-            counts = counts.gather(-1, order)
-            if n_pools < self.pick:  # pad to pick pools: never counted
-                extra = torch.arange(n_pools, self.pick, device=dev).expand(batch, -1)
-                chosen = torch.cat([chosen, extra], dim=1)
-                counts = torch.cat([counts, torch.zeros_like(extra, dtype=torch.bool)], dim=1)
+        if fixed and n_pools < self.pick:  # pad to pick pools: never counted
+            extra = torch.arange(n_pools, self.pick, device=dev).expand(batch, -1)
+            chosen = torch.cat([chosen, extra], dim=1)
+            counts = torch.cat([counts, torch.zeros_like(extra, dtype=torch.bool)], dim=1)
         within = torch.arange(self.kpool, device=dev)
         tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)  # [T, C * kpool]
         counts = counts[:, :, None].expand(-1, -1, self.kpool).flatten(1)
