@@ -10,6 +10,7 @@ from engine.ops.fused import (  # noqa: F401
     hc_weights,
     head_products,
     index_scores,
+    index_scores_width,
     kda_decode,
     kda_decode_applies,
     lane_attention,
@@ -27,6 +28,7 @@ from engine.ops.fused import (  # noqa: F401
 from engine.ops.reference import (  # noqa: F401
     ROW_INVARIANT_ROWS,
     PoolKeys,
+    PoolLatents,
     Split,
     kda_chunked,
     kda_step,

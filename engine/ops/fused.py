@@ -228,6 +228,17 @@ def index_scores(
     return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone and not q.is_cuda)
 
 
+def index_scores_width(q: torch.Tensor, keys: torch.Tensor | reference.PoolKeys) -> int:
+    """The fp32 values `index_scores` holds at once for each query of q [T, h, d] against keys [., P, d]: its P
+    scores in the CUDA kernel, its h × P products in the torch form."""
+    if q.is_cuda:
+        from engine.ops import triton_dsa
+
+        if triton_dsa.index_applies(q, keys):
+            return keys.shape[-2]
+    return q.shape[1] * keys.shape[-2]
+
+
 def complete_pools_applies(rows: torch.Tensor, dim: int, fp8: bool) -> bool:
     """Whether DSA's pool keys are made in engine/ops/triton_dsa.py's one launch (`complete_pools`; CUDA, index keys
     a power of two wide, `fp8` cache rows where the GPU has the type) rather than the torch form of

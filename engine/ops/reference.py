@@ -314,6 +314,44 @@ class PoolKeys:
         return self.pool.read(self.layer, self.slots, columns=self.columns)
 
 
+@dataclass(frozen=True)
+class PoolLatents:
+    """One stream's cached latents left where the cache pool holds them (a prompt chunk's DSA attention): `pool`
+    (engine/cache.py KVPool), its pool layer `layer`, the latent `columns` of a row and `slots` [L] the slot of each
+    position. Only what is used is read: `gather` the rows of some positions, `split` every row as the tensor cores
+    take them — so no fp32 copy of the whole span is made (at a 1M-token span that copy was 3 GiB a layer)."""
+
+    pool: Any
+    layer: int
+    columns: slice
+    slots: torch.Tensor
+
+    SPLIT_ROWS = 1 << 16  # rows read and split at a time (fp32 and fp8 pools)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.slots.shape[0], self.columns.stop - self.columns.start)
+
+    def gather(self, positions: torch.Tensor | slice) -> torch.Tensor:
+        """The latents [..., r] fp32 of `positions` (KVPool.read: the values a read of the whole span holds there)."""
+        return self.pool.read(self.layer, self.slots[positions], columns=self.columns)
+
+    def split(self) -> Split:
+        """`split_bf16` of every position's latents, the same bits: a bf16 pool's are its stored values as they are
+        (no lo part), an fp32 or fp8 pool's read and split a block of rows at a time."""
+        if self.pool.kv == "bf16":
+            return self.pool.rows[self.layer][:, self.columns][self.slots], None
+        length, width = self.shape
+        hi = torch.empty(length, width, dtype=torch.bfloat16, device=self.slots.device)
+        lo = torch.empty_like(hi)
+        for start in range(0, length, self.SPLIT_ROWS):
+            part = slice(start, start + self.SPLIT_ROWS)
+            part_hi, part_lo = split_bf16(self.gather(part))
+            assert part_lo is not None  # split in full: the values are not known to be bf16
+            hi[part], lo[part] = part_hi, part_lo
+        return hi, lo
+
+
 def visible_pools(n_pools: int, kpool: int, positions: torch.Tensor) -> torch.Tensor:
     """[T, P] bool: whether pool p (its last token at p·kpool + kpool - 1) is complete at each query's position."""
     pool_end = torch.arange(n_pools, device=positions.device) * kpool + kpool - 1

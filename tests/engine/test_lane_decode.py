@@ -17,6 +17,7 @@ from reference import make_reference
 from test_parity import ours_greedy, prompt
 
 from engine import ops
+from engine.cache import KVPool
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.runner.lanes import LaneDecoder
 
@@ -111,23 +112,22 @@ def test_static_selection_equals_the_plain_one(model, keep_tail, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     length, span = 37, 64
     rows = torch.randn(span, layer.row_width, generator=gen)
+    pool = KVPool(layer.pool_layer + 1, span, layer.row_width)
+    slots = torch.arange(span)
+    pool.write(layer.pool_layer, slots, rows)
     x = torch.randn(length, model.cfg.hidden_size, generator=gen)
     q_low = torch.randn(length, model.cfg.q_lora_rank, generator=gen)
     positions = torch.arange(length)
     width = span + layer.kpool  # wide enough for a tail past the span
+    keys = rows[None, layer.kpool - 1 :: layer.kpool, layer.rank_dim : layer.key_end]  # each pool's last row's key
     static = selected_mask(
-        layer._select_lanes(
-            ops.linear(x, layer.head_weights),
-            q_low,
-            layer._stored_keys(rows[None], span // layer.kpool).expand(length, -1, -1),
-            positions,
-        ),
-        width,
+        layer._select_lanes(ops.linear(x, layer.head_weights), q_low, keys.expand(length, -1, -1), positions), width
     )
-    whole = selected_mask(layer._select(x, q_low, rows[:length], positions), width)  # the prompt-chunk form
+    whole = selected_mask(layer._select(x, q_low, pool, slots[:length], positions), width)  # the prompt-chunk form
     assert torch.equal(static, whole)
     for pos in range(length):
-        plain = layer._select(x[pos : pos + 1], q_low[pos : pos + 1], rows[: pos + 1], positions[pos : pos + 1])
+        one = slice(pos, pos + 1)
+        plain = layer._select(x[one], q_low[one], pool, slots[: pos + 1], positions[one])
         assert torch.equal(static[pos], selected_mask(plain, width)[0]), f"position {pos}"
         assert not static[pos, pos + 1 :].any()
 

@@ -71,6 +71,7 @@ def pool_keys(members: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
 
 class SparseMLA:
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
+    SELECT_SCORES = 1 << 24  # fp32 values the indexer holds at once for a block of prompt queries (64 MiB)
     # views into `x_proj`, one per projection of x (set in __init__ by name)
     q_a: Weight
     kv_a: Weight
@@ -147,16 +148,18 @@ class SparseMLA:
         return torch.cat([latent, key, project("pool_gate")], dim=-1)
 
     def _select(
-        self, x: torch.Tensor, q_low: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, q_low: torch.Tensor, pool: KVPool, slots: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """What the queries at `positions` (one stream; the last at the span's last row, L - 1) attend to among its L
-        cached rows: in the dense regime a causal mask [T, L]; beyond it the selected tokens as `_select_tokens`
-        gives them. Nothing here reads the GPU: the regime follows from L."""
-        length = rows.shape[0]
+        """What the queries at `positions` (one stream; the last at the span's last row, L - 1) attend to among the
+        L cached rows at `slots` [L]: in the dense regime a causal mask [T, L]; beyond it the selected tokens as
+        `_select_tokens` gives them, from the pool keys alone (the key columns of each pool's last row). Nothing
+        here reads the GPU: the regime follows from L."""
+        length = slots.shape[0]
         n_pools = length // self.kpool
         if n_pools <= self.pick:  # the last query sits at the span's last row: it sees every complete pool
-            return torch.arange(length, device=rows.device)[None, :] <= positions[:, None]  # dense regime
-        keys = self._stored_keys(rows[None], n_pools)  # [1, P, d]
+            return torch.arange(length, device=slots.device)[None, :] <= positions[:, None]  # dense regime
+        ends = slots[self.kpool - 1 : n_pools * self.kpool : self.kpool]
+        keys = pool.read(self.pool_layer, ends, columns=slice(self.rank_dim, self.key_end))[None]  # [1, P, d]
         return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
     def _attend(
@@ -202,7 +205,7 @@ class SparseMLA:
     def _attend_selected(
         self,
         q: torch.Tensor,
-        latents: torch.Tensor,
+        latents: torch.Tensor | ops.PoolLatents,
         tokens: torch.Tensor,
         counts: torch.Tensor,
         bf16_latents: bool = False,
@@ -211,10 +214,14 @@ class SparseMLA:
         [T, Hl * v] (`bf16_latents`: as `_attend`'s; the tensor-core path then takes them in bf16, half the bytes).
         A CUDA prompt chunk: the head products as split products around one kernel that reads each query's latents
         by index (`ops.selected_attention`; 6.7× the gathered form at 8k on the H200, docs/BENCHMARKS.md session
-        21); otherwise the latents gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values)."""
+        21); otherwise the latents gathered a block of queries at a time (≤ GATHER_ELEMENTS latent values).
+        `ops.PoolLatents` (a prompt chunk's): the latents read from the pool only as those need them."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         if self._on_tensor_cores(q):
-            lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
+            if isinstance(latents, ops.PoolLatents):
+                lat_hi, lat_lo = latents.split()
+            else:
+                lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
             weights = self._split(self.w_k), self._split(self.w_v.transpose(1, 2))  # once, not per block
             if ops.selected_attention_applies(q, self.local_heads, self.rank_dim):  # one launch, nothing gathered
                 q_abs = ops.split_product(q.transpose(0, 1), weights[0]) * self.scaling  # [Hl, T, r]
@@ -227,9 +234,10 @@ class SparseMLA:
                 outs.append(self._attend_gathered_split(q[i : i + block], lat, counts[i : i + block], *weights))
             return torch.cat(outs)
         picked = tokens.clamp(max=latents.shape[0] - 1)
+        gather = latents.gather if isinstance(latents, ops.PoolLatents) else latents.__getitem__
         return torch.cat(
             [
-                self._attend_lanes(q[i : i + block], latents[picked[i : i + block]], counts[i : i + block])
+                self._attend_lanes(q[i : i + block], gather(picked[i : i + block]), counts[i : i + block])
                 for i in range(0, q.shape[0], block)
             ]
         )
@@ -242,16 +250,16 @@ class SparseMLA:
         positions: torch.Tensor,
         shared: torch.Tensor | tuple | None,
     ) -> tuple[torch.Tensor, torch.Tensor | tuple]:
-        rows = seq.pool.read(self.pool_layer, seq.slots[: seq.length + x.shape[0]])  # through the last query's row
-        chosen = self._select(x, q_low, rows, positions) if self.runs_indexer else shared
+        slots = seq.slots[: seq.length + x.shape[0]]  # through the last query's row
+        chosen = self._select(x, q_low, seq.pool, slots, positions) if self.runs_indexer else shared
         if chosen is None:
             raise RuntimeError(f"pool layer {self.pool_layer} shares an indexer that has not run for this chunk")
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
-        latents, bf16 = rows[:, : self.rank_dim], seq.pool.kv == "bf16"
-        if isinstance(chosen, torch.Tensor):
-            return self._attend(q, latents, chosen, bf16), chosen
+        latents = ops.PoolLatents(seq.pool, self.pool_layer, slice(0, self.rank_dim), slots)
+        if isinstance(chosen, torch.Tensor):  # the dense regime: every row up to ~index_topk + kpool of them
+            return self._attend(q, latents.gather(slice(None)), chosen, seq.pool.kv == "bf16"), chosen
         tokens, counts = chosen
-        return self._attend_selected(q, latents, tokens, counts, bf16), chosen
+        return self._attend_selected(q, latents, tokens, counts), chosen
 
     def _store_at(self, seq: Sequence, start: int, rows: torch.Tensor) -> None:
         """`_store` for the rows [T, row_width] of positions start .. start+T-1 of one sequence (their slots
@@ -321,12 +329,6 @@ class SparseMLA:
     def _pool_keys(self, members: torch.Tensor) -> torch.Tensor:
         return pool_keys(members, self.ape)
 
-    def _stored_keys(self, rows: torch.Tensor, n_pools: int) -> torch.Tensor:
-        """The keys [B, P, d] of the first n_pools pools, from cache rows by position [B, L, row_width] (any
-        columns from rank_dim on): the key columns of each pool's last row."""
-        ends = slice(self.kpool - 1, n_pools * self.kpool, self.kpool)
-        return rows[:, ends, self.rank_dim : self.key_end]
-
     def _select_lanes(
         self,
         head_logits: torch.Tensor,
@@ -369,12 +371,24 @@ class SparseMLA:
         window or the other rows of the step."""
         batch, n_pools = positions.shape[0], pool_keys.shape[-2]
         dev = pool_keys.device
-        visible = ops.visible_pools(n_pools, self.kpool, positions)  # [T, P]
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
         head_w = head_logits * self.idx_heads**-0.5
-        index = ops.index_scores(q, pool_keys, head_w, positions, self.kpool, self.idx_dim**-0.5, alone=fixed)
-        chosen = ops.top_pools(index, min(self.pick, n_pools))
-        counts = visible.gather(-1, chosen)
+        # keys shared by every query (a prompt chunk's): the scores a block of queries at a time
+        width = max(1, ops.index_scores_width(q, pool_keys))
+        block = batch if pool_keys.shape[0] != 1 else max(1, self.SELECT_SCORES // width)
+        chosen = torch.cat(
+            [
+                ops.top_pools(
+                    ops.index_scores(
+                        q[i : i + block], pool_keys, head_w[i : i + block], positions[i : i + block], self.kpool,
+                        self.idx_dim**-0.5, alone=fixed,
+                    ),
+                    min(self.pick, n_pools),
+                )
+                for i in range(0, batch, block)
+            ]
+        )  # fmt: skip
+        counts = chosen * self.kpool + self.kpool - 1 <= positions[:, None]  # complete at the query's position
         if fixed and n_pools < self.pick:  # pad to pick pools: never counted
             extra = torch.arange(n_pools, self.pick, device=dev).expand(batch, -1)
             chosen = torch.cat([chosen, extra], dim=1)
@@ -384,8 +398,8 @@ class SparseMLA:
         counts = counts[:, :, None].expand(-1, -1, self.kpool).flatten(1)
         tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within  # [T, kpool]
         tail_counts = tail <= positions[:, None]
-        if not self.keep_tail:
-            tail_counts &= (visible.sum(-1) <= self.pick)[:, None]  # dense regime: all visible
+        if not self.keep_tail:  # dense regime: no more complete pools at the query's position than it picks
+            tail_counts &= (((positions + 1) // self.kpool).clamp(max=n_pools) <= self.pick)[:, None]
         return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
 
     def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
