@@ -336,6 +336,16 @@ class PoolLatents:
         """The latents [..., r] fp32 of `positions` (KVPool.read: the values a read of the whole span holds there)."""
         return self.pool.read(self.layer, self.slots[positions], columns=self.columns)
 
+    def by_row(self, tokens: torch.Tensor) -> tuple[Split, torch.Tensor]:
+        """For a kernel that reads latent rows by index (`selected_attention`): the latents split and the row of each
+        of `tokens` [T, N] (positions) in them. A bf16 pool's are its own rows in place (the latent columns of the
+        pool layer, strided) and the rows are the tokens' slots: nothing gathered or converted. Other pools' are
+        `split()`, by position."""
+        if self.pool.kv == "bf16":
+            rows = self.slots[tokens.clamp(max=self.slots.shape[0] - 1)]  # past the span: padding, never read
+            return (self.pool.rows[self.layer][:, self.columns], None), rows
+        return self.split(), tokens
+
     def split(self) -> Split:
         """`split_bf16` of every position's latents, the same bits: a bf16 pool's are its stored values as they are
         (no lo part), an fp32 or fp8 pool's read and split a block of rows at a time."""

@@ -191,6 +191,7 @@ def _attend_prompt(
     BT: tl.constexpr,
     HAS_LO: tl.constexpr,
     WIDEN: tl.constexpr,
+    lat_stride,  # a latent row's stride: R, or a cache pool layer's row width (its latents read in place)
 ):
     query = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HG + tl.arange(0, HG)
@@ -206,7 +207,8 @@ def _attend_prompt(
         toks = n0 + tl.arange(0, BT)
         live = toks < N
         counted = (tl.load(cnt_ptr + query * N + toks, mask=live, other=0) != 0) & live
-        at = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64)[:, None] * R + cols[None, :]
+        at = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64)[:, None] * lat_stride
+        at += cols[None, :]
         lat = _operand(tl.load(hi_ptr + at, mask=counted[:, None], other=0.0), WIDEN)  # [BT, R]: what counts
         scores = tl.dot(lat, q_lo)  # smallest first, as split_product sums
         if HAS_LO:
@@ -259,11 +261,14 @@ def selected_attention(
 ) -> torch.Tensor:
     """softmax(q_abs · latentsᵀ over each query's selected tokens that count) · latents, for a prompt chunk, head-major
     as the products around it are: q_abs [H, T, R] split (bf16 hi, lo; scaled already), latents [L, R] split (bf16
-    hi, lo or None: a bf16 cache's), tokens [T, N] (rows of the latents; those that do not count are never read),
-    counts [T, N] bool -> [H, T, R] fp32. Every query must have a token that counts (`_select_tokens` counts every
-    chosen visible pool, and the sparse regime has more visible pools than it picks)."""
+    hi, lo or None: a bf16 cache's; rows may be strided, as a bf16 cache pool layer's latent columns are, read in
+    place), tokens [T, N] (rows of the latents; those that do not count are never read), counts [T, N] bool ->
+    [H, T, R] fp32. Every query must have a token that counts (`_select_tokens` counts every chosen visible pool, and
+    the sparse regime has more visible pools than it picks)."""
     q_hi, q_lo = (part.contiguous() for part in q_abs)
     lat_hi, lat_lo = latents
+    if lat_hi.stride(1) != 1 or (lat_lo is not None and lat_lo.stride() != lat_hi.stride()):
+        lat_hi, lat_lo = lat_hi.contiguous(), None if lat_lo is None else lat_lo.contiguous()
     heads, t, rank = q_hi.shape
     n = tokens.shape[1]
     if counts.dtype != torch.bool or tokens.shape != counts.shape or tokens.shape[0] != t:
@@ -277,9 +282,10 @@ def selected_attention(
     group = head_group(launch, heads)
     out = torch.empty(heads, t, rank, dtype=torch.float32, device=q_hi.device)
     _attend_prompt[(t, triton.cdiv(heads, group))](
-        q_hi, q_lo, lat_hi.contiguous(), lat_hi if lat_lo is None else lat_lo.contiguous(), tokens.contiguous(),
+        q_hi, q_lo, lat_hi, lat_hi if lat_lo is None else lat_lo, tokens.contiguous(),
         counts.contiguous().view(torch.uint8), out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
-        HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+        HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, lat_stride=lat_hi.stride(0), num_warps=launch["num_warps"],
+        num_stages=launch["num_stages"],
     )  # fmt: skip
     return out
 

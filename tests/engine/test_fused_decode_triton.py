@@ -292,6 +292,15 @@ def _cases() -> dict:
     finally:
         triton_dsa.prompt_launch = served_launch
     out["selected_attention"] = errors
+    # a bf16 cache pool's latents read in place (`PoolLatents.by_row`): the latent columns of a pool layer's rows
+    # (row width 96, so strided), the tokens' slots as the rows: the bits of the gathered contiguous latents
+    pool_rows = torch.randn(200, 96, generator=gen).bfloat16()
+    slots = torch.randperm(200, generator=gen)[:120]
+    pool_rows[slots, :64] = bf16.bfloat16()  # position p's latents at slot slots[p]
+    q_abs = engine_ops.split_bf16(torch.randn(3, 5, 64, generator=gen) * 0.3)
+    want = triton_dsa.selected_attention(q_abs, (bf16.bfloat16(), None), tokens, counts)
+    got = triton_dsa.selected_attention(q_abs, (pool_rows[:, :64], None), slots[tokens.clamp(max=119)], counts)
+    out["selected_attention_in_place"] = bool(torch.equal(got, want))
 
     # a prompt chunk's causal conv in one kernel: 37 tokens (two token blocks, the last ragged), 200 channels (two
     # channel blocks), kernel 4, rows of a strided view; and a chunk of 2 tokens, shorter than the window
@@ -441,10 +450,12 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     """engine/ops/triton_dsa.py `selected_attention` (a CUDA prompt chunk's DSA attention over selected tokens:
     a program a query, an online softmax over blocks of its tokens, split bf16 products) against the gathered fp32
     form, with a first block that counts nothing, tokens that do not count pointing out of bounds (never read),
-    latents with and without a lo part, one and two head groups, under every launch the kernel may take."""
+    latents with and without a lo part, one and two head groups, under every launch the kernel may take; and a bf16
+    cache pool's latents read in place (strided rows, by slot)."""
     errors = results["selected_attention"]
     assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
     assert max(errors.values()) <= TOLERANCE, errors
+    assert results["selected_attention_in_place"]  # a bf16 pool's latents read in place by slot: the same bits
 
 
 def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:

@@ -102,6 +102,34 @@ def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
     assert len(launched) == 2
 
 
+@pytest.mark.parametrize("kv", ["bf16", "fp8", "fp32"])
+def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv) -> None:
+    """A prompt chunk's latents left in the cache pool (`ops.PoolLatents`: a bf16 pool's read by slot in place, the
+    others split a block of rows at a time) give the kernel's output for the same latents read whole, bit for bit,
+    at TP=2's share of the served layer, slots scattered as a pool hands them out."""
+    from engine.cache import KVPool
+
+    layer = dsa_heads(heads=32, nope=256, v=256, rank=512)
+    kv_b = torch.cat([layer.w_k, layer.w_v], dim=1).cuda() * 0.3
+    layer.w_k, layer.w_v = kv_b[:, :256], kv_b[:, 256:]
+    g = torch.Generator(device="cuda").manual_seed(2)
+    t, length, n = 160, 4096, 2052
+    pool = KVPool(2, length + 100, 768, kv, "cuda")
+    slots = torch.randperm(length + 100, device="cuda", generator=g)[:length]
+    pool.write(1, slots, torch.randn(length, 768, device="cuda", generator=g))
+    tokens = torch.randint(0, length, (t, n), device="cuda", generator=g)
+    counts = torch.rand(t, n, device="cuda", generator=g) < 0.95
+    counts[:, 0] = True
+    tokens[~counts] = length + 7  # past the span: not counted, never read
+    q = torch.randn(t, 32, 256, device="cuda", generator=g)
+    latents = ops.PoolLatents(pool, 1, slice(0, 512), slots)
+    whole = pool.read(1, slots)[:, :512]
+    assert torch.equal(
+        layer._attend_selected(q, latents, tokens, counts),
+        layer._attend_selected(q, whole, tokens, counts, kv == "bf16"),
+    )
+
+
 def test_causal_conv_matches_cudnn_in_fp32(monkeypatch) -> None:
     """A 2,048-token chunk at a KDA layer's conv width (3 × 32 heads × 128 = 12,288 channels, kernel 4) through the
     prompt conv's kernel (engine/ops/triton_kda.py `causal_conv`) against torch's depthwise conv, cuDNN's TF32 off so

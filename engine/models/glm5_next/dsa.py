@@ -218,15 +218,19 @@ class SparseMLA:
         `ops.PoolLatents` (a prompt chunk's): the latents read from the pool only as those need them."""
         block = max(1, self.GATHER_ELEMENTS // (tokens.shape[1] * latents.shape[1]))
         if self._on_tensor_cores(q):
+            weights = self._split(self.w_k), self._split(self.w_v.transpose(1, 2))  # once, not per block
+            if ops.selected_attention_applies(q, self.local_heads, self.rank_dim):  # one launch, nothing gathered
+                if isinstance(latents, ops.PoolLatents):  # a bf16 pool's latents read in place, by slot
+                    split, rows = latents.by_row(tokens)
+                else:
+                    split, rows = ops.split_bf16(latents, bf16_latents), tokens
+                q_abs = ops.split_product(q.transpose(0, 1), weights[0]) * self.scaling  # [Hl, T, r]
+                ctx = ops.selected_attention(q_abs, split, rows, counts)
+                return ops.split_product(ctx, weights[1]).transpose(0, 1).reshape(q.shape[0], -1)
             if isinstance(latents, ops.PoolLatents):
                 lat_hi, lat_lo = latents.split()
             else:
                 lat_hi, lat_lo = ops.split_bf16(latents, bf16_latents)
-            weights = self._split(self.w_k), self._split(self.w_v.transpose(1, 2))  # once, not per block
-            if ops.selected_attention_applies(q, self.local_heads, self.rank_dim):  # one launch, nothing gathered
-                q_abs = ops.split_product(q.transpose(0, 1), weights[0]) * self.scaling  # [Hl, T, r]
-                ctx = ops.selected_attention(q_abs, (lat_hi, lat_lo), tokens, counts)
-                return ops.split_product(ctx, weights[1]).transpose(0, 1).reshape(q.shape[0], -1)
             outs = []
             for i in range(0, q.shape[0], block):
                 rows = tokens[i : i + block].clamp(max=latents.shape[0] - 1)  # padding: gathered, not counted
