@@ -269,15 +269,22 @@ def selected_attention_applies(q: torch.Tensor, heads: int, rank: int) -> bool:
 
 
 def selected_attention(
-    q_abs: torch.Tensor, latents: reference.Split, tokens: torch.Tensor, counts: torch.Tensor
+    q_abs: torch.Tensor,
+    latents: reference.Split | reference.PoolLatents,
+    tokens: torch.Tensor,
+    counts: torch.Tensor,
 ) -> torch.Tensor:
-    """q_abs [H, T, R] fp32 (scaled) over each query's selected latents (`latents` [L, R] split, tokens and counts
-    [T, N]) -> context [H, T, R] fp32, in one launch (engine/ops/triton_dsa.py `selected_attention`)."""
-    from engine.ops.triton_dsa import selected_attention as fused
+    """q_abs [H, T, R] fp32 (scaled) over each query's selected latents (`latents` [L, R] split, or left in the
+    cache pool: `PoolLatents.by_row`; tokens and counts [T, N]) -> context [H, T, R] fp32, in one launch
+    (engine/ops/triton_dsa.py `selected_attention`)."""
+    from engine.ops import triton_dsa
 
     hi, lo = reference.split_bf16(q_abs)
     assert lo is not None  # split in full: q_abs is fp32
-    return fused((hi, lo), latents, tokens, counts)
+    scales = None
+    if isinstance(latents, reference.PoolLatents):
+        latents, tokens, scales = latents.by_row(tokens, fp8=triton_dsa.fp8_rows_apply(q_abs.device))
+    return triton_dsa.selected_attention((hi, lo), latents, tokens, counts, scales)
 
 
 def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:

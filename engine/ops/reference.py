@@ -336,15 +336,17 @@ class PoolLatents:
         """The latents [..., r] fp32 of `positions` (KVPool.read: the values a read of the whole span holds there)."""
         return self.pool.read(self.layer, self.slots[positions], columns=self.columns)
 
-    def by_row(self, tokens: torch.Tensor) -> tuple[Split, torch.Tensor]:
-        """For a kernel that reads latent rows by index (`selected_attention`): the latents split and the row of each
-        of `tokens` [T, N] (positions) in them. A bf16 pool's are its own rows in place (the latent columns of the
-        pool layer, strided) and the rows are the tokens' slots: nothing gathered or converted. Other pools' are
-        `split()`, by position."""
-        if self.pool.kv == "bf16":
+    def by_row(self, tokens: torch.Tensor, fp8: bool = False) -> tuple[Split, torch.Tensor, torch.Tensor | None]:
+        """For a kernel that reads latent rows by index (`selected_attention`): the latents split, the row of each
+        of `tokens` [T, N] (positions) in them, and for fp8 rows their scales by row. A bf16 pool's latents are its
+        own rows in place (the latent columns of the pool layer, strided) and the rows are the tokens' slots: nothing
+        gathered or converted; so are an fp8 pool's where the kernel takes them (`fp8`), with the pool layer's row
+        scales. Other pools' are `split()`, by position."""
+        if self.pool.kv == "bf16" or (self.pool.kv == "fp8" and fp8):
             rows = self.slots[tokens.clamp(max=self.slots.shape[0] - 1)]  # past the span: padding, never read
-            return (self.pool.rows[self.layer][:, self.columns], None), rows
-        return self.split(), tokens
+            scales = None if self.pool.scales is None else self.pool.scales[self.layer]
+            return (self.pool.rows[self.layer][:, self.columns], None), rows, scales
+        return self.split(), tokens, None
 
     def split(self) -> Split:
         """`split_bf16` of every position's latents, the same bits: a bf16 pool's are its stored values as they are

@@ -192,6 +192,8 @@ def _attend_prompt(
     HAS_LO: tl.constexpr,
     WIDEN: tl.constexpr,
     lat_stride,  # a latent row's stride: R, or a cache pool layer's row width (its latents read in place)
+    scl_ptr,  # FP8: each row's scale (a cache pool layer's, by the same row index)
+    FP8: tl.constexpr,  # the latents are fp8 cache rows read in place: value × its row's scale
 ):
     query = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HG + tl.arange(0, HG)
@@ -207,20 +209,29 @@ def _attend_prompt(
         toks = n0 + tl.arange(0, BT)
         live = toks < N
         counted = (tl.load(cnt_ptr + query * N + toks, mask=live, other=0) != 0) & live
-        at = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64)[:, None] * lat_stride
-        at += cols[None, :]
-        lat = _operand(tl.load(hi_ptr + at, mask=counted[:, None], other=0.0), WIDEN)  # [BT, R]: what counts
+        rows = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64)
+        at = rows[:, None] * lat_stride + cols[None, :]
+        if FP8:  # an e4m3 value is a bf16 value exactly: no lo part; its row's scale goes on the products
+            lat = tl.load(hi_ptr + at, mask=counted[:, None], other=0.0).to(tl.float32).to(tl.bfloat16)
+            lat = _operand(lat, WIDEN)
+            row_scale = tl.load(scl_ptr + rows, mask=counted, other=1.0)  # [BT]
+        else:
+            lat = _operand(tl.load(hi_ptr + at, mask=counted[:, None], other=0.0), WIDEN)  # [BT, R]: what counts
         scores = tl.dot(lat, q_lo)  # smallest first, as split_product sums
         if HAS_LO:
             lat_lo = _operand(tl.load(lo_ptr + at, mask=counted[:, None], other=0.0), WIDEN)
             scores = tl.dot(lat_lo, q_hi, scores)
         scores = tl.dot(lat, q_hi, scores)
+        if FP8:
+            scores = scores * row_scale[:, None]
         scores = tl.where(counted[:, None], scores, float("-inf"))
         new_top = tl.maximum(top, tl.max(scores, axis=0))
         shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no token counted yet: nothing to rescale
         p = tl.exp(scores - shift[None, :])
         scale = tl.exp(top - shift)
         total = total * scale + tl.sum(p, axis=0)
+        if FP8:  # Σ p · (scale · value): the scale taken into the weights
+            p = p * row_scale[:, None]
         p_hi = p.to(tl.bfloat16)
         p_lo = _operand((p - p_hi.to(tl.float32)).to(tl.bfloat16), WIDEN)
         p_hi = _operand(p_hi, WIDEN)
@@ -258,15 +269,25 @@ def selected_attention(
     latents: tuple[torch.Tensor, torch.Tensor | None],
     tokens: torch.Tensor,
     counts: torch.Tensor,
+    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q_abs · latentsᵀ over each query's selected tokens that count) · latents, for a prompt chunk, head-major
     as the products around it are: q_abs [H, T, R] split (bf16 hi, lo; scaled already), latents [L, R] split (bf16
-    hi, lo or None: a bf16 cache's; rows may be strided, as a bf16 cache pool layer's latent columns are, read in
-    place), tokens [T, N] (rows of the latents; those that do not count are never read), counts [T, N] bool ->
-    [H, T, R] fp32. Every query must have a token that counts (`_select_tokens` counts every chosen visible pool, and
-    the sparse regime has more visible pools than it picks)."""
+    hi, lo or None: a bf16 cache's; rows may be strided, as a cache pool layer's latent columns are, read in place),
+    tokens [T, N] (rows of the latents; those that do not count are never read), counts [T, N] bool -> [H, T, R]
+    fp32. `scales` [L] fp32: the latents are fp8 cache rows (e4m3, no lo part), each row's values times its scale —
+    the scale applied to the row's scores and to its softmax weights, so the values enter the products exactly, two
+    products a side where a split would take three (needs e4m3 in Triton: compute capability 8.9, `fp8_rows_apply`).
+    Every query must have a token that counts (`_select_tokens` counts every chosen visible pool, and the sparse
+    regime has more visible pools than it picks)."""
     q_hi, q_lo = (part.contiguous() for part in q_abs)
     lat_hi, lat_lo = latents
+    fp8 = scales is not None
+    if scales is not None and (
+        lat_lo is not None or lat_hi.dtype != torch.float8_e4m3fn or scales.dtype != torch.float32 or scales.dim() != 1
+    ):
+        raise ValueError(f"fp8 rows are e4m3 latents with no lo part and [L] fp32 scales, got {lat_hi.dtype}")
+    scales = None if scales is None else scales.contiguous()
     if lat_hi.stride(1) != 1 or (lat_lo is not None and lat_lo.stride() != lat_hi.stride()):
         lat_hi, lat_lo = lat_hi.contiguous(), None if lat_lo is None else lat_lo.contiguous()
     heads, t, rank = q_hi.shape
@@ -284,8 +305,8 @@ def selected_attention(
     _attend_prompt[(t, triton.cdiv(heads, group))](
         q_hi, q_lo, lat_hi, lat_hi if lat_lo is None else lat_lo, tokens.contiguous(),
         counts.contiguous().view(torch.uint8), out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
-        HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, lat_stride=lat_hi.stride(0), num_warps=launch["num_warps"],
-        num_stages=launch["num_stages"],
+        HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, lat_stride=lat_hi.stride(0),
+        scl_ptr=scales if fp8 else out, FP8=fp8, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )  # fmt: skip
     return out
 

@@ -301,6 +301,17 @@ def _cases() -> dict:
     want = triton_dsa.selected_attention(q_abs, (bf16.bfloat16(), None), tokens, counts)
     got = triton_dsa.selected_attention(q_abs, (pool_rows[:, :64], None), slots[tokens.clamp(max=119)], counts)
     out["selected_attention_in_place"] = bool(torch.equal(got, want))
+    # an fp8 pool's latents read in place: e4m3 values (bf16 exactly, no lo part), each row's scale on its scores and
+    # its softmax weights, against the fp32 form over value × scale; 40 heads (two groups)
+    fp8_rows = (torch.randn(200, 96, generator=gen) * 0.7).to(torch.float8_e4m3fn)
+    row_scales = torch.rand(200, generator=gen) + 0.5
+    values = fp8_rows[slots, :64].float() * row_scales[slots, None]  # position p's latents
+    q_abs = torch.randn(40, 5, 64, generator=gen) * 0.3
+    want = attend(q_abs.transpose(0, 1) / 0.125, values[tokens.clamp(max=119)], counts)
+    got = triton_dsa.selected_attention(
+        engine_ops.split_bf16(q_abs), (fp8_rows[:, :64], None), slots[tokens.clamp(max=119)], counts, row_scales
+    )
+    out["selected_attention_fp8"] = _relative(got, want.transpose(0, 1))
 
     # a prompt chunk's causal conv in one kernel: 37 tokens (two token blocks, the last ragged), 200 channels (two
     # channel blocks), kernel 4, rows of a strided view; and a chunk of 2 tokens, shorter than the window
@@ -451,11 +462,12 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     a program a query, an online softmax over blocks of its tokens, split bf16 products) against the gathered fp32
     form, with a first block that counts nothing, tokens that do not count pointing out of bounds (never read),
     latents with and without a lo part, one and two head groups, under every launch the kernel may take; and a bf16
-    cache pool's latents read in place (strided rows, by slot)."""
+    or fp8 cache pool's latents read in place (strided rows, by slot; fp8 with its rows' scales)."""
     errors = results["selected_attention"]
     assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
     assert max(errors.values()) <= TOLERANCE, errors
     assert results["selected_attention_in_place"]  # a bf16 pool's latents read in place by slot: the same bits
+    assert results["selected_attention_fp8"] <= TOLERANCE, results["selected_attention_fp8"]  # fp8 rows in place
 
 
 def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:

@@ -220,12 +220,10 @@ class SparseMLA:
         if self._on_tensor_cores(q):
             weights = self._split(self.w_k), self._split(self.w_v.transpose(1, 2))  # once, not per block
             if ops.selected_attention_applies(q, self.local_heads, self.rank_dim):  # one launch, nothing gathered
-                if isinstance(latents, ops.PoolLatents):  # a bf16 pool's latents read in place, by slot
-                    split, rows = latents.by_row(tokens)
-                else:
-                    split, rows = ops.split_bf16(latents, bf16_latents), tokens
+                # a pool's latents (bf16 and fp8 rows read in place, by slot), or split here
+                lat = latents if isinstance(latents, ops.PoolLatents) else ops.split_bf16(latents, bf16_latents)
                 q_abs = ops.split_product(q.transpose(0, 1), weights[0]) * self.scaling  # [Hl, T, r]
-                ctx = ops.selected_attention(q_abs, split, rows, counts)
+                ctx = ops.selected_attention(q_abs, lat, tokens, counts)
                 return ops.split_product(ctx, weights[1]).transpose(0, 1).reshape(q.shape[0], -1)
             if isinstance(latents, ops.PoolLatents):
                 lat_hi, lat_lo = latents.split()
