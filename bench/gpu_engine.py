@@ -434,18 +434,23 @@ def long_context_decode(
 ) -> dict:
     """The batch-1 serving step (graphs on a GPU) after a prompt of each length: step ms and the span it read (the
     DSA layers' cost grows with it), and the prompt's own time in 2,048-token chunks (its first chunks' compiles
-    included for the first length)."""
+    included for the first length) and on a GPU the most memory its chunks took beyond what was allocated before
+    (weights, pool, lanes: what the serve's memory reserve must hold)."""
     out: dict = {}
     decoder = LaneDecoder(model, pool, 1, graphs=graphs)
     for context in contexts:
         seq = decoder.new_sequence(0)
         try:
             sync()
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+                held = torch.cuda.memory_allocated()
             start = time.perf_counter()
             for chunk in range(0, context, 2048):
                 model.prefill(seq, ids[chunk : min(context, chunk + 2048)])
             sync()
             prompt_s = time.perf_counter() - start
+            beyond = torch.cuda.max_memory_allocated() - held if torch.cuda.is_available() else None
             decoder.decode([seq], [11])  # captures this span's graph
             step = timed(lambda: decoder.decode([seq], [11]), steps)
             out[f"t{context}"] = {
@@ -453,6 +458,7 @@ def long_context_decode(
                 "span": decoder.span_for(seq.length + 1),
                 "prompt_s": round(prompt_s, 3),
                 "prompt_tok_s": round(context / prompt_s, 1),
+                "prompt_peak_beyond_gib": None if beyond is None else round(beyond / 2**30, 3),
             }
         except torch.OutOfMemoryError as exc:
             out[f"t{context}"] = f"out of memory: {str(exc).splitlines()[0]}"
