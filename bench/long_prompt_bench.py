@@ -9,9 +9,10 @@ memory left beside the pool must hold.
 
     python bench/long_prompt_bench.py [--spans 32768,131072,524288] [--kv bf16,fp8] [--chunk N] [--out FILE]
 
-Each case runs in a process of its own: on the CPU its peak is the process's resident high-water mark
-(`ru_maxrss`) less what it held before the chunk; on a GPU `torch.cuda.max_memory_allocated` less what was
-allocated before. Time: median of `--repeats` runs of the same chunk (the first, not timed, warms up).
+Each case runs in a process of its own: on the CPU its peak is the process's resident high-water mark (VmHWM,
+set back to what is held just before the chunk) less what it held then; on a GPU
+`torch.cuda.max_memory_allocated` less what was allocated before. Time: median of `--repeats` runs of the same chunk
+(the first, not timed, warms up). The results file is written after each case.
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ def resident() -> int:
     return pages * resource.getpagesize()
 
 
+def high_water() -> int:
+    """Bytes this process has held at most since `reset_high_water` (/proc/self/status VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def reset_high_water() -> None:
+    """The resident high-water mark set back to what is held now (Linux: 5 into /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def case(kv: str, span: int, chunk: int, repeats: int, device: str) -> dict:
     """One (row type, span): the layer and a pool holding span - chunk rows, then the chunk's prefill timed."""
     from gpu_engine import RandomReader, text_config_for
@@ -73,13 +87,14 @@ def case(kv: str, span: int, chunk: int, repeats: int, device: str) -> dict:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
         else:
+            reset_high_water()
             before = resident()
         layer.prefill(x, seq, {})
         sync()
         if device == "cuda":
             peak = torch.cuda.max_memory_allocated() - before
         else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+            peak = high_water() - before
         times = []
         for _ in range(repeats):
             sync()
@@ -129,8 +144,8 @@ def main() -> None:
                 got = json.loads(done.stdout.strip().splitlines()[-1])
             result["runs"][f"{kv}_s{span}"] = got
             print(kv, span, got, flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            if args.out:  # after each case: a run cut short keeps what it measured
+                Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ and what the new form adds to a step: the new row written, its pool's key made a
 the serving step's form of the scores: the keys read in the pool by slot (`after_in_place_with_scores_ms`).
 
 Then the choice among the scored pools (session 29): the best index_topk / kpool = 512 pools, before by a stable sort
-of every pool's score (and a sort of the 512 chosen into position order), now by `ops.top_pools` (a selection, no
-sort): for the step's one query (`select_*_ms`, the scores above) and for a prompt chunk's queries ending at the
-span (`chunk_select_*_ms`, `--chunk` queries, random scores with each query's invisible pools masked).
+of every pool's score (and for a step a sort of the 512 chosen into position order), now by `ops.top_pools` (a
+selection, no sort): for the step's one query (`select_*_ms`, the scores above) and for a prompt chunk's queries
+ending at the span (`chunk_select_*_ms`, `--chunk` queries, random scores with each query's invisible pools masked).
 
     python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--chunk N] [--out FILE]
 
@@ -39,10 +39,12 @@ from engine.models.glm5_next.dsa import pool_keys  # noqa: E402
 RANK, DIM, HEADS, KPOOL, PICK = 512, 128, 32, 4, 512
 
 
-def by_sort(index: torch.Tensor) -> torch.Tensor:
+def by_sort(index: torch.Tensor, in_position_order: bool = True) -> torch.Tensor:
     """The pools chosen as `_select_tokens` chose them before session 29: a stable sort of the scores, its first
-    PICK, sorted again into position order."""
-    return index.sort(dim=-1, descending=True, stable=True).indices[:, :PICK].sort(dim=-1).values
+    PICK, and for a step (the lane step's form, `in_position_order`) sorted again into position order; a prompt
+    chunk kept them in score order."""
+    chosen = index.sort(dim=-1, descending=True, stable=True).indices[:, :PICK]
+    return chosen.sort(dim=-1).values if in_position_order else chosen
 
 
 def chunk_scores(rows: int, span: int, gen: torch.Generator, device: str) -> torch.Tensor:
@@ -166,7 +168,7 @@ def main() -> None:
             if kv == args.kv.split(",")[0]:  # the chunk's scores do not depend on the row type: once a span
                 many = chunk_scores(chunk, span, gen, device)
                 got["chunk_rows"] = chunk
-                got["chunk_select_sort_ms"] = timed(lambda: by_sort(many), device, repeats) * 1e3
+                got["chunk_select_sort_ms"] = timed(lambda: by_sort(many, False), device, repeats) * 1e3
                 got["chunk_select_top_pools_ms"] = timed(lambda: ops.top_pools(many, PICK), device, repeats) * 1e3
                 del many
             item = pool.rows.element_size()

@@ -27,6 +27,7 @@ from engine.ops.fused import (  # noqa: F401
 )
 from engine.ops.reference import (  # noqa: F401
     ROW_INVARIANT_ROWS,
+    PoolColumns,
     PoolKeys,
     PoolLatents,
     Split,

@@ -291,10 +291,9 @@ def index_scores(
 
 
 @dataclass(frozen=True)
-class PoolKeys:
-    """DSA pool keys left where the cache pool holds them: `pool` (engine/cache.py KVPool), its pool layer `layer`,
-    the key's `columns` of a row, and `slots` [T, P] the slot of each pool's last row a query. `index_scores` reads
-    them in place on CUDA; elsewhere `read` gathers them."""
+class PoolColumns:
+    """Some columns of cache rows left where the cache pool holds them: `pool` (engine/cache.py KVPool), its pool
+    layer `layer`, the `columns` of a row, and `slots` the rows' slots."""
 
     pool: Any
     layer: int
@@ -302,39 +301,45 @@ class PoolKeys:
     slots: torch.Tensor
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        return (*self.slots.shape, self.columns.stop - self.columns.start)
+    def width(self) -> int:
+        return self.columns.stop - self.columns.start
 
     @property
     def device(self) -> torch.device:
         return self.slots.device
 
-    def read(self) -> torch.Tensor:
-        """The keys [T, P, d] fp32 (KVPool.read)."""
-        return self.pool.read(self.layer, self.slots, columns=self.columns)
+    def read(self, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The columns of `slots` (all of them by default) [..., width] fp32, as KVPool.read gives them."""
+        return self.pool.read(self.layer, self.slots if slots is None else slots, columns=self.columns)
 
 
 @dataclass(frozen=True)
-class PoolLatents:
-    """One stream's cached latents left where the cache pool holds them (a prompt chunk's DSA attention): `pool`
-    (engine/cache.py KVPool), its pool layer `layer`, the latent `columns` of a row and `slots` [L] the slot of each
-    position. Only what is used is read: `gather` the rows of some positions, `split` every row as the tensor cores
-    take them — so no fp32 copy of the whole span is made (at a 1M-token span that copy was 3 GiB a layer)."""
+class PoolKeys(PoolColumns):
+    """DSA pool keys: `slots` [T, P] the slot of each pool's last row a query, `columns` a row's key. `index_scores`
+    reads them in place on CUDA; elsewhere `read` gathers them."""
 
-    pool: Any
-    layer: int
-    columns: slice
-    slots: torch.Tensor
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (*self.slots.shape, self.width)
+
+
+@dataclass(frozen=True)
+class PoolLatents(PoolColumns):
+    """One stream's cached latents (a prompt chunk's DSA attention): `slots` [L] the slot of each position, `columns`
+    a row's latent. Only what is used is read: `gather` the rows of some positions, `split` every row as the tensor
+    cores take them, `by_row` for a kernel that reads rows by index — so no fp32 read of the span's whole rows is
+    made (at a 1M-token span that was 3 GiB a layer); fp32 pools' latents, and fp8 ones where the kernel does not
+    take e4m3, are held split (bf16 hi and lo, L × width × 4 bytes)."""
 
     SPLIT_ROWS = 1 << 16  # rows read and split at a time (fp32 and fp8 pools)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.slots.shape[0], self.columns.stop - self.columns.start)
+        return (self.slots.shape[0], self.width)
 
     def gather(self, positions: torch.Tensor | slice) -> torch.Tensor:
         """The latents [..., r] fp32 of `positions` (KVPool.read: the values a read of the whole span holds there)."""
-        return self.pool.read(self.layer, self.slots[positions], columns=self.columns)
+        return self.read(self.slots[positions])
 
     def by_row(self, tokens: torch.Tensor, fp8: bool = False) -> tuple[Split, torch.Tensor, torch.Tensor | None]:
         """For a kernel that reads latent rows by index (`selected_attention`): the latents split, the row of each
@@ -375,7 +380,8 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     descending sort (a tie at the k-th score goes to the earlier pools), without sorting the span. The k-th best score
     comes from `topk` (a selection, not a sort: its order among ties is unspecified, so only its value is used), the
     pools above it are taken, then the earliest tied ones up to k; the j-th taken pool is where the running count of
-    taken pools reaches j. Fixed shapes and no host reads (graphs hold it). Scores must not be NaN."""
+    taken pools reaches j. Fixed shapes and no host reads (graphs hold it). Scores must not be NaN (a NaN row gets
+    fewer than k pools above or tied, and its missing places hold the span's last pool)."""
     if k == 0:  # a span shorter than a pool
         return torch.empty(index.shape[0], 0, dtype=torch.int64, device=index.device)
     kth = index.topk(k, dim=-1, sorted=False).values.amin(-1, keepdim=True)

@@ -292,26 +292,29 @@ def _cases() -> dict:
     finally:
         triton_dsa.prompt_launch = served_launch
     out["selected_attention"] = errors
-    # a bf16 cache pool's latents read in place (`PoolLatents.by_row`): the latent columns of a pool layer's rows
-    # (row width 96, so strided), the tokens' slots as the rows: the bits of the gathered contiguous latents
-    pool_rows = torch.randn(200, 96, generator=gen).bfloat16()
-    slots = torch.randperm(200, generator=gen)[:120]
-    pool_rows[slots, :64] = bf16.bfloat16()  # position p's latents at slot slots[p]
-    q_abs = engine_ops.split_bf16(torch.randn(3, 5, 64, generator=gen) * 0.3)
-    want = triton_dsa.selected_attention(q_abs, (bf16.bfloat16(), None), tokens, counts)
-    got = triton_dsa.selected_attention(q_abs, (pool_rows[:, :64], None), slots[tokens.clamp(max=119)], counts)
-    out["selected_attention_in_place"] = bool(torch.equal(got, want))
-    # an fp8 pool's latents read in place: e4m3 values (bf16 exactly, no lo part), each row's scale on its scores and
-    # its softmax weights, against the fp32 form over value × scale; 40 heads (two groups)
-    fp8_rows = (torch.randn(200, 96, generator=gen) * 0.7).to(torch.float8_e4m3fn)
-    row_scales = torch.rand(200, generator=gen) + 0.5
-    values = fp8_rows[slots, :64].float() * row_scales[slots, None]  # position p's latents
-    q_abs = torch.randn(40, 5, 64, generator=gen) * 0.3
-    want = attend(q_abs.transpose(0, 1) / 0.125, values[tokens.clamp(max=119)], counts)
-    got = triton_dsa.selected_attention(
-        engine_ops.split_bf16(q_abs), (fp8_rows[:, :64], None), slots[tokens.clamp(max=119)], counts, row_scales
-    )
-    out["selected_attention_fp8"] = _relative(got, want.transpose(0, 1))
+    # a cache pool's latents read in place (`PoolLatents.by_row`): the latent columns of a pool layer's rows (row
+    # width 96, so strided), the tokens' slots as the rows; bf16 rows give the bits of the gathered contiguous
+    # latents, fp8 rows (e4m3 values, bf16 exactly; each row's scale on its scores and softmax weights) the fp32
+    # form over value × scale to rounding; 3 heads (one group) and 40 (two)
+    from engine.cache import KVPool
+
+    slots = torch.randperm(200, generator=gen)[:120]  # position p's row at slot slots[p]
+    for kv in ("bf16", "fp8"):
+        pool = KVPool(1, 200, 96, kv)
+        pool.write(0, slots, torch.cat([latents, torch.randn(120, 32, generator=gen)], 1))
+        values = pool.read(0, slots)[:, :64]
+        split, rows, scales = engine_ops.PoolLatents(pool, 0, slice(0, 64), slots).by_row(tokens, fp8=True)
+        assert split[0].data_ptr() == pool.rows.data_ptr() and (scales is not None) == (kv == "fp8")
+        for heads in (3, 40):
+            q_abs = engine_ops.split_bf16(torch.randn(heads, 5, 64, generator=gen) * 0.3)
+            got = triton_dsa.selected_attention(q_abs, split, rows, counts, scales)
+            if kv == "bf16":
+                want = triton_dsa.selected_attention(q_abs, (values.bfloat16(), None), tokens, counts)
+                out[f"selected_attention_in_place_{heads}"] = bool(torch.equal(got, want))
+            else:
+                q = (q_abs[0].float() + q_abs[1].float()).transpose(0, 1) / 0.125
+                want = attend(q, values[tokens.clamp(max=119)], counts).transpose(0, 1)
+                out[f"selected_attention_fp8_{heads}"] = _relative(got, want)
 
     # a prompt chunk's causal conv in one kernel: 37 tokens (two token blocks, the last ragged), 200 channels (two
     # channel blocks), kernel 4, rows of a strided view; and a chunk of 2 tokens, shorter than the window
@@ -466,8 +469,9 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     errors = results["selected_attention"]
     assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
     assert max(errors.values()) <= TOLERANCE, errors
-    assert results["selected_attention_in_place"]  # a bf16 pool's latents read in place by slot: the same bits
-    assert results["selected_attention_fp8"] <= TOLERANCE, results["selected_attention_fp8"]  # fp8 rows in place
+    for heads in (3, 40):  # a pool's latents read in place by slot: bf16 rows the same bits, fp8 rows to rounding
+        assert results[f"selected_attention_in_place_{heads}"]
+        assert results[f"selected_attention_fp8_{heads}"] <= TOLERANCE, results[f"selected_attention_fp8_{heads}"]
 
 
 def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:

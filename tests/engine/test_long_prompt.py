@@ -107,9 +107,8 @@ def test_the_scores_block_does_not_change_the_logits(model, kv, tensor_cores, mo
 @torch.no_grad()
 def test_a_chunk_reads_no_index_column_but_the_pool_keys(model):
     """Every index column of the complete pools' rows but the pool keys NaN before a next chunk (the unfinished
-    pool's rows are read: the chunk completes it): its logits are unchanged
-    (before, the chunk read every row of its span whole and took the keys out of them — only their values mattered
-    then; now nothing else is read)."""
+    pool's rows are read: the chunk completes it): its logits are unchanged. (This holds of the earlier form too,
+    which read every row whole but used only the keys' values; the next test shows what is read.)"""
     ids, more = prompt(seed=6, length=150), prompt(seed=9, length=20)
     outs = []
     for poison in (False, True):
@@ -125,3 +124,37 @@ def test_a_chunk_reads_no_index_column_but_the_pool_keys(model):
         outs.append(model.prefill(seq, more))
     assert torch.isfinite(outs[1]).all()
     assert torch.equal(outs[0], outs[1])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kv", KVS)
+def test_a_chunk_past_the_dense_regime_never_reads_whole_rows(model, kv, monkeypatch):
+    """What a chunk's DSA layers read of the pool (every `KVPool.read`, recorded): never a row whole; the latents
+    only of the tokens a block of queries chose (at most its queries × the selection's width), the index columns
+    only as the pool keys (one row a pool) and the unfinished pool's rows its completion reads. Before, every layer
+    read every row of the span whole (this test failed)."""
+    ids, more = prompt(seed=6, length=150), prompt(seed=9, length=20)
+    seq = model.new_sequence(model.make_pool(256, kv))
+    model.prefill(seq, ids)
+    reads: list[tuple[slice, int]] = []
+    served = KVPool.read
+
+    def spy(pool, layer, slots, columns=slice(None)):
+        reads.append((columns, slots.numel()))
+        return served(pool, layer, slots, columns)
+
+    monkeypatch.setattr(KVPool, "read", spy)
+    model.prefill(seq, more)
+    dsa = next(layer.attn for layer in model.layers if layer.is_dsa)
+    kpool, span = dsa.kpool, len(ids) + len(more)
+    width = dsa.pick * kpool + kpool  # tokens a query attends to past the dense regime
+    latent, keys = slice(0, dsa.rank_dim), slice(dsa.rank_dim, dsa.key_end)
+    assert reads and all(columns != slice(None) for columns, _ in reads), reads
+    assert any(columns == latent for columns, _ in reads) and any(columns == keys for columns, _ in reads)
+    for columns, rows in reads:
+        if columns == latent:
+            assert rows <= len(more) * width
+        elif columns == keys:
+            assert rows <= span // kpool
+        else:  # the completion of pools the chunk's rows finish: their members' index columns
+            assert columns == slice(dsa.rank_dim, None) and rows <= len(more) * kpool

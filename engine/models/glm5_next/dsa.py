@@ -71,7 +71,9 @@ def pool_keys(members: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
 
 class SparseMLA:
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
-    SELECT_SCORES = 1 << 24  # fp32 values the indexer holds at once for a block of prompt queries (64 MiB)
+    # the indexer's values a query times the queries of a block of a prompt chunk's (ops.index_scores_width): 64 MiB
+    # of fp32 scores at once, ~2-4x that with top_pools' masks and counts and the CPU form's temporaries
+    SELECT_SCORES = 1 << 24
     # views into `x_proj`, one per projection of x (set in __init__ by name)
     q_a: Weight
     kv_a: Weight
@@ -377,19 +379,16 @@ class SparseMLA:
         head_w = head_logits * self.idx_heads**-0.5
         # keys shared by every query (a prompt chunk's): the scores a block of queries at a time
         width = max(1, ops.index_scores_width(q, pool_keys))
-        block = batch if pool_keys.shape[0] != 1 else max(1, self.SELECT_SCORES // width)
-        chosen = torch.cat(
-            [
-                ops.top_pools(
-                    ops.index_scores(
-                        q[i : i + block], pool_keys, head_w[i : i + block], positions[i : i + block], self.kpool,
-                        self.idx_dim**-0.5, alone=fixed,
-                    ),
-                    min(self.pick, n_pools),
-                )
-                for i in range(0, batch, block)
-            ]
-        )  # fmt: skip
+        block = max(1, batch if pool_keys.shape[0] != 1 else self.SELECT_SCORES // width)
+
+        def choose(rows: slice) -> torch.Tensor:
+            index = ops.index_scores(
+                q[rows], pool_keys, head_w[rows], positions[rows], self.kpool, self.idx_dim**-0.5, alone=fixed
+            )
+            return ops.top_pools(index, min(self.pick, n_pools))
+
+        blocks = [choose(slice(i, i + block)) for i in range(0, max(batch, 1), block)]
+        chosen = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
         counts = chosen * self.kpool + self.kpool - 1 <= positions[:, None]  # complete at the query's position
         if fixed and n_pools < self.pick:  # pad to pick pools: never counted
             extra = torch.arange(n_pools, self.pick, device=dev).expand(batch, -1)
