@@ -283,10 +283,14 @@ def selected_attention(
     q_hi, q_lo = (part.contiguous() for part in q_abs)
     lat_hi, lat_lo = latents
     fp8 = scales is not None
-    if scales is not None and (
-        lat_lo is not None or lat_hi.dtype != torch.float8_e4m3fn or scales.dtype != torch.float32 or scales.dim() != 1
+    if fp8 != (lat_hi.dtype == torch.float8_e4m3fn) or (
+        scales is not None and (lat_lo is not None or scales.dtype != torch.float32 or scales.shape != lat_hi.shape[:1])
     ):
-        raise ValueError(f"fp8 rows are e4m3 latents with no lo part and [L] fp32 scales, got {lat_hi.dtype}")
+        raise ValueError(
+            f"fp8 rows are e4m3 latents with no lo part and [L] fp32 scales; got latents {lat_hi.dtype} "
+            f"{tuple(lat_hi.shape)}, a lo part {lat_lo is not None}, scales "
+            f"{None if scales is None else (scales.dtype, tuple(scales.shape))}"
+        )
     scales = None if scales is None else scales.contiguous()
     if lat_hi.stride(1) != 1 or (lat_lo is not None and lat_lo.stride() != lat_hi.stride()):
         lat_hi, lat_lo = lat_hi.contiguous(), None if lat_lo is None else lat_lo.contiguous()

@@ -123,9 +123,15 @@ def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, monkeypa
     counts[:, 0] = True
     tokens[~counts] = length + 7  # past the span: not counted, never read
     q = torch.randn(t, 32, 256, device="cuda", generator=g)
+    from engine.ops import triton_dsa
+
     latents = ops.PoolLatents(pool, 1, slice(0, 512), slots)
     whole = pool.read(1, slots)[:, :512]
+    launched = []
+    kernel = triton_dsa.selected_attention
+    monkeypatch.setattr(triton_dsa, "selected_attention", lambda *a: launched.append(a[1][0].data_ptr()) or kernel(*a))
     got = layer._attend_selected(q, latents, tokens, counts)
+    assert (launched == [pool.rows[1].data_ptr()]) == (kv != "fp32")  # bf16 and fp8 rows read in place (an H200)
     if kv != "fp8":
         assert torch.equal(got, layer._attend_selected(q, whole, tokens, counts, kv == "bf16"))
         return

@@ -71,8 +71,9 @@ def pool_keys(members: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
 
 class SparseMLA:
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
-    # the indexer's values a query times the queries of a block of a prompt chunk's (ops.index_scores_width): 64 MiB
-    # of fp32 scores at once, ~2-4x that with top_pools' masks and counts and the CPU form's temporaries
+    # fp32 values the indexer holds at once for a block of a prompt chunk's queries: the block's queries times each
+    # query's values (ops.index_scores_width) — 64 MiB, ~2-4x that with top_pools' masks and running counts and the
+    # CPU form's temporaries
     SELECT_SCORES = 1 << 24
     # views into `x_proj`, one per projection of x (set in __init__ by name)
     q_a: Weight
