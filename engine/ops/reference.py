@@ -312,6 +312,12 @@ class PoolColumns:
         """The columns of `slots` (all of them by default) [..., width] fp32, as KVPool.read gives them."""
         return self.pool.read(self.layer, self.slots if slots is None else slots, columns=self.columns)
 
+    def in_place(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What a kernel reads by slot: the pool layer's rows at these columns as stored (a strided view, every
+        slot), and for fp8 rows the layer's scales by slot (else None)."""
+        scales = None if self.pool.scales is None else self.pool.scales[self.layer]
+        return self.pool.rows[self.layer][:, self.columns], scales
+
 
 @dataclass(frozen=True)
 class PoolKeys(PoolColumns):
@@ -349,15 +355,15 @@ class PoolLatents(PoolColumns):
         scales. Other pools' are `split()`, by position."""
         if self.pool.kv == "bf16" or (self.pool.kv == "fp8" and fp8):
             rows = self.slots[tokens.clamp(max=self.slots.shape[0] - 1)]  # past the span: padding, never read
-            scales = None if self.pool.scales is None else self.pool.scales[self.layer]
-            return (self.pool.rows[self.layer][:, self.columns], None), rows, scales
+            stored, scales = self.in_place()
+            return (stored, None), rows, scales
         return self.split(), tokens, None
 
     def split(self) -> Split:
         """`split_bf16` of every position's latents, the same bits: a bf16 pool's are its stored values as they are
         (no lo part), an fp32 or fp8 pool's read and split a block of rows at a time."""
         if self.pool.kv == "bf16":
-            return self.pool.rows[self.layer][:, self.columns][self.slots], None
+            return self.in_place()[0][self.slots], None
         length, width = self.shape
         hi = torch.empty(length, width, dtype=torch.bfloat16, device=self.slots.device)
         lo = torch.empty_like(hi)

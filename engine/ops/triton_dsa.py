@@ -419,9 +419,8 @@ def index_scores(
     queries = launch["queries"] if shared else 1
     grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
     if isinstance(keys, PoolKeys):
-        rows, scales = keys.pool.rows[keys.layer], keys.pool.scales
-        source, slots, stride = rows[:, keys.columns.start :], keys.slots.contiguous(), rows.stride(0)
-        scales = None if scales is None else scales[keys.layer]
+        source, scales = keys.in_place()
+        slots, stride = keys.slots.contiguous(), source.stride(0)
     else:
         source, slots, scales, stride = keys.contiguous(), positions, None, 0  # slots, scales: not read
     _index_scores[grid](

@@ -161,8 +161,7 @@ class SparseMLA:
         n_pools = length // self.kpool
         if n_pools <= self.pick:  # the last query sits at the span's last row: it sees every complete pool
             return torch.arange(length, device=slots.device)[None, :] <= positions[:, None]  # dense regime
-        ends = slots[self.kpool - 1 : n_pools * self.kpool : self.kpool]
-        keys = pool.read(self.pool_layer, ends, columns=slice(self.rank_dim, self.key_end))[None]  # [1, P, d]
+        keys = pool.read(self.pool_layer, self._pool_ends(slots), columns=slice(self.rank_dim, self.key_end))[None]
         return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
     def _attend(
@@ -331,6 +330,11 @@ class SparseMLA:
         return self.group.sum_partials(ops.linear(torch.cat(outs), self.o_proj))
 
     # -- the static decode step (engine/runner/lanes.py) ---------------------------------------------------
+    def _pool_ends(self, slots: torch.Tensor) -> torch.Tensor:
+        """The slot of each complete pool's last row [..., P], from slots by position [..., L] (P = L // kpool):
+        where the pool keys are."""
+        return slots[..., self.kpool - 1 : (slots.shape[-1] // self.kpool) * self.kpool : self.kpool]
+
     def _pool_keys(self, members: torch.Tensor) -> torch.Tensor:
         return pool_keys(members, self.ape)
 
@@ -438,13 +442,12 @@ class SparseMLA:
         """One token per stream with every shape fixed by (batch, span): the new rows go to `step.new_slots` (a row
         that completes a pool with the pool's key, `_store`); the indexer reads the pool keys of the streams'
         slot-table rows `step.table` [B, span], attention only the latents of the selected tokens."""
-        pool, table, kpool = step.lanes.pool, step.table, self.kpool
+        pool, table = step.lanes.pool, step.table
         parts = dict(zip(self.x_names, ops.linear(x, self.x_proj).split(self.x_widths, dim=-1)))
         self._store(pool, self._rows(x, parts), step.new_slots, step.positions, table)
         q_low = ops.rms_norm(parts["q_a"], self.q_a_norm, self.eps)
         if self.runs_indexer:
-            ends = table[:, kpool - 1 : (table.shape[1] // kpool) * kpool : kpool]  # [B, P]: each pool's last slot
-            keys = ops.PoolKeys(pool, self.pool_layer, slice(self.rank_dim, self.key_end), ends)
+            keys = ops.PoolKeys(pool, self.pool_layer, slice(self.rank_dim, self.key_end), self._pool_ends(table))
             step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions)
         tokens, counts = step.selected
         slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
