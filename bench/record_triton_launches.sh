@@ -2,21 +2,37 @@
 # On the lent GPU: run the GPU tests that launch every engine Triton kernel with SPARKS_RECORD_TRITON set
 # (tests/gpu/conftest.py), writing what was compiled to $OUT/triton_launches.json; copy it to
 # tests/fixtures/triton_launches.json (tests/engine/test_gb10_compile.py compiles each entry for sm_121).
+# The caller's PYTHONPATH comes first (the device scripts' /tmp/pylib holds the wheels the tests import). The tests
+# run in WORKERS pytest-xdist processes (default 4); each writes its part and the parts are merged here.
 #     OUT=... bash bench/record_triton_launches.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/record-out}
 mkdir -p "$OUT"
-export PYTHONPATH=.:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1 SPARKS_RECORD_TRITON="$OUT/triton_launches.json"
-timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_parity.py \
-    tests/gpu/test_exl3_moe_gpu.py tests/gpu/test_drafts_gpu.py tests/gpu/test_dense_gpu.py tests/gpu/test_rows_gpu.py \
+RECORD="$OUT/triton_launches.json"
+rm -f "$RECORD" "$RECORD".*
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
+export SPARKS_RECORD_TRITON="$RECORD"
+timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -p no:cacheprovider -n "${WORKERS:-4}" --dist loadfile \
+    tests/gpu/test_cuda_parity.py tests/gpu/test_exl3_moe_gpu.py tests/gpu/test_drafts_gpu.py \
+    tests/gpu/test_dense_gpu.py tests/gpu/test_rows_gpu.py tests/gpu/test_pool_keys_gpu.py \
     "tests/gpu/test_exl3_gpu.py::test_forward_matches_the_reference" \
     "tests/gpu/test_exl3_gpu.py::test_prompt_chunk_path" \
     "tests/gpu/test_prompt_forms_gpu.py::test_prompt_attention_on_tensor_cores_matches_fp32" \
     "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_at_the_served_widths" \
+    "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_reads_the_pools_latents_in_place" \
     "tests/gpu/test_prompt_forms_gpu.py::test_causal_conv_matches_cudnn_in_fp32" 2>&1 | tail -3
-python - "$OUT/triton_launches.json" <<'PY'
-import collections, json, sys
-entries = json.load(open(sys.argv[1]))
-print(len(entries), "compiled specialisations:", dict(collections.Counter(e["kernel"] for e in entries)))
+python - "$RECORD" <<'PY'
+import collections, glob, json, os, sys
+record = sys.argv[1]
+parts = [p for p in [record, *sorted(glob.glob(record + ".*"))] if os.path.exists(p)]
+merged = {}
+for part in parts:
+    for entry in json.load(open(part)):
+        merged.setdefault(json.dumps(entry, sort_keys=True), entry)
+entries = sorted(merged.values(), key=lambda e: (e["module"], e["kernel"], json.dumps(e, sort_keys=True)))
+json.dump(entries, open(record, "w"), indent=1)
+for part in parts[1:]:
+    os.remove(part)
+print(len(entries), "compiled specialisations from", len(parts), "parts:", dict(collections.Counter(e["kernel"] for e in entries)))
 PY

@@ -46,5 +46,7 @@ if RECORD:
 def pytest_sessionfinish(session, exitstatus):
     if RECORD:
         entries = sorted(_launches.values(), key=lambda e: (e["module"], e["kernel"], json.dumps(e, sort_keys=True)))
-        with open(RECORD, "w") as out:
+        # under pytest-xdist each worker writes its own part (bench/record_triton_launches.sh merges them)
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        with open(f"{RECORD}.{worker}" if worker else RECORD, "w") as out:
             json.dump(entries, out, indent=1)

@@ -52,6 +52,8 @@ def test_graphed_steps_read_only_the_pool_keys_of_complete_pools(model, kv):
 def test_top_pools_on_the_gpu_eagerly_and_from_a_graph():
     check_cases("cuda")
     for name, index, k in cases("cuda"):
+        if k == 0:  # no kernel to capture (an empty span's choice is made without one): checked eagerly above
+            continue
         static = index.clone()
         ops.top_pools(static, k)  # warm (the allocator, topk's workspace) before capture
         graph = torch.cuda.CUDAGraph()
