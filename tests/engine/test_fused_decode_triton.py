@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +27,20 @@ TOLERANCE = 2e-5  # of the largest magnitude: fp32 sums in another order
 
 def _relative(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def _each_prompt_launch() -> Iterator[str]:
+    """Each launch of triton_dsa.PROMPT_LAUNCHES in turn as the one `selected_attention` takes (its name yielded),
+    the served choice back afterwards."""
+    from engine.ops import triton_dsa
+
+    served = triton_dsa.prompt_launch
+    try:
+        for name, launch in triton_dsa.PROMPT_LAUNCHES.items():
+            triton_dsa.prompt_launch = lambda capability, lo=False, chosen=launch: chosen
+            yield name
+    finally:
+        triton_dsa.prompt_launch = served
 
 
 def _cases() -> dict:
@@ -275,22 +290,17 @@ def _cases() -> dict:
     tokens[counts.logical_not()] = 10_000
     latents = torch.randn(120, 64, generator=gen)
     bf16 = latents.bfloat16().float()
-    served_launch = triton_dsa.prompt_launch
     errors: dict[str, float] = {}
-    try:
-        for heads in (3, 40):
-            q_abs = torch.randn(heads, 5, 64, generator=gen) * 0.3
-            for name, launch in triton_dsa.PROMPT_LAUNCHES.items():
-                triton_dsa.prompt_launch = lambda capability, lo=False, chosen=launch: chosen
-                for kind, values, split in (
-                    ("lo", latents, engine_ops.split_bf16(latents)),
-                    ("bf16", bf16, (bf16.bfloat16(), None)),
-                ):
-                    want = attend(q_abs.transpose(0, 1) / 0.125, values[tokens.clamp(max=119)], counts)
-                    got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
-                    errors[f"{heads}_{name}_{kind}"] = _relative(got, want.transpose(0, 1))
-    finally:
-        triton_dsa.prompt_launch = served_launch
+    for heads in (3, 40):
+        q_abs = torch.randn(heads, 5, 64, generator=gen) * 0.3
+        for name in _each_prompt_launch():
+            for kind, values, split in (
+                ("lo", latents, engine_ops.split_bf16(latents)),
+                ("bf16", bf16, (bf16.bfloat16(), None)),
+            ):
+                want = attend(q_abs.transpose(0, 1) / 0.125, values[tokens.clamp(max=119)], counts)
+                got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
+                errors[f"{heads}_{name}_{kind}"] = _relative(got, want.transpose(0, 1))
     out["selected_attention"] = errors
     # a cache pool's latents read in place (`PoolLatents.by_row`): the latent columns of a pool layer's rows (row
     # width 96, so strided), the tokens' slots as the rows; bf16 rows give the bits of the gathered contiguous
@@ -314,13 +324,9 @@ def _cases() -> dict:
                 continue
             q = (q_abs[0].float() + q_abs[1].float()).transpose(0, 1) / 0.125
             want = attend(q, values[tokens.clamp(max=119)], counts).transpose(0, 1)
-            try:  # under every launch the kernel may take (the H200's and a GB10's)
-                for name, launch in triton_dsa.PROMPT_LAUNCHES.items():
-                    triton_dsa.prompt_launch = lambda capability, lo=False, chosen=launch: chosen
-                    got = triton_dsa.selected_attention(q_abs, split, rows, counts, scales)
-                    out[f"selected_attention_fp8_{heads}_{name}"] = _relative(got, want)
-            finally:
-                triton_dsa.prompt_launch = served_launch
+            for name in _each_prompt_launch():  # under every launch the kernel may take (the H200's and a GB10's)
+                got = triton_dsa.selected_attention(q_abs, split, rows, counts, scales)
+                out[f"selected_attention_fp8_{heads}_{name}"] = _relative(got, want)
 
     # a prompt chunk's causal conv in one kernel: 37 tokens (two token blocks, the last ragged), 200 channels (two
     # channel blocks), kernel 4, rows of a strided view; and a chunk of 2 tokens, shorter than the window
