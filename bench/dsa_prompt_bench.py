@@ -13,8 +13,9 @@ largest difference from the fp32 form (relative to its largest value, over the f
 
     PYTHONPATH=. python bench/dsa_prompt_bench.py --out dsa_prompt.json [--contexts 8192,32768] [--tokens 2048]
         [--latents bf16,lo]
-    PYTHONPATH=. python bench/dsa_prompt_bench.py --index --out dsa_index.json   # the indexer's scores instead:
-        the torch form against engine/ops/triton_dsa.py `index_scores` under INDEX_VARIANTS
+    PYTHONPATH=. python bench/dsa_prompt_bench.py --index --out dsa_index.json [--keys fp32,bf16,fp8]   # the
+        indexer's scores instead: the torch form against engine/ops/triton_dsa.py `index_scores` under
+        INDEX_VARIANTS, for fp32 keys and for a bf16 and an fp8 cache pool's keys
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from triton.testing import do_bench
 
 from engine import ops
+from engine.cache import KVPool
 from engine.models.glm5_next.dsa import SparseMLA
 from engine.ops import triton_dsa
 
@@ -130,6 +132,7 @@ def case(mla: SparseMLA, context: int, t: int, lo: bool, gen: torch.Generator) -
 
 INDEX_VARIANTS = {  # changes to triton_dsa.INDEX_LAUNCH, each timed beside it
     "ieee": {"precision": "ieee"},
+    "pools32": {"pools": 32},
     "pools128": {"pools": 128},
     "pools128_w8": {"pools": 128, "num_warps": 8},
     "queries4": {"queries": 4},
@@ -138,29 +141,42 @@ INDEX_VARIANTS = {  # changes to triton_dsa.INDEX_LAUNCH, each timed beside it
 }
 
 
-def index_case(context: int, t: int, gen: torch.Generator) -> dict:
-    """The indexer's scores for a chunk of t queries ending at `context` (`--index`): the torch form (a batched fp32
-    product per query, relu, a weighted sum over the heads, the mask) against the one-launch kernel under each
-    launch, ms and the largest difference from the float64 sums over the pools each query sees."""
+def index_case(context: int, t: int, gen: torch.Generator, keys_kind: str) -> dict:
+    """The indexer's scores for a chunk of t queries ending at `context` (`--index`), its keys `keys_kind`: "fp32"
+    an fp32 tensor (tf32x3 products; the prompt chunk's form before session 31), "bf16" / "fp8" the pool keys of a
+    cache pool of that row type (the split bf16 form; fp8 keys as a bf16 copy with their scales). The torch form (a
+    batched fp32 product per query, relu, a weighted sum over the heads, the mask; fp32 keys only) against the
+    one-launch kernel under each launch: ms, and the largest difference from the float64 sums over the pools each
+    query sees of the values the keys hold."""
     heads, dim, kpool = TEXT["index_n_heads"], TEXT["index_head_dim"], TEXT["index_kpool"]
+    pools = context // kpool
     q = torch.randn(t, heads, dim, device="cuda", generator=gen)
-    keys = torch.randn(1, context // kpool, dim, device="cuda", generator=gen) * 0.3
+    values = torch.randn(pools, dim, device="cuda", generator=gen) * 0.3
+    keys: torch.Tensor | ops.PoolKeys = values[None]
+    if keys_kind != "fp32":
+        pool = KVPool(1, pools, dim, keys_kind, "cuda")
+        pool.write(0, torch.arange(pools, device="cuda"), values)
+        keys = ops.PoolKeys(pool, 0, slice(0, dim), torch.arange(pools, device="cuda")[None])
+        values = keys.read()[0]
     head_w = torch.randn(t, heads, device="cuda", generator=gen) * heads**-0.5
     positions = torch.arange(context - t, context, device="cuda")
     args = (q, keys, head_w, positions, kpool, dim**-0.5)
     exact = torch.einsum("th,thp->tp", head_w.double(), torch.relu(torch.einsum("thd,pd->thp", q.double(),
-        keys[0].double()) * dim**-0.5))  # fmt: skip
+        values.double()) * dim**-0.5))  # fmt: skip
     hidden = ops.reference.index_scores(*args) == torch.finfo(torch.float32).min
 
     def error(got: torch.Tensor) -> float:
         return relative(got.masked_fill(hidden, 0), exact.masked_fill(hidden, 0))
 
-    row: dict = {"pools": keys.shape[1], "gflop": round(2 * t * heads * keys.shape[1] * dim / 1e9, 2)}
-    ms = do_bench(lambda: ops.reference.index_scores(*args), warmup=20, rep=200)
-    row["torch"] = {"ms": round(ms, 3), "error": error(ops.reference.index_scores(*args))}
+    row: dict = {"pools": pools, "gflop": round(2 * t * heads * pools * dim / 1e9, 2)}
+    if keys_kind == "fp32":
+        ms = do_bench(lambda: ops.reference.index_scores(*args), warmup=20, rep=200)
+        row["torch"] = {"ms": round(ms, 3), "error": error(ops.reference.index_scores(*args))}
     served = triton_dsa.INDEX_LAUNCH
     default = dict(served)
     for name, change in {"kernel": {}, **INDEX_VARIANTS}.items():
+        if name == "ieee" and keys_kind != "fp32":  # the precision setting is fp32 keys' alone
+            continue
         served.update(change)
         try:
             ms = do_bench(lambda: triton_dsa.index_scores(*args), warmup=20, rep=200)
@@ -170,7 +186,7 @@ def index_case(context: int, t: int, gen: torch.Generator) -> dict:
         finally:
             served.clear()
             served.update(default)
-        print(context, "index", name, row[name], flush=True)
+        print(context, "index", keys_kind, name, row[name], flush=True)
     return row
 
 
@@ -181,11 +197,13 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=2, help="the heads are this share of the config's")
     ap.add_argument("--latents", default="bf16", help="bf16 (a bf16 cache's), lo (with a lo part), or both: bf16,lo")
     ap.add_argument("--index", action="store_true", help="the indexer's scores instead of the attention")
+    ap.add_argument("--keys", default="fp32,bf16,fp8", help="--index: the keys' forms (fp32 tensor, bf16/fp8 pool)")
     ap.add_argument("--out", default="dsa_prompt.json")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     if args.index:
-        rows = {str(c): index_case(int(c), args.tokens, gen) for c in args.contexts.split(",")}
+        kinds = args.keys.split(",")
+        rows = {str(c): {k: index_case(int(c), args.tokens, gen, k) for k in kinds} for c in args.contexts.split(",")}
         result = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name()}
         Path(args.out).write_text(json.dumps({**result, "tokens": args.tokens, "index": rows}, indent=1))
         return 0

@@ -59,7 +59,8 @@ def compile_gemv(
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
-def analyse(kernel) -> dict:
+def disassemble(kernel) -> tuple[str, str]:
+    """A compiled kernel's SASS (nvdisasm) and its resource usage (cuobjdump: registers, stack, shared memory)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
@@ -71,20 +72,35 @@ def analyse(kernel) -> dict:
         ).stdout
     finally:
         os.unlink(f.name)
-    loop = sass.split(".L_x_0:", 1)[1].split("BRA", 1)[0] if ".L_x_0:" in sass else ""
+    return sass, usage
+
+
+def opcodes(sass: str) -> collections.Counter:
+    """The instructions of SASS text by opcode (without modifiers or predicates)."""
     ops: collections.Counter = collections.Counter()
-    for line in loop.splitlines():
+    for line in sass.splitlines():
         if not re.search(r"/\*[0-9a-f]{4}\*/", line):
             continue
         words = line.split("*/", 1)[1].replace("{", " ").split()
         if words:
             op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
             ops[op.split(".")[0]] += 1
-    regs = re.search(r"REG:(\d+)", usage)
+    return ops
+
+
+def registers(usage: str) -> int | None:
+    found = re.search(r"REG:(\d+)", usage)
+    return int(found.group(1)) if found else None
+
+
+def analyse(kernel) -> dict:
+    sass, usage = disassemble(kernel)
+    loop = sass.split(".L_x_0:", 1)[1].split("BRA", 1)[0] if ".L_x_0:" in sass else ""
+    ops = opcodes(loop)
     return {
         "loop_instructions": sum(ops.values()),
         "loop_barriers": ops.get("BAR", 0),
-        "registers": int(regs.group(1)) if regs else None,
+        "registers": registers(usage),
         "ops": dict(ops.most_common()),
     }
 

@@ -163,6 +163,18 @@ def split_bf16(x: torch.Tensor, bf16_values: bool = False) -> Split:
     return hi, rest.to(torch.bfloat16)
 
 
+def split_bf16x3(x: torch.Tensor) -> torch.Tensor:
+    """fp32 x as three bf16 parts [3, *x.shape] whose sum is x (to fp32's last bit or so): hi = x rounded, mid = the
+    rest rounded, lo = what is left rounded. Against bf16 values every part's product is exact in fp32
+    (engine/ops/triton_dsa.py `index_scores`, which makes the same parts inside the kernel where it takes fp32 q)."""
+    parts = torch.empty(3, *x.shape, dtype=torch.bfloat16, device=x.device)
+    parts[0] = x
+    rest = x - parts[0].float()
+    parts[1] = rest
+    parts[2] = rest - parts[1].float()
+    return parts
+
+
 def split_product(a: torch.Tensor | Split, b: torch.Tensor | Split) -> torch.Tensor:
     """a @ b (2-D or batched 3-D) of fp32 operands on bf16 tensor cores at close to fp32 precision: each operand
     split in two (`split_bf16`, or given split), the three products that matter summed in fp32, smallest first

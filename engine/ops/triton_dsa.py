@@ -31,11 +31,15 @@ where the cache is not bf16), so the result agrees with it to fp32 rounding.
 
 DSA's indexer (`index_scores`, `_index_scores`) scores every pool for a query — Σ_h w_h · relu(q_h · key) — for prompt
 chunks and decode steps alike: a program per (block of pools, block of queries), each query's [heads × pools] product
-alone on the tensor cores (tf32x3) with the relu, the weighted sum over the heads and the mask of pools not yet
-complete in registers. The torch form wrote a [T, heads, P] fp32 tensor (0.5 GB for a 2k chunk at 32k) and read it
-back three times; a query's scores now have the same bits whichever form of step computes them. A decode step's
-keys (`PoolKeys`) are read where the cache pool holds them — each pool's key in its last row's key columns, by slot,
-times the row's scale for fp8 rows — rather than gathered into an fp32 copy first: the same values, so the same bits.
+alone on the tensor cores with the relu, the weighted sum over the heads and the mask of pools not yet complete in
+registers. The torch form wrote a [T, heads, P] fp32 tensor (0.5 GB for a 2k chunk at 32k) and read it back three
+times; a query's scores now have the same bits whichever form of step computes them. The keys (`PoolKeys`) are read
+where the cache pool holds them — each pool's key in its last row's key columns, by slot — rather than gathered into
+an fp32 copy first. Keys stored as bf16 or e4m3 are bf16 values exactly, so the products take them as they are
+against q in three bf16 parts whose sum is q (each partial product exact in fp32, an fp8 row's scale on the
+product): half the tensor-core instructions of tf32x3 (which fp32 keys still take) and no split of the keys; a
+prompt chunk's q parts are made once for the launch (split in every program, they cost more than the products
+saved; bench/index_sass.py).
 
 DSA's pool keys (`complete_pools`, `_pool_key_rows`): after a step's or a prompt chunk's cache rows are written, a
 program a row makes the key of the pool the row completes (if it does) from its tokens' rows as the pool holds them
@@ -51,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.ops import reference
 from engine.ops.reference import PoolKeys
 
 BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
@@ -316,11 +321,48 @@ def selected_attention(
 
 
 # the indexer's launch: pools a program, queries a program (sharing its pools' keys where every query reads the same
-# ones: a prompt chunk), warps, and the products' precision ("tf32x3": fp32's accuracy on the tensor cores; "ieee":
-# fp32 FMAs, 50x slower on the H200). The heads are the product's 32-row side (mma.sync's tiles): with the pools as the
-# tall side instead (Hopper's warpgroup MMA) it took 0.90 ms against 0.69 for a 2k chunk at 8k on the H200
-# (docs/BENCHMARKS.md, session 23). 98,560 B of shared memory a block compiled for sm_121: within the GB10's 101,376 B
+# ones: a prompt chunk), warps, and the precision of fp32 keys' products ("tf32x3": fp32's accuracy on the tensor
+# cores; "ieee": fp32 FMAs, 50x slower on the H200; keys stored as bf16 or e4m3 take the split bf16 form whatever
+# this says). The heads are the product's 32-row side (mma.sync's tiles): with the pools as the tall side instead
+# (Hopper's warpgroup MMA) it took 0.90 ms against 0.69 for a 2k chunk at 8k on the H200 (docs/BENCHMARKS.md, session
+# 23). Shared memory a block for sm_121: 98,560 B (fp32 keys) and 65,792 B (bf16) within the GB10's 101,376 B
 INDEX_LAUNCH = {"pools": 64, "queries": 16, "num_warps": 4, "precision": "tf32x3"}
+
+
+@triton.jit
+def _bf16(x, WIDEN: tl.constexpr):
+    """fp32 x rounded to bf16 (to nearest, ties to even, as torch rounds); under the interpreter (`WIDEN`), which
+    truncates there, the rounded values held as fp32."""
+    if WIDEN:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        rounded = bits.to(tl.float32, bitcast=True)
+    else:
+        rounded = x.to(tl.bfloat16)
+    return rounded
+
+
+@triton.jit
+def _index_keys(k_ptr, slot_ptr, scl_ptr, at, pools, ok, row_stride, D: tl.constexpr, GATHER: tl.constexpr,
+                SCALED: tl.constexpr, SPLIT: tl.constexpr, WIDEN: tl.constexpr):  # fmt: skip
+    """The keysᵀ [D, BP] of `pools` as the product takes them — bf16 for keys held as bf16 or e4m3 (`SPLIT`: their
+    values exactly), fp32 otherwise — and each one's scale (`SCALED`: fp8 rows'; ones otherwise). A key is row
+    `at + pool` of k_ptr, or (`GATHER`) the row whose index slot_ptr holds there: a cache pool's slot."""
+    dims = tl.arange(0, D)
+    if GATHER:  # each pool's key where the cache pool holds it: the key columns of the slot of its last row
+        rows = tl.load(slot_ptr + at + pools, mask=ok, other=0)
+    else:
+        rows = at + pools.to(tl.int64)
+    keys = tl.load(k_ptr + rows[None, :] * row_stride + dims[:, None], mask=ok[None, :], other=0.0)
+    if SCALED:  # the row's scale goes on the product (KVPool.read gives value × scale)
+        key_scale = tl.load(scl_ptr + rows, mask=ok, other=1.0)
+    else:
+        key_scale = tl.full(pools.shape, 1.0, tl.float32)
+    if SPLIT:  # an e4m3 value is a bf16 value exactly
+        operand = _operand(keys.to(tl.bfloat16), WIDEN)
+    else:
+        operand = keys.to(tl.float32)
+    return operand, key_scale
 
 
 @triton.jit
@@ -344,29 +386,44 @@ def _index_scores(
     scl_ptr,
     row_stride,
     GATHER: tl.constexpr,
-    FP8: tl.constexpr,
+    SCALED: tl.constexpr,
+    SPLIT: tl.constexpr,  # bf16 keys (stored as bf16 or e4m3) against q in three bf16 parts whose sum is q
+    PARTS: tl.constexpr,  # q_ptr holds those parts [3, T, H, D] (made once for the launch), else fp32 q split here
+    WIDEN: tl.constexpr,
 ):
     pools = tl.program_id(0) * BP + tl.arange(0, BP)
     pool_ok = pools < P
     heads = tl.arange(0, H)
     dims = tl.arange(0, D)
-    key_at = pools[None, :].to(tl.int64) * D + dims[:, None]  # [D, BP]: keysᵀ
-    if SHARED:
-        keys = tl.load(k_ptr + key_at, mask=pool_ok[None, :], other=0.0)
+    if SHARED:  # one set of keys for every query, read once
+        keys, key_scale = _index_keys(k_ptr, slot_ptr, scl_ptr, 0, pools, pool_ok, row_stride, D, GATHER, SCALED,
+                                      SPLIT, WIDEN)  # fmt: skip
     for i in range(QB):
         t = tl.program_id(1) * QB + i
         ok = t < T
         t64 = t.to(tl.int64)
-        if GATHER:  # each pool's key where the cache pool holds it: the key columns of the slot of its last row
-            slots = tl.load(slot_ptr + t64 * P + pools, mask=pool_ok & ok, other=0)
-            at = k_ptr + slots[None, :] * row_stride + dims[:, None]
-            keys = tl.load(at, mask=pool_ok[None, :] & ok, other=0.0).to(tl.float32)
-            if FP8:  # as KVPool.read: the stored value times its row's scale
-                keys = keys * tl.load(scl_ptr + slots, mask=pool_ok & ok, other=1.0)[None, :]
-        elif not SHARED:
-            keys = tl.load(k_ptr + t64 * P * D + key_at, mask=pool_ok[None, :] & ok, other=0.0)
-        q = tl.load(q_ptr + (t64 * H + heads[:, None]) * D + dims[None, :], mask=ok, other=0.0)  # [H, D]
-        scores = tl.maximum(tl.dot(q, keys, input_precision=PRECISION) * scale, 0.0)  # [H, BP]
+        if not SHARED:  # the query's own keys
+            keys, key_scale = _index_keys(k_ptr, slot_ptr, scl_ptr, t64 * P, pools, pool_ok & ok, row_stride, D,
+                                          GATHER, SCALED, SPLIT, WIDEN)  # fmt: skip
+        q_at = q_ptr + (t64 * H + heads[:, None]) * D + dims[None, :]  # [H, D]
+        if PARTS:
+            q_hi = tl.load(q_at, mask=ok, other=0.0)
+            q_mid = tl.load(q_at + T * H * D, mask=ok, other=0.0)
+            q_lo = tl.load(q_at + 2 * T * H * D, mask=ok, other=0.0)
+        else:
+            q = tl.load(q_at, mask=ok, other=0.0)
+            if SPLIT:  # as reference.split_bf16x3
+                q_hi = _bf16(q, WIDEN)
+                rest = q - q_hi.to(tl.float32)
+                q_mid = _bf16(rest, WIDEN)
+                q_lo = _bf16(rest - q_mid.to(tl.float32), WIDEN)
+        if SPLIT:  # every partial product exact in fp32, summed smallest first
+            raw = tl.dot(_operand(q_lo, WIDEN), keys)
+            raw = tl.dot(_operand(q_mid, WIDEN), keys, raw)
+            raw = tl.dot(_operand(q_hi, WIDEN), keys, raw) * key_scale[None, :]
+        else:
+            raw = tl.dot(q, keys, input_precision=PRECISION)
+        scores = tl.maximum(raw * scale, 0.0)  # [H, BP]
         w = tl.load(w_ptr + t64 * H + heads, mask=ok, other=0.0)
         index = tl.sum(w[:, None] * scores, axis=0)
         visible = pools * KPOOL + KPOOL - 1 <= tl.load(pos_ptr + t, mask=ok, other=0)
@@ -376,15 +433,16 @@ def _index_scores(
 
 def index_applies(q: torch.Tensor, keys: torch.Tensor | PoolKeys) -> bool:
     """Whether `index_scores` takes these shapes: heads and key width powers of two of at least 16 (the MMA's sides),
-    fp32 queries, keys fp32 and shared by every query or one set a query — or one set a query left in the cache pool
-    (`PoolKeys`)."""
+    fp32 queries, keys fp32 or bf16 and shared by every query or one set a query — or left in the cache pool
+    (`PoolKeys`, one set for every query or one a query; fp8 rows where the GPU has the type)."""
     _, heads, dim = q.shape
     if isinstance(keys, PoolKeys):
-        fits = keys.shape[0] == q.shape[0] and (keys.pool.scales is None or fp8_rows_apply(q.device))
+        fits = keys.pool.scales is None or fp8_rows_apply(q.device)
     else:
-        fits = keys.shape[0] in (1, q.shape[0]) and keys.dtype == torch.float32
+        fits = keys.dtype in (torch.float32, torch.bfloat16)
     return (
         fits
+        and keys.shape[0] in (1, q.shape[0])
         and heads >= 16
         and heads & (heads - 1) == 0
         and dim >= 16
@@ -403,31 +461,47 @@ def index_scores(
     scale: float,
 ) -> torch.Tensor:
     """`reference.index_scores` in one launch, nothing [T, h, P] in memory: a program per (block of pools, block of
-    queries), each query's heads × pools product on the tensor cores (tf32x3), relu, weighted and summed over the
-    heads in registers. A query's scores are computed alone (its own product, the same blocks whatever the other
-    queries or how many there are), so they have the same bits in a prompt chunk, a decode step or a verify window.
-    `PoolKeys` (a decode step's): each pool's key read where the cache pool holds it — the values `PoolKeys.read`
-    would gather, so the same bits, without the gathered fp32 copy written and read back."""
+    queries), each query's heads × pools product on the tensor cores, relu, weighted and summed over the heads in
+    registers. A query's scores are computed alone (its own product, the same blocks whatever the other queries or
+    how many there are), so they have the same bits in a prompt chunk, a decode step or a verify window.
+
+    Keys held as bf16 or e4m3 — a bf16 tensor, or `PoolKeys` of a bf16 or fp8 cache pool — are bf16 values exactly:
+    the product takes them as they are against q in three bf16 parts whose sum is q (`reference.split_bf16x3`), each
+    partial product exact, the sums in fp32, an fp8 row's scale on the product. That is half the tensor-core
+    products of tf32x3 and no split of the keys; with one set of keys for every query (a prompt chunk) q's parts are
+    made once for the launch, not once a program. fp32 keys take `INDEX_LAUNCH`'s precision (tf32x3). A prompt
+    chunk and a decode step read the same cache pool, so a query's operands — and its bits — are the same in both.
+
+    `PoolKeys`: each pool's key read where the cache pool holds it (a decode step's, one set a query), not gathered
+    into an fp32 copy; a prompt chunk's one set of fp8 keys is taken as a bf16 copy of the stored values and their
+    scales (the e4m3 rows converted inside the kernel took ~2.4x its instructions a query)."""
     t, heads, dim = q.shape
     n_pools = keys.shape[-2]
     out = torch.empty(t, n_pools, dtype=torch.float32, device=q.device)
     if t == 0 or n_pools == 0:
         return out
     launch = INDEX_LAUNCH
-    gather = isinstance(keys, PoolKeys)
-    shared = not gather and keys.shape[0] == 1
-    queries = launch["queries"] if shared else 1
-    grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
+    shared = keys.shape[0] == 1
+    slots: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
     if isinstance(keys, PoolKeys):
         source, scales = keys.in_place()
         slots, stride = keys.slots.contiguous(), source.stride(0)
+        if shared and scales is not None:  # the stored values as bf16 and their scales, one row a pool
+            source, scales = source[slots[0]].to(torch.bfloat16), scales[slots[0]]
+            slots, stride = None, dim
     else:
-        source, slots, scales, stride = keys.contiguous(), positions, None, 0  # slots, scales: not read
+        source, stride = keys.contiguous(), dim
+    split = source.dtype != torch.float32
+    parts = split and shared and t > 1
+    queries = launch["queries"] if shared else 1
+    grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
     _index_scores[grid](
-        q.contiguous(), source, head_w.contiguous(), positions.contiguous(), out, t, n_pools, float(scale),
-        KPOOL=kpool, H=heads, D=dim, BP=launch["pools"], QB=queries, SHARED=shared,
-        PRECISION=launch["precision"], slot_ptr=slots, scl_ptr=scales if scales is not None else out,
-        row_stride=stride, GATHER=gather, FP8=scales is not None, num_warps=launch["num_warps"],
+        reference.split_bf16x3(q) if parts else q.contiguous(), source, head_w.contiguous(),
+        positions.contiguous(), out, t, n_pools, float(scale), KPOOL=kpool, H=heads, D=dim, BP=launch["pools"],
+        QB=queries, SHARED=shared, PRECISION=launch["precision"], slot_ptr=slots if slots is not None else positions,
+        scl_ptr=scales if scales is not None else out, row_stride=stride, GATHER=slots is not None,
+        SCALED=scales is not None, SPLIT=split, PARTS=parts, WIDEN=_INTERPRETED, num_warps=launch["num_warps"],
     )  # fmt: skip
     return out
 

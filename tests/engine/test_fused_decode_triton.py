@@ -10,6 +10,7 @@ on a GPU in every CUDA decode step (tests/gpu: greedy tokens on CUDA against the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -368,11 +369,14 @@ def _cases() -> dict:
     out["index_scores"], out["index_flags"] = index, flags
     out["index_some_hidden"] = bool(hidden.any() and not hidden.all())
 
-    # a decode step's keys left in the cache pool (engine_ops.PoolKeys: each query's own pools' last slots, rows of
-    # 8 + 2 × 32 values, the key at column 8): the same bits as the gathered keys, for every row type
+    # keys left in the cache pool (engine_ops.PoolKeys; rows of 8 + 2 × 32 values, the key at column 8), for every
+    # row type: a decode step's (each query's own pools' last slots) against the gathered keys — fp32 rows the same
+    # bits (both tf32x3), bf16 rows the bits of their values as a bf16 tensor (both the split bf16 form), fp8 rows to
+    # rounding (the scale on the product, not on the key) —, to the torch form, and a prompt chunk's (one set of
+    # slots for every query) the bits each query gets with those slots as its own
     from engine.cache import KVPool
 
-    own = {}
+    own, to_torch, chunk = {}, {}, {}
     for kv in ("fp32", "bf16", "fp8"):
         pool = KVPool(1, 400, 8 + 64, kv)
         pool.write(0, torch.arange(401), torch.randn(401, 72, generator=gen) * 2)
@@ -380,8 +384,21 @@ def _cases() -> dict:
         stored = engine_ops.PoolKeys(pool, 0, slice(8, 40), ends)
         gathered = stored.read()
         in_place = triton_dsa.index_scores(q, stored, head_w, positions, 4, 0.2)
-        own[kv] = bool(torch.equal(in_place, triton_dsa.index_scores(q, gathered, head_w, positions, 4, 0.2)))
-        own[kv] &= bool(torch.equal(gathered, pool.read(0, ends, columns=slice(8, 40))))
+        as_tensor = triton_dsa.index_scores(q, gathered.bfloat16() if kv == "bf16" else gathered, head_w, positions,
+                                            4, 0.2)  # fmt: skip
+        want = engine_ops.reference.index_scores(q, stored, head_w, positions, 4, 0.2)
+        seen = want != torch.finfo(torch.float32).min
+        if kv == "fp8":
+            own[kv] = _relative(in_place.masked_fill(~seen, 0), as_tensor.masked_fill(~seen, 0))
+        else:
+            own[kv] = bool(torch.equal(in_place, as_tensor))
+        own[kv + "_read"] = bool(torch.equal(gathered, pool.read(0, ends, columns=slice(8, 40))))
+        to_torch[kv] = _relative(in_place.masked_fill(~seen, 0), want.masked_fill(~seen, 0))
+        one = engine_ops.PoolKeys(pool, 0, slice(8, 40), ends[:1])
+        shared = triton_dsa.index_scores(q, one, head_w, positions, 4, 0.2)
+        each = dataclasses.replace(one, slots=ends[:1].expand(37, -1))
+        chunk[kv] = bool(torch.equal(shared, triton_dsa.index_scores(q, each, head_w, positions, 4, 0.2)))
+    out["index_pool_keys_torch"], out["index_pool_keys_chunk"] = to_torch, chunk
     out["index_pool_keys"] = own
     return out
 
@@ -497,8 +514,15 @@ def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:
     # shared keys ≡ own keys, the hidden pools as each torch form's, then a query alone
     assert results["index_flags"] == [True] * 4, results["index_flags"]
     assert results["index_some_hidden"]
-    # keys read where the cache pool holds them: the gathered keys' bits (fp32, bf16 and fp8 rows)
-    assert results["index_pool_keys"] == {"fp32": True, "bf16": True, "fp8": True}, results["index_pool_keys"]
+    # keys read where the cache pool holds them: the gathered keys' bits for fp32 and bf16 rows (fp8: to rounding),
+    # the torch form's values, and a prompt chunk's shared slots the bits of each query's own
+    own = results["index_pool_keys"]
+    assert {k: v for k, v in own.items() if k != "fp8"} == dict.fromkeys(
+        ("fp32", "bf16", "fp32_read", "bf16_read", "fp8_read"), True
+    ), own
+    assert 0 < own["fp8"] <= TOLERANCE, own  # the scale on the product rounds otherwise than on the key
+    assert max(results["index_pool_keys_torch"].values()) <= TOLERANCE, results["index_pool_keys_torch"]
+    assert results["index_pool_keys_chunk"] == {"fp32": True, "bf16": True, "fp8": True}
 
 
 if __name__ == "__main__":

@@ -91,7 +91,36 @@ def test_the_prompt_chunk_rotation_compiles_for_sm121():
     _compile_for_sm121({**entry, "num_warps": triton_exl3.PROMPT_LAUNCH["rotate_warps"]})
 
 
-def _compile_for_sm121(entry: dict) -> None:
+@pytest.mark.parametrize("form", ["chunk_bf16", "chunk_fp8", "step_bf16", "step_fp8"])
+def test_the_indexer_split_forms_compile_for_sm121(form):
+    """DSA's indexer (`_index_scores`) as it reads bf16 and fp8 cache rows — a prompt chunk's keys (one set for
+    every query: a bf16 pool's in place, an fp8 pool's as a bf16 copy with their scales) against q's three bf16
+    parts, and a decode step's (a query's own, in place; q split in the kernel) — derived from the recorded
+    prompt-chunk launch at the served shapes, which may predate these forms. Their products are bf16 MMAs."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from engine.ops import triton_dsa
+
+    names = triton_dsa._index_scores.arg_names
+    for entry in json.loads(LAUNCHES.read_text()):
+        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_index_scores" else {}
+        if values.get("SHARED") and values.get("H") == 32 and values.get("D") == 128:
+            break
+    else:
+        pytest.fail("no prompt-chunk _index_scores at the served shapes recorded (run bench/record_triton_launches.sh)")
+    chunk = form.startswith("chunk")
+    signature = dict(entry["signature"], q_ptr="*bf16" if chunk else "*fp32", T="i32")
+    signature["k_ptr"] = "*fp8e4nv" if form == "step_fp8" else "*bf16"
+    values.update(SPLIT=True, PARTS=chunk, SCALED=form.endswith("fp8"), GATHER=form != "chunk_fp8", SHARED=chunk)
+    values["QB"] = triton_dsa.INDEX_LAUNCH["queries"] if chunk else 1
+    values.pop("T", None)
+    entry = {**entry, "signature": signature, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    ptx = _compile_for_sm121({**entry, "num_warps": triton_dsa.INDEX_LAUNCH["num_warps"]})
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+
+
+def _compile_for_sm121(entry: dict) -> str:
+    """The kernel of a recorded (or derived) launch compiled for sm_121: its PTX."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     import triton
@@ -114,6 +143,7 @@ def _compile_for_sm121(entry: dict) -> None:
     )
     if entry["kernel"] == "_exl3_grouped":  # its tl.dot on the tensor cores there too (wgmma is Hopper's alone)
         assert "mma.sync" in kernel.asm["ptx"] and "wgmma" not in kernel.asm["ptx"]
+    return kernel.asm["ptx"]
 
 
 def _attend_prompt_on_gb10(entry: dict, names: list[str]) -> dict:

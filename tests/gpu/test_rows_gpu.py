@@ -166,3 +166,42 @@ def test_indexer_scores_at_the_served_shapes(contexts):
     for i in rows.tolist():
         alone = ops.index_scores(q[i : i + 1], keys, head_w[i : i + 1], positions[i : i + 1], 16, 128**-0.5)
         assert torch.equal(alone[0], got[i]), i
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_indexer_scores_from_cache_rows_at_the_served_shapes(kv):
+    """`index_scores` over pool keys left in a bf16 or fp8 cache pool (the split bf16 form: q in three bf16 parts
+    against the stored values, an fp8 row's scale on the product) for a 2,048-query prompt chunk at 32k: against
+    the float64 sums over the values the pool holds, and each query's bits the same with the chunk's one set of keys
+    (q's parts made for the launch; fp8 keys as a bf16 copy), with its own keys in place (a decode step's form: q
+    split in the kernel, e4m3 converted there) and alone — so a query chooses the same pools in a prompt chunk and
+    in a decode step."""
+    from engine.cache import KVPool
+    from engine.ops import triton_dsa
+
+    g = torch.Generator(device="cuda").manual_seed(9)
+    t, pools, width = 2048, 32768 // 16, 512 + 2 * 128
+    pool = KVPool(1, pools * 2, width, kv, "cuda")
+    pool.write(0, torch.arange(pools * 2, device="cuda"), torch.randn(pools * 2, width, device="cuda", generator=g))
+    ends = torch.randperm(pools * 2, device="cuda", generator=g)[:pools][None]
+    keys = reference.PoolKeys(pool, 0, slice(512, 640), ends)
+    q = torch.randn(t, 32, 128, device="cuda", generator=g)
+    head_w = torch.randn(t, 32, device="cuda", generator=g) * 0.2
+    positions = torch.arange(32768 - t, 32768, device="cuda")
+    got = ops.index_scores(q, keys, head_w, positions, 16, 128**-0.5)
+    held = keys.read()[0].double()
+    want = torch.einsum(
+        "th,thp->tp", head_w.double(), torch.relu(torch.einsum("thd,pd->thp", q.double(), held) * 128**-0.5)
+    )
+    hidden = (torch.arange(pools, device="cuda") * 16 + 15)[None, :] > positions[:, None]
+    assert hidden.any() and not hidden.all()
+    assert torch.equal(got == torch.finfo(torch.float32).min, hidden)
+    seen = want.masked_fill(hidden, 0)
+    assert float((got.double().masked_fill(hidden, 0) - seen).abs().max() / seen.abs().max()) < 1e-6
+    rows = torch.tensor([0, 1, 777, t - 1], device="cuda")
+    own = reference.PoolKeys(pool, 0, slice(512, 640), ends.expand(4, -1))
+    assert torch.equal(triton_dsa.index_scores(q[rows], own, head_w[rows], positions[rows], 16, 128**-0.5), got[rows])
+    for i in rows.tolist():
+        mine = reference.PoolKeys(pool, 0, slice(512, 640), ends)
+        alone = ops.index_scores(q[i : i + 1], mine, head_w[i : i + 1], positions[i : i + 1], 16, 128**-0.5)
+        assert torch.equal(alone[0], got[i]), i

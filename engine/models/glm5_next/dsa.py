@@ -161,7 +161,7 @@ class SparseMLA:
         n_pools = length // self.kpool
         if n_pools <= self.pick:  # the last query sits at the span's last row: it sees every complete pool
             return torch.arange(length, device=slots.device)[None, :] <= positions[:, None]  # dense regime
-        keys = pool.read(self.pool_layer, self._pool_ends(slots), columns=slice(self.rank_dim, self.key_end))[None]
+        keys = ops.PoolKeys(pool, self.pool_layer, slice(self.rank_dim, self.key_end), self._pool_ends(slots)[None])
         return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
 
     def _attend(
