@@ -79,7 +79,7 @@ def opcodes(sass: str) -> collections.Counter:
     """The instructions of SASS text by opcode (without modifiers or predicates)."""
     ops: collections.Counter = collections.Counter()
     for line in sass.splitlines():
-        if not re.search(r"/\*[0-9a-f]{4}\*/", line):
+        if not re.search(r"/\*[0-9a-f]{4,}\*/", line):
             continue
         words = line.split("*/", 1)[1].replace("{", " ").split()
         if words:

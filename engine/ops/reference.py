@@ -350,6 +350,8 @@ class PoolLatents(PoolColumns):
     take e4m3, are held split (bf16 hi and lo, L × width × 4 bytes)."""
 
     SPLIT_ROWS = 1 << 16  # rows read and split at a time (fp32 and fp8 pools)
+    # the longest span whose fp8 latents `by_row` hands over as a bf16 copy (256 MiB at the served rank of 512)
+    COPY_ROWS = 1 << 18
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -363,8 +365,15 @@ class PoolLatents(PoolColumns):
         """For a kernel that reads latent rows by index (`selected_attention`): the latents split, the row of each
         of `tokens` [T, N] (positions) in them, and for fp8 rows their scales by row. A bf16 pool's latents are its
         own rows in place (the latent columns of the pool layer, strided) and the rows are the tokens' slots: nothing
-        gathered or converted; so are an fp8 pool's where the kernel takes them (`fp8`), with the pool layer's row
-        scales. Other pools' are `split()`, by position."""
+        gathered or converted. Where the kernel takes fp8 rows (`fp8`), an fp8 pool's are its stored e4m3 values as
+        a bf16 copy by position (exactly those values) with their scales, for spans up to COPY_ROWS: converted in the
+        kernel, e4m3 latents took 2.1x its instructions a block and 6x the spilled bytes read and written
+        (bench/dsa_sass.py); longer spans' are read in place, by slot, with the pool layer's row scales. Other
+        pools' are `split()`, by position."""
+        if self.pool.kv == "fp8" and fp8 and self.shape[0] <= self.COPY_ROWS:
+            stored, scales = self.in_place()
+            assert scales is not None
+            return (stored[self.slots].to(torch.bfloat16), None), tokens, scales[self.slots]
         if self.pool.kv == "bf16" or (self.pool.kv == "fp8" and fp8):
             rows = self.slots[tokens.clamp(max=self.slots.shape[0] - 1)]  # past the span: padding, never read
             stored, scales = self.in_place()

@@ -27,7 +27,9 @@ products are laid out token-major — scoresᵀ [tokens, heads] = latents · q_a
 latentsᵀ · p — with the block's tokens (then the rank) as the tensor-core tile's tall side and the heads as its
 narrow one; each latent block is read once, from L2 or HBM, for both products. Operands are the split bf16 pairs of
 the torch form (`reference.split_product`: q_abs and p as hi + lo against bf16 latents, plus the latents' lo part
-where the cache is not bf16), so the result agrees with it to fp32 rounding.
+for an fp32 cache), so the result agrees with it to fp32 rounding. An fp8 cache's latents are e4m3 values, bf16
+exactly, with a scale a row on the row's scores and weights: a bf16 copy of them for spans up to
+`PoolLatents.COPY_ROWS`, the e4m3 rows in place beyond (converted here, they take 2.1x the instructions a block).
 
 DSA's indexer (`index_scores`, `_index_scores`) scores every pool for a query — Σ_h w_h · relu(q_h · key) — for prompt
 chunks and decode steps alike: a program per (block of pools, block of queries), each query's [heads × pools] product
@@ -39,7 +41,7 @@ an fp32 copy first. Keys stored as bf16 or e4m3 are bf16 values exactly, so the 
 against q in three bf16 parts whose sum is q (each partial product exact in fp32, an fp8 row's scale on the
 product): half the tensor-core instructions of tf32x3 (which fp32 keys still take) and no split of the keys; a
 prompt chunk's q parts are made once for the launch (split in every program, they cost more than the products
-saved; bench/index_sass.py).
+saved; bench/dsa_sass.py).
 
 DSA's pool keys (`complete_pools`, `_pool_key_rows`): after a step's or a prompt chunk's cache rows are written, a
 program a row makes the key of the pool the row completes (if it does) from its tokens' rows as the pool holds them
@@ -217,7 +219,9 @@ def _attend_prompt(
         rows = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64)
         at = rows[:, None] * lat_stride + cols[None, :]
         if FP8:  # an e4m3 value is a bf16 value exactly: no lo part; its row's scale goes on the products
-            lat = tl.load(hi_ptr + at, mask=counted[:, None], other=0.0).to(tl.float32).to(tl.bfloat16)
+            lat = tl.load(hi_ptr + at, mask=counted[:, None], other=0.0)
+            if hi_ptr.dtype.element_ty == tl.float8e4nv:  # else a bf16 copy of the stored values
+                lat = lat.to(tl.float32).to(tl.bfloat16)
             lat = _operand(lat, WIDEN)
             row_scale = tl.load(scl_ptr + rows, mask=counted, other=1.0)  # [BT]
         else:
@@ -280,19 +284,26 @@ def selected_attention(
     as the products around it are: q_abs [H, T, R] split (bf16 hi, lo; scaled already), latents [L, R] split (bf16
     hi, lo or None: a bf16 cache's; rows may be strided, as a cache pool layer's latent columns are, read in place),
     tokens [T, N] (rows of the latents; those that do not count are never read), counts [T, N] bool -> [H, T, R]
-    fp32. `scales` [L] fp32: the latents are fp8 cache rows (e4m3, no lo part), each row's values times its scale —
-    the scale applied to the row's scores and to its softmax weights, so the values enter the products exactly, two
-    products a side where a split would take three (needs e4m3 in Triton: compute capability 8.9, `fp8_rows_apply`).
-    Every query must have a token that counts (`_select_tokens` counts every chosen visible pool, and the sparse
-    regime has more visible pools than it picks)."""
+    fp32. `scales` [L] fp32: the latents are fp8 cache rows' values (e4m3, or a bf16 copy of them; no lo part), each
+    row's values times its scale — the scale applied to the row's scores and to its softmax weights, so the values
+    enter the products exactly, two products a side where a split would take three (needs e4m3 in Triton: compute
+    capability 8.9, `fp8_rows_apply`). Every query must have a token that counts (`_select_tokens` counts every
+    chosen visible pool, and the sparse regime has more visible pools than it picks)."""
     q_hi, q_lo = (part.contiguous() for part in q_abs)
     lat_hi, lat_lo = latents
     fp8 = scales is not None
-    if fp8 != (lat_hi.dtype == torch.float8_e4m3fn) or (
-        scales is not None and (lat_lo is not None or scales.dtype != torch.float32 or scales.shape != lat_hi.shape[:1])
+    e4m3 = lat_hi.dtype == torch.float8_e4m3fn
+    if (e4m3 and not fp8) or (
+        scales is not None
+        and (
+            lat_lo is not None
+            or lat_hi.dtype not in (torch.float8_e4m3fn, torch.bfloat16)
+            or scales.dtype != torch.float32
+            or scales.shape != lat_hi.shape[:1]
+        )
     ):
         raise ValueError(
-            f"fp8 rows are e4m3 latents with no lo part and [L] fp32 scales; got latents {lat_hi.dtype} "
+            f"fp8 rows are e4m3 latents (or a bf16 copy) with no lo part and [L] fp32 scales; got latents {lat_hi.dtype} "
             f"{tuple(lat_hi.shape)}, a lo part {lat_lo is not None}, scales "
             f"{None if scales is None else (scales.dtype, tuple(scales.shape))}"
         )

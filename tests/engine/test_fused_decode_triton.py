@@ -303,10 +303,11 @@ def _cases() -> dict:
                 got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
                 errors[f"{heads}_{name}_{kind}"] = _relative(got, want.transpose(0, 1))
     out["selected_attention"] = errors
-    # a cache pool's latents read in place (`PoolLatents.by_row`): the latent columns of a pool layer's rows (row
-    # width 96, so strided), the tokens' slots as the rows; bf16 rows give the bits of the gathered contiguous
-    # latents, fp8 rows (e4m3 values, bf16 exactly; each row's scale on its scores and softmax weights) the fp32
-    # form over value × scale to rounding; 3 heads (one group) and 40 (two)
+    # a cache pool's latents (`PoolLatents.by_row`): a bf16 pool's read in place (the latent columns of a pool
+    # layer's rows, row width 96, so strided; the tokens' slots as the rows) give the bits of the gathered contiguous
+    # latents; an fp8 pool's (e4m3 values, bf16 exactly; each row's scale on its scores and softmax weights) as a
+    # bf16 copy by position (a span up to COPY_ROWS) and read in place (a longer one) give each other's bits and the
+    # fp32 form over value × scale to rounding; 3 heads (one group) and 40 (two)
     from engine.cache import KVPool
 
     slots = torch.randperm(200, generator=gen)[:120]  # position p's row at slot slots[p]
@@ -314,8 +315,17 @@ def _cases() -> dict:
         pool = KVPool(1, 200, 96, kv)
         pool.write(0, slots, torch.cat([latents, torch.randn(120, 32, generator=gen)], 1))
         values = pool.read(0, slots)[:, :64]
-        split, rows, scales = engine_ops.PoolLatents(pool, 0, slice(0, 64), slots).by_row(tokens, fp8=True)
-        assert split[0].data_ptr() == pool.rows.data_ptr() and (scales is not None) == (kv == "fp8")
+        held = engine_ops.PoolLatents(pool, 0, slice(0, 64), slots)
+        split, rows, scales = held.by_row(tokens, fp8=True)
+        copy_rows, engine_ops.PoolLatents.COPY_ROWS = engine_ops.PoolLatents.COPY_ROWS, 119  # the span is 120
+        try:
+            in_place, slot_rows, slot_scales = held.by_row(tokens, fp8=True)
+        finally:
+            engine_ops.PoolLatents.COPY_ROWS = copy_rows
+        assert in_place[0].data_ptr() == pool.rows.data_ptr() and (slot_scales is not None) == (kv == "fp8")
+        if kv == "fp8":  # the copy: the stored values by position, as bf16, and their scales
+            assert split[0].dtype == torch.bfloat16 and torch.equal(rows, tokens)
+            assert torch.equal(split[0].float() * scales[:, None], values)
         for heads in (3, 40):
             q_abs = engine_ops.split_bf16(torch.randn(heads, 5, 64, generator=gen) * 0.3)
             if kv == "bf16":
@@ -328,6 +338,8 @@ def _cases() -> dict:
             for name in _each_prompt_launch():  # under every launch the kernel may take (the H200's and a GB10's)
                 got = triton_dsa.selected_attention(q_abs, split, rows, counts, scales)
                 out[f"selected_attention_fp8_{heads}_{name}"] = _relative(got, want)
+                by_slot = triton_dsa.selected_attention(q_abs, in_place, slot_rows, counts, slot_scales)
+                out[f"selected_attention_fp8_copy_{heads}_{name}"] = bool(torch.equal(got, by_slot))
 
     # a prompt chunk's causal conv in one kernel: 37 tokens (two token blocks, the last ragged), 200 channels (two
     # channel blocks), kernel 4, rows of a strided view; and a chunk of 2 tokens, shorter than the window
@@ -494,12 +506,15 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     a program a query, an online softmax over blocks of its tokens, split bf16 products) against the gathered fp32
     form, with a first block that counts nothing, tokens that do not count pointing out of bounds (never read),
     latents with and without a lo part, one and two head groups, under every launch the kernel may take; and a bf16
-    or fp8 cache pool's latents read in place (strided rows, by slot; fp8 with its rows' scales)."""
+    or fp8 cache pool's latents read in place (strided rows, by slot; fp8 with its rows' scales) or, an fp8 pool's
+    within COPY_ROWS, as a bf16 copy of the stored values with their scales (the in-place bits)."""
     errors = results["selected_attention"]
     assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
     assert max(errors.values()) <= TOLERANCE, errors
-    fp8 = {k: v for k, v in results.items() if k.startswith("selected_attention_fp8_")}
-    assert len(fp8) == 2 * 3 and max(fp8.values()) <= TOLERANCE, fp8  # fp8 rows in place: to rounding, every launch
+    fp8 = {k: v for k, v in results.items() if k.startswith("selected_attention_fp8_") and "_copy_" not in k}
+    assert len(fp8) == 2 * 3 and max(fp8.values()) <= TOLERANCE, fp8  # fp8 rows: to rounding, every launch
+    copied = {k: v for k, v in results.items() if k.startswith("selected_attention_fp8_copy_")}
+    assert copied == dict.fromkeys(copied, True) and len(copied) == 2 * 3, copied  # a copy ≡ in place
     for heads in (3, 40):  # bf16 rows in place: the same bits
         assert results[f"selected_attention_in_place_{heads}"]
 

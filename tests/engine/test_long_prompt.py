@@ -50,27 +50,31 @@ def test_pool_latents_give_the_values_of_a_whole_read(kv, monkeypatch):
 
 
 @pytest.mark.parametrize("kv", KVS)
-@pytest.mark.parametrize("fp8_in_place", [False, True])
-def test_pool_latents_by_row_index_the_values_of_a_whole_read(kv, fp8_in_place):
+@pytest.mark.parametrize("fp8_rows", ["split", "copy", "in_place"])
+def test_pool_latents_by_row_index_the_values_of_a_whole_read(kv, fp8_rows, monkeypatch):
     """What the prompt kernel reads (`PoolLatents.by_row`): a bf16 pool's latent columns in place, its rows the
-    tokens' slots (nothing gathered); an fp8 pool's too where the kernel takes e4m3 (`fp8`), with the pool layer's
-    row scales; other pools' split latents by position. Token i of query t is row rows[t, i] of the parts either
-    way, with the values a whole read holds at position tokens[t, i] (past the span: padding, never read by the
-    kernel)."""
+    tokens' slots (nothing gathered); where the kernel takes e4m3 (`fp8`), an fp8 pool's stored values as a bf16
+    copy by position with their scales (a span within COPY_ROWS: "copy"), or in place with the pool layer's row
+    scales (a longer span: "in_place"); other pools' split latents by position. Token i of query t is row
+    rows[t, i] of the parts either way, with the values a whole read holds at position tokens[t, i] (past the span:
+    padding, never read by the kernel)."""
     gen = torch.Generator().manual_seed(8)
     pool = KVPool(1, 90, 40, kv)
     slots = torch.randperm(90, generator=gen)[:70]
     pool.write(0, slots, torch.randn(70, 40, generator=gen))
     tokens = torch.randint(0, 75, (6, 9), generator=gen)
-    (hi, lo), rows, scales = ops.PoolLatents(pool, 0, slice(0, 24), slots).by_row(tokens, fp8=fp8_in_place)
+    if fp8_rows == "in_place":
+        monkeypatch.setattr(ops.PoolLatents, "COPY_ROWS", 69)
+    fp8 = fp8_rows != "split"
+    (hi, lo), rows, scales = ops.PoolLatents(pool, 0, slice(0, 24), slots).by_row(tokens, fp8=fp8)
     whole = pool.read(0, slots)[:, :24]
     want = whole[tokens.clamp(max=69)]
     rows = rows.clamp(max=hi.shape[0] - 1)  # the kernel never reads the padding's; torch indexing needs it in range
-    in_place = kv == "bf16" or (kv == "fp8" and fp8_in_place)
-    assert (scales is not None) == (kv == "fp8" and fp8_in_place)
-    if in_place:  # a view of the pool's own rows
+    assert (scales is not None) == (kv == "fp8" and fp8)
+    if kv == "bf16" or (kv == "fp8" and fp8_rows == "in_place"):  # a view of the pool's own rows
         assert hi.data_ptr() == pool.rows[0].data_ptr() and hi.stride(0) == 40 and lo is None
     if scales is not None:  # the stored e4m3 values times their row's scale: KVPool.read's arithmetic
+        assert hi.dtype == (torch.bfloat16 if fp8_rows == "copy" else torch.float8_e4m3fn) and lo is None
         assert torch.equal(hi[rows].float() * scales[rows][..., None], want)
         return
     want_hi, want_lo = ops.split_bf16(whole, kv == "bf16")

@@ -106,8 +106,9 @@ def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
 def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, monkeypatch) -> None:
     """A prompt chunk's latents left in the cache pool (`ops.PoolLatents`) at TP=2's share of the served layer, slots
     scattered as a pool hands them out: a bf16 pool's read by slot in place and an fp32 pool's split a block of rows
-    at a time give the kernel's output for the same latents read whole, bit for bit; an fp8 pool's read in place
-    (e4m3 values, each row's scale on its scores and weights) agree with the fp32 products over value × scale."""
+    at a time give the kernel's output for the same latents read whole, bit for bit; an fp8 pool's (e4m3 values,
+    each row's scale on its scores and weights) as a bf16 copy of the stored values (a span within COPY_ROWS) agree
+    with the fp32 products over value × scale, and read in place (a longer span) give the copy's bits."""
     from engine.cache import KVPool
 
     layer = dsa_heads(heads=32, nope=256, v=256, rank=512)
@@ -131,7 +132,7 @@ def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, monkeypa
     kernel = triton_dsa.selected_attention
     monkeypatch.setattr(triton_dsa, "selected_attention", lambda *a: launched.append(a[1][0].data_ptr()) or kernel(*a))
     got = layer._attend_selected(q, latents, tokens, counts)
-    assert (launched == [pool.rows[1].data_ptr()]) == (kv != "fp32")  # bf16 and fp8 rows read in place (an H200)
+    assert (launched == [pool.rows[1].data_ptr()]) == (kv == "bf16")  # bf16 rows read in place
     if kv != "fp8":
         assert torch.equal(got, layer._attend_selected(q, whole, tokens, counts, kv == "bf16"))
         return
@@ -139,6 +140,9 @@ def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, monkeypa
         m.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: False)
         want = layer._attend_selected(q, whole, tokens.clamp(max=length - 1), counts)
     assert 0 < relative_error(got, want) < 5e-5
+    monkeypatch.setattr(ops.PoolLatents, "COPY_ROWS", length - 1)  # past it: e4m3 rows read in place (an H200)
+    assert torch.equal(layer._attend_selected(q, latents, tokens, counts), got)
+    assert launched[-1] == pool.rows[1].data_ptr()
 
 
 def test_causal_conv_matches_cudnn_in_fp32(monkeypatch) -> None:

@@ -1,0 +1,167 @@
+"""Static analysis of DSA's two prompt-chunk kernels without a GPU (engine/ops/triton_dsa.py): each form the engine
+launches, compiled for sm_90 (Triton's bundled ptxas; its nvdisasm does not read sm_121) and disassembled. Counted:
+the main loop's instructions, tensor-core instructions and local-memory (spill) accesses, registers, local stack,
+shared memory, and the warps an SM can hold by those.
+
+    PYTHONPATH=.:bench python bench/dsa_sass.py [--kernel index,attend] [--pools 64,128] [--warps 4,8] [--out FILE]
+
+The indexer (`_index_scores`; the loop a prompt chunk's program runs once a query over BP pools, per (query, pool)
+pair; a decode step's program, one query, whole): a chunk's keys as an fp32 tensor (tf32x3; what every prompt chunk
+ran before session 31), a bf16 cache pool's in place against q's three bf16 parts made for the launch, an fp8 pool's
+as a bf16 copy with their scales; two forms left out for what these counts showed (an fp8 pool's keys converted
+inside the kernel, q split inside the kernel once a program); and a decode step's forms (a query a program, its own
+keys in place; a bf16 pool's as tf32x3 products too, its form before session 31).
+
+The selected-token attention (`_attend_prompt`, the H200's launches; the loop a program runs once a block of a
+query's selected tokens): latents from a bf16 pool in place, an fp8 pool's in place (e4m3 converted in the kernel;
+every fp8 span before session 31, the longest spans since) and as a bf16 copy with their scales, and with a lo part
+(an fp32 pool's).
+
+Counts are what the GPU must issue, not a timing: bench/dsa_prompt_bench.py times both kernels on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import triton
+from exl3_sass import disassemble, opcodes, registers
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from engine.ops import triton_dsa
+
+INDEX_SIGNATURE = {
+    "q_ptr": "*fp32", "k_ptr": "*fp32", "w_ptr": "*fp32", "pos_ptr": "*i64", "out_ptr": "*fp32", "T": "i32",
+    "P": "i32", "scale": "fp32", "slot_ptr": "*i64", "scl_ptr": "*fp32", "row_stride": "i32",
+}  # fmt: skip
+CHUNK = {"QB": triton_dsa.INDEX_LAUNCH["queries"], "SHARED": True, "PARTS": False}
+STEP = {"QB": 1, "SHARED": False, "PARTS": False}
+# name: (q, keys, constexprs); every form at the served shapes (32 heads of 128, pools of 16)
+INDEX_FORMS = {
+    "chunk, fp32 keys (tf32x3; before)": ("*fp32", "*fp32", {**CHUNK, "GATHER": False, "SCALED": False, "SPLIT": False}),
+    "chunk, bf16 pool in place, q parts": ("*bf16", "*bf16", {**CHUNK, "GATHER": True, "SCALED": False, "SPLIT": True,
+                                                               "PARTS": True}),
+    "chunk, fp8 pool as bf16 + scales, q parts": ("*bf16", "*bf16", {**CHUNK, "GATHER": False, "SCALED": True,
+                                                                      "SPLIT": True, "PARTS": True}),
+    "(left out) chunk, fp8 pool in place, q parts": ("*bf16", "*fp8e4nv", {**CHUNK, "GATHER": True, "SCALED": True,
+                                                                            "SPLIT": True, "PARTS": True}),
+    "(left out) chunk, bf16 pool, q split a program": ("*fp32", "*bf16", {**CHUNK, "GATHER": True, "SCALED": False,
+                                                                           "SPLIT": True}),
+    "step, fp32 pool in place": ("*fp32", "*fp32", {**STEP, "GATHER": True, "SCALED": False, "SPLIT": False}),
+    "step, bf16 pool in place, tf32x3 (before)": ("*fp32", "*bf16", {**STEP, "GATHER": True, "SCALED": False,
+                                                                      "SPLIT": False}),
+    "step, bf16 pool in place": ("*fp32", "*bf16", {**STEP, "GATHER": True, "SCALED": False, "SPLIT": True}),
+    "step, fp8 pool in place": ("*fp32", "*fp8e4nv", {**STEP, "GATHER": True, "SCALED": True, "SPLIT": True}),
+}  # fmt: skip
+ATTEND_SIGNATURE = {
+    "qh_ptr": "*bf16", "ql_ptr": "*bf16", "tok_ptr": "*i64", "cnt_ptr": "*u8", "out_ptr": "*fp32", "T": "i32",
+    "lat_stride": "i32", "scl_ptr": "*fp32",
+}  # fmt: skip
+# name: (latents, constexprs), at TP=2's share of the served layer (32 heads, rank 512, 2,052 tokens a query)
+ATTEND_FORMS = {
+    "bf16 pool in place": ("*bf16", {"HAS_LO": False, "FP8": False}),
+    "fp8 pool in place, e4m3 converted in the kernel": ("*fp8e4nv", {"HAS_LO": False, "FP8": True}),
+    "fp8 pool as a bf16 copy + scales": ("*bf16", {"HAS_LO": False, "FP8": True}),
+    "fp32 pool, hi and lo parts": ("*bf16", {"HAS_LO": True, "FP8": False}),
+}
+REGISTERS_PER_SM, SHARED_PER_SM = 65_536, 233_472  # an H100's / H200's SM
+
+
+def compile_kernel(fn, signature: dict, values: dict, warps: int, stages: int = 3):
+    """`fn` compiled for sm_90, the arguments not in `signature` constexprs: every pointer 16-byte aligned and every
+    integer a multiple of 16, as Triton specialises the served launches (a 2,048-token chunk, spans of whole 256-token
+    blocks, rows of 768 or 512 values)."""
+    signature = {n: signature.get(n, "constexpr") for n in fn.arg_names}
+    source = ASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(n),): v for n, v in values.items()},
+        attrs={(i,): [("tt.divisibility", 16)] for i, n in enumerate(fn.arg_names) if signature[n][0] in "*i"},
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def main_loop(sass: str) -> str:
+    """The loop with the most tensor-core instructions (HMMA, or Hopper's HGMMA); the whole kernel where there is no
+    such loop (a decode step's indexer program: one query)."""
+    lines = sass.splitlines()
+    labels = {line[:-1]: i for i, line in enumerate(lines) if re.match(r"^\.L_x_\d+:$", line)}
+    best, most = sass, 0
+    for j, line in enumerate(lines):
+        found = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if found and labels.get(found.group(1), j) < j:
+            body = "\n".join(lines[labels[found.group(1)] : j + 1])
+            ops = opcodes(body)
+            if ops.get("HMMA", 0) + ops.get("HGMMA", 0) > most:
+                best, most = body, ops.get("HMMA", 0) + ops.get("HGMMA", 0)
+    return best
+
+
+def counts(kernel, warps: int) -> dict:
+    sass, usage = disassemble(kernel)
+    ops = opcodes(main_loop(sass))
+    regs = registers(usage) or 0
+    stack = re.search(r"STACK:(\d+)", usage)
+    shared = kernel.metadata.shared
+    blocks = min(REGISTERS_PER_SM // max(regs * 32 * warps, 1), SHARED_PER_SM // max(shared, 1))
+    return {
+        "warps": warps,
+        "registers": regs,
+        "stack_bytes": int(stack.group(1)) if stack else None,
+        "shared_bytes": shared,
+        "warps_per_sm": min(64, blocks * warps),
+        "loop_instructions": sum(ops.values()),
+        "loop_tensor_core": ops.get("HMMA", 0) + ops.get("HGMMA", 0),
+        "loop_local": ops.get("STL", 0) + ops.get("LDL", 0),
+        "top": dict(ops.most_common(6)),
+    }
+
+
+def index_form(name: str, pools: int, warps: int) -> dict:
+    q, keys, constexprs = INDEX_FORMS[name]
+    values = {"KPOOL": 16, "H": 32, "D": 128, "BP": pools, "PRECISION": "tf32x3", "WIDEN": False, **constexprs}
+    kernel = compile_kernel(triton_dsa._index_scores, INDEX_SIGNATURE | {"q_ptr": q, "k_ptr": keys}, values, warps)
+    found = counts(kernel, warps)
+    per_pair = warps / pools  # each warp issues the loop once a query; a program covers BP pools
+    found["instructions_per_query_pool"] = round(found["loop_instructions"] * per_pair, 1)
+    found["mma_per_query_pool"] = round(found["loop_tensor_core"] * per_pair, 2)
+    return {"kernel": "index", "form": name, "pools": pools, **found}
+
+
+def attend_form(name: str) -> dict:
+    latents, constexprs = ATTEND_FORMS[name]
+    launch = triton_dsa.prompt_launch((9, 0), constexprs["HAS_LO"])
+    values = {"N": 2052, "H": 32, "HG": triton_dsa.head_group(launch, 32), "R": 512, "BT": launch["block"]}
+    values |= {"WIDEN": False, **constexprs}
+    signature = ATTEND_SIGNATURE | {"hi_ptr": latents, "lo_ptr": latents}
+    kernel = compile_kernel(triton_dsa._attend_prompt, signature, values, launch["num_warps"], launch["num_stages"])
+    return {"kernel": "attend", "form": name, "tokens_a_block": launch["block"], **counts(kernel, launch["num_warps"])}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", default="index,attend")
+    ap.add_argument("--pools", default=str(triton_dsa.INDEX_LAUNCH["pools"]), help="the indexer's pools a program")
+    ap.add_argument("--warps", default=str(triton_dsa.INDEX_LAUNCH["num_warps"]), help="the indexer's warps")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = []
+    if "index" in args.kernel:
+        for pools in map(int, args.pools.split(",")):
+            for warps in map(int, args.warps.split(",")):
+                rows += [index_form(name, pools, warps) for name in INDEX_FORMS]
+    if "attend" in args.kernel:
+        rows += [attend_form(name) for name in ATTEND_FORMS]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"arch": "sm_90", "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
