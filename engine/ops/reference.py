@@ -349,7 +349,7 @@ class PoolLatents(PoolColumns):
     made (at a 1M-token span that was 3 GiB a layer); fp32 pools' latents, and fp8 ones where the kernel does not
     take e4m3, are held split (bf16 hi and lo, L × width × 4 bytes)."""
 
-    SPLIT_ROWS = 1 << 16  # rows read and split at a time (fp32 and fp8 pools)
+    SPLIT_ROWS = 1 << 16  # rows read and split (or copied) at a time
     # the longest span whose fp8 latents `by_row` hands over as a bf16 copy (256 MiB at the served rank of 512)
     COPY_ROWS = 1 << 18
 
@@ -373,7 +373,11 @@ class PoolLatents(PoolColumns):
         if self.pool.kv == "fp8" and fp8 and self.shape[0] <= self.COPY_ROWS:
             stored, scales = self.in_place()
             assert scales is not None
-            return (stored[self.slots].to(torch.bfloat16), None), tokens, scales[self.slots]
+            copy = torch.empty(self.shape, dtype=torch.bfloat16, device=self.slots.device)
+            for start in range(0, self.shape[0], self.SPLIT_ROWS):  # no e4m3 gather of the whole span first
+                part = slice(start, start + self.SPLIT_ROWS)
+                copy[part] = stored[self.slots[part]]
+            return (copy, None), tokens, scales[self.slots]
         if self.pool.kv == "bf16" or (self.pool.kv == "fp8" and fp8):
             rows = self.slots[tokens.clamp(max=self.slots.shape[0] - 1)]  # past the span: padding, never read
             stored, scales = self.in_place()
