@@ -200,7 +200,7 @@ def _attend_prompt(
     WIDEN: tl.constexpr,
     lat_stride,  # a latent row's stride: R, or a cache pool layer's row width (its latents read in place)
     scl_ptr,  # FP8: each row's scale (a cache pool layer's, by the same row index)
-    FP8: tl.constexpr,  # the latents are fp8 cache rows read in place: value × its row's scale
+    FP8: tl.constexpr,  # the latents are fp8 cache rows' values (e4m3 in place, or a bf16 copy) × a row's scale
 ):
     query = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HG + tl.arange(0, HG)
@@ -286,9 +286,9 @@ def selected_attention(
     tokens [T, N] (rows of the latents; those that do not count are never read), counts [T, N] bool -> [H, T, R]
     fp32. `scales` [L] fp32: the latents are fp8 cache rows' values (e4m3, or a bf16 copy of them; no lo part), each
     row's values times its scale — the scale applied to the row's scores and to its softmax weights, so the values
-    enter the products exactly, two products a side where a split would take three (needs e4m3 in Triton: compute
-    capability 8.9, `fp8_rows_apply`). Every query must have a token that counts (`_select_tokens` counts every
-    chosen visible pool, and the sparse regime has more visible pools than it picks)."""
+    enter the products exactly, two products a side where a split would take three (e4m3 latents need the type in
+    Triton: compute capability 8.9, `fp8_rows_apply`). Every query must have a token that counts (`_select_tokens`
+    counts every chosen visible pool, and the sparse regime has more visible pools than it picks)."""
     q_hi, q_lo = (part.contiguous() for part in q_abs)
     lat_hi, lat_lo = latents
     fp8 = scales is not None
@@ -492,7 +492,7 @@ def index_scores(
     if t == 0 or n_pools == 0:
         return out
     launch = INDEX_LAUNCH
-    shared = keys.shape[0] == 1
+    shared = keys.shape[0] == 1 and t > 1  # one query (a batch-1 step) takes its keys as its own: one pass a program
     slots: torch.Tensor | None = None
     scales: torch.Tensor | None = None
     if isinstance(keys, PoolKeys):
