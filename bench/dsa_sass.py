@@ -1,9 +1,10 @@
-"""Static analysis of DSA's two prompt-chunk kernels without a GPU (engine/ops/triton_dsa.py): each form the engine
-launches, compiled for sm_90 (Triton's bundled ptxas; its nvdisasm does not read sm_121) and disassembled. Counted:
-the main loop's instructions, tensor-core instructions and local-memory (spill) accesses, registers, local stack,
-shared memory, and the warps an SM can hold by those.
+"""Static analysis of DSA's kernels without a GPU (engine/ops/triton_dsa.py): each form the engine launches, compiled
+for sm_90 (Triton's bundled ptxas; its nvdisasm does not read sm_121) and disassembled. Counted: the main loop's
+instructions, tensor-core instructions and local-memory (spill) accesses, registers, local stack, shared memory, and
+the warps an SM can hold by those.
 
-    PYTHONPATH=.:bench python bench/dsa_sass.py [--kernel index,attend] [--pools 64,128] [--warps 4,8] [--out FILE]
+    PYTHONPATH=.:bench python bench/dsa_sass.py [--kernel index,attend,lane] [--pools 64,128] [--warps 4,8]
+        [--out FILE]
 
 The indexer (`_index_scores`; the loop a prompt chunk's program runs once a query over BP pools, per (query, pool)
 pair; a decode step's program, one query, whole): a chunk's keys as an fp32 tensor (tf32x3; what every prompt chunk
@@ -17,7 +18,10 @@ query's selected tokens): latents from a bf16 pool in place, an fp8 pool's in pl
 every fp8 span before session 31, the longest spans since) and as a bf16 copy with their scales, and with a lo part
 (an fp32 pool's).
 
-Counts are what the GPU must issue, not a timing: bench/dsa_prompt_bench.py times both kernels on a GPU.
+A decode step's lane attention (`_attend_part`, a program a row's block of 32 selected tokens, whole): its latents
+as an fp32 copy gathered from the pool (before session 31), and read by slot from a bf16 and an fp8 pool.
+
+Counts are what the GPU must issue, not a timing: bench/dsa_prompt_bench.py times the prompt kernels on a GPU.
 """
 
 from __future__ import annotations
@@ -66,6 +70,16 @@ ATTEND_FORMS = {
     "fp8 pool in place, e4m3 converted in the kernel": ("*fp8e4nv", {"HAS_LO": False, "FP8": True}),
     "fp8 pool as a bf16 copy + scales": ("*bf16", {"HAS_LO": False, "FP8": True}),
     "fp32 pool, hi and lo parts": ("*bf16", {"HAS_LO": True, "FP8": False}),
+}
+LANE_SIGNATURE = {
+    "q_ptr": "*fp32", "cnt_ptr": "*u8", "part_ptr": "*fp32", "stat_ptr": "*fp32", "scaling": "fp32", "N": "i32",
+    "slot_ptr": "*i64", "scl_ptr": "*fp32", "row_stride": "i32",
+}  # fmt: skip
+# name: (latents, constexprs), a decode step's row at TP=2's share (32 heads, rank 512, 2,068 selected tokens)
+LANE_FORMS = {
+    "gathered fp32 latents (before)": ("*fp32", {"GATHER": False, "FP8": False}),
+    "bf16 pool in place": ("*bf16", {"GATHER": True, "FP8": False}),
+    "fp8 pool in place": ("*fp8e4nv", {"GATHER": True, "FP8": True}),
 }
 REGISTERS_PER_SM, SHARED_PER_SM = 65_536, 233_472  # an H100's / H200's SM
 
@@ -141,9 +155,17 @@ def attend_form(name: str) -> dict:
     return {"kernel": "attend", "form": name, "tokens_a_block": launch["block"], **counts(kernel, launch["num_warps"])}
 
 
+def lane_form(name: str) -> dict:
+    latents, constexprs = LANE_FORMS[name]
+    blocks = -(-2068 // triton_dsa.BLOCK)
+    values = {"BLOCKS": blocks, "H": 32, "HP": 32, "R": 512, "BN": triton_dsa.BLOCK, "RC": triton_dsa.SLICE}
+    kernel = compile_kernel(triton_dsa._attend_part, LANE_SIGNATURE | {"lat_ptr": latents}, values | constexprs, 4)
+    return {"kernel": "lane", "form": name, **counts(kernel, 4)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernel", default="index,attend")
+    ap.add_argument("--kernel", default="index,attend,lane")
     ap.add_argument("--pools", default=str(triton_dsa.INDEX_LAUNCH["pools"]), help="the indexer's pools a program")
     ap.add_argument("--warps", default=str(triton_dsa.INDEX_LAUNCH["num_warps"]), help="the indexer's warps")
     ap.add_argument("--out", default=None)
@@ -155,6 +177,8 @@ def main() -> int:
                 rows += [index_form(name, pools, warps) for name in INDEX_FORMS]
     if "attend" in args.kernel:
         rows += [attend_form(name) for name in ATTEND_FORMS]
+    if "lane" in args.kernel:
+        rows += [lane_form(name) for name in LANE_FORMS]
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:

@@ -166,14 +166,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 def lane_attention(
     q_abs: torch.Tensor,
-    latents: torch.Tensor,
+    latents: torch.Tensor | reference.PoolColumns,
     counts: torch.Tensor,
     scaling: float,
     torch_form: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """DSA's attention of a step's rows over their selected latents (q_abs [B, H, R], latents [B, N, R], counts
-    [B, N] -> [B, H, R]): on CUDA, up to ROW_INVARIANT_ROWS rows, engine/ops/triton_dsa.py (two launches, each row
-    alone); otherwise `torch_form` through `row_blocks` (a row at a time where a verify step may come)."""
+    """DSA's attention of a step's rows over their selected latents (q_abs [B, H, R], latents [B, N, R] or left in
+    the cache pool, `PoolColumns` by slot [B, N]; counts [B, N] -> [B, H, R]): on CUDA, up to ROW_INVARIANT_ROWS
+    rows, engine/ops/triton_dsa.py (two launches, each row alone; a pool's latents read there by slot, fp8 rows
+    where the GPU has the type); otherwise `torch_form` through `row_blocks` (a row at a time where a verify step
+    may come) over the latents as KVPool.read gives them — the same values either way."""
     rank, heads = q_abs.shape[-1], q_abs.shape[1]
     if (
         q_abs.is_cuda
@@ -182,9 +184,13 @@ def lane_attention(
         and rank & (rank - 1) == 0
         and heads <= 64
     ):
-        from engine.ops.triton_dsa import lane_attention as fused
+        from engine.ops import triton_dsa
 
-        return fused(q_abs, latents, counts, scaling)
+        fp8 = isinstance(latents, reference.PoolColumns) and latents.pool.scales is not None
+        if not fp8 or triton_dsa.fp8_rows_apply(q_abs.device):
+            return triton_dsa.lane_attention(q_abs, latents, counts, scaling)
+    if isinstance(latents, reference.PoolColumns):
+        latents = latents.read()
     return reference.row_blocks(torch_form, q_abs, latents, counts, kind="dsa_attend")
 
 

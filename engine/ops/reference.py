@@ -317,6 +317,11 @@ class PoolColumns:
         return self.columns.stop - self.columns.start
 
     @property
+    def shape(self) -> tuple[int, ...]:
+        """What `read` gives: [*slots.shape, width]."""
+        return (*self.slots.shape, self.width)
+
+    @property
     def device(self) -> torch.device:
         return self.slots.device
 
@@ -336,10 +341,6 @@ class PoolKeys(PoolColumns):
     """DSA pool keys: `slots` [T, P] the slot of each pool's last row a query, `columns` a row's key. `index_scores`
     reads them in place on CUDA; elsewhere `read` gathers them."""
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (*self.slots.shape, self.width)
-
 
 @dataclass(frozen=True)
 class PoolLatents(PoolColumns):
@@ -352,10 +353,6 @@ class PoolLatents(PoolColumns):
     SPLIT_ROWS = 1 << 16  # rows read and split (or copied) at a time
     # the longest span whose fp8 latents `by_row` hands over as a bf16 copy (256 MiB at the served rank of 512)
     COPY_ROWS = 1 << 18
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.slots.shape[0], self.width)
 
     def gather(self, positions: torch.Tensor | slice) -> torch.Tensor:
         """The latents [..., r] fp32 of `positions` (KVPool.read: the values a read of the whole span holds there)."""

@@ -79,6 +79,16 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
+def _lane_latents(lat_rows, counted, row_scale, FP8: tl.constexpr):
+    """A block's latent slice as fp32, only what counts read: the values KVPool.read gives (a stored bf16 value
+    widened, an e4m3 one widened and times its row's scale: the same one fp32 rounding)."""
+    lat = tl.load(lat_rows, mask=counted[:, None], other=0.0).to(tl.float32)
+    if FP8:
+        lat = lat * row_scale[:, None]
+    return lat
+
+
+@triton.jit
 def _attend_part(
     q_ptr,
     lat_ptr,
@@ -93,6 +103,11 @@ def _attend_part(
     R: tl.constexpr,
     BN: tl.constexpr,
     RC: tl.constexpr,
+    slot_ptr,  # GATHER: each token's slot [B, N]; lat_ptr a cache pool layer's latent columns (rows of row_stride)
+    scl_ptr,  # FP8: the pool layer's row scales by slot
+    row_stride,
+    GATHER: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
@@ -103,11 +118,20 @@ def _attend_part(
     head_ok = heads < H
     cols = tl.arange(0, RC)
     q_rows = q_ptr + row * H * R + heads[:, None] * R + cols[None, :]
-    lat_rows = lat_ptr + row * N * R + toks[:, None].to(tl.int64) * R + cols[None, :]
+    if GATHER:  # the latents where the cache pool holds them, by slot
+        slots = tl.load(slot_ptr + row * N + toks, mask=counted, other=0)
+        lat_rows = lat_ptr + slots[:, None] * row_stride + cols[None, :]
+    else:
+        slots = toks
+        lat_rows = lat_ptr + row * N * R + toks[:, None].to(tl.int64) * R + cols[None, :]
+    if FP8:
+        row_scale = tl.load(scl_ptr + slots, mask=counted, other=1.0)
+    else:
+        row_scale = tl.full([BN], 1.0, tl.float32)
     scores = tl.zeros([HP, BN], dtype=tl.float32)
     for r0 in range(0, R, RC):  # a loop the compiler pipelines: the next slice's loads fly during this product
         q = tl.load(q_rows + r0, mask=head_ok[:, None], other=0.0)
-        lat = tl.load(lat_rows + r0, mask=counted[:, None], other=0.0)  # only what counts is read
+        lat = _lane_latents(lat_rows + r0, counted, row_scale, FP8)  # only what counts is read
         scores = tl.dot(q, tl.trans(lat), scores, input_precision="tf32x3")
     scores = tl.where(counted[None, :], scores * scaling, float("-inf"))
     top = tl.max(scores, axis=1)  # [HP]: -inf where no token of the block counts
@@ -118,7 +142,7 @@ def _attend_part(
     tl.store(stat_ptr + part * 2 * HP + HP + heads, tl.sum(p, axis=1))
     out_rows = part_ptr + (part * HP + heads[:, None]) * R + cols[None, :]
     for r0 in range(0, R, RC):
-        lat = tl.load(lat_rows + r0, mask=counted[:, None], other=0.0)
+        lat = _lane_latents(lat_rows + r0, counted, row_scale, FP8)
         tl.store(out_rows + r0, tl.dot(p, lat, input_precision="tf32x3"))
 
 
@@ -150,21 +174,32 @@ def _attend_combine(
         tl.store(out_ptr + (row * H + head) * R + r0 + cols, tl.sum(weight[:, None] * share, axis=0) / total)
 
 
-def lane_attention(q_abs: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor, scaling: float) -> torch.Tensor:
+def lane_attention(
+    q_abs: torch.Tensor, latents: torch.Tensor | reference.PoolColumns, counts: torch.Tensor, scaling: float
+) -> torch.Tensor:
     """softmax(q_abs · latentsᵀ · scaling, over the tokens that count) · latents per row and head: q_abs [B, H, R],
-    latents [B, N, R] fp32, counts [B, N] bool -> [B, H, R] fp32 (dsa.py `_attend_rows`). Every row must have a
-    token that counts (a query always sees itself). The blocks' shares are held for the combine: rows × blocks × heads
-    × R fp32 (64 rows, 32 heads: 272 MB, in a graph's pool)."""
+    latents [B, N, R] fp32 — or left in the cache pool (`PoolColumns`, slots [B, N]: read there by slot, the values
+    KVPool.read gives, so the same bits without a gathered fp32 copy written and read back) —, counts [B, N] bool ->
+    [B, H, R] fp32 (dsa.py `_attend_rows`). Every row must have a token that counts (a query always sees itself).
+    The blocks' shares are held for the combine: rows × blocks × heads × R fp32 (64 rows, 32 heads: 272 MB, in a
+    graph's pool)."""
     rows, heads, rank = q_abs.shape
     n = latents.shape[1]
-    q_abs, latents = q_abs.float().contiguous(), latents.float().contiguous()
+    q_abs = q_abs.float().contiguous()
     hp = max(16, triton.next_power_of_2(heads))
     blocks = triton.cdiv(n, BLOCK)
     part = torch.empty(rows, blocks, hp, rank, dtype=torch.float32, device=q_abs.device)
     stat = torch.empty(rows, blocks, 2, hp, dtype=torch.float32, device=q_abs.device)
+    if isinstance(latents, reference.PoolColumns):
+        source, scales = latents.in_place()
+        slots, stride = latents.slots.contiguous(), source.stride(0)
+    else:  # slots, scales: not read
+        source, slots, scales, stride = latents.float().contiguous(), stat, None, 0
     _attend_part[(rows, blocks)](
-        q_abs, latents, counts.contiguous().view(torch.uint8), part, stat, float(scaling), n, BLOCKS=blocks,
-        H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), num_warps=4, num_stages=3,
+        q_abs, source, counts.contiguous().view(torch.uint8), part, stat, float(scaling), n, BLOCKS=blocks,
+        H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), slot_ptr=slots,
+        scl_ptr=scales if scales is not None else stat, row_stride=stride, GATHER=slots is not stat,
+        FP8=scales is not None, num_warps=4, num_stages=3,
     )  # fmt: skip
     out = torch.empty(rows, heads, rank, dtype=torch.float32, device=q_abs.device)
     _attend_combine[(rows, heads)](

@@ -278,6 +278,24 @@ def _cases() -> dict:
     out["lane_attention_alone"] = bool(
         torch.equal(triton_dsa.lane_attention(q_abs[1:2], latents[1:2], counts[1:2], 0.125)[0], fused[1])
     )
+    # the latents left in a cache pool (a step's selected tokens' slots [3, 100] in a pool of rows 64 + 16 wide, so
+    # strided; uncounted tokens at a slot past the pool, never read): the bits of the same values gathered as
+    # KVPool.read gives them, for every row type, and a row alone its bits among the others
+    from engine.cache import KVPool
+
+    in_pool = {}
+    for kv in ("fp32", "bf16", "fp8"):
+        pool = KVPool(1, 300, 80, kv)
+        pool.write(0, torch.arange(301), torch.randn(301, 80, generator=gen))
+        slots = torch.randint(0, 301, (3, 100), generator=gen).masked_fill(~counts, 10**6)
+        held = engine_ops.PoolColumns(pool, 0, slice(0, 64), slots)
+        got = triton_dsa.lane_attention(q_abs, held, counts, 0.125)
+        gathered = pool.read(0, slots.clamp(max=300), columns=slice(0, 64))
+        alone = dataclasses.replace(held, slots=slots[1:2])
+        in_pool[kv] = bool(torch.equal(got, triton_dsa.lane_attention(q_abs, gathered, counts, 0.125))) and bool(
+            torch.equal(triton_dsa.lane_attention(q_abs[1:2], alone, counts[1:2], 0.125)[0], got[1])
+        )
+    out["lane_attention_in_pool"] = in_pool
 
     # a prompt chunk's attention over selected tokens in one kernel: 5 queries, 150 selected tokens each (several
     # blocks, the last ragged) among 120 latents; query 1 counts none of its first 64 (the online softmax starts
@@ -488,9 +506,12 @@ def test_rms_norm_kernel_matches_the_torch_form_row_by_row(results: dict) -> Non
 
 def test_lane_attention_kernels_match_the_torch_form(results: dict) -> None:
     """engine/ops/triton_dsa.py (what ops.lane_attention runs for a CUDA step's rows) against DSA's batched-matmul
-    form, with a block of tokens none of which counts, and a row alone equal to the same row beside others."""
+    form, with a block of tokens none of which counts, and a row alone equal to the same row beside others; the
+    latents read by slot where a cache pool holds them give the bits of the same values gathered."""
     assert results["lane_attention"] <= TOLERANCE, results["lane_attention"]
     assert results["lane_attention_alone"]
+    # latents read where the cache pool holds them: the gathered values' bits, every row type, a row alone too
+    assert results["lane_attention_in_pool"] == {"fp32": True, "bf16": True, "fp8": True}
 
 
 def test_prompt_causal_conv_kernel_matches_the_torch_form(results: dict) -> None:

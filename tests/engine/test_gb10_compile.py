@@ -119,6 +119,28 @@ def test_the_indexer_split_forms_compile_for_sm121(form):
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
 
 
+@pytest.mark.parametrize("rows", ["bf16", "fp8"])
+def test_the_lane_attention_reading_the_pool_compiles_for_sm121(rows):
+    """DSA's lane attention (`_attend_part`) reading a step's latents where a bf16 or fp8 cache pool holds them, by
+    slot (GATHER; fp8 with the rows' scales), derived from the recorded launch at the served shapes, which may
+    predate the form."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from engine.ops import triton_dsa
+
+    names = triton_dsa._attend_part.arg_names
+    for entry in json.loads(LAUNCHES.read_text()):
+        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_attend_part" else {}
+        if values.get("R") == 512 and values.get("H") == 32:
+            break
+    else:
+        pytest.fail("no _attend_part at the served shapes recorded (run bench/record_triton_launches.sh)")
+    signature = dict(entry["signature"], lat_ptr="*bf16" if rows == "bf16" else "*fp8e4nv", slot_ptr="*i64")
+    values.update(GATHER=True, FP8=rows == "fp8")
+    entry = {**entry, "signature": signature, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    assert "mma.sync" in _compile_for_sm121(entry)
+
+
 def _compile_for_sm121(entry: dict) -> str:
     """The kernel of a recorded (or derived) launch compiled for sm_121: its PTX."""
     if importlib.util.find_spec("triton") is None:

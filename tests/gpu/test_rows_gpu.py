@@ -91,6 +91,29 @@ def test_lane_attention_is_exact_to_fp32_and_row_invariant(heads):
         assert torch.equal(alone, got[start : start + n]), (n, start)
 
 
+@pytest.mark.parametrize("kv", ["fp32", "bf16", "fp8"])
+def test_lane_attention_reads_the_pools_latents_in_place(kv):
+    """A step's latents left in the cache pool (`ops.PoolColumns`, slots [16, 2,052] scattered over a pool layer whose
+    rows hold more than the latent: strided) give the bits of the same values gathered as KVPool.read gives them,
+    for every row type, a row alone too; and `ops.lane_attention` takes the kernel for them."""
+    from engine.cache import KVPool
+    from engine.ops import triton_dsa
+
+    g = torch.Generator(device="cuda").manual_seed(10)
+    pool = KVPool(1, 8192, 768, kv, "cuda")
+    pool.write(0, torch.arange(8193, device="cuda"), torch.randn(8193, 768, device="cuda", generator=g))
+    slots = torch.randint(0, 8193, (16, 2052), device="cuda", generator=g)
+    counts = torch.rand(16, 2052, device="cuda", generator=g) < 0.8
+    counts[:, -1] = True
+    q_abs = torch.randn(16, 32, 512, device="cuda", generator=g) * 0.05
+    held = reference.PoolColumns(pool, 0, slice(0, 512), slots)
+    got = triton_dsa.lane_attention(q_abs, held, counts, 0.0625)
+    assert torch.equal(got, triton_dsa.lane_attention(q_abs, held.read(), counts, 0.0625))
+    alone = reference.PoolColumns(pool, 0, slice(0, 512), slots[5:6])
+    assert torch.equal(triton_dsa.lane_attention(q_abs[5:6], alone, counts[5:6], 0.0625), got[5:6])
+    assert torch.equal(ops.lane_attention(q_abs, held, counts, 0.0625, lambda *a: pytest.fail("torch form")), got)
+
+
 @pytest.mark.parametrize("width", [512, 1536, 4096])
 def test_rms_norm_rows_is_exact_to_fp32_and_row_invariant(width):
     """engine/ops/triton_rows.py `rms_norm_rows` at the served widths (DSA's kv_a latent, a strided view; q_a; the

@@ -408,9 +408,11 @@ class SparseMLA:
             tail_counts &= (((positions + 1) // self.kpool).clamp(max=n_pools) <= self.pick)[:, None]
         return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
 
-    def _attend_lanes(self, q: torch.Tensor, latents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """q [B, Hl, nope], latents [B, N, r] of the selected tokens, counts [B, N] -> [B, Hl * v]; row-invariant
-        (`ops.head_products`, `ops.lane_attention`)."""
+    def _attend_lanes(
+        self, q: torch.Tensor, latents: torch.Tensor | ops.PoolColumns, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """q [B, Hl, nope], latents [B, N, r] of the selected tokens (or where the cache pool holds them), counts
+        [B, N] -> [B, Hl * v]; row-invariant (`ops.head_products`, `ops.lane_attention`)."""
         w_k, w_v = self.w_k, self.w_v
         q_abs = ops.head_products(
             q, w_k.transpose(1, 2), lambda rows: torch.einsum("bhd,hdr->bhr", rows, ops.widened(w_k))
@@ -451,7 +453,7 @@ class SparseMLA:
             step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions)
         tokens, counts = step.selected
         slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
-        latents = pool.read(self.pool_layer, slots, columns=slice(0, self.rank_dim))  # [B, N, r]
+        latents = ops.PoolColumns(pool, self.pool_layer, slice(0, self.rank_dim), slots)  # [B, N, r], read in place
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
         out = self._attend_lanes(q, latents, counts)
         return self.group.sum_partials(ops.linear(out, self.o_proj))
