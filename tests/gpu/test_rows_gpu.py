@@ -161,70 +161,42 @@ def test_hyper_connection_kernels_at_the_served_width(tokens):
     assert torch.equal(triton_mhc.hc_pre(others, *args)[0][-1], x[-1])
 
 
-@pytest.mark.parametrize("contexts", [8192, 32768])
-def test_indexer_scores_at_the_served_shapes(contexts):
+@pytest.mark.parametrize("keys_kind, contexts", [("fp32", 8192), ("fp32", 32768), ("bf16", 32768), ("fp8", 32768)])
+def test_indexer_scores_at_the_served_shapes(keys_kind, contexts):
     """engine/ops/triton_dsa.py `index_scores` (DSA's indexer: 32 heads of 128, pools of 16) for a 2,048-query prompt
-    chunk ending at `contexts`: against the float64 sums (tf32x3 products: fp32's accuracy), the pools a query cannot
-    see at fp32's lowest, and each query's bits the same with the chunk's shared keys, with its own keys (a decode
-    step's form) and alone — so a query chooses the same pools in a prompt chunk and in a decode step."""
+    chunk ending at `contexts`, its keys an fp32 tensor (tf32x3 products) or left in a bf16 or fp8 cache pool (the
+    split bf16 form: q in three bf16 parts — made for the launch — against the stored values, an fp8 row's scale on
+    the product; fp8 keys as a bf16 copy): against the float64 sums over the values the keys hold, the pools a query
+    cannot see at fp32's lowest, and each query's bits the same with the chunk's shared keys, with its own keys (a
+    decode step's form: q split in the kernel, e4m3 converted there) and alone — so a query chooses the same pools
+    in a prompt chunk and in a decode step."""
+    from engine.cache import KVPool
     from engine.ops import triton_dsa
 
     g = torch.Generator(device="cuda").manual_seed(8)
     t, pools = 2048, contexts // 16
+    rows = torch.tensor([0, 1, 777, t - 1], device="cuda")
+    if keys_kind == "fp32":
+        keys = torch.randn(1, pools, 128, device="cuda", generator=g) * 0.3
+        own, held = keys.expand(4, -1, -1), keys[0]
+    else:
+        pool = KVPool(1, pools * 2, 768, keys_kind, "cuda")
+        pool.write(0, torch.arange(pools * 2, device="cuda"), torch.randn(pools * 2, 768, device="cuda", generator=g))
+        ends = torch.randperm(pools * 2, device="cuda", generator=g)[:pools][None]
+        keys = reference.PoolKeys(pool, 0, slice(512, 640), ends)
+        own, held = reference.PoolKeys(pool, 0, slice(512, 640), ends.expand(4, -1)), keys.read()[0]
     q = torch.randn(t, 32, 128, device="cuda", generator=g)
-    keys = torch.randn(1, pools, 128, device="cuda", generator=g) * 0.3
     head_w = torch.randn(t, 32, device="cuda", generator=g) * 0.2
     positions = torch.arange(contexts - t, contexts, device="cuda")
     got = ops.index_scores(q, keys, head_w, positions, 16, 128**-0.5)
-    scores = torch.relu(torch.einsum("thd,pd->thp", q.double(), keys[0].double()) * 128**-0.5)
+    scores = torch.relu(torch.einsum("thd,pd->thp", q.double(), held.double()) * 128**-0.5)
     want = torch.einsum("th,thp->tp", head_w.double(), scores)
     hidden = (torch.arange(pools, device="cuda") * 16 + 15)[None, :] > positions[:, None]
     assert hidden.any() and not hidden.all()
     assert torch.equal(got == torch.finfo(torch.float32).min, hidden)
     seen = want.masked_fill(hidden, 0)
     assert float((got.double().masked_fill(hidden, 0) - seen).abs().max() / seen.abs().max()) < 1e-6
-    rows = torch.tensor([0, 1, 777, t - 1], device="cuda")
-    own = triton_dsa.index_scores(q[rows], keys.expand(4, -1, -1), head_w[rows], positions[rows], 16, 128**-0.5)
-    assert torch.equal(own, got[rows])
-    for i in rows.tolist():
-        alone = ops.index_scores(q[i : i + 1], keys, head_w[i : i + 1], positions[i : i + 1], 16, 128**-0.5)
-        assert torch.equal(alone[0], got[i]), i
-
-
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
-def test_indexer_scores_from_cache_rows_at_the_served_shapes(kv):
-    """`index_scores` over pool keys left in a bf16 or fp8 cache pool (the split bf16 form: q in three bf16 parts
-    against the stored values, an fp8 row's scale on the product) for a 2,048-query prompt chunk at 32k: against
-    the float64 sums over the values the pool holds, and each query's bits the same with the chunk's one set of keys
-    (q's parts made for the launch; fp8 keys as a bf16 copy), with its own keys in place (a decode step's form: q
-    split in the kernel, e4m3 converted there) and alone — so a query chooses the same pools in a prompt chunk and
-    in a decode step."""
-    from engine.cache import KVPool
-    from engine.ops import triton_dsa
-
-    g = torch.Generator(device="cuda").manual_seed(9)
-    t, pools, width = 2048, 32768 // 16, 512 + 2 * 128
-    pool = KVPool(1, pools * 2, width, kv, "cuda")
-    pool.write(0, torch.arange(pools * 2, device="cuda"), torch.randn(pools * 2, width, device="cuda", generator=g))
-    ends = torch.randperm(pools * 2, device="cuda", generator=g)[:pools][None]
-    keys = reference.PoolKeys(pool, 0, slice(512, 640), ends)
-    q = torch.randn(t, 32, 128, device="cuda", generator=g)
-    head_w = torch.randn(t, 32, device="cuda", generator=g) * 0.2
-    positions = torch.arange(32768 - t, 32768, device="cuda")
-    got = ops.index_scores(q, keys, head_w, positions, 16, 128**-0.5)
-    held = keys.read()[0].double()
-    want = torch.einsum(
-        "th,thp->tp", head_w.double(), torch.relu(torch.einsum("thd,pd->thp", q.double(), held) * 128**-0.5)
-    )
-    hidden = (torch.arange(pools, device="cuda") * 16 + 15)[None, :] > positions[:, None]
-    assert hidden.any() and not hidden.all()
-    assert torch.equal(got == torch.finfo(torch.float32).min, hidden)
-    seen = want.masked_fill(hidden, 0)
-    assert float((got.double().masked_fill(hidden, 0) - seen).abs().max() / seen.abs().max()) < 1e-6
-    rows = torch.tensor([0, 1, 777, t - 1], device="cuda")
-    own = reference.PoolKeys(pool, 0, slice(512, 640), ends.expand(4, -1))
     assert torch.equal(triton_dsa.index_scores(q[rows], own, head_w[rows], positions[rows], 16, 128**-0.5), got[rows])
     for i in rows.tolist():
-        mine = reference.PoolKeys(pool, 0, slice(512, 640), ends)
-        alone = ops.index_scores(q[i : i + 1], mine, head_w[i : i + 1], positions[i : i + 1], 16, 128**-0.5)
+        alone = ops.index_scores(q[i : i + 1], keys, head_w[i : i + 1], positions[i : i + 1], 16, 128**-0.5)
         assert torch.equal(alone[0], got[i]), i
