@@ -10,7 +10,7 @@ from engine.ops.fused import (  # noqa: F401
     hc_weights,
     head_products,
     index_scores,
-    index_scores_width,
+    index_scores_form,
     kda_decode,
     kda_decode_applies,
     lane_attention,

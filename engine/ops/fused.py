@@ -234,15 +234,19 @@ def index_scores(
     return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone and not q.is_cuda)
 
 
-def index_scores_width(q: torch.Tensor, keys: torch.Tensor | reference.PoolKeys) -> int:
-    """The fp32 values `index_scores` holds at once for each query of q [T, h, d] against keys [., P, d]: its P
-    scores in the CUDA kernel, its h × P products in the torch form."""
+def index_scores_form(
+    q: torch.Tensor, keys: torch.Tensor | reference.PoolKeys
+) -> tuple[torch.Tensor | reference.PoolKeys, int]:
+    """How `index_scores` takes q [T, h, d] against keys [., P, d], for a caller that scores blocks of queries: the
+    keys to pass it — `PoolKeys` left in the pool where the CUDA kernel reads them there, else read here once, not
+    once a block — and the fp32 values it holds at once for each query (its P scores in the kernel, its h × P
+    products in the torch form)."""
     if q.is_cuda:
         from engine.ops import triton_dsa
 
         if triton_dsa.index_applies(q, keys):
-            return keys.shape[-2]
-    return q.shape[1] * keys.shape[-2]
+            return keys, keys.shape[-2]
+    return keys.read() if isinstance(keys, reference.PoolKeys) else keys, q.shape[1] * keys.shape[-2]
 
 
 def complete_pools_applies(rows: torch.Tensor, dim: int, fp8: bool) -> bool:

@@ -72,7 +72,7 @@ def pool_keys(members: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
 class SparseMLA:
     GATHER_ELEMENTS = 1 << 26  # latents gathered at once for a block of prompt queries (256 MiB fp32)
     # fp32 values the indexer holds at once for a block of a prompt chunk's queries: the block's queries times each
-    # query's values (ops.index_scores_width) — 64 MiB, ~2-4x that with top_pools' masks and running counts and the
+    # query's values (ops.index_scores_form) — 64 MiB, ~2-4x that with top_pools' masks and running counts and the
     # CPU form's temporaries
     SELECT_SCORES = 1 << 24
     # views into `x_proj`, one per projection of x (set in __init__ by name)
@@ -383,7 +383,8 @@ class SparseMLA:
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
         head_w = head_logits * self.idx_heads**-0.5
         # keys shared by every query (a prompt chunk's): the scores a block of queries at a time
-        width = max(1, ops.index_scores_width(q, pool_keys))
+        pool_keys, width = ops.index_scores_form(q, pool_keys)
+        width = max(1, width)
         block = max(1, batch if pool_keys.shape[0] != 1 else self.SELECT_SCORES // width)
 
         def choose(rows: slice) -> torch.Tensor:
