@@ -13,10 +13,10 @@ as a bf16 copy with their scales; two forms left out for what these counts showe
 inside the kernel, q split inside the kernel once a program); and a decode step's forms (a query a program, its own
 keys in place; a bf16 pool's as tf32x3 products too, its form before session 31).
 
-The selected-token attention (`_attend_prompt`, the H200's launches; the loop a program runs once a block of a
-query's selected tokens): latents from a bf16 pool in place, an fp8 pool's in place (e4m3 converted in the kernel;
-every fp8 span before session 31, the longest spans since) and as a bf16 copy with their scales, and with a lo part
-(an fp32 pool's).
+The selected-token attention (`_attend_prompt`, the H200's launches and the other GPUs' — those compiled for sm_89,
+the GB10's stand-in —; the loop a program runs once a block of a query's selected tokens): latents from a bf16 pool
+in place, an fp8 pool's in place (e4m3 converted in the kernel) and as a bf16 copy with their scales, and with a lo
+part (an fp32 pool's).
 
 A decode step's lane attention (`_attend_part`, a program a row's block of 32 selected tokens, whole): its latents
 as an fp32 copy gathered from the pool (before session 31), and read by slot from a bf16 and an fp8 pool.
@@ -84,10 +84,10 @@ LANE_FORMS = {
 REGISTERS_PER_SM, SHARED_PER_SM = 65_536, 233_472  # an H100's / H200's SM
 
 
-def compile_kernel(fn, signature: dict, values: dict, warps: int, stages: int = 3):
-    """`fn` compiled for sm_90, the arguments not in `signature` constexprs: every pointer 16-byte aligned and every
-    integer a multiple of 16, as Triton specialises the served launches (a 2,048-token chunk, spans of whole 256-token
-    blocks, rows of 768 or 512 values)."""
+def compile_kernel(fn, signature: dict, values: dict, warps: int, stages: int = 3, arch: int = 90):
+    """`fn` compiled for sm_`arch`, the arguments not in `signature` constexprs: every pointer 16-byte aligned and
+    every integer a multiple of 16, as Triton specialises the served launches (a 2,048-token chunk, spans of whole
+    256-token blocks, rows of 768 or 512 values)."""
     signature = {n: signature.get(n, "constexpr") for n in fn.arg_names}
     source = ASTSource(
         fn=fn,
@@ -95,7 +95,8 @@ def compile_kernel(fn, signature: dict, values: dict, warps: int, stages: int = 
         constexprs={(fn.arg_names.index(n),): v for n, v in values.items()},
         attrs={(i,): [("tt.divisibility", 16)] for i, n in enumerate(fn.arg_names) if signature[n][0] in "*i"},
     )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, "num_stages": stages}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def main_loop(sass: str) -> str:
@@ -145,14 +146,20 @@ def index_form(name: str, pools: int, warps: int) -> dict:
     return {"kernel": "index", "form": name, "pools": pools, **found}
 
 
-def attend_form(name: str) -> dict:
+def attend_form(name: str, capability: tuple[int, int] = (9, 0)) -> dict:
+    """A form of `_attend_prompt` as a GPU of `capability` launches it, compiled for that GPU — or, for (12, 1), for
+    sm_89: the GB10's stand-in (the same mma.sync code; this nvdisasm does not read sm_121)."""
     latents, constexprs = ATTEND_FORMS[name]
-    launch = triton_dsa.prompt_launch((9, 0), constexprs["HAS_LO"])
+    launch = triton_dsa.prompt_launch(capability, constexprs["HAS_LO"])
     values = {"N": 2052, "H": 32, "HG": triton_dsa.head_group(launch, 32), "R": 512, "BT": launch["block"]}
     values |= {"WIDEN": False, **constexprs}
     signature = ATTEND_SIGNATURE | {"hi_ptr": latents, "lo_ptr": latents}
-    kernel = compile_kernel(triton_dsa._attend_prompt, signature, values, launch["num_warps"], launch["num_stages"])
-    return {"kernel": "attend", "form": name, "tokens_a_block": launch["block"], **counts(kernel, launch["num_warps"])}
+    arch = 90 if capability == (9, 0) else 89
+    kernel = compile_kernel(
+        triton_dsa._attend_prompt, signature, values, launch["num_warps"], launch["num_stages"], arch
+    )
+    found = counts(kernel, launch["num_warps"])
+    return {"kernel": "attend", "form": name, "arch": f"sm_{arch}", "tokens_a_block": launch["block"], **found}
 
 
 def lane_form(name: str) -> dict:
@@ -177,13 +184,14 @@ def main() -> int:
                 rows += [index_form(name, pools, warps) for name in INDEX_FORMS]
     if "attend" in args.kernel:
         rows += [attend_form(name) for name in ATTEND_FORMS]
+        rows += [attend_form(name, (12, 1)) for name in ATTEND_FORMS]
     if "lane" in args.kernel:
         rows += [lane_form(name) for name in LANE_FORMS]
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"arch": "sm_90", "rows": rows}, f, indent=1)
+            json.dump({"arch": "sm_90 unless a row says otherwise", "rows": rows}, f, indent=1)
     return 0
 
 

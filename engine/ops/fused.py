@@ -293,7 +293,8 @@ def selected_attention(
     assert lo is not None  # split in full: q_abs is fp32
     scales = None
     if isinstance(latents, reference.PoolLatents):
-        latents, tokens, scales = latents.by_row(tokens, fp8=triton_dsa.fp8_rows_apply(q_abs.device))
+        copy = triton_dsa.prompt_launch(torch.cuda.get_device_capability(q_abs.device))["fp8_copy"]
+        latents, tokens, scales = latents.by_row(tokens, fp8=triton_dsa.fp8_rows_apply(q_abs.device), copy=copy)
     return triton_dsa.selected_attention((hi, lo), latents, tokens, counts, scales)
 
 

@@ -358,23 +358,24 @@ class PoolLatents(PoolColumns):
         """The latents [..., r] fp32 of `positions` (KVPool.read: the values a read of the whole span holds there)."""
         return self.read(self.slots[positions])
 
-    def by_row(self, tokens: torch.Tensor, fp8: bool = False) -> tuple[Split, torch.Tensor, torch.Tensor | None]:
+    def by_row(
+        self, tokens: torch.Tensor, fp8: bool = False, copy: bool = False
+    ) -> tuple[Split, torch.Tensor, torch.Tensor | None]:
         """For a kernel that reads latent rows by index (`selected_attention`): the latents split, the row of each
         of `tokens` [T, N] (positions) in them, and for fp8 rows their scales by row. A bf16 pool's latents are its
         own rows in place (the latent columns of the pool layer, strided) and the rows are the tokens' slots: nothing
-        gathered or converted. Where the kernel takes fp8 rows (`fp8`), an fp8 pool's are its stored e4m3 values as
-        a bf16 copy by position (exactly those values) with their scales, for spans up to COPY_ROWS: converted in the
-        kernel, e4m3 latents took 2.1x its instructions a block and 6x the spilled bytes read and written
-        (bench/dsa_sass.py); longer spans' are read in place, by slot, with the pool layer's row scales. Other
-        pools' are `split()`, by position."""
-        if self.pool.kv == "fp8" and fp8 and self.shape[0] <= self.COPY_ROWS:
+        gathered or converted; so are an fp8 pool's where the kernel takes fp8 rows (`fp8`), with the pool layer's
+        row scales — or, asked to `copy` (the launch's "fp8_copy") and for spans up to COPY_ROWS, its stored e4m3
+        values as a bf16 copy by position (exactly those values) with their scales. Other pools' are `split()`, by
+        position."""
+        if self.pool.kv == "fp8" and fp8 and copy and self.shape[0] <= self.COPY_ROWS:
             stored, scales = self.in_place()
             assert scales is not None
-            copy = torch.empty(self.shape, dtype=torch.bfloat16, device=self.slots.device)
+            values = torch.empty(self.shape, dtype=torch.bfloat16, device=self.slots.device)
             for start in range(0, self.shape[0], self.SPLIT_ROWS):  # no e4m3 gather of the whole span first
                 part = slice(start, start + self.SPLIT_ROWS)
-                copy[part] = stored[self.slots[part]]
-            return (copy, None), tokens, scales[self.slots]
+                values[part] = stored[self.slots[part]]
+            return (values, None), tokens, scales[self.slots]
         if self.pool.kv == "bf16" or (self.pool.kv == "fp8" and fp8):
             rows = self.slots[tokens.clamp(max=self.slots.shape[0] - 1)]  # past the span: padding, never read
             stored, scales = self.in_place()

@@ -28,8 +28,9 @@ latentsᵀ · p — with the block's tokens (then the rank) as the tensor-core t
 narrow one; each latent block is read once, from L2 or HBM, for both products. Operands are the split bf16 pairs of
 the torch form (`reference.split_product`: q_abs and p as hi + lo against bf16 latents, plus the latents' lo part
 for an fp32 cache), so the result agrees with it to fp32 rounding. An fp8 cache's latents are e4m3 values, bf16
-exactly, with a scale a row on the row's scores and weights: a bf16 copy of them for spans up to
-`PoolLatents.COPY_ROWS`, the e4m3 rows in place beyond (converted here, they take 2.1x the instructions a block).
+exactly, with a scale a row on the row's scores and weights: under the H200's launch a bf16 copy of them for spans up
+to `PoolLatents.COPY_ROWS` (converted here, they take 2.1x the instructions a block of 64), else the e4m3 rows in
+place.
 
 DSA's indexer (`index_scores`, `_index_scores`) scores every pool for a query — Σ_h w_h · relu(q_h · key) — for prompt
 chunks and decode steps alike: a program per (block of pools, block of queries), each query's [heads × pools] product
@@ -68,10 +69,14 @@ SLICE = 64  # rank columns a product step
 # the other launches timed; with a lo part - an fp8 or fp32 cache: two latent tiles a step - 9.2 ms in one stage,
 # 205 KB, against 10.3-27.4); elsewhere one within 101,376 B, the GB10's limit a block (98,304 B compiled for sm_121
 # with or without a lo part, tests/engine/test_gb10_compile.py; 6.9 / 13.0 ms on the H200, not measured on a GB10)
+# with "fp8_copy", an fp8 pool's latents go to the kernel as a bf16 copy (`PoolLatents.by_row`): in the H200's
+# launch e4m3 converted in the kernel took 2.1x its instructions a block of 64 and 6x its spill traffic; in the other
+# GPUs' (16 tokens a block; compiled for sm_89, the GB10's mma.sync code's stand-in) as many as a copy's, which would
+# only add its traffic (bench/dsa_sass.py)
 PROMPT_LAUNCHES = {
-    "sm90": {"block": 64, "heads": 32, "num_warps": 4, "num_stages": 2},
-    "sm90_lo": {"block": 64, "heads": 32, "num_warps": 8, "num_stages": 1},
-    "other": {"block": 16, "heads": 32, "num_warps": 8, "num_stages": 2},
+    "sm90": {"block": 64, "heads": 32, "num_warps": 4, "num_stages": 2, "fp8_copy": True},
+    "sm90_lo": {"block": 64, "heads": 32, "num_warps": 8, "num_stages": 1, "fp8_copy": False},
+    "other": {"block": 16, "heads": 32, "num_warps": 8, "num_stages": 2, "fp8_copy": False},
 }
 # Triton's interpreter multiplies bf16 operands as their raw bits (Triton 3.6): there the prompt kernel widens them
 # to fp32 first, the same exact products and fp32 sums; the compiled kernel multiplies bf16 on the tensor cores

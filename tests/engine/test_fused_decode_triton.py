@@ -324,8 +324,8 @@ def _cases() -> dict:
     # a cache pool's latents (`PoolLatents.by_row`): a bf16 pool's read in place (the latent columns of a pool
     # layer's rows, row width 96, so strided; the tokens' slots as the rows) give the bits of the gathered contiguous
     # latents; an fp8 pool's (e4m3 values, bf16 exactly; each row's scale on its scores and softmax weights) as a
-    # bf16 copy by position (a span up to COPY_ROWS) and read in place (a longer one) give each other's bits and the
-    # fp32 form over value × scale to rounding; 3 heads (one group) and 40 (two)
+    # bf16 copy by position (the H200's launch) and read in place (the others') give each other's bits and the fp32
+    # form over value × scale to rounding; 3 heads (one group) and 40 (two)
     from engine.cache import KVPool
 
     slots = torch.randperm(200, generator=gen)[:120]  # position p's row at slot slots[p]
@@ -334,12 +334,8 @@ def _cases() -> dict:
         pool.write(0, slots, torch.cat([latents, torch.randn(120, 32, generator=gen)], 1))
         values = pool.read(0, slots)[:, :64]
         held = engine_ops.PoolLatents(pool, 0, slice(0, 64), slots)
-        split, rows, scales = held.by_row(tokens, fp8=True)
-        copy_rows, engine_ops.PoolLatents.COPY_ROWS = engine_ops.PoolLatents.COPY_ROWS, 119  # the span is 120
-        try:
-            in_place, slot_rows, slot_scales = held.by_row(tokens, fp8=True)
-        finally:
-            engine_ops.PoolLatents.COPY_ROWS = copy_rows
+        split, rows, scales = held.by_row(tokens, fp8=True, copy=True)
+        in_place, slot_rows, slot_scales = held.by_row(tokens, fp8=True)
         assert in_place[0].data_ptr() == pool.rows.data_ptr() and (slot_scales is not None) == (kv == "fp8")
         if kv == "fp8":  # the copy: the stored values by position, as bf16, and their scales
             assert split[0].dtype == torch.bfloat16 and torch.equal(rows, tokens)
@@ -527,8 +523,8 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     a program a query, an online softmax over blocks of its tokens, split bf16 products) against the gathered fp32
     form, with a first block that counts nothing, tokens that do not count pointing out of bounds (never read),
     latents with and without a lo part, one and two head groups, under every launch the kernel may take; and a bf16
-    or fp8 cache pool's latents read in place (strided rows, by slot; fp8 with its rows' scales) or, an fp8 pool's
-    within COPY_ROWS, as a bf16 copy of the stored values with their scales (the in-place bits)."""
+    or fp8 cache pool's latents read in place (strided rows, by slot; fp8 with its rows' scales) or, an fp8 pool's,
+    as a bf16 copy of the stored values with their scales (the in-place bits)."""
     errors = results["selected_attention"]
     assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
     assert max(errors.values()) <= TOLERANCE, errors

@@ -50,12 +50,12 @@ def test_pool_latents_give_the_values_of_a_whole_read(kv, monkeypatch):
 
 
 @pytest.mark.parametrize("kv", KVS)
-@pytest.mark.parametrize("fp8_rows", ["split", "copy", "in_place"])
+@pytest.mark.parametrize("fp8_rows", ["split", "copy", "in_place", "copy_past_span"])
 def test_pool_latents_by_row_index_the_values_of_a_whole_read(kv, fp8_rows, monkeypatch):
     """What the prompt kernel reads (`PoolLatents.by_row`): a bf16 pool's latent columns in place, its rows the
-    tokens' slots (nothing gathered); where the kernel takes e4m3 (`fp8`), an fp8 pool's stored values as a bf16
-    copy by position with their scales (a span within COPY_ROWS: "copy"), or in place with the pool layer's row
-    scales (a longer span: "in_place"); other pools' split latents by position. Token i of query t is row
+    tokens' slots (nothing gathered); where the kernel takes e4m3 (`fp8`), an fp8 pool's in place with the pool
+    layer's row scales, or asked to `copy`, its stored values as a bf16 copy by position with their scales — for a
+    span within COPY_ROWS (past it, in place); other pools' split latents by position. Token i of query t is row
     rows[t, i] of the parts either way, with the values a whole read holds at position tokens[t, i] (past the span:
     padding, never read by the kernel)."""
     gen = torch.Generator().manual_seed(8)
@@ -63,15 +63,15 @@ def test_pool_latents_by_row_index_the_values_of_a_whole_read(kv, fp8_rows, monk
     slots = torch.randperm(90, generator=gen)[:70]
     pool.write(0, slots, torch.randn(70, 40, generator=gen))
     tokens = torch.randint(0, 75, (6, 9), generator=gen)
-    if fp8_rows == "in_place":
-        monkeypatch.setattr(ops.PoolLatents, "COPY_ROWS", 69)
-    fp8 = fp8_rows != "split"
-    (hi, lo), rows, scales = ops.PoolLatents(pool, 0, slice(0, 24), slots).by_row(tokens, fp8=fp8)
+    if fp8_rows == "copy_past_span":
+        monkeypatch.setattr(ops.PoolLatents, "COPY_ROWS", 69)  # the span is 70
+    fp8, copy = fp8_rows != "split", fp8_rows.startswith("copy")
+    (hi, lo), rows, scales = ops.PoolLatents(pool, 0, slice(0, 24), slots).by_row(tokens, fp8=fp8, copy=copy)
     whole = pool.read(0, slots)[:, :24]
     want = whole[tokens.clamp(max=69)]
     rows = rows.clamp(max=hi.shape[0] - 1)  # the kernel never reads the padding's; torch indexing needs it in range
     assert (scales is not None) == (kv == "fp8" and fp8)
-    if kv == "bf16" or (kv == "fp8" and fp8_rows == "in_place"):  # a view of the pool's own rows
+    if kv == "bf16" or (kv == "fp8" and fp8_rows in ("in_place", "copy_past_span")):  # a view of the pool's rows
         assert hi.data_ptr() == pool.rows[0].data_ptr() and hi.stride(0) == 40 and lo is None
     if scales is not None:  # the stored e4m3 values times their row's scale: KVPool.read's arithmetic
         assert hi.dtype == (torch.bfloat16 if fp8_rows == "copy" else torch.float8_e4m3fn) and lo is None

@@ -107,8 +107,9 @@ def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, monkeypa
     """A prompt chunk's latents left in the cache pool (`ops.PoolLatents`) at TP=2's share of the served layer, slots
     scattered as a pool hands them out: a bf16 pool's read by slot in place and an fp32 pool's split a block of rows
     at a time give the kernel's output for the same latents read whole, bit for bit; an fp8 pool's (e4m3 values,
-    each row's scale on its scores and weights) as a bf16 copy of the stored values (a span within COPY_ROWS) agree
-    with the fp32 products over value × scale, and read in place (a longer span) give the copy's bits."""
+    each row's scale on its scores and weights) as a bf16 copy of the stored values (the H200's launch, a span within
+    COPY_ROWS) agree with the fp32 products over value × scale, and read in place (a longer span) give the copy's
+    bits."""
     from engine.cache import KVPool
 
     layer = dsa_heads(heads=32, nope=256, v=256, rank=512)
