@@ -544,7 +544,7 @@ def index_scores(
     else:
         source, stride = keys.contiguous(), dim
     split = source.dtype != torch.float32
-    parts = split and shared and t > 1
+    parts = split and shared
     queries = launch["queries"] if shared else 1
     grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
     _index_scores[grid](

@@ -50,6 +50,27 @@ def test_kernel_compiles_for_sm121(entry):
     _compile_for_sm121(entry)
 
 
+def _derived(fn, match, what: str, values=None, **signature: str) -> dict:
+    """A launch derived from the first recorded one of kernel `fn` whose constexprs (by name) satisfy `match`: its
+    constexprs updated with `values` (a dict, or a function of the recorded ones giving it; None: left out) and its
+    signature with `signature`, for a form that runs now but that the record may predate or leave out. Fails, naming
+    `what`, where none is recorded."""
+    names = fn.arg_names
+    for entry in json.loads(LAUNCHES.read_text()):
+        recorded = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == fn.__name__ else {}
+        if recorded and match(recorded):
+            break
+    else:
+        pytest.fail(f"no {what} recorded (run bench/record_triton_launches.sh)")
+    changes = values(recorded) if callable(values) else values or {}
+    constexprs = {n: v for n, v in {**recorded, **changes}.items() if v is not None}
+    return {
+        **entry,
+        "signature": {**entry["signature"], **signature},
+        "constexprs": [[[names.index(n)], v] for n, v in constexprs.items()],
+    }
+
+
 def test_the_prompt_chunk_hyper_connection_mix_compiles_for_sm121():
     """The prompt-chunk form of `_hc_mix` (GRAM: one program a token over the whole width) as it is launched now —
     the recorded one with triton_mhc.PROMPT_CHUNK columns a step and PROMPT_WARPS warps (the record may be of an
@@ -58,16 +79,9 @@ def test_the_prompt_chunk_hyper_connection_mix_compiles_for_sm121():
         pytest.skip("triton is not installed")
     from engine.ops import triton_mhc
 
-    names = triton_mhc._hc_mix.arg_names
-    for entry in json.loads(LAUNCHES.read_text()):
-        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_hc_mix" else {}
-        if values.get("GRAM"):
-            break
-    else:
-        pytest.fail("no prompt-chunk _hc_mix recorded (run bench/record_triton_launches.sh)")
-    values["BLOCK"] = triton_mhc.PROMPT_CHUNK
-    values["SPAN"] = -(-values["HIDDEN"] // triton_mhc.PROMPT_CHUNK)
-    entry = {**entry, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    chunk = triton_mhc.PROMPT_CHUNK
+    values = lambda v: {"BLOCK": chunk, "SPAN": -(-v["HIDDEN"] // chunk)}  # noqa: E731
+    entry = _derived(triton_mhc._hc_mix, lambda v: v.get("GRAM"), "prompt-chunk _hc_mix", values)
     _compile_for_sm121({**entry, "num_warps": triton_mhc.PROMPT_WARPS})
 
 
@@ -79,15 +93,12 @@ def test_the_prompt_chunk_rotation_compiles_for_sm121():
         pytest.skip("triton is not installed")
     from engine.ops import triton_exl3
 
-    names = triton_exl3._rotate.arg_names
-    for entry in json.loads(LAUNCHES.read_text()):
-        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_rotate" else {}
-        if values.get("GATHER") and values.get("ORDER") == triton_exl3.INPUT_ORDERS["mma"]:
-            break
-    else:
-        pytest.fail("no gathered _rotate in the grouped MMA's order recorded (run bench/record_triton_launches.sh)")
-    values["R"] = triton_exl3.PROMPT_LAUNCH["rotate_rows"]
-    entry = {**entry, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    entry = _derived(
+        triton_exl3._rotate,
+        lambda v: v.get("GATHER") and v.get("ORDER") == triton_exl3.INPUT_ORDERS["mma"],
+        "gathered _rotate in the grouped MMA's order",
+        {"R": triton_exl3.PROMPT_LAUNCH["rotate_rows"]},
+    )
     _compile_for_sm121({**entry, "num_warps": triton_exl3.PROMPT_LAUNCH["rotate_warps"]})
 
 
@@ -101,20 +112,18 @@ def test_the_indexer_split_forms_compile_for_sm121(form):
         pytest.skip("triton is not installed")
     from engine.ops import triton_dsa
 
-    names = triton_dsa._index_scores.arg_names
-    for entry in json.loads(LAUNCHES.read_text()):
-        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_index_scores" else {}
-        if values.get("SHARED") and values.get("H") == 32 and values.get("D") == 128:
-            break
-    else:
-        pytest.fail("no prompt-chunk _index_scores at the served shapes recorded (run bench/record_triton_launches.sh)")
     chunk = form.startswith("chunk")
-    signature = dict(entry["signature"], q_ptr="*bf16" if chunk else "*fp32", T="i32")
-    signature["k_ptr"] = "*fp8e4nv" if form == "step_fp8" else "*bf16"
-    values.update(SPLIT=True, PARTS=chunk, SCALED=form.endswith("fp8"), GATHER=form != "chunk_fp8", SHARED=chunk)
-    values["QB"] = triton_dsa.INDEX_LAUNCH["queries"] if chunk else 1
-    values.pop("T", None)
-    entry = {**entry, "signature": signature, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    values = dict(SPLIT=True, PARTS=chunk, SCALED=form.endswith("fp8"), GATHER=form != "chunk_fp8", SHARED=chunk)
+    values |= {"QB": triton_dsa.INDEX_LAUNCH["queries"] if chunk else 1, "T": None}
+    entry = _derived(
+        triton_dsa._index_scores,
+        lambda v: v.get("SHARED") and v.get("H") == 32 and v.get("D") == 128,
+        "prompt-chunk _index_scores at the served shapes",
+        values,
+        q_ptr="*bf16" if chunk else "*fp32",
+        k_ptr="*fp8e4nv" if form == "step_fp8" else "*bf16",
+        T="i32",
+    )
     ptx = _compile_for_sm121({**entry, "num_warps": triton_dsa.INDEX_LAUNCH["num_warps"]})
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
 
@@ -128,16 +137,14 @@ def test_the_lane_attention_reading_the_pool_compiles_for_sm121(rows):
         pytest.skip("triton is not installed")
     from engine.ops import triton_dsa
 
-    names = triton_dsa._attend_part.arg_names
-    for entry in json.loads(LAUNCHES.read_text()):
-        values = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == "_attend_part" else {}
-        if values.get("R") == 512 and values.get("H") == 32:
-            break
-    else:
-        pytest.fail("no _attend_part at the served shapes recorded (run bench/record_triton_launches.sh)")
-    signature = dict(entry["signature"], lat_ptr="*bf16" if rows == "bf16" else "*fp8e4nv", slot_ptr="*i64")
-    values.update(GATHER=True, FP8=rows == "fp8")
-    entry = {**entry, "signature": signature, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    entry = _derived(
+        triton_dsa._attend_part,
+        lambda v: v.get("R") == 512 and v.get("H") == 32,
+        "_attend_part at the served shapes",
+        {"GATHER": True, "FP8": rows == "fp8"},
+        lat_ptr="*bf16" if rows == "bf16" else "*fp8e4nv",
+        slot_ptr="*i64",
+    )
     assert "mma.sync" in _compile_for_sm121(entry)
 
 
