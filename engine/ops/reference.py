@@ -312,6 +312,8 @@ class PoolColumns:
     columns: slice
     slots: torch.Tensor
 
+    SPLIT_ROWS = 1 << 16  # rows read and split (or copied) at a time
+
     @property
     def width(self) -> int:
         return self.columns.stop - self.columns.start
@@ -335,6 +337,18 @@ class PoolColumns:
         scales = None if self.pool.scales is None else self.pool.scales[self.layer]
         return self.pool.rows[self.layer][:, self.columns], scales
 
+    def stored_bf16(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stored values of every slot as a bf16 copy [*slots.shape, width] — exactly those values for bf16 and
+        e4m3 rows — and, for fp8 rows, their scales by slot (else None); copied SPLIT_ROWS rows at a time, with no
+        gather of the stored rows of every slot first."""
+        stored, scales = self.in_place()
+        flat = self.slots.reshape(-1)
+        values = torch.empty(flat.shape[0], self.width, dtype=torch.bfloat16, device=flat.device)
+        for start in range(0, flat.shape[0], self.SPLIT_ROWS):
+            part = slice(start, start + self.SPLIT_ROWS)
+            values[part] = stored[flat[part]]
+        return values.view(self.shape), None if scales is None else scales[self.slots]
+
 
 @dataclass(frozen=True)
 class PoolKeys(PoolColumns):
@@ -350,7 +364,6 @@ class PoolLatents(PoolColumns):
     made (at a 1M-token span that was 3 GiB a layer); fp32 pools' latents, and fp8 ones where the kernel does not
     take e4m3, are held split (bf16 hi and lo, L × width × 4 bytes)."""
 
-    SPLIT_ROWS = 1 << 16  # rows read and split (or copied) at a time
     # the longest span whose fp8 latents `by_row` hands over as a bf16 copy (256 MiB at the served rank of 512)
     COPY_ROWS = 1 << 18
 
@@ -369,13 +382,8 @@ class PoolLatents(PoolColumns):
         values as a bf16 copy by position (exactly those values) with their scales. Other pools' are `split()`, by
         position."""
         if self.pool.kv == "fp8" and fp8 and copy and self.shape[0] <= self.COPY_ROWS:
-            stored, scales = self.in_place()
-            assert scales is not None
-            values = torch.empty(self.shape, dtype=torch.bfloat16, device=self.slots.device)
-            for start in range(0, self.shape[0], self.SPLIT_ROWS):  # no e4m3 gather of the whole span first
-                part = slice(start, start + self.SPLIT_ROWS)
-                values[part] = stored[self.slots[part]]
-            return (values, None), tokens, scales[self.slots]
+            values, scales = self.stored_bf16()
+            return (values, None), tokens, scales
         if self.pool.kv == "bf16" or (self.pool.kv == "fp8" and fp8):
             rows = self.slots[tokens.clamp(max=self.slots.shape[0] - 1)]  # past the span: padding, never read
             stored, scales = self.in_place()

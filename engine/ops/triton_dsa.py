@@ -198,12 +198,12 @@ def lane_attention(
     if isinstance(latents, reference.PoolColumns):
         source, scales = latents.in_place()
         slots, stride = latents.slots.contiguous(), source.stride(0)
-    else:  # slots, scales: not read
-        source, slots, scales, stride = latents.float().contiguous(), stat, None, 0
+    else:
+        source, slots, scales, stride = latents.float().contiguous(), None, None, 0
     _attend_part[(rows, blocks)](
         q_abs, source, counts.contiguous().view(torch.uint8), part, stat, float(scaling), n, BLOCKS=blocks,
-        H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), slot_ptr=slots,
-        scl_ptr=scales if scales is not None else stat, row_stride=stride, GATHER=slots is not stat,
+        H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), slot_ptr=slots if slots is not None else stat,
+        scl_ptr=scales if scales is not None else stat, row_stride=stride, GATHER=slots is not None,
         FP8=scales is not None, num_warps=4, num_stages=3,
     )  # fmt: skip
     out = torch.empty(rows, heads, rank, dtype=torch.float32, device=q_abs.device)
@@ -539,8 +539,7 @@ def index_scores(
         source, scales = keys.in_place()
         slots, stride = keys.slots.contiguous(), source.stride(0)
         if shared and scales is not None:  # the stored values as bf16 and their scales, one row a pool
-            source, scales = source[slots[0]].to(torch.bfloat16), scales[slots[0]]
-            slots, stride = None, dim
+            (source, scales), slots, stride = keys.stored_bf16(), None, dim
     else:
         source, stride = keys.contiguous(), dim
     split = source.dtype != torch.float32
