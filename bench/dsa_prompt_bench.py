@@ -130,9 +130,10 @@ def case(mla: SparseMLA, context: int, t: int, lo: bool, gen: torch.Generator) -
     return row
 
 
-INDEX_VARIANTS = {  # changes to triton_dsa.INDEX_LAUNCH, each timed beside it
+INDEX_VARIANTS = {  # changes to the served launch (triton_dsa.index_launch), each timed beside it
     "ieee": {"precision": "ieee"},
     "pools32": {"pools": 32},
+    "pools64": {"pools": 64},
     "pools128": {"pools": 128},
     "pools128_w8": {"pools": 128, "num_warps": 8},
     "queries4": {"queries": 4},
@@ -172,9 +173,13 @@ def index_case(context: int, t: int, gen: torch.Generator, keys_kind: str) -> di
     if keys_kind == "fp32":
         ms = do_bench(lambda: ops.reference.index_scores(*args), warmup=20, rep=200)
         row["torch"] = {"ms": round(ms, 3), "error": error(ops.reference.index_scores(*args))}
-    served = triton_dsa.INDEX_LAUNCH
+    served = triton_dsa.index_launch(
+        torch.cuda.get_device_capability(), keys_kind != "fp32"
+    )  # a chunk's bf16/fp8 keys: q's parts
     default = dict(served)
     for name, change in {"kernel": {}, **INDEX_VARIANTS}.items():
+        if change and all(served.get(key) == value for key, value in change.items()):
+            continue  # the served launch already
         if name == "ieee" and (keys_kind != "fp32" or context > 32768):  # fp32 keys' setting; 50x slower
             continue
         served.update(change)

@@ -7,7 +7,7 @@ written, the indexer's choice over the pools of the span, attention over the cho
 runs hundreds of such chunks at spans up to the window, so what one chunk takes beyond the cache is what the
 memory left beside the pool must hold.
 
-    python bench/long_prompt_bench.py [--spans 32768,131072,524288] [--kv bf16,fp8] [--chunk N] [--out FILE]
+    python bench/long_prompt_bench.py [--spans 32768,131072,524288] [--kv bf16,fp8] [--chunk N] [--profile] [--out FILE]
 
 Each case runs in a process of its own: on the CPU its peak is the process's resident high-water mark (VmHWM,
 set back to what is held just before the chunk) less what it held then; on a GPU
@@ -60,8 +60,21 @@ def reset_high_water() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def case(kv: str, span: int, chunk: int, repeats: int, device: str) -> dict:
-    """One (row type, span): the layer and a pool holding span - chunk rows, then the chunk's prefill timed."""
+def kernels(run, top: int = 12) -> list[list]:
+    """The GPU kernels one `run()` launches (torch.profiler), the `top` by their time: [name, ms, calls]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: -e.device_time_total)
+    return [[e.key[:90], round(e.device_time_total / 1e3, 3), e.count] for e in rows[:top]]
+
+
+def case(kv: str, span: int, chunk: int, repeats: int, device: str, profiled: bool = False) -> dict:
+    """One (row type, span): the layer and a pool holding span - chunk rows, then the chunk's prefill timed (and,
+    `profiled` on a GPU, its kernels)."""
     from gpu_engine import RandomReader, text_config_for
 
     raw = {"text_config": text_config_for("D", CONFIG)}
@@ -102,11 +115,14 @@ def case(kv: str, span: int, chunk: int, repeats: int, device: str) -> dict:
             layer.prefill(x, seq, {})
             sync()
             times.append(time.perf_counter() - start)
-    return {
-        "chunk_ms": round(statistics.median(times) * 1e3, 1),
-        "peak_beyond_gib": round(peak / 2**30, 3),
-        "pool_gib": round(pool.rows.numel() * pool.rows.element_size() / 2**30, 3),
-    }
+        found = {
+            "chunk_ms": round(statistics.median(times) * 1e3, 1),
+            "peak_beyond_gib": round(peak / 2**30, 3),
+            "pool_gib": round(pool.rows.numel() * pool.rows.element_size() / 2**30, 3),
+        }
+        if profiled and device == "cuda":
+            found["kernels"] = kernels(lambda: layer.prefill(x, seq, {}))
+    return found
 
 
 def main() -> None:
@@ -118,13 +134,14 @@ def main() -> None:
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true", help="GPU: each case's kernels by their time (one chunk)")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # KV,SPAN: run one case here, print its JSON
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     chunk = args.chunk or (2048 if device == "cuda" else 128)
     if args.case:
         kv, span = args.case.split(",")
-        print(json.dumps(case(kv, int(span), chunk, args.repeats, device)))
+        print(json.dumps(case(kv, int(span), chunk, args.repeats, device, args.profile)))
         return
     result: dict = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -136,7 +153,7 @@ def main() -> None:
     for kv in args.kv.split(","):
         for span in args.spans.split(","):
             cmd = [sys.executable, __file__, "--case", f"{kv},{span}", "--chunk", str(chunk)]
-            cmd += ["--repeats", str(args.repeats)]
+            cmd += ["--repeats", str(args.repeats)] + (["--profile"] if args.profile else [])
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 got: dict | str = f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else '?'}"

@@ -12,7 +12,9 @@ the serving step's form of the scores: the keys read in the pool by slot (`after
 Then the choice among the scored pools (session 29): the best index_topk / kpool = 512 pools, before by a stable sort
 of every pool's score (and for a step a sort of the 512 chosen into position order), now by `ops.top_pools` (a
 selection, no sort): for the step's one query (`select_*_ms`, the scores above) and for a prompt chunk's queries
-ending at the span (`chunk_select_*_ms`, `--chunk` queries, random scores with each query's invisible pools masked).
+ending at the span (`chunk_select_*_ms`, `--chunk` queries, random scores with each query's invisible pools masked;
+since session 32 the chunk's `top_pools` is engine/ops/triton_dsa.py's kernel on CUDA, and `chunk_select_torch_ms`
+the torch form beside it).
 
     python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--chunk N] [--out FILE]
 
@@ -169,7 +171,12 @@ def main() -> None:
                 many = chunk_scores(chunk, span, gen, device)
                 got["chunk_rows"] = chunk
                 got["chunk_select_sort_ms"] = timed(lambda: by_sort(many, False), device, repeats) * 1e3
+                assert torch.equal(ops.top_pools(many, PICK), ops.reference.top_pools(many, PICK))
                 got["chunk_select_top_pools_ms"] = timed(lambda: ops.top_pools(many, PICK), device, repeats) * 1e3
+                if device == "cuda":  # the torch form beside the kernel (session 32)
+                    got["chunk_select_torch_ms"] = (
+                        timed(lambda: ops.reference.top_pools(many, PICK), device, repeats) * 1e3
+                    )
                 del many
             item = pool.rows.element_size()
             got["bytes_read_before"] = span * (2 * DIM * item + (4 if kv == "fp8" else 0))

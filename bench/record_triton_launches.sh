@@ -3,7 +3,8 @@
 # (tests/gpu/conftest.py), writing what was compiled to $OUT/triton_launches.json; copy it to
 # tests/fixtures/triton_launches.json (tests/engine/test_gb10_compile.py compiles each entry for sm_121).
 # The caller's PYTHONPATH comes first (the device scripts' /tmp/pylib holds the wheels the tests import). The tests
-# run in WORKERS pytest-xdist processes (default 4); each writes its part and the parts are merged here.
+# run in WORKERS pytest-xdist processes (default 4); each writes its part and the parts are merged here. The tests'
+# output goes to $OUT/record_tests.txt (what failed, with short tracebacks).
 #     OUT=... bash bench/record_triton_launches.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ RECORD="$OUT/triton_launches.json"
 rm -f "$RECORD" "$RECORD".*
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}.:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 export SPARKS_RECORD_TRITON="$RECORD"
-timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -p no:cacheprovider -n "${WORKERS:-4}" --dist loadfile \
+timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -rfE --tb=short -p no:cacheprovider -n "${WORKERS:-4}" --dist loadfile \
     tests/gpu/test_cuda_parity.py tests/gpu/test_exl3_moe_gpu.py tests/gpu/test_drafts_gpu.py \
     tests/gpu/test_dense_gpu.py tests/gpu/test_rows_gpu.py tests/gpu/test_pool_keys_gpu.py \
     "tests/gpu/test_exl3_gpu.py::test_forward_matches_the_reference" \
@@ -21,7 +22,8 @@ timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -p no:cacheprovider -n 
     "tests/gpu/test_prompt_forms_gpu.py::test_prompt_attention_on_tensor_cores_matches_fp32" \
     "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_at_the_served_widths" \
     "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_reads_the_pools_latents_in_place" \
-    "tests/gpu/test_prompt_forms_gpu.py::test_causal_conv_matches_cudnn_in_fp32" 2>&1 | tail -3
+    "tests/gpu/test_prompt_forms_gpu.py::test_causal_conv_matches_cudnn_in_fp32" > "$OUT/record_tests.txt" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/record_tests.txt" | tail -25
 python - "$RECORD" <<'PY'
 import collections, glob, json, os, sys
 record = sys.argv[1]

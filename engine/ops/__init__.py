@@ -24,6 +24,7 @@ from engine.ops.fused import (  # noqa: F401
     selected_attention_applies,
     sinkhorn,
     swiglu_clamped,
+    top_pools,
 )
 from engine.ops.reference import (  # noqa: F401
     ROW_INVARIANT_ROWS,
@@ -42,7 +43,6 @@ from engine.ops.reference import (  # noqa: F401
     softplus,
     split_bf16,
     split_product,
-    top_pools,
     visible_pools,
     widened,
 )

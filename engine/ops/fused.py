@@ -234,6 +234,18 @@ def index_scores(
     return reference.index_scores(q, keys, head_w, positions, kpool, scale, alone and not q.is_cuda)
 
 
+def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
+    """Each query's k best pools in position order (`reference.top_pools`: the first k of a stable descending sort):
+    on CUDA for a prompt chunk's rows in one launch (engine/ops/triton_dsa.py `top_pools`, the same pools), else the
+    torch form."""
+    if index.is_cuda:
+        from engine.ops import triton_dsa
+
+        if triton_dsa.top_pools_applies(index):
+            return triton_dsa.top_pools(index, k)
+    return reference.top_pools(index, k)
+
+
 def index_scores_form(
     q: torch.Tensor, keys: torch.Tensor | reference.PoolKeys
 ) -> tuple[torch.Tensor | reference.PoolKeys, int]:

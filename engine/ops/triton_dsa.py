@@ -187,7 +187,9 @@ def lane_attention(
     KVPool.read gives, so the same bits without a gathered fp32 copy written and read back) —, counts [B, N] bool ->
     [B, H, R] fp32 (dsa.py `_attend_rows`). Every row must have a token that counts (a query always sees itself).
     The blocks' shares are held for the combine: rows × blocks × heads × R fp32 (64 rows, 32 heads: 272 MB, in a
-    graph's pool)."""
+    graph's pool). Compiled without FMA contraction: an fp8 row's value × scale is rounded before the tf32x3 product
+    splits it, as KVPool.read's is (contracted, the split's remainder took the unrounded product: other bits than
+    the gathered copy's, found on the GPU in session 32)."""
     rows, heads, rank = q_abs.shape
     n = latents.shape[1]
     q_abs = q_abs.float().contiguous()
@@ -204,7 +206,7 @@ def lane_attention(
         q_abs, source, counts.contiguous().view(torch.uint8), part, stat, float(scaling), n, BLOCKS=blocks,
         H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), slot_ptr=slots if slots is not None else stat,
         scl_ptr=scales if scales is not None else stat, row_stride=stride, GATHER=slots is not None,
-        FP8=scales is not None, num_warps=4, num_stages=3,
+        FP8=scales is not None, num_warps=4, num_stages=3, enable_fp_fusion=False,
     )  # fmt: skip
     out = torch.empty(rows, heads, rank, dtype=torch.float32, device=q_abs.device)
     _attend_combine[(rows, heads)](
@@ -378,6 +380,16 @@ def selected_attention(
 # (Hopper's warpgroup MMA) it took 0.90 ms against 0.69 for a 2k chunk at 8k on the H200 (docs/BENCHMARKS.md, session
 # 23). Shared memory a block for sm_121: 98,560 B (fp32 keys) and 65,792 B (bf16) within the GB10's 101,376 B
 INDEX_LAUNCH = {"pools": 64, "queries": 16, "num_warps": 4, "precision": "tf32x3"}
+# on Hopper a prompt chunk's split form (q's parts made once, one set of bf16 or e4m3 keys) takes 128 pools a program:
+# a 2,048-query chunk on the H100 at 32k 1.26 ms against 1.60 for 64 pools, at 128k 4.72 against 5.80 (bf16 keys;
+# fp8 the same within 2 %; docs/BENCHMARKS.md, session 32). ~131 KB of shared memory a block: past the GB10's 101,376 B
+INDEX_LAUNCH_SM90_PARTS = {**INDEX_LAUNCH, "pools": 128}
+
+
+def index_launch(capability: tuple[int, int], parts: bool) -> dict:
+    """`_index_scores`' launch for a GPU of this compute capability, q taken as its three bf16 parts or not
+    (INDEX_LAUNCH or, for the parts on Hopper, INDEX_LAUNCH_SM90_PARTS; the dict itself: a bench may change it)."""
+    return INDEX_LAUNCH_SM90_PARTS if parts and capability[0] == 9 else INDEX_LAUNCH
 
 
 @triton.jit
@@ -409,8 +421,8 @@ def _index_keys(k_ptr, slot_ptr, scl_ptr, at, pools, ok, row_stride, D: tl.const
         key_scale = tl.load(scl_ptr + rows, mask=ok, other=1.0)
     else:
         key_scale = tl.full(pools.shape, 1.0, tl.float32)
-    if SPLIT:  # an e4m3 value is a bf16 value exactly
-        operand = _operand(keys.to(tl.bfloat16), WIDEN)
+    if SPLIT:  # an e4m3 value is a bf16 value exactly (widened first: Triton's direct e4m3 -> bf16 is not exact)
+        operand = _operand(keys.to(tl.float32).to(tl.bfloat16), WIDEN)
     else:
         operand = keys.to(tl.float32)
     return operand, key_scale
@@ -531,7 +543,6 @@ def index_scores(
     out = torch.empty(t, n_pools, dtype=torch.float32, device=q.device)
     if t == 0 or n_pools == 0:
         return out
-    launch = INDEX_LAUNCH
     shared = keys.shape[0] == 1 and t > 1  # one query (a batch-1 step) takes its keys as its own: one pass a program
     slots: torch.Tensor | None = None
     scales: torch.Tensor | None = None
@@ -544,6 +555,7 @@ def index_scores(
         source, stride = keys.contiguous(), dim
     split = source.dtype != torch.float32
     parts = split and shared
+    launch = index_launch(torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0), parts)
     queries = launch["queries"] if shared else 1
     grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
     _index_scores[grid](
@@ -654,3 +666,82 @@ def complete_pools(
         W=width, WP=triton.next_power_of_2(width), RANK=rank, D=ape.shape[-1], KPOOL=kpool, FP8=scales is not None,
         num_warps=4,
     )  # fmt: skip
+
+
+# `top_pools`' block of scores a step and warps, and the fewest rows it takes (fewer — a decode step's — keep the torch
+# form: a program a row walks its span five times)
+TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "rows": 64}
+
+
+@triton.jit
+def _order_key(x):
+    """fp32 scores as uint32 keys in the same order (NaN aside; -0.0 taken as 0.0, which it equals): a positive's
+    sign bit set, a negative's every bit flipped."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.uint32, bitcast=True)
+    return bits ^ tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+
+
+@triton.jit
+def _top_pools(index_ptr, out_ptr, P, K, BLOCK: tl.constexpr, BITS: tl.constexpr):
+    # the span is walked by `while` loops: Triton's interpreter takes no argument as a `range` bound
+    row = tl.program_id(0).to(tl.int64)
+    scores = index_ptr + row * P
+    offs = tl.arange(0, BLOCK)
+    digits = tl.arange(0, 1 << BITS)
+    # the k-th best score's key, BITS at a time from the top (a radix select): each pass counts the digits of the
+    # keys that share the bits chosen so far, and takes the digit where the count from the top reaches what is wanted
+    kth = tl.zeros([], dtype=tl.uint32)
+    chosen = tl.zeros([], dtype=tl.uint32)
+    wanted = K  # the rank of the k-th best among the keys that share its chosen bits
+    for shift in tl.static_range(32 - BITS, -BITS, -BITS):
+        counts = tl.zeros([1 << BITS], dtype=tl.int32)
+        start = 0
+        while start < P:
+            at = start + offs
+            ok = at < P
+            key = _order_key(tl.load(scores + at, mask=ok, other=0.0))
+            digit = ((key >> shift) & ((1 << BITS) - 1)).to(tl.int32)
+            counts += tl.histogram(digit, 1 << BITS, mask=ok & ((key & chosen) == kth))
+            start += BLOCK
+        above = tl.sum(counts, 0) - tl.cumsum(counts, 0)  # keys whose digit is above each digit's
+        here = (above < wanted) & (above + counts >= wanted)
+        wanted -= tl.sum(tl.where(here, above, 0), 0)
+        kth |= tl.sum(tl.where(here, digits, 0), 0).to(tl.uint32) << shift
+        chosen |= tl.full([], ((1 << BITS) - 1) << shift, tl.uint32)
+    # every pool above it and the earliest `wanted` tied with it, in position order
+    taken = tl.zeros([], dtype=tl.int32)
+    ties = tl.zeros([], dtype=tl.int32)
+    start = 0
+    while start < P:
+        at = start + offs
+        ok = at < P
+        key = _order_key(tl.load(scores + at, mask=ok, other=0.0))
+        tied = ok & (key == kth)
+        take = (ok & (key > kth)) | (tied & (ties + tl.cumsum(tied.to(tl.int32), 0) <= wanted))
+        place = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(out_ptr + row * K + place, at.to(tl.int64), mask=take)
+        taken += tl.sum(take.to(tl.int32), 0)
+        ties += tl.sum(tied.to(tl.int32), 0)
+        start += BLOCK
+
+
+def top_pools_applies(index: torch.Tensor) -> bool:
+    """Whether `top_pools` takes these scores: on CUDA, at least TOP_POOLS_LAUNCH's rows (a prompt chunk's)."""
+    return index.is_cuda and index.dim() == 2 and index.shape[0] >= TOP_POOLS_LAUNCH["rows"]
+
+
+def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
+    """`reference.top_pools` in one launch, a program a query: the same pools (exactly the first k of a stable
+    descending sort, in position order) from five passes over its scores — four counting one byte of the k-th best
+    score's key each (a radix select), one taking every pool above it and the earliest tied ones — where the torch
+    form ran a selection over the span and then about ten [T, P] passes (masks, two running counts, a search).
+    Scores must not be NaN (a row with one may get fewer than k pools; its missing places hold the span's last)."""
+    t, n_pools = index.shape
+    out = torch.full((t, k), n_pools - 1, dtype=torch.int64, device=index.device)
+    if t == 0 or k == 0:
+        return out
+    launch = TOP_POOLS_LAUNCH
+    _top_pools[(t,)](
+        index.contiguous(), out, n_pools, k, BLOCK=launch["block"], BITS=launch["bits"], num_warps=launch["num_warps"]
+    )
+    return out

@@ -160,6 +160,8 @@ def _compile_for_sm121(entry: dict) -> str:
     assert list(entry["signature"]) == fn.arg_names, "the kernel's arguments changed: record again"
     if entry["kernel"] == "_attend_prompt":  # launched by capability: what a GB10 launches, not the H200's record
         entry = _attend_prompt_on_gb10(entry, fn.arg_names)
+    if entry["kernel"] == "_index_scores":  # likewise: a GB10 takes INDEX_LAUNCH's pools a program in every form
+        entry = _index_scores_on_gb10(entry, fn.arg_names)
     constexprs = {tuple(k): v for k, v in entry["constexprs"]}
     attrs = {tuple(k): [tuple(a) for a in v] for k, v in entry["attrs"]}
     source = ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs, attrs=attrs)
@@ -173,6 +175,16 @@ def _compile_for_sm121(entry: dict) -> str:
     if entry["kernel"] == "_exl3_grouped":  # its tl.dot on the tensor cores there too (wgmma is Hopper's alone)
         assert "mma.sync" in kernel.asm["ptx"] and "wgmma" not in kernel.asm["ptx"]
     return kernel.asm["ptx"]
+
+
+def _index_scores_on_gb10(entry: dict, names: list[str]) -> dict:
+    """A recorded `_index_scores` launch (a prompt chunk's q parts take 128 pools a program on Hopper) with the pools
+    a program a GB10 (sm_121) launches it with."""
+    from engine.ops import triton_dsa
+
+    values = {names[k[0]]: v for k, v in entry["constexprs"]}
+    values["BP"] = triton_dsa.index_launch((12, 1), bool(values["PARTS"]))["pools"]
+    return {**entry, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
 
 
 def _attend_prompt_on_gb10(entry: dict, names: list[str]) -> dict:

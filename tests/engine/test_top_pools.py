@@ -1,12 +1,17 @@
 """DSA's pool choice without a sort (engine/ops/reference.py `top_pools`): the k best pools of each query are exactly
 the first k of a stable descending sort — the rule `_select_tokens` defines, ties to the earlier pool — in position
 order, for scores with many exact ties, for spans with fewer visible pools than k (the invisible ones at fp32's
-lowest), and for k equal to the span. tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA, in a graph."""
+lowest), and for k equal to the span. The same for its kernel (engine/ops/triton_dsa.py `top_pools`, a prompt chunk's
+rows on CUDA) under Triton's interpreter. tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA (the kernel's
+rows too), in a graph."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from interpreter import figures_of
 
 from engine import ops
 
@@ -62,3 +67,15 @@ def test_top_pools_of_a_row_do_not_depend_on_the_other_rows(k):
     whole = ops.top_pools(index, k)
     for i in range(index.shape[0]):
         assert torch.equal(ops.top_pools(index[i : i + 1], k), whole[i : i + 1])
+
+
+def test_the_kernel_takes_the_same_pools_under_the_interpreter():
+    same = figures_of(__file__)
+    assert same and all(same.values()), [name for name, ok in same.items() if not ok]
+
+
+if __name__ == "__main__":  # under Triton's interpreter (tests/engine/interpreter.py): the kernel on every case
+    from engine.ops import triton_dsa
+
+    triton_dsa.TOP_POOLS_LAUNCH["block"] = 256  # several blocks a row at these spans
+    print(json.dumps({name: torch.equal(triton_dsa.top_pools(x, k), by_sort(x, k)) for name, x, k in cases("cpu")}))

@@ -2,7 +2,8 @@
 torch form for fp32, bf16 and fp8 rows (tests/engine/test_pool_keys_triton.py's cases, there under Triton's
 interpreter), and through the serving path with CUDA graphs: steps read nothing of a complete pool but its key
 (tests/engine/test_pool_keys.py's check); the pool choice without a sort (`ops.top_pools`,
-tests/engine/test_top_pools.py's cases), eagerly and replayed from a CUDA graph. Skipped where no GPU is present (never part of CI)."""
+tests/engine/test_top_pools.py's cases), eagerly and replayed from a CUDA graph, and by its kernel for a prompt
+chunk's rows (those cases' rows repeated, and a 2,048-query chunk at a 512k span). Skipped where no GPU is present (never part of CI)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,18 @@ def test_top_pools_on_the_gpu_eagerly_and_from_a_graph():
         static.copy_(index.flip(-1))  # new scores into the captured input
         graph.replay()
         assert torch.equal(out, by_sort(index.flip(-1), k)), name
+
+
+def test_top_pools_kernel_takes_the_same_pools_for_a_prompt_chunks_rows():
+    from engine.ops import triton_dsa
+
+    rows = triton_dsa.TOP_POOLS_LAUNCH["rows"]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    chunk = torch.randn(2048, 131072, device="cuda", generator=gen)  # a 2k chunk at 512k: 131,072 pools of 4
+    chunk[:, 130600:] = torch.finfo(torch.float32).min  # pools not complete yet at the queries' positions
+    chunk[:, 100:40000:50] = 3.0  # 799 pools tied near the top: the 512th place falls inside the tie
+    every = [*((name, index.repeat(-(-rows // index.shape[0]), 1), k) for name, index, k in cases("cuda")),
+             ("2k chunk at 512k", chunk, 512)]  # fmt: skip
+    for name, index, k in every:
+        assert triton_dsa.top_pools_applies(index), name
+        assert torch.equal(ops.top_pools(index, k), by_sort(index, k)), name
