@@ -6,13 +6,13 @@
 # with six workers on the H100's 80 GB:
 # 1. test_rows_gpu.py, test_pool_keys_gpu.py (top_pools' kernel) and the full-width row invariance, 3 workers;
 # 2. one DSA layer's 2k prompt chunk at 128k and 1M (bf16 rows), its kernels by their time (--profile).
-#     BUDGET=280 bash bench/gpu_session32_call2.sh
+#     BUDGET=205 bash bench/gpu_session32_call2.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s32b-out}
 mkdir -p "$OUT" /tmp/s32b-steps
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-280}
+BUDGET=${BUDGET:-205}
 . bench/run_steps.sh
 T=/tmp/s32b-steps
 
@@ -21,6 +21,6 @@ wheels fla_core einops
 step "1. the fp8 forms' bits, top_pools' kernel, row invariance at full width" 150 "$T/tests.txt" \
     python -m pytest -q -rfE --tb=short -p no:cacheprovider -n 3 tests/gpu/test_rows_gpu.py \
     tests/gpu/test_pool_keys_gpu.py "tests/gpu/test_drafts_gpu.py::test_rows_are_invariant_at_full_width"
-step "2. a DSA layer's 2k prompt chunk at 128k and 1M, profiled" 110 "$T/long_prompt.txt" python \
+step "2. a DSA layer's 2k prompt chunk at 128k and 1M, profiled" 70 "$T/long_prompt.txt" python \
     bench/long_prompt_bench.py --spans 131072,1048576 --kv bf16 --repeats 2 --profile --out "$T/long_prompt_bench.json"
 collect "$T" "$OUT/benches.json"
