@@ -18,7 +18,7 @@ T=/tmp/s32b-steps
 
 machine
 wheels fla_core einops
-step "1. the fp8 forms' bits, top_pools' kernel, row invariance at full width" 150 "$T/tests.txt" \
+step "1. the fp8 forms' bits, top_pools' kernel, row invariance at full width" 125 "$T/tests.txt" \
     python -m pytest -q -rfE --tb=short -p no:cacheprovider -n 3 tests/gpu/test_rows_gpu.py \
     tests/gpu/test_pool_keys_gpu.py "tests/gpu/test_drafts_gpu.py::test_rows_are_invariant_at_full_width"
 step "2. a DSA layer's 2k prompt chunk at 128k and 1M, profiled" 70 "$T/long_prompt.txt" python \
