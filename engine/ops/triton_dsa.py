@@ -668,9 +668,12 @@ def complete_pools(
     )  # fmt: skip
 
 
-# `top_pools`' block of scores a step and warps, and the fewest rows it takes (fewer — a decode step's — keep the torch
-# form: a program a row walks its span five times)
-TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "rows": 64}
+# `top_pools`' block of scores a step, bits a pass and warps, and the fewest rows it takes: a program a row walks its
+# span five times, so it needs rows to fill the GPU. On the H100 (docs/BENCHMARKS.md, session 32) 2,048 rows took
+# 0.39 / 1.50 / 6.00 ms at 8k / 32k / 131k pools against the torch form's 1.14 / 3.47 / 12.33; but a long span's
+# chunk scores its queries in blocks (SparseMLA.SELECT_SCORES), and in blocks of 128 rows (a 512k span) the kernel
+# took 17.7 ms a chunk, of 64 (1M) 70.6 ms. Fewer rows (those, a decode step's) keep the torch form.
+TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "rows": 512}
 
 
 @triton.jit
