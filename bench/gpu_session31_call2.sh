@@ -2,7 +2,8 @@
 # Session 31's second device call (after bench/gpu_session31_call1.sh), <= BUDGET s: the released depth's prompts of
 # 32k / 128k / 256k tokens with fla-core (rank 0's TP=2 share, q4 dense, EXL3 experts; session 30: 5,045 / 4,227 /
 # 3,716 tok/s; the reference's two Sparks 1,979 / 1,838 / 1,642) and the batch-1 step after each (8.63 / 8.75 /
-# 8.76 ms) with the split bf16 indexer and the step's latents read in place, then the same from a copy of the tree
+# 8.76 ms) with the split bf16 indexer (128 pools a program on Hopper since session 32, and a 32k or 128k chunk's
+# pool choice by top_pools' kernel) and the step's latents read in place, then the same from a copy of the tree
 # whose prompt chunks score fp32 keys again (tf32x3: `SparseMLA._select` reads the pool keys as before session 31)
 # and whose steps gather the latents into fp32 first (`decode_lanes`), the script's two seds, in one call so the two
 # share a machine.
