@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 32's last device call (what device time was left after failed starts), <= BUDGET s:
+# Session 32's last device call, written for what device time was left after failed starts (none was: run it in the
+# next session with a device), <= BUDGET s:
 # 1. the GPU tests that failed in the second call's record (the fp8 forms that must give the same bits: the
 #    indexer's step over e4m3 keys in place against a chunk's bf16 copy, now widened to fp32 before bf16; the lane
 #    attention's fp8 latents in place against the gathered copy, now compiled without FMA contraction), their bf16 and
