@@ -83,6 +83,12 @@ PROMPT_LAUNCHES = {
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# `_attend_part` compiled without FMA contraction: an fp8 row's value × scale is rounded before the tf32x3 product
+# splits it, as KVPool.read's is (contracted into the split's remainder it gave other bits than the gathered copy's:
+# 80 fma.rn.f32 in the sm_90 PTX, none without; tests/gpu/test_rows_gpu.py, session 32)
+LANE_FP_FUSION = False
+
+
 @triton.jit
 def _lane_latents(lat_rows, counted, row_scale, FP8: tl.constexpr):
     """A block's latent slice as fp32, only what counts read: the values KVPool.read gives (a stored bf16 value
@@ -187,9 +193,7 @@ def lane_attention(
     KVPool.read gives, so the same bits without a gathered fp32 copy written and read back) —, counts [B, N] bool ->
     [B, H, R] fp32 (dsa.py `_attend_rows`). Every row must have a token that counts (a query always sees itself).
     The blocks' shares are held for the combine: rows × blocks × heads × R fp32 (64 rows, 32 heads: 272 MB, in a
-    graph's pool). Compiled without FMA contraction: an fp8 row's value × scale is rounded before the tf32x3 product
-    splits it, as KVPool.read's is (contracted, the split's remainder took the unrounded product: other bits than
-    the gathered copy's, found on the GPU in session 32)."""
+    graph's pool). Compiled without FMA contraction (LANE_FP_FUSION)."""
     rows, heads, rank = q_abs.shape
     n = latents.shape[1]
     q_abs = q_abs.float().contiguous()
@@ -206,7 +210,7 @@ def lane_attention(
         q_abs, source, counts.contiguous().view(torch.uint8), part, stat, float(scaling), n, BLOCKS=blocks,
         H=heads, HP=hp, R=rank, BN=BLOCK, RC=min(SLICE, rank), slot_ptr=slots if slots is not None else stat,
         scl_ptr=scales if scales is not None else stat, row_stride=stride, GATHER=slots is not None,
-        FP8=scales is not None, num_warps=4, num_stages=3, enable_fp_fusion=False,
+        FP8=scales is not None, num_warps=4, num_stages=3, enable_fp_fusion=LANE_FP_FUSION,
     )  # fmt: skip
     out = torch.empty(rows, heads, rank, dtype=torch.float32, device=q_abs.device)
     _attend_combine[(rows, heads)](
@@ -421,7 +425,9 @@ def _index_keys(k_ptr, slot_ptr, scl_ptr, at, pools, ok, row_stride, D: tl.const
         key_scale = tl.load(scl_ptr + rows, mask=ok, other=1.0)
     else:
         key_scale = tl.full(pools.shape, 1.0, tl.float32)
-    if SPLIT:  # an e4m3 value is a bf16 value exactly (widened first: Triton's direct e4m3 -> bf16 is not exact)
+    if SPLIT:  # an e4m3 value is a bf16 value exactly; widened first, as `_attend_prompt` converts its e4m3 rows
+        # (session 32's GPU test found a step's fp8 scores with other bits than a chunk's bf16 copy of the same keys;
+        # the direct conversion, e4m3 -> f16 -> bf16, looks exact too, so this may not be the cause: to be rerun)
         operand = _operand(keys.to(tl.float32).to(tl.bfloat16), WIDEN)
     else:
         operand = keys.to(tl.float32)
@@ -722,28 +728,36 @@ def _top_pools(index_ptr, out_ptr, P, K, BLOCK: tl.constexpr, BITS: tl.constexpr
         tied = ok & (key == kth)
         take = (ok & (key > kth)) | (tied & (ties + tl.cumsum(tied.to(tl.int32), 0) <= wanted))
         place = taken + tl.cumsum(take.to(tl.int32), 0) - 1
-        tl.store(out_ptr + row * K + place, at.to(tl.int64), mask=take)
+        tl.store(out_ptr + row * K + place, at.to(tl.int64), mask=take & (place < K))
         taken += tl.sum(take.to(tl.int32), 0)
         ties += tl.sum(tied.to(tl.int32), 0)
         start += BLOCK
 
 
 def top_pools_applies(index: torch.Tensor) -> bool:
-    """Whether `top_pools` takes these scores: on CUDA, at least TOP_POOLS_LAUNCH's rows (a prompt chunk's)."""
-    return index.is_cuda and index.dim() == 2 and index.shape[0] >= TOP_POOLS_LAUNCH["rows"]
+    """Whether `top_pools` takes these scores: fp32 on CUDA, at least TOP_POOLS_LAUNCH's rows (a prompt chunk's)."""
+    return (
+        index.is_cuda
+        and index.dtype == torch.float32
+        and index.dim() == 2
+        and index.shape[0] >= TOP_POOLS_LAUNCH["rows"]
+    )
 
 
 def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     """`reference.top_pools` in one launch, a program a query: the same pools (exactly the first k of a stable
-    descending sort, in position order) from five passes over its scores — four counting one byte of the k-th best
-    score's key each (a radix select), one taking every pool above it and the earliest tied ones — where the torch
-    form ran a selection over the span and then about ten [T, P] passes (masks, two running counts, a search).
-    Scores must not be NaN (a row with one may get fewer than k pools; its missing places hold the span's last)."""
+    descending sort, in position order) from passes over its scores — 32 / bits counting `bits` of the k-th best
+    score's key each (a radix select; four of a byte each), one taking every pool above it and the earliest tied
+    ones — where the torch form ran a selection over the span and then about ten [T, P] passes (masks, two running
+    counts, a search).
+    Scores must not be NaN (a row with one: the kernel ranks it by its bits, the torch form differently)."""
     t, n_pools = index.shape
-    out = torch.full((t, k), n_pools - 1, dtype=torch.int64, device=index.device)
+    launch = TOP_POOLS_LAUNCH
+    if not 0 <= k <= n_pools or 32 % launch["bits"]:
+        raise ValueError(f"top_pools takes 0 <= k <= {n_pools} pools and bits dividing 32; got {k}, {launch['bits']}")
+    out = torch.empty(t, k, dtype=torch.int64, device=index.device)
     if t == 0 or k == 0:
         return out
-    launch = TOP_POOLS_LAUNCH
     _top_pools[(t,)](
         index.contiguous(), out, n_pools, k, BLOCK=launch["block"], BITS=launch["bits"], num_warps=launch["num_warps"]
     )

@@ -166,6 +166,11 @@ def _compile_for_sm121(entry: dict) -> str:
     attrs = {tuple(k): [tuple(a) for a in v] for k, v in entry["attrs"]}
     source = ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs, attrs=attrs)
     options = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
+    options["enable_fp_fusion"] = entry.get("enable_fp_fusion", True)
+    if entry["kernel"] == "_attend_part":  # its launch option (a record may predate it)
+        from engine.ops import triton_dsa
+
+        options["enable_fp_fusion"] = triton_dsa.LANE_FP_FUSION
     kernel = triton.compile(source, target=GPUTarget("cuda", 121, 32), options=options)
     assert kernel.asm["cubin"] and ".target sm_121" in kernel.asm["ptx"]
     assert kernel.metadata.shared <= GB10_SHARED_PER_BLOCK, (

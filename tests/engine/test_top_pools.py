@@ -2,8 +2,8 @@
 the first k of a stable descending sort — the rule `_select_tokens` defines, ties to the earlier pool — in position
 order, for scores with many exact ties, for spans with fewer visible pools than k (the invisible ones at fp32's
 lowest), and for k equal to the span. The same for its kernel (engine/ops/triton_dsa.py `top_pools`, a prompt chunk's
-rows on CUDA) under Triton's interpreter. tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA (the kernel's
-rows too), in a graph."""
+rows on CUDA) under Triton's interpreter. tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA, eagerly and
+in a graph (a few rows: the torch form), and repeated to a prompt chunk's rows (the kernel)."""
 
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ if RECORD:
                 "attrs": [[list(k), _plain(v)] for k, v in attrs.items()],
                 "num_warps": options.num_warps,
                 "num_stages": options.num_stages,
+                **({} if options.enable_fp_fusion else {"enable_fp_fusion": False}),
             }
             _launches.setdefault(json.dumps(entry, sort_keys=True), entry)
         return _compile(self, key, signature, device, constexprs, options, attrs, warmup)

@@ -72,7 +72,9 @@ def test_top_pools_kernel_takes_the_same_pools_for_a_prompt_chunks_rows():
     gen = torch.Generator(device="cuda").manual_seed(5)
     chunk = torch.randn(2048, 131072, device="cuda", generator=gen)  # a 2k chunk at 512k: 131,072 pools of 4
     chunk[:, 130600:] = torch.finfo(torch.float32).min  # pools not complete yet at the queries' positions
-    chunk[:, 100:40000:50] = 3.0  # 799 pools tied near the top: the 512th place falls inside the tie
+    chunk[:, 100:40000:50] = 3.0  # 798 pools tied near the top: the 512th place falls inside the tie
+    above = (chunk > 3.0).sum(-1)
+    assert bool(((above < 512) & (above + 798 >= 512)).all())
     every = [*((name, index.repeat(-(-rows // index.shape[0]), 1), k) for name, index, k in cases("cuda")),
              ("2k chunk at 512k", chunk, 512)]  # fmt: skip
     for name, index, k in every:

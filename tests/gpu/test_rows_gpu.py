@@ -200,3 +200,28 @@ def test_indexer_scores_at_the_served_shapes(keys_kind, contexts):
     for i in rows.tolist():
         alone = ops.index_scores(q[i : i + 1], keys, head_w[i : i + 1], positions[i : i + 1], 16, 128**-0.5)
         assert torch.equal(alone[0], got[i]), i
+
+
+def test_triton_converts_every_e4m3_value_to_bf16_as_torch_does():
+    """Every e4m3 bit pattern but NaN's converted to bf16 inside a Triton kernel — directly and widened to fp32 first
+    (the indexer's `_index_keys` since session 32) — against torch's conversion: exact values, so the same bits.
+    Session 32 found a decode step's fp8 indexer scores (e4m3 keys converted in the kernel) with other bits than a
+    prompt chunk's (torch's bf16 copy of the same keys); this says whether the conversion is the cause."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def convert(x_ptr, direct_ptr, widened_ptr):
+        at = tl.arange(0, 256)
+        x = tl.load(x_ptr + at)
+        tl.store(direct_ptr + at, x.to(tl.bfloat16))
+        tl.store(widened_ptr + at, x.to(tl.float32).to(tl.bfloat16))
+
+    bits = torch.arange(256, dtype=torch.int32, device="cuda").to(torch.uint8)
+    values = bits.view(torch.float8_e4m3fn)
+    direct, widened = (torch.empty(256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    convert[(1,)](values, direct, widened)
+    finite = ~values.float().isnan()
+    want = values.to(torch.bfloat16)
+    assert torch.equal(widened[finite].view(torch.int16), want[finite].view(torch.int16))
+    assert torch.equal(direct[finite].view(torch.int16), want[finite].view(torch.int16))
