@@ -305,6 +305,11 @@ def prompt_applies(heads: int, rank: int) -> bool:
     return heads >= 1 and 16 <= rank <= 512 and rank & (rank - 1) == 0
 
 
+def _capability(x: torch.Tensor) -> tuple[int, int]:
+    """The compute capability of x's GPU, (0, 0) off CUDA (Triton's interpreter): what picks a launch here."""
+    return torch.cuda.get_device_capability(x.device) if x.is_cuda else (0, 0)
+
+
 def prompt_launch(capability: tuple[int, int], lo: bool = False) -> dict:
     """`_attend_prompt`'s launch for a GPU of this compute capability, latents with a lo part or not
     (PROMPT_LAUNCHES; the dict itself: a bench may change it)."""
@@ -364,8 +369,7 @@ def selected_attention(
         )
     if lat_hi.shape[1] != rank or (lat_lo is not None and lat_lo.shape != lat_hi.shape):
         raise ValueError(f"latents {tuple(lat_hi.shape)} do not have q_abs's rank {rank}")
-    capability = torch.cuda.get_device_capability(q_hi.device) if q_hi.is_cuda else (0, 0)
-    launch = prompt_launch(capability, lat_lo is not None)
+    launch = prompt_launch(_capability(q_hi), lat_lo is not None)
     group = head_group(launch, heads)
     out = torch.empty(heads, t, rank, dtype=torch.float32, device=q_hi.device)
     _attend_prompt[(t, triton.cdiv(heads, group))](
@@ -561,7 +565,7 @@ def index_scores(
         source, stride = keys.contiguous(), dim
     split = source.dtype != torch.float32
     parts = split and shared
-    launch = index_launch(torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0), parts)
+    launch = index_launch(_capability(q), parts)
     queries = launch["queries"] if shared else 1
     grid = (triton.cdiv(n_pools, launch["pools"]), triton.cdiv(t, queries))
     _index_scores[grid](

@@ -57,18 +57,14 @@ def _derived(fn, match, what: str, values=None, **signature: str) -> dict:
     `what`, where none is recorded."""
     names = fn.arg_names
     for entry in json.loads(LAUNCHES.read_text()):
-        recorded = {names[k[0]]: v for k, v in entry["constexprs"]} if entry["kernel"] == fn.__name__ else {}
+        recorded = _constexprs(entry, names) if entry["kernel"] == fn.__name__ else {}
         if recorded and match(recorded):
             break
     else:
         pytest.fail(f"no {what} recorded (run bench/record_triton_launches.sh)")
     changes = values(recorded) if callable(values) else values or {}
     constexprs = {n: v for n, v in {**recorded, **changes}.items() if v is not None}
-    return {
-        **entry,
-        "signature": {**entry["signature"], **signature},
-        "constexprs": [[[names.index(n)], v] for n, v in constexprs.items()],
-    }
+    return {**entry, "signature": {**entry["signature"], **signature}, "constexprs": _as_recorded(constexprs, names)}
 
 
 def test_the_prompt_chunk_hyper_connection_mix_compiles_for_sm121():
@@ -166,11 +162,7 @@ def _compile_for_sm121(entry: dict) -> str:
     attrs = {tuple(k): [tuple(a) for a in v] for k, v in entry["attrs"]}
     source = ASTSource(fn=fn, signature=entry["signature"], constexprs=constexprs, attrs=attrs)
     options = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
-    options["enable_fp_fusion"] = entry.get("enable_fp_fusion", True)
-    if entry["kernel"] == "_attend_part":  # its launch option (a record may predate it)
-        from engine.ops import triton_dsa
-
-        options["enable_fp_fusion"] = triton_dsa.LANE_FP_FUSION
+    options["enable_fp_fusion"] = entry.get("enable_fp_fusion", True)  # recorded where a launch turns it off
     kernel = triton.compile(source, target=GPUTarget("cuda", 121, 32), options=options)
     assert kernel.asm["cubin"] and ".target sm_121" in kernel.asm["ptx"]
     assert kernel.metadata.shared <= GB10_SHARED_PER_BLOCK, (
@@ -187,9 +179,9 @@ def _index_scores_on_gb10(entry: dict, names: list[str]) -> dict:
     a program a GB10 (sm_121) launches it with."""
     from engine.ops import triton_dsa
 
-    values = {names[k[0]]: v for k, v in entry["constexprs"]}
+    values = _constexprs(entry, names)
     values["BP"] = triton_dsa.index_launch((12, 1), bool(values["PARTS"]))["pools"]
-    return {**entry, "constexprs": [[[names.index(n)], v] for n, v in values.items()]}
+    return {**entry, "constexprs": _as_recorded(values, names)}
 
 
 def _attend_prompt_on_gb10(entry: dict, names: list[str]) -> dict:
@@ -197,9 +189,19 @@ def _attend_prompt_on_gb10(entry: dict, names: list[str]) -> dict:
     capability) as a GB10 (sm_121) launches it: its block of tokens, head group, warps and stages."""
     from engine.ops import triton_dsa
 
-    values = {names[k[0]]: v for k, v in entry["constexprs"]}
+    values = _constexprs(entry, names)
     launch = triton_dsa.prompt_launch((12, 1), bool(values["HAS_LO"]))
     values["BT"] = launch["block"]
     values["HG"] = triton_dsa.head_group(launch, values["H"])
-    constexprs = [[[names.index(n)], v] for n, v in values.items()]
+    constexprs = _as_recorded(values, names)
     return {**entry, "constexprs": constexprs, "num_warps": launch["num_warps"], "num_stages": launch["num_stages"]}
+
+
+def _constexprs(entry: dict, names: list[str]) -> dict:
+    """A recorded launch's constexprs by argument name."""
+    return {names[k[0]]: v for k, v in entry["constexprs"]}
+
+
+def _as_recorded(values: dict, names: list[str]) -> list:
+    """Constexprs by name in the record's form: [[argument index], value] pairs."""
+    return [[[names.index(n)], v] for n, v in values.items()]
