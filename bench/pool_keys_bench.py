@@ -171,9 +171,9 @@ def main() -> None:
                 many = chunk_scores(chunk, span, gen, device)
                 got["chunk_rows"] = chunk
                 got["chunk_select_sort_ms"] = timed(lambda: by_sort(many, False), device, repeats) * 1e3
-                assert torch.equal(ops.top_pools(many, PICK), ops.reference.top_pools(many, PICK))
                 got["chunk_select_top_pools_ms"] = timed(lambda: ops.top_pools(many, PICK), device, repeats) * 1e3
-                if device == "cuda":  # the torch form beside the kernel (session 32)
+                if device == "cuda":  # the torch form beside the kernel (session 32); on the CPU they are one
+                    assert torch.equal(ops.top_pools(many, PICK), ops.reference.top_pools(many, PICK))
                     got["chunk_select_torch_ms"] = (
                         timed(lambda: ops.reference.top_pools(many, PICK), device, repeats) * 1e3
                     )
