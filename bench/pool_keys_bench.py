@@ -16,7 +16,12 @@ ending at the span (`chunk_select_*_ms`, `--chunk` queries, random scores with e
 since session 32 the chunk's `top_pools` is engine/ops/triton_dsa.py's kernel on CUDA, and `chunk_select_torch_ms`
 the torch form beside it).
 
+With `--select-rows 1,64,2048` only the choice is timed (session 33): for each span and each count of queries, the
+torch form (`torch_ms`), engine/ops/triton_dsa.py's kernels with a query's span cut into segments as launched
+(`kernel_ms`, `segment`: pools a program) and with one segment a query (`one_segment_ms`, session 32's shape).
+
     python bench/pool_keys_bench.py [--spans 4096,32768,131072] [--kv fp32,bf16,fp8] [--chunk N] [--out FILE]
+    python bench/pool_keys_bench.py --select-rows 1,8,64,128,512,2048 --spans 32768,131072,524288,1048576
 
 On a GPU each form runs as a CUDA graph (as the serving step does); on the CPU eagerly.
 """
@@ -115,6 +120,35 @@ def timed(fn, device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
+def select_rows(spans: list[int], counts: list[int], repeats: int) -> dict:
+    """The choice alone (CUDA): the torch form against the kernels, segmented as launched and one segment a query,
+    for `counts` queries ending at each span (random scores, invisible pools masked); ms, graphed."""
+    from engine.ops import triton_dsa
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    launch = triton_dsa.TOP_POOLS_LAUNCH
+    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "date": time.strftime("%Y-%m-%d"), "launch": dict(launch), "runs": {}}  # fmt: skip
+    for span in spans:
+        for rows in counts:
+            index = chunk_scores(rows, span, gen, "cuda")
+            want = ops.reference.top_pools(index, PICK)
+            assert torch.equal(triton_dsa.top_pools(index, PICK), want)
+            got = {"pools": span // KPOOL, "segment": triton_dsa.top_pools_segments(rows, span // KPOOL)}
+            got["torch_ms"] = timed(lambda: ops.reference.top_pools(index, PICK), "cuda", repeats) * 1e3
+            got["kernel_ms"] = timed(lambda: triton_dsa.top_pools(index, PICK), "cuda", repeats) * 1e3
+            aimed, launch["programs"] = launch["programs"], 1  # one segment a query
+            try:
+                assert torch.equal(triton_dsa.top_pools(index, PICK), want)
+                got["one_segment_ms"] = timed(lambda: triton_dsa.top_pools(index, PICK), "cuda", repeats) * 1e3
+            finally:
+                launch["programs"] = aimed
+            got = {k: round(v, 3) if isinstance(v, float) else v for k, v in got.items()}
+            result["runs"][f"s{span}_r{rows}"] = got
+            print(span, rows, got, flush=True)
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spans", default="4096,32768,131072")
@@ -123,10 +157,17 @@ def main() -> None:
         "--chunk", type=int, default=0, help="a prompt chunk's queries (default: 2048 on a GPU, 128 on the CPU)"
     )
     ap.add_argument("--repeats", type=int, default=0, help="timed runs of each (default: 50 on a GPU, 5 on the CPU)")
+    ap.add_argument("--select-rows", default="", help="only the choice, for these counts of queries (CUDA)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     repeats = args.repeats or (50 if device == "cuda" else 5)
+    if args.select_rows:
+        result = select_rows([int(s) for s in args.spans.split(",")], [int(r) for r in args.select_rows.split(",")],
+                             repeats)  # fmt: skip
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return
     chunk = args.chunk or (2048 if device == "cuda" else 128)
     gen = torch.Generator(device=device).manual_seed(0)
     ape = torch.randn(KPOOL, DIM, generator=gen, device=device)

@@ -678,12 +678,13 @@ def complete_pools(
     )  # fmt: skip
 
 
-# `top_pools`' block of scores a step, bits a pass and warps, and the fewest rows it takes: a program a row walks its
-# span five times, so it needs rows to fill the GPU. On the H100 (docs/BENCHMARKS.md, session 32) 2,048 rows took
-# 0.39 / 1.50 / 6.00 ms at 8k / 32k / 131k pools against the torch form's 1.14 / 3.47 / 12.33; but a long span's
-# chunk scores its queries in blocks (SparseMLA.SELECT_SCORES), and in blocks of 128 rows (a 512k span) the kernel
-# took 17.7 ms a chunk, of 64 (1M) 70.6 ms. Fewer rows (those, a decode step's) keep the torch form.
-TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "rows": 512}
+# `top_pools`' block of scores a step, bits a pass, warps, and the programs it aims for: a query's span is cut into
+# segments (whole blocks) until queries × segments reach "programs", so that a few queries over a long span fill the
+# GPU as a prompt chunk's 2,048 do. Session 32's form, a program a query, took 0.39 / 1.50 / 6.00 ms for 2,048
+# queries at 8k / 32k / 131k pools on the H100 (the torch form 1.14 / 3.47 / 12.33) but 17.7 ms a chunk in blocks of
+# 128 queries (a 512k span, SparseMLA.SELECT_SCORES) and 70.6 in blocks of 64 (1M). Fewer rows than "rows" keep the
+# torch form.
+TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 1024, "rows": 512}
 
 
 @triton.jit
@@ -695,40 +696,90 @@ def _order_key(x):
 
 
 @triton.jit
-def _top_pools(index_ptr, out_ptr, P, K, BLOCK: tl.constexpr, BITS: tl.constexpr):
-    # the span is walked by `while` loops: Triton's interpreter takes no argument as a `range` bound
+def _segment_keys(index_ptr, P, end, start, BLOCK: tl.constexpr):
+    """The keys of query program_id(0)'s scores start .. start + BLOCK, and which of them lie before `end`."""
+    at = start + tl.arange(0, BLOCK)
+    ok = at < end
+    return at, ok, _order_key(tl.load(index_ptr + tl.program_id(0).to(tl.int64) * P + at, mask=ok, other=0.0))
+
+
+@triton.jit
+def _pool_digits(
+    index_ptr, state_ptr, counts_ptr, P, SEG, SHIFT: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr
+):
+    # one pass of the radix select, a program a (query, segment): how many keys of the segment have each value of
+    # the digit at SHIFT among those whose higher bits are the k-th best key's chosen so far (state), added into
+    # the query's counts. `while` loops: Triton's interpreter takes no argument as a `range` bound.
     row = tl.program_id(0).to(tl.int64)
-    scores = index_ptr + row * P
-    offs = tl.arange(0, BLOCK)
+    counts = tl.zeros([1 << BITS], dtype=tl.int32)
+    start = tl.program_id(1) * SEG
+    end = tl.minimum(start + SEG, P)
+    while start < end:
+        at, ok, key = _segment_keys(index_ptr, P, end, start, BLOCK)
+        if SHIFT + BITS < 32:  # the first pass has chosen nothing yet
+            high = tl.load(state_ptr + row * 2).to(tl.uint32, bitcast=True) >> (SHIFT + BITS)
+            ok &= (key >> (SHIFT + BITS)) == high
+        counts += tl.histogram(((key >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32), 1 << BITS, mask=ok)
+        start += BLOCK
+    tl.atomic_add(counts_ptr + row * (1 << BITS) + tl.arange(0, 1 << BITS), counts, sem="relaxed")
+
+
+@triton.jit
+def _pool_digit(state_ptr, counts_ptr, K, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    # a program a query: the digit where the count from the top reaches the rank still wanted, into the state (the
+    # k-th best key's bits so far, and its rank among the keys that share them)
+    row = tl.program_id(0).to(tl.int64)
     digits = tl.arange(0, 1 << BITS)
-    # the k-th best score's key, BITS at a time from the top (a radix select): each pass counts the digits of the
-    # keys that share the bits chosen so far, and takes the digit where the count from the top reaches what is wanted
-    kth = tl.zeros([], dtype=tl.uint32)
-    chosen = tl.zeros([], dtype=tl.uint32)
-    wanted = K  # the rank of the k-th best among the keys that share its chosen bits
-    for shift in tl.static_range(32 - BITS, -BITS, -BITS):
-        counts = tl.zeros([1 << BITS], dtype=tl.int32)
-        start = 0
-        while start < P:
-            at = start + offs
-            ok = at < P
-            key = _order_key(tl.load(scores + at, mask=ok, other=0.0))
-            digit = ((key >> shift) & ((1 << BITS) - 1)).to(tl.int32)
-            counts += tl.histogram(digit, 1 << BITS, mask=ok & ((key & chosen) == kth))
-            start += BLOCK
-        above = tl.sum(counts, 0) - tl.cumsum(counts, 0)  # keys whose digit is above each digit's
-        here = (above < wanted) & (above + counts >= wanted)
-        wanted -= tl.sum(tl.where(here, above, 0), 0)
-        kth |= tl.sum(tl.where(here, digits, 0), 0).to(tl.uint32) << shift
-        chosen |= tl.full([], ((1 << BITS) - 1) << shift, tl.uint32)
-    # every pool above it and the earliest `wanted` tied with it, in position order
-    taken = tl.zeros([], dtype=tl.int32)
-    ties = tl.zeros([], dtype=tl.int32)
-    start = 0
-    while start < P:
-        at = start + offs
-        ok = at < P
-        key = _order_key(tl.load(scores + at, mask=ok, other=0.0))
+    counts = tl.load(counts_ptr + row * (1 << BITS) + digits)
+    if SHIFT + BITS < 32:
+        kth = tl.load(state_ptr + row * 2).to(tl.uint32, bitcast=True)
+        wanted = tl.load(state_ptr + row * 2 + 1)
+    else:
+        kth = tl.zeros([], dtype=tl.uint32)
+        wanted = K
+    above = tl.sum(counts, 0) - tl.cumsum(counts, 0)  # keys whose digit is above each digit's
+    here = (above < wanted) & (above + counts >= wanted)
+    wanted -= tl.sum(tl.where(here, above, 0), 0)
+    kth |= tl.sum(tl.where(here, digits, 0), 0).to(tl.uint32) << SHIFT
+    tl.store(state_ptr + row * 2, kth.to(tl.int32, bitcast=True))
+    tl.store(state_ptr + row * 2 + 1, wanted)
+
+
+@triton.jit
+def _pool_ties(index_ptr, state_ptr, segments_ptr, P, SEG, BLOCK: tl.constexpr):
+    # a program a (query, segment): how many of the segment's keys are above the k-th best and how many equal it
+    row = tl.program_id(0).to(tl.int64)
+    kth = tl.load(state_ptr + row * 2).to(tl.uint32, bitcast=True)
+    above = tl.zeros([], dtype=tl.int32)
+    tied = tl.zeros([], dtype=tl.int32)
+    start = tl.program_id(1) * SEG
+    end = tl.minimum(start + SEG, P)
+    while start < end:
+        at, ok, key = _segment_keys(index_ptr, P, end, start, BLOCK)
+        above += tl.sum((ok & (key > kth)).to(tl.int32), 0)
+        tied += tl.sum((ok & (key == kth)).to(tl.int32), 0)
+        start += BLOCK
+    at = segments_ptr + (row * tl.num_programs(1) + tl.program_id(1)) * 2
+    tl.store(at, above)
+    tl.store(at + 1, tied)
+
+
+@triton.jit
+def _pool_take(index_ptr, out_ptr, state_ptr, segments_ptr, P, K, SEG, BLOCK: tl.constexpr, SEGMENTS: tl.constexpr):
+    # a program a (query, segment): every pool above the k-th best key and the earliest `wanted` tied with it, at
+    # their places in position order (after those the earlier segments take)
+    row = tl.program_id(0).to(tl.int64)
+    kth = tl.load(state_ptr + row * 2).to(tl.uint32, bitcast=True)
+    wanted = tl.load(state_ptr + row * 2 + 1)
+    earlier = tl.arange(0, SEGMENTS)
+    sums = segments_ptr + (row * tl.num_programs(1) + earlier) * 2
+    before = earlier < tl.program_id(1)
+    ties = tl.sum(tl.load(sums + 1, mask=before, other=0), 0)
+    taken = tl.sum(tl.load(sums, mask=before, other=0), 0) + tl.minimum(ties, wanted)
+    start = tl.program_id(1) * SEG
+    end = tl.minimum(start + SEG, P)
+    while start < end:
+        at, ok, key = _segment_keys(index_ptr, P, end, start, BLOCK)
         tied = ok & (key == kth)
         take = (ok & (key > kth)) | (tied & (ties + tl.cumsum(tied.to(tl.int32), 0) <= wanted))
         place = taken + tl.cumsum(take.to(tl.int32), 0) - 1
@@ -739,7 +790,7 @@ def _top_pools(index_ptr, out_ptr, P, K, BLOCK: tl.constexpr, BITS: tl.constexpr
 
 
 def top_pools_applies(index: torch.Tensor) -> bool:
-    """Whether `top_pools` takes these scores: fp32 on CUDA, at least TOP_POOLS_LAUNCH's rows (a prompt chunk's)."""
+    """Whether `top_pools` takes these scores: fp32 on CUDA, at least TOP_POOLS_LAUNCH's rows."""
     return (
         index.is_cuda
         and index.dtype == torch.float32
@@ -748,21 +799,43 @@ def top_pools_applies(index: torch.Tensor) -> bool:
     )
 
 
+def top_pools_segments(queries: int, n_pools: int) -> int:
+    """The scores a program of `top_pools` reads of its query's span: whole blocks, as few as give the launch's
+    programs (one segment a query where there are enough queries)."""
+    launch = TOP_POOLS_LAUNCH
+    blocks = -(-n_pools // launch["block"])
+    segments = min(blocks, max(1, -(-launch["programs"] // max(queries, 1))))
+    return -(-blocks // segments) * launch["block"]
+
+
 def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
-    """`reference.top_pools` in one launch, a program a query: the same pools (exactly the first k of a stable
-    descending sort, in position order) from passes over its scores — 32 / bits counting `bits` of the k-th best
-    score's key each (a radix select; four of a byte each), one taking every pool above it and the earliest tied
-    ones — where the torch form ran a selection over the span and then about ten [T, P] passes (masks, two running
-    counts, a search).
+    """`reference.top_pools` by a radix select: the same pools (exactly the first k of a stable descending sort, in
+    position order). Each query's span is cut into segments (`top_pools_segments`); 32 / bits passes each count one
+    digit of the keys that may still be the k-th best (a launch over the segments, then one a query to choose the
+    digit; four passes of a byte each), then one launch counts each segment's pools above the k-th best and tied with
+    it and one writes every pool above it and the earliest tied ones. The torch form ran a selection over the span,
+    then about ten [T, P] passes (masks, two running counts, a search). No host reads (a graph holds it).
     Scores must not be NaN (a row with one: the kernel ranks it by its bits, the torch form differently)."""
     t, n_pools = index.shape
     launch = TOP_POOLS_LAUNCH
-    if not 0 <= k <= n_pools or 32 % launch["bits"]:
-        raise ValueError(f"top_pools takes 0 <= k <= {n_pools} pools and bits dividing 32; got {k}, {launch['bits']}")
+    bits, block, warps = launch["bits"], launch["block"], launch["num_warps"]
+    if not 0 <= k <= n_pools or 32 % bits:
+        raise ValueError(f"top_pools takes 0 <= k <= {n_pools} pools and bits dividing 32; got {k}, {bits}")
     out = torch.empty(t, k, dtype=torch.int64, device=index.device)
     if t == 0 or k == 0:
         return out
-    _top_pools[(t,)](
-        index.contiguous(), out, n_pools, k, BLOCK=launch["block"], BITS=launch["bits"], num_warps=launch["num_warps"]
-    )
+    index = index.contiguous()
+    seg = top_pools_segments(t, n_pools)
+    grid = (t, -(-n_pools // seg))
+    state = torch.empty(t, 2, dtype=torch.int32, device=index.device)  # the k-th best key's bits, the rank wanted
+    counts = torch.zeros(32 // bits, t, 1 << bits, dtype=torch.int32, device=index.device)
+    for i, shift in enumerate(range(32 - bits, -1, -bits)):
+        _pool_digits[grid](index, state, counts[i], n_pools, seg, SHIFT=shift, BLOCK=block, BITS=bits, num_warps=warps)
+        _pool_digit[(t,)](state, counts[i], k, SHIFT=shift, BITS=bits, num_warps=warps)
+    segments = torch.empty(*grid, 2, dtype=torch.int32, device=index.device)
+    _pool_ties[grid](index, state, segments, n_pools, seg, BLOCK=block, num_warps=warps)
+    _pool_take[grid](
+        index, out, state, segments, n_pools, k, seg, BLOCK=block, SEGMENTS=triton.next_power_of_2(grid[1]),
+        num_warps=warps,
+    )  # fmt: skip
     return out

@@ -1,8 +1,8 @@
 """DSA's pool choice without a sort (engine/ops/reference.py `top_pools`): the k best pools of each query are exactly
 the first k of a stable descending sort — the rule `_select_tokens` defines, ties to the earlier pool — in position
 order, for scores with many exact ties, for spans with fewer visible pools than k (the invisible ones at fp32's
-lowest), and for k equal to the span. The same for its kernel (engine/ops/triton_dsa.py `top_pools`, a prompt chunk's
-rows on CUDA) under Triton's interpreter. tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA, eagerly and
+lowest), and for k equal to the span. The same for its kernels (engine/ops/triton_dsa.py `top_pools`, a prompt
+chunk's rows on CUDA) under Triton's interpreter, with a query's span in one segment, in a few and in one a block. tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA, eagerly and
 in a graph (a few rows: the torch form), and repeated to a prompt chunk's rows (the kernel)."""
 
 from __future__ import annotations
@@ -78,4 +78,9 @@ if __name__ == "__main__":  # under Triton's interpreter (tests/engine/interpret
     from engine.ops import triton_dsa
 
     triton_dsa.TOP_POOLS_LAUNCH["block"] = 256  # several blocks a row at these spans
-    print(json.dumps({name: torch.equal(triton_dsa.top_pools(x, k), by_sort(x, k)) for name, x, k in cases("cpu")}))
+    same = {}
+    for programs in (1024, 12, 1):  # a segment a block (most), a few blocks a segment, one segment a query
+        triton_dsa.TOP_POOLS_LAUNCH["programs"] = programs
+        for name, x, k in cases("cpu"):
+            same[f"{name}, {programs} programs"] = torch.equal(triton_dsa.top_pools(x, k), by_sort(x, k))
+    print(json.dumps(same))

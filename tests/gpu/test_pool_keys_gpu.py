@@ -3,7 +3,8 @@ torch form for fp32, bf16 and fp8 rows (tests/engine/test_pool_keys_triton.py's 
 interpreter), and through the serving path with CUDA graphs: steps read nothing of a complete pool but its key
 (tests/engine/test_pool_keys.py's check); the pool choice without a sort (`ops.top_pools`,
 tests/engine/test_top_pools.py's cases), eagerly and replayed from a CUDA graph, and by its kernel for a prompt
-chunk's rows (those cases' rows repeated, and a 2,048-query chunk at a 512k span). Skipped where no GPU is present (never part of CI)."""
+chunk's rows (those cases' rows repeated, and a 2,048-query chunk at a 512k span), and for a few queries whose spans
+its kernels cut into segments. Skipped where no GPU is present (never part of CI)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,26 @@ def test_top_pools_kernel_takes_the_same_pools_for_a_prompt_chunks_rows():
     for name, index, k in every:
         assert triton_dsa.top_pools_applies(index), name
         assert torch.equal(ops.top_pools(index, k), by_sort(index, k)), name
+
+
+def test_top_pools_kernel_cuts_a_few_queries_spans_into_segments_eagerly_and_from_a_graph():
+    """A decode step's or a long span's block of queries: few rows, each span cut into segments of whole blocks
+    (`top_pools_segments`), the kernels called directly whatever `top_pools_applies` says, and replayed from a graph
+    with new scores."""
+    from engine.ops import triton_dsa
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    long = torch.randn(2, 262144, device="cuda", generator=gen)  # a 1M span's pools
+    long[:, 5:200000:300] = 2.9  # 667 tied near the top: the 512th place falls inside the tie
+    assert triton_dsa.top_pools_segments(*long.shape) < long.shape[1] // 64  # over 64 programs a query
+    for name, index, k in [*cases("cuda"), ("1M span, 2 queries", long, 512)]:
+        if k == 0:
+            continue
+        assert torch.equal(triton_dsa.top_pools(index, k), by_sort(index, k)), name
+        static = index.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = triton_dsa.top_pools(static, k)
+        static.copy_(index.flip(-1))
+        graph.replay()
+        assert torch.equal(out, by_sort(index.flip(-1), k)), name
