@@ -8,16 +8,17 @@
 #    32k..1M spans (which rows `TOP_POOLS_LAUNCH["rows"]` should send to the kernels);
 # 3. one DSA layer's 2k chunk at 512k and 1M (blocks of 128 and 64 queries, SparseMLA.SELECT_SCORES) with the
 #    choice as dispatched now (the torch form below 512 rows), then from a copy of the tree that sends every row
-#    count to the kernels (the sed);
+#    count to the kernels (the sed), and from it with blocks of 4x the scores (a second sed: the kernels hold no
+#    [T, P] masks beside the scores, the torch form's 2-4x);
 # 4. the same chunk with bf16 rows at 32k and 128k: the latents read in place, then from a copy of the tree whose
 #    bf16 pools' latents go to the selected-token attention as a contiguous copy, as an fp8 pool's do (the sed).
-#     BUDGET=330 bash bench/gpu_session33_call1.sh
+#     BUDGET=400 bash bench/gpu_session33_call1.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s33a-out}
 mkdir -p "$OUT" /tmp/s33a-steps
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-330}
+BUDGET=${BUDGET:-400}
 . bench/run_steps.sh
 T=/tmp/s33a-steps
 
@@ -38,6 +39,11 @@ sed -i 's|"programs": 1024, "rows": 512}|"programs": 1024, "rows": 1}|' /tmp/row
 grep -c '"rows": 1}' /tmp/rows1/engine/ops/triton_dsa.py | tee -a "$LOG"
 step "3b. the same, every row count to the kernels" 60 "$T/long_rows1.txt" python /tmp/rows1/bench/long_prompt_bench.py \
     --spans 524288,1048576 --kv bf16 --profile --out "$T/long_prompt_rows1.json"
+sed -i 's|    SELECT_SCORES = 1 << 24|    SELECT_SCORES = 1 << 26|' /tmp/rows1/engine/models/glm5_next/dsa.py
+grep -c 'SELECT_SCORES = 1 << 26' /tmp/rows1/engine/models/glm5_next/dsa.py | tee -a "$LOG"
+step "3c. the same with 4x the scores a block (256 MiB: 512 queries at 512k, 256 at 1M)" 60 "$T/long_rows1_big.txt" \
+    python /tmp/rows1/bench/long_prompt_bench.py --spans 524288,1048576 --kv bf16 --profile \
+    --out "$T/long_prompt_rows1_blocks4x.json"
 step "4a. a DSA layer's chunk, bf16 rows in place, 32k and 128k" 25 "$T/in_place.txt" python \
     bench/long_prompt_bench.py --spans 32768,131072 --kv bf16 --repeats 3 --out "$T/long_prompt_bf16_in_place.json"
 rm -rf /tmp/copy33 && mkdir -p /tmp/copy33 && cp -r engine bench /tmp/copy33/

@@ -712,12 +712,14 @@ def _pool_digits(
     # the query's counts. `while` loops: Triton's interpreter takes no argument as a `range` bound.
     row = tl.program_id(0).to(tl.int64)
     counts = tl.zeros([1 << BITS], dtype=tl.int32)
+    high = tl.zeros([], dtype=tl.uint32)
+    if SHIFT + BITS < 32:  # the first pass has chosen nothing yet
+        high = tl.load(state_ptr + row * 2).to(tl.uint32, bitcast=True) >> (SHIFT + BITS)
     start = tl.program_id(1) * SEG
     end = tl.minimum(start + SEG, P)
     while start < end:
         at, ok, key = _segment_keys(index_ptr, P, end, start, BLOCK)
-        if SHIFT + BITS < 32:  # the first pass has chosen nothing yet
-            high = tl.load(state_ptr + row * 2).to(tl.uint32, bitcast=True) >> (SHIFT + BITS)
+        if SHIFT + BITS < 32:
             ok &= (key >> (SHIFT + BITS)) == high
         counts += tl.histogram(((key >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32), 1 << BITS, mask=ok)
         start += BLOCK
