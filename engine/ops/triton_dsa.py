@@ -815,14 +815,14 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     position order). Each query's span is cut into segments (`top_pools_segments`); 32 / bits passes each count one
     digit of the keys that may still be the k-th best (a launch over the segments, then one a query to choose the
     digit; four passes of a byte each), then one launch counts each segment's pools above the k-th best and tied with
-    it and one writes every pool above it and the earliest tied ones. The torch form ran a selection over the span,
+    it (where a query has more than one) and one writes every pool above it and the earliest tied ones. The torch form ran a selection over the span,
     then about ten [T, P] passes (masks, two running counts, a search). No host reads (a graph holds it).
     Scores must not be NaN (a row with one: the kernel ranks it by its bits, the torch form differently)."""
     t, n_pools = index.shape
     launch = TOP_POOLS_LAUNCH
     bits, block, warps = launch["bits"], launch["block"], launch["num_warps"]
-    if not 0 <= k <= n_pools or 32 % bits:
-        raise ValueError(f"top_pools takes 0 <= k <= {n_pools} pools and bits dividing 32; got {k}, {bits}")
+    if not 0 <= k <= n_pools or 32 % bits or bits > 16:
+        raise ValueError(f"top_pools takes 0 <= k <= {n_pools} pools and bits dividing 32, at most 16; got {k}, {bits}")
     out = torch.empty(t, k, dtype=torch.int64, device=index.device)
     if t == 0 or k == 0:
         return out
@@ -835,7 +835,8 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
         _pool_digits[grid](index, state, counts[i], n_pools, seg, SHIFT=shift, BLOCK=block, BITS=bits, num_warps=warps)
         _pool_digit[(t,)](state, counts[i], k, SHIFT=shift, BITS=bits, num_warps=warps)
     segments = torch.empty(*grid, 2, dtype=torch.int32, device=index.device)
-    _pool_ties[grid](index, state, segments, n_pools, seg, BLOCK=block, num_warps=warps)
+    if grid[1] > 1:  # one segment a query has no earlier segments to count
+        _pool_ties[grid](index, state, segments, n_pools, seg, BLOCK=block, num_warps=warps)
     _pool_take[grid](
         index, out, state, segments, n_pools, k, seg, BLOCK=block, SEGMENTS=triton.next_power_of_2(grid[1]),
         num_warps=warps,
