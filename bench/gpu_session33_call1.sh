@@ -8,7 +8,7 @@
 #    32k..1M spans (which rows `TOP_POOLS_LAUNCH["rows"]` should send to the kernels);
 # 3. one DSA layer's 2k chunk at 512k and 1M (blocks of 128 and 64 queries, SparseMLA.SELECT_SCORES) with the
 #    choice as dispatched now (the torch form below 512 rows), then from a copy of the tree that sends every row
-#    count to the kernels (the sed), and from it with blocks of 4x the scores (a second sed: the kernels hold no
+#    count to the kernels with 1,024 programs (the sed), and from it with blocks of 4x the scores (a second sed: the kernels hold no
 #    [T, P] masks beside the scores, the torch form's 2-4x);
 # 4. the same chunk with bf16 rows at 32k and 128k: the latents read in place, then from a copy of the tree whose
 #    bf16 pools' latents go to the selected-token attention as a contiguous copy, as an fp8 pool's do (the sed).
@@ -35,7 +35,7 @@ step "2. the choice alone: torch form, segmented kernels, one segment a query" 7
 step "3a. a DSA layer's chunk at 512k and 1M, the choice as dispatched (torch below 512 rows)" 60 "$T/long_now.txt" \
     python bench/long_prompt_bench.py --spans 524288,1048576 --kv bf16 --profile --out "$T/long_prompt_now.json"
 rm -rf /tmp/rows1 && mkdir -p /tmp/rows1 && cp -r engine bench /tmp/rows1/
-sed -i 's|"programs": 1024, "rows": 512}|"programs": 1024, "rows": 1}|' /tmp/rows1/engine/ops/triton_dsa.py
+sed -i 's|"programs": 512, "rows": 512}|"programs": 1024, "rows": 1}|' /tmp/rows1/engine/ops/triton_dsa.py
 grep -c '"rows": 1}' /tmp/rows1/engine/ops/triton_dsa.py | tee -a "$LOG"
 step "3b. the same, every row count to the kernels" 60 "$T/long_rows1.txt" python /tmp/rows1/bench/long_prompt_bench.py \
     --spans 524288,1048576 --kv bf16 --profile --out "$T/long_prompt_rows1.json"

@@ -679,12 +679,13 @@ def complete_pools(
 
 
 # `top_pools`' block of scores a step, bits a pass, warps, and the programs it aims for: a query's span is cut into
-# segments (whole blocks) until queries × segments reach "programs", so that a few queries over a long span fill the
-# GPU as a prompt chunk's 2,048 do. Session 32's form, a program a query, took 0.39 / 1.50 / 6.00 ms for 2,048
+# segments (whole blocks) until queries × segments reach "programs", so that a few queries over a long span can fill
+# the GPU as a prompt chunk's 2,048 do. Session 32's form, a program a query, took 0.39 / 1.50 / 6.00 ms for 2,048
 # queries at 8k / 32k / 131k pools on the H100 (the torch form 1.14 / 3.47 / 12.33) but 17.7 ms a chunk in blocks of
 # 128 queries (a 512k span, SparseMLA.SELECT_SCORES) and 70.6 in blocks of 64 (1M). Fewer rows than "rows" keep the
-# torch form.
-TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 1024, "rows": 512}
+# torch form; from "rows" on, 512 programs give one segment a query, the shape session 32 measured (the segments'
+# gain for fewer queries is not measured yet: bench/pool_keys_bench.py --select-rows).
+TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 512, "rows": 512}
 
 
 @triton.jit
