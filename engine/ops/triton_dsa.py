@@ -815,9 +815,10 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     """`reference.top_pools` by a radix select: the same pools (exactly the first k of a stable descending sort, in
     position order). Each query's span is cut into segments (`top_pools_segments`); 32 / bits passes each count one
     digit of the keys that may still be the k-th best (a launch over the segments, then one a query to choose the
-    digit; four passes of a byte each), then one launch counts each segment's pools above the k-th best and tied with
-    it (where a query has more than one) and one writes every pool above it and the earliest tied ones. The torch form ran a selection over the span,
-    then about ten [T, P] passes (masks, two running counts, a search). No host reads (a graph holds it).
+    digit; four passes of a byte each), then one launch counts each segment's pools above the k-th best and tied
+    with it (where a query has more than one segment) and one writes every pool above it and the earliest tied ones.
+    The torch form ran a selection over the span, then about ten [T, P] passes (masks, two running counts, a
+    search). No host reads (a graph holds it).
     Scores must not be NaN (a row with one: the kernel ranks it by its bits, the torch form differently)."""
     t, n_pools = index.shape
     launch = TOP_POOLS_LAUNCH
