@@ -236,8 +236,8 @@ def index_scores(
 
 def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     """Each query's k best pools in position order (`reference.top_pools`: the first k of a stable descending sort):
-    on CUDA for a prompt chunk's rows by engine/ops/triton_dsa.py's `top_pools` (a radix select in a few launches, the
-    same pools), else the torch form."""
+    on CUDA by engine/ops/triton_dsa.py's `top_pools` (a radix select in a few launches, the same pools), else the
+    torch form."""
     if index.is_cuda:
         from engine.ops import triton_dsa
 

@@ -678,14 +678,13 @@ def complete_pools(
     )  # fmt: skip
 
 
-# `top_pools`' block of scores a step, bits a pass, warps, and the programs it aims for: a query's span is cut into
-# segments (whole blocks) until queries × segments reach "programs", so that a few queries over a long span can fill
-# the GPU as a prompt chunk's 2,048 do. Session 32's form, a program a query, took 0.39 / 1.50 / 6.00 ms for 2,048
-# queries at 8k / 32k / 131k pools on the H100 (the torch form 1.14 / 3.47 / 12.33) but 17.7 ms a chunk in blocks of
-# 128 queries (a 512k span, SparseMLA.SELECT_SCORES) and 70.6 in blocks of 64 (1M). Fewer rows than "rows" keep the
-# torch form; from "rows" on, 512 programs give one segment a query, the shape session 32 measured (the segments'
-# gain for fewer queries is not measured yet: bench/pool_keys_bench.py --select-rows).
-TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 512, "rows": 512}
+# `top_pools`' block of scores a step, bits a pass, warps, the programs it aims for (a query's span is cut into
+# segments of whole blocks until queries × segments reach them), and the fewest rows it takes. On the H100
+# (docs/BENCHMARKS.md, session 33; 512 pools chosen, ms) it beats the torch form at every count of queries and span:
+# at a 1M span (262,144 pools) 1 query 0.034 against 0.115, 8: 0.073 / 0.832, 64: 0.50 / 1.53, 128: 0.98 / 2.15,
+# 2,048: 12.1 / 24.4; at 32k 1 query 0.020 / 0.072. Session 32's form, a program a query, took 1.41 ms for one
+# query at 1M: the segments are what let a decode step's query and a long span's blocks of 64-128 use it.
+TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 512, "rows": 1}
 
 
 @triton.jit

@@ -1,10 +1,10 @@
 """DSA's pool choice without a sort (engine/ops/reference.py `top_pools`): the k best pools of each query are exactly
 the first k of a stable descending sort — the rule `_select_tokens` defines, ties to the earlier pool — in position
 order, for scores with many exact ties, for spans with fewer visible pools than k (the invisible ones at fp32's
-lowest), and for k equal to the span. The same for its kernels (engine/ops/triton_dsa.py `top_pools`, a prompt
-chunk's rows on CUDA) under Triton's interpreter, with a query's span in one segment, in a few and in one a block.
-tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA, eagerly and in a graph (a few rows: the torch form),
-repeated to a prompt chunk's rows (the kernels), and through the kernels for a few queries."""
+lowest), and for k equal to the span. The same for its kernels (engine/ops/triton_dsa.py `top_pools`, what CUDA
+runs) under Triton's interpreter, with a query's span in one segment, in a few and in one a block.
+tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA (the kernels), eagerly and in a graph, repeated to a
+prompt chunk's rows, and for a 1M span's few queries."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """DSA's pool keys on the GPU (engine/ops/triton_dsa.py `complete_pools`, one launch a layer): the kernel against the
 torch form for fp32, bf16 and fp8 rows (tests/engine/test_pool_keys_triton.py's cases, there under Triton's
 interpreter), and through the serving path with CUDA graphs: steps read nothing of a complete pool but its key
-(tests/engine/test_pool_keys.py's check); the pool choice without a sort (`ops.top_pools`,
-tests/engine/test_top_pools.py's cases), eagerly and replayed from a CUDA graph, and by its kernel for a prompt
-chunk's rows (those cases' rows repeated, and a 2,048-query chunk at a 512k span), and for a few queries whose spans
-its kernels cut into segments. Skipped where no GPU is present (never part of CI)."""
+(tests/engine/test_pool_keys.py's check, the steps' pool choice by top_pools' kernels); the pool choice without a
+sort (`ops.top_pools`: on CUDA engine/ops/triton_dsa.py's kernels; tests/engine/test_top_pools.py's cases), eagerly
+and replayed from a CUDA graph, for a prompt chunk's rows (those cases' rows repeated, and a 2,048-query chunk at a
+512k span), and for a few queries whose spans its kernels cut into segments. Skipped where no GPU is present (never part of CI)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_top_pools_on_the_gpu_eagerly_and_from_a_graph():
 def test_top_pools_kernel_takes_the_same_pools_for_a_prompt_chunks_rows():
     from engine.ops import triton_dsa
 
-    rows = triton_dsa.TOP_POOLS_LAUNCH["rows"]
+    rows = 512  # a 128k span's block of queries
     gen = torch.Generator(device="cuda").manual_seed(5)
     chunk = torch.randn(2048, 131072, device="cuda", generator=gen)  # a 2k chunk at 512k: 131,072 pools of 4
     chunk[:, 130600:] = torch.finfo(torch.float32).min  # pools not complete yet at the queries' positions
