@@ -6,6 +6,8 @@
 # 2. the batch-1 decode step after prompts of 8k and 128k on four DSA layers (rank 0's TP=2 share, EXL3 experts, q4),
 #    this tree, then a copy whose choice takes the kernels only from 512 rows (the sed: session 32's dispatch).
 #     BUDGET=300 bash bench/gpu_session33_call2.sh
+# (Ran on the tree of commit 597d832 with TOP_POOLS_LAUNCH's "rows" knob; it is gone since, so the sed below no longer
+# changes anything: `top_pools_applies` takes every count of queries.)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s33b-out}

@@ -4,6 +4,8 @@
 # a cold Triton cache (its 8k prompt 9.3 s against 1.5). The same bench twice in one process tree here: the first
 # run compiles, the second is timed warm; then the torch-below-512 copy.
 #     BUDGET=200 bash bench/gpu_session33_call3.sh
+# (Ran on the tree of commit 597d832 with TOP_POOLS_LAUNCH's "rows" knob; it is gone since, so the sed below no longer
+# changes anything: `top_pools_applies` takes every count of queries.)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s33c-out}

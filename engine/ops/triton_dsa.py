@@ -678,13 +678,13 @@ def complete_pools(
     )  # fmt: skip
 
 
-# `top_pools`' block of scores a step, bits a pass, warps, the programs it aims for (a query's span is cut into
-# segments of whole blocks until queries × segments reach them), and the fewest rows it takes. On the H100
+# `top_pools`' block of scores a step, bits a pass, warps, and the programs it aims for (a query's span is cut into
+# segments of whole blocks until queries × segments reach them); it takes every count of queries. On the H100
 # (docs/BENCHMARKS.md, session 33; 512 pools chosen, ms) it beats the torch form at every count of queries and span:
 # at a 1M span (262,144 pools) 1 query 0.034 against 0.115, 8: 0.073 / 0.832, 64: 0.50 / 1.53, 128: 0.98 / 2.15,
 # 2,048: 12.1 / 24.4; at 32k 1 query 0.020 / 0.072. Session 32's form, a program a query, took 1.41 ms for one
 # query at 1M: the segments are what let a decode step's query and a long span's blocks of 64-128 use it.
-TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 512, "rows": 1}
+TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 512}
 
 
 @triton.jit
@@ -792,13 +792,8 @@ def _pool_take(index_ptr, out_ptr, state_ptr, segments_ptr, P, K, SEG, BLOCK: tl
 
 
 def top_pools_applies(index: torch.Tensor) -> bool:
-    """Whether `top_pools` takes these scores: fp32 on CUDA, at least TOP_POOLS_LAUNCH's rows."""
-    return (
-        index.is_cuda
-        and index.dtype == torch.float32
-        and index.dim() == 2
-        and index.shape[0] >= TOP_POOLS_LAUNCH["rows"]
-    )
+    """Whether `top_pools` takes these scores: [T, P] fp32 on CUDA, any T (session 32's kernel took 512 or more)."""
+    return index.is_cuda and index.dtype == torch.float32 and index.dim() == 2
 
 
 def top_pools_segments(queries: int, n_pools: int) -> int:
