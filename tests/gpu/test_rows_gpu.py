@@ -206,7 +206,8 @@ def test_triton_converts_every_e4m3_value_to_bf16_as_torch_does():
     """Every e4m3 bit pattern but NaN's converted to bf16 inside a Triton kernel — directly and widened to fp32 first
     (the indexer's `_index_keys` since session 32) — against torch's conversion: exact values, so the same bits.
     Session 32 found a decode step's fp8 indexer scores (e4m3 keys converted in the kernel) with other bits than a
-    prompt chunk's (torch's bf16 copy of the same keys); this says whether the conversion is the cause."""
+    prompt chunk's (torch's bf16 copy of the same keys); this test passing (session 33, H100) rules the conversion
+    out as the cause."""
     import triton
     import triton.language as tl
 
