@@ -392,6 +392,9 @@ INDEX_LAUNCH = {"pools": 64, "queries": 16, "num_warps": 4, "precision": "tf32x3
 # a 2,048-query chunk on the H100 at 32k 1.26 ms against 1.60 for 64 pools, at 128k 4.72 against 5.80 (bf16 keys;
 # fp8 the same within 2 %; docs/BENCHMARKS.md, session 32). ~131 KB of shared memory a block: past the GB10's 101,376 B
 INDEX_LAUNCH_SM90_PARTS = {**INDEX_LAUNCH, "pools": 128}
+# `_index_scores` compiled with FMA contraction (Triton's default); bench/index_bits_probe.py turns it off to see
+# whether contraction is what gives a step's fp8 scores other last bits than a chunk's
+INDEX_FP_FUSION = True
 
 
 def index_launch(capability: tuple[int, int], parts: bool) -> dict:
@@ -414,6 +417,17 @@ def _bf16(x, WIDEN: tl.constexpr):
 
 
 @triton.jit
+def _bf16_boundary(x):
+    """bf16 x as it is (a 16-bit move), in an instruction Triton must keep (not pure). Triton lays a product's
+    operands out for the tensor cores by the narrowest type it finds loaded behind them, looking back through pure
+    elementwise operations: e4m3 keys loaded as 8-bit values and converted got kWidth 4 where 16-bit operands take 2,
+    the K index permuted, so each MMA summed other products first and a decode step's fp8 index scores came out in
+    other last bits than a prompt chunk's over the bf16 copy (bench/index_bits_probe.py and the TTGIR, session 34).
+    Behind this move it looks no further: the operands of a bf16 pool's, the same sums in the same order."""
+    return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x], dtype=tl.bfloat16, is_pure=False, pack=1)
+
+
+@triton.jit
 def _index_keys(k_ptr, slot_ptr, scl_ptr, at, pools, ok, row_stride, D: tl.constexpr, GATHER: tl.constexpr,
                 SCALED: tl.constexpr, SPLIT: tl.constexpr, WIDEN: tl.constexpr):  # fmt: skip
     """The keysᵀ [D, BP] of `pools` as the product takes them — bf16 for keys held as bf16 or e4m3 (`SPLIT`: their
@@ -425,13 +439,13 @@ def _index_keys(k_ptr, slot_ptr, scl_ptr, at, pools, ok, row_stride, D: tl.const
     else:
         rows = at + pools.to(tl.int64)
     keys = tl.load(k_ptr + rows[None, :] * row_stride + dims[:, None], mask=ok[None, :], other=0.0)
+    if SPLIT and k_ptr.dtype.element_ty == tl.float8e4nv and not WIDEN:  # the interpreter has no layouts to choose
+        keys = _bf16_boundary(keys.to(tl.float32).to(tl.bfloat16))
     if SCALED:  # the row's scale goes on the product (KVPool.read gives value × scale)
         key_scale = tl.load(scl_ptr + rows, mask=ok, other=1.0)
     else:
         key_scale = tl.full(pools.shape, 1.0, tl.float32)
     if SPLIT:  # an e4m3 value is a bf16 value exactly (session 33's GPU test: every e4m3 value, both conversions)
-        # A step's fp8 scores still differ in their last bits from a chunk's over the bf16 copy of the same keys
-        # (tests/gpu/test_rows_gpu.py, fp8 case; both within 1e-6 of float64): not the conversion, cause open
         operand = _operand(keys.to(tl.float32).to(tl.bfloat16), WIDEN)
     else:
         operand = keys.to(tl.float32)
@@ -574,6 +588,7 @@ def index_scores(
         QB=queries, SHARED=shared, PRECISION=launch["precision"], slot_ptr=slots if slots is not None else positions,
         scl_ptr=scales if scales is not None else out, row_stride=stride, GATHER=slots is not None,
         SCALED=scales is not None, SPLIT=split, PARTS=parts, WIDEN=_INTERPRETED, num_warps=launch["num_warps"],
+        enable_fp_fusion=INDEX_FP_FUSION,
     )  # fmt: skip
     return out
 

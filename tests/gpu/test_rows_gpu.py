@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import ops
-from engine.ops import reference, triton_rows
+from engine.ops import reference, triton_dsa, triton_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -203,26 +203,27 @@ def test_indexer_scores_at_the_served_shapes(keys_kind, contexts):
 
 
 def test_triton_converts_every_e4m3_value_to_bf16_as_torch_does():
-    """Every e4m3 bit pattern but NaN's converted to bf16 inside a Triton kernel — directly and widened to fp32 first
-    (the indexer's `_index_keys` since session 32) — against torch's conversion: exact values, so the same bits.
-    Session 32 found a decode step's fp8 indexer scores (e4m3 keys converted in the kernel) with other bits than a
-    prompt chunk's (torch's bf16 copy of the same keys); this test passing (session 33, H100) rules the conversion
-    out as the cause."""
+    """Every e4m3 bit pattern but NaN's converted to bf16 inside a Triton kernel — directly, widened to fp32 first,
+    and widened then passed through `triton_dsa._bf16_boundary` (a decode step's fp8 index keys since session 34) —
+    against torch's conversion: exact values, so the same bits. Session 32 found a decode step's fp8 indexer scores
+    with other bits than a prompt chunk's; the first two conversions passing here (session 33) ruled the conversion
+    out, and session 34 found the cause in the operands' layout (kWidth; see `_bf16_boundary`)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def convert(x_ptr, direct_ptr, widened_ptr):
+    def convert(x_ptr, direct_ptr, widened_ptr, kept_ptr):
         at = tl.arange(0, 256)
         x = tl.load(x_ptr + at)
         tl.store(direct_ptr + at, x.to(tl.bfloat16))
         tl.store(widened_ptr + at, x.to(tl.float32).to(tl.bfloat16))
+        tl.store(kept_ptr + at, triton_dsa._bf16_boundary(x.to(tl.float32).to(tl.bfloat16)))
 
     bits = torch.arange(256, dtype=torch.int32, device="cuda").to(torch.uint8)
     values = bits.view(torch.float8_e4m3fn)
-    direct, widened = (torch.empty(256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    convert[(1,)](values, direct, widened)
+    direct, widened, kept = (torch.empty(256, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    convert[(1,)](values, direct, widened, kept)
     finite = ~values.float().isnan()
     want = values.to(torch.bfloat16)
-    assert torch.equal(widened[finite].view(torch.int16), want[finite].view(torch.int16))
-    assert torch.equal(direct[finite].view(torch.int16), want[finite].view(torch.int16))
+    for got in (widened, direct, kept):
+        assert torch.equal(got[finite].view(torch.int16), want[finite].view(torch.int16))
