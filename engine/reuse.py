@@ -154,6 +154,13 @@ class PrefixIndex:
         self._unpinned += node.page
         return node, drops
 
+    def forget(self, node: Node) -> list[tuple[int, bool]]:
+        """Take out a state `add` made for a prompt chunk whose step failed: no rank kept it, so nothing of it is
+        dropped; then the drops of what that leaves unreachable (`prune`). A state someone holds stays."""
+        if self.nodes.get(node.key) is node and node.pins == 0 and node.children == 0:
+            self._remove(node)
+        return self.prune()
+
     def unpinned_tokens(self, besides: Node | None = None) -> int:
         """Pool rows held by kept states and by no running request (`besides`: a path about to be pinned)."""
         spared = besides.path() if besides is not None else []

@@ -39,7 +39,7 @@ from engine.cache import kda_state_bytes
 from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.reuse import Node, PrefixIndex, chunk_keys
-from engine.runner.executor import StepExecutor, StepPlan
+from engine.runner.executor import StepExecutor, StepOutOfMemory, StepPlan
 from engine.sampling import SamplingParams, sample, token_logprobs
 from engine.structured import Constraint
 from engine.vision.prompt import PromptImage, chunk_rows, items, key_ids
@@ -93,6 +93,8 @@ class Unavailable(Exception):
 def describe_failure(exc: BaseException) -> str:
     """A failed step in the product's words: a collective that broke means a rank went away (its process ended,
     its machine or the link failed); anything else is a failed step. The exception itself goes to the log."""
+    if isinstance(exc, StepOutOfMemory):  # with several ranks: the others wait in the step's collectives
+        return "a step ran out of GPU memory on rank 0"
     text = f"{type(exc).__name__} {exc}".lower()
     if isinstance(exc, getattr(torch.distributed, "DistError", ())) or any(
         word in text for word in ("gloo", "nccl", "connection", "peer", "timed out", "timeout", "broken pipe")
@@ -230,7 +232,14 @@ class Scheduler:
         self._in_system = 0
         self._closed: str | None = None  # set (under _lock) once the loop stops taking requests
         self._thread: threading.Thread | None = None
-        self.totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "cancelled": 0}
+        self.totals = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "steps": 0,
+            "cancelled": 0,
+            "out_of_memory": 0,  # steps that ran out of GPU memory (their requests failed; one rank: the server went on)
+        }
         # decode rounds: lane windows run, drafted and accepted tokens, tokens committed by them, and accepted
         # drafts by position in the window (vLLM's spec-decode counters)
         self.drafts = {"windows": 0, "drafted_windows": 0, "drafted": 0, "accepted": 0, "committed": 0}
@@ -296,7 +305,14 @@ class Scheduler:
                     return
                 self._refresh_stats()
                 plan, work = self._plan()
-                self._apply(work, self._run(plan))
+                try:
+                    logits = self._run(plan)
+                except StepOutOfMemory as exc:
+                    if self.group.is_distributed:
+                        raise
+                    self._out_of_memory(plan, work, exc)
+                else:
+                    self._apply(work, logits)
                 self._refresh_stats()
         except Exception as exc:  # a peer died or a step failed: latch, fail everything, report
             log.exception("scheduler stopped")  # the raw error goes to the log; clients and /health get words
@@ -429,6 +445,28 @@ class Scheduler:
             self._prefill_turn = True
             return plan, ("decode", decoding)
         return plan, None
+
+    def _out_of_memory(self, plan: StepPlan, work: tuple[str, list[Request]] | None, exc: StepOutOfMemory) -> None:
+        """A step that ran out of GPU memory on the only rank: its requests fail (their lanes' rows and states may be
+        half written; the lanes go back in the next plan), a state its chunk was to keep is forgotten (no rank kept
+        it), and every other request goes on — requests resumed in this plan take their first token as after any
+        step. With several ranks the others wait in the step's collectives: the engine stops (`describe_failure`)."""
+        log.error("%s (%s); its requests fail, the server goes on", exc, exc.__cause__)
+        self.totals["out_of_memory"] += 1
+        self._apply(None, None)
+        if work is None:
+            return
+        kind, reqs = work
+        unkept = reqs[0].chain if kind == "prefill" and plan.keep is not None else None
+        for req in reqs:
+            self._finish(
+                req,
+                "failed",
+                f"the GPU ran out of memory in this request's {'prompt chunk' if kind == 'prefill' else 'decode step'}"
+                "; the server goes on: retry, with a shorter prompt or fewer requests at once",
+            )
+        if unkept is not None and self.index is not None and plan.keep is not None and unkept.id == plan.keep[0]:
+            self._drops += self.index.forget(unkept)
 
     def _image_rows(self, req: Request, start: int, count: int) -> tuple[list[int], Any] | None:
         """The image rows of the prompt chunk at `start` (None when it holds no image position). The images still

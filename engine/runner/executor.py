@@ -71,6 +71,17 @@ class StepPlan:
         return any(len(window) > 1 for window in self.decode[1]) or any(self.absorb or ())
 
 
+class StepOutOfMemory(Exception):
+    """A step's prefill chunk or decode round ran out of GPU memory (torch.OutOfMemoryError, its cause). `lanes`: the
+    lanes in it, whose rows and states may be half written. The step's bookkeeping before it (releases, commits,
+    admissions, resumes, drops) was applied; what follows it in the plan (keeping or adopting the chunk's state) was
+    not."""
+
+    def __init__(self, lanes: list[int]) -> None:
+        super().__init__(f"the step of lanes {lanes} ran out of GPU memory")
+        self.lanes = lanes
+
+
 class StepExecutor:
     """Holds this rank's sequences by lane and applies plans to the model. A model that can take a static step over
     lane-indexed state (`decode_step`, the `LaneModel` protocol) decodes through a `LaneDecoder` (CUDA graphs on a
@@ -126,30 +137,40 @@ class StepExecutor:
             lane, ids = plan.prefill
             seq = self.lanes[lane]
             extra: dict[str, Any] = {"embeds": plan.embeds} if plan.embeds is not None else {}
-            logits = (
-                self.model.prefill(seq, list(ids), all_logits=True, **extra)
-                if plan.prefill_logits
-                else self.model.prefill(seq, list(ids), **extra)
-            )
+            try:
+                logits = (
+                    self.model.prefill(seq, list(ids), all_logits=True, **extra)
+                    if plan.prefill_logits
+                    else self.model.prefill(seq, list(ids), **extra)
+                )
+            except torch.OutOfMemoryError as exc:
+                raise StepOutOfMemory([lane]) from exc
             if plan.adopt:
                 self.kept.adopt(seq, plan.adopt)
             if plan.keep is not None:
                 self.kept.keep(plan.keep[0], seq, plan.keep[1])
             return logits.cpu()  # sampling runs on the CPU
         if plan.decode is not None:
-            lanes, windows = plan.decode
-            seqs = [self.lanes[lane] for lane in lanes]
-            self.proposed = None
-            if plan.verifies:
-                if self.decoder is None:
-                    raise RuntimeError("drafts need the lane decoder")
-                logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb, plan.draft_masks).cpu()
-                if self.decoder.proposed is not None:
-                    self.proposed = self.decoder.proposed.cpu().tolist()
-                return logits
-            decode = self.decoder.decode if self.decoder is not None else self.model.decode
-            return decode(seqs, [w[0] for w in windows]).cpu().unsqueeze(1)
+            try:
+                return self._decode(plan)
+            except torch.OutOfMemoryError as exc:
+                raise StepOutOfMemory(list(plan.decode[0])) from exc
         return None
+
+    def _decode(self, plan: StepPlan) -> torch.Tensor:
+        assert plan.decode is not None
+        lanes, windows = plan.decode
+        seqs = [self.lanes[lane] for lane in lanes]
+        self.proposed = None
+        if plan.verifies:
+            if self.decoder is None:
+                raise RuntimeError("drafts need the lane decoder")
+            logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb, plan.draft_masks).cpu()
+            if self.decoder.proposed is not None:
+                self.proposed = self.decoder.proposed.cpu().tolist()
+            return logits
+        decode = self.decoder.decode if self.decoder is not None else self.model.decode
+        return decode(seqs, [w[0] for w in windows]).cpu().unsqueeze(1)
 
     def release_all(self) -> None:
         for lane in list(self.lanes):

@@ -23,7 +23,7 @@ from engine.parallel import ParallelGroup
 from engine.reuse import ROLE_TOKENS, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor
 from engine.sampling import SamplingParams
-from engine.scheduler import Finished, Request, Scheduler
+from engine.scheduler import Failed, Finished, Request, Scheduler
 from engine.server.template import render_chat
 from engine.train import synthetic
 
@@ -324,3 +324,109 @@ def test_prompts_sharing_chunks_at_once_hold_the_shared_rows_once(demo) -> None:
     assert all(end.cached_tokens == 0 for _, end in got)  # all admitted at once: nothing to resume yet
     distinct = len(shared) + sum(len(p) - len(shared) for p in prompts)  # the prefix once, then each own tail
     assert (held, stats["tokens"]) == (distinct, distinct), stats
+
+
+# -- a step that runs out of GPU memory ----------------------------------------------------------------------------
+# A stand-in: the CPU raises no torch.OutOfMemoryError, so the model's prefill (or the lane decoder's decode round)
+# raises the GPU's error once, where a GPU would run out of memory. Everything else is the serving path.
+
+
+def _finish_all(sched: Scheduler, batch: list[tuple[list[int], SamplingParams]], eos) -> list[Collector]:
+    sinks = []
+    for i, (ids, params) in enumerate(batch):
+        sink = Collector()
+        sched.submit(Request(f"m{i}", ids, params, sink, eos))
+        sinks.append(sink)
+    assert all(sink.done.wait(300) for sink in sinks)
+    return sinks
+
+
+def _settled(sched: Scheduler) -> tuple[int, int]:
+    """(pool rows held, rows kept states hold) once the step after the last reply has released its lane."""
+    deadline = time.monotonic() + 10
+    while sched.stats()["requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # the release plan runs on the loop's next step (a heartbeat at most)
+    pool = sched.executor.pool
+    return pool.num_tokens - pool.free_tokens, sched.stats()["prompt_reuse"]["tokens"]
+
+
+def test_a_prompt_chunk_out_of_gpu_memory_fails_its_request_alone(demo, monkeypatch) -> None:
+    """One prompt's last chunk runs out of GPU memory (a chunk that keeps its state for prompt reuse): that request
+    fails with words that say so, the one beside it finishes with its cold tokens, the scheduler serves on, the state
+    the chunk was to keep is forgotten (nothing kept it), and the same prompt sent again gets its cold reply."""
+    model, tokenizer, eos, _ = demo
+    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
+    examples = synthetic.examples("eval", 3, 10)
+    bad, good = (encode(render(e, e.messages)) for e in examples[:2])
+    assert len(bad) > 2 * CHUNK
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    cold = scheduler(demo, 2)
+    cold.start()
+    try:
+        expected = [sink.tokens for sink in _finish_all(cold, [(bad, params), (good, params)], eos)]
+    finally:
+        cold.stop()
+    last = bad[(len(bad) - 1) // CHUNK * CHUNK :]
+    served, armed = model.prefill, [True]
+
+    def prefill(seq, ids, *args, **kw):
+        if armed[0] and list(ids) == last:
+            armed[0] = False
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in: tests/engine/test_reuse.py)")
+        return served(seq, ids, *args, **kw)
+
+    monkeypatch.setattr(model, "prefill", prefill)
+    warm = scheduler(demo, 2)
+    warm.start()
+    try:
+        failed, beside = _finish_all(warm, [(bad, params), (good, params)], eos)
+        assert not armed[0]  # the stand-in raised
+        assert isinstance(failed.end, Failed) and "ran out of memory in this request's prompt chunk" in (
+            failed.end.message
+        )
+        assert isinstance(beside.end, Finished) and beside.tokens == expected[1]
+        assert warm.broken is None and warm.stats()["totals"]["out_of_memory"] == 1
+        (again,) = _finish_all(warm, [(bad, params)], eos)
+        assert isinstance(again.end, Finished) and again.tokens == expected[0]
+        held, kept = _settled(warm)
+    finally:
+        warm.stop()
+    assert held == kept  # every row is free or held by a kept state: none left with the failed lane
+
+
+def test_a_decode_round_out_of_gpu_memory_fails_its_requests_and_the_server_goes_on(demo, monkeypatch) -> None:
+    """A decode round runs out of GPU memory: the requests in it fail with words that say so, none is left holding
+    rows, and the next requests get their cold replies."""
+    model, tokenizer, eos, _ = demo
+    examples = synthetic.examples("eval", 4, 10)
+    prompts = [tokenizer.encode(render(e, e.messages)).ids for e in examples[:2]]
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    sched = scheduler(demo, 2)
+    sched.start()
+    try:
+        expected = [sink.tokens for sink in _finish_all(sched, [(p, params) for p in prompts], eos)]
+        decoder = sched.executor.decoder
+        served, armed = decoder.decode, [True]
+
+        def decode(seqs, ids):
+            if armed[0]:
+                armed[0] = False
+                raise torch.OutOfMemoryError("CUDA out of memory (a stand-in: tests/engine/test_reuse.py)")
+            return served(seqs, ids)
+
+        monkeypatch.setattr(decoder, "decode", decode)
+        failed = _finish_all(sched, [(p, params) for p in prompts], eos)
+        assert not armed[0]
+        assert any(isinstance(sink.end, Failed) for sink in failed)
+        for sink in failed:
+            assert isinstance(sink.end, Finished) or "ran out of memory in this request's decode step" in (
+                sink.end.message
+            )
+        assert sched.broken is None and sched.stats()["totals"]["out_of_memory"] == 1
+        after = _finish_all(sched, [(p, params) for p in prompts], eos)
+        assert [sink.tokens for sink in after] == expected
+        held, kept = _settled(sched)
+    finally:
+        sched.stop()
+    assert held == kept

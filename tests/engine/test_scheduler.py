@@ -269,3 +269,13 @@ def test_a_failed_step_answers_requests_still_in_the_inbox() -> None:
     assert sched.stats()["requests_waiting"] == 0
     with pytest.raises(Unavailable):
         sched.submit(request("c", [6])[0])
+
+
+def test_a_step_out_of_gpu_memory_with_several_ranks_is_named_so() -> None:
+    """With several ranks a step that ran out of GPU memory stops the engine (the other ranks wait in its
+    collectives); /health and every request then say why in these words."""
+    from engine.runner.executor import StepOutOfMemory
+    from engine.scheduler import describe_failure
+
+    assert describe_failure(StepOutOfMemory([0, 2])) == "a step ran out of GPU memory on rank 0"
+    assert describe_failure(RuntimeError("boom")) == "a step failed on rank 0"
