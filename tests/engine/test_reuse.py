@@ -127,7 +127,9 @@ def demo():
     return model, tokenizer, eos, marks
 
 
-def scheduler(demo, parallel: int, pool_tokens: int = 4096, drafts: bool = False, cap: int = 1 << 30) -> Scheduler:
+def scheduler(
+    demo, parallel: int, pool_tokens: int = 4096, drafts: bool = False, cap: int = 1 << 30, chunk: int = CHUNK
+) -> Scheduler:
     """The server's scheduler over the demo, prompt reuse on (CUDA graphs where the model is on a GPU)."""
     model, _, _, marks = demo
     executor = StepExecutor(model, model.make_pool(pool_tokens, "fp32"), lanes=parallel, graphs=True, window=4)
@@ -136,7 +138,7 @@ def scheduler(demo, parallel: int, pool_tokens: int = 4096, drafts: bool = False
         ParallelGroup.single(),
         parallel=parallel,
         max_queued=64,
-        prefill_chunk=CHUNK,
+        prefill_chunk=chunk,
         heartbeat_s=0.05,
         drafter="mtp+copy" if drafts else "none",
         draft_tokens=3 if drafts else 0,
