@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_mtp_gpu import demo_mtp_cuda  # noqa: F401  (the trained demo on CUDA, bf16, its MTP layer loaded)
-from test_reuse import _finish_all, _settled, render, scheduler
+from test_reuse import _finish_all, _out_of_memory_steps, _settled, render, scheduler
 
 from engine.reuse import ROLE_TOKENS
 from engine.sampling import SamplingParams
@@ -46,7 +46,7 @@ def test_a_prompt_out_of_gpu_memory_fails_alone_and_the_engine_goes_on(demo):
             torch.cuda.set_per_process_memory_fraction(1.0)
         assert isinstance(capped.end, Failed), capped.end
         assert "ran out of memory in this request's prompt chunk" in capped.end.message
-        assert sched.broken is None and sched.stats()["totals"]["out_of_memory"] >= 1
+        assert sched.broken is None and _out_of_memory_steps(sched) >= 1
         after = _finish_all(sched, [(p, params) for p in prompts], eos)
         assert all(isinstance(sink.end, Finished) for sink in after)
         assert [sink.tokens for sink in after] == expected
