@@ -4,7 +4,9 @@
 # chunk, the indexer and pool-key GPU tests, and what the step's scores cost against the tree before (e4m3 loaded and
 # converted; .wheels/prev/triton_dsa.py) at 32k / 128k / 1M.
 #     BUDGET=400 bash bench/gpu_session34_call3.sh
-# (`_e4m3_words` is no longer in the tree: call 4's `_bf16_boundary` gave the same bits at a lower cost)
+# (`_e4m3_words` is no longer in the tree: call 4 ran this script again, OUT=/tmp/s34d-out and its grep counting
+# `_bf16_boundary`, with the keys converted as before behind `triton_dsa._bf16_boundary`, which gave the same bits at
+# a lower cost)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s34c-out}
