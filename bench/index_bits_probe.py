@@ -120,7 +120,8 @@ def main() -> None:
         for contexts in a.contexts.split(",")
     }
     if a.out:
-        json.dump(found, open(a.out, "w"), indent=1)
+        with open(a.out, "w") as f:
+            json.dump(found, f, indent=1)
 
 
 if __name__ == "__main__":

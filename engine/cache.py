@@ -140,11 +140,15 @@ class Sequence:
     def grow(self, n: int) -> torch.Tensor:
         """Allocate rows for the next `n` tokens and return their slots."""
         ids = self.pool.take(n)
-        new = torch.tensor(ids, dtype=torch.long, device=self.pool.rows.device)
-        if self.table is None:
-            self._slots = torch.cat([self._slots, new])
-        else:
-            self.table[len(self.slot_ids) : len(self.slot_ids) + n] = new
+        try:
+            new = torch.tensor(ids, dtype=torch.long, device=self.pool.rows.device)
+            if self.table is None:
+                self._slots = torch.cat([self._slots, new])
+            else:
+                self.table[len(self.slot_ids) : len(self.slot_ids) + n] = new
+        except BaseException:  # (the GPU out of memory, a step that fails alone): the rows go back to the pool
+            self.pool.release(ids)
+            raise
         self.slot_ids += ids
         return new
 
@@ -154,11 +158,15 @@ class Sequence:
         sequence goes on from position n."""
         n = len(slots)
         own = self.slot_ids[:n]
-        new = torch.tensor(slots, dtype=torch.long, device=self.pool.rows.device)
-        if self.table is None:
-            self._slots = torch.cat([new, self._slots[n:]])
-        else:
-            self.table[:n] = new
+        try:
+            new = torch.tensor(slots, dtype=torch.long, device=self.pool.rows.device)
+            if self.table is None:
+                self._slots = torch.cat([new, self._slots[n:]])
+            else:
+                self.table[:n] = new
+        except BaseException:  # the holder the caller added for this sequence goes back; it holds what it held
+            self.pool.release(slots)
+            raise
         self.slot_ids[:n] = slots
         self.length = max(self.length, n)
         self.pool.release(own)

@@ -235,14 +235,15 @@ class KeptStates:
 
     def keep(self, node: int, seq: Sequence, start: int) -> None:
         """After a prefill chunk: keep `seq`'s state at its length, and its rows from `start` (its parent's end)."""
-        page = seq.slot_ids[start : seq.length]
-        self.pool.share(page)
-        self.pages[node] = page
-        self.snapshots[node] = (
+        snapshot = (  # copied first: a copy that fails (the GPU out of memory) leaves nothing kept or shared
             {layer: t.clone() for layer, t in seq.kda_state.items()},
             {layer: t.clone() for layer, t in seq.conv_state.items()},
             seq.hidden[:1].clone() if seq.hidden is not None else None,
         )
+        page = seq.slot_ids[start : seq.length]
+        self.pool.share(page)
+        self.pages[node] = page
+        self.snapshots[node] = snapshot
 
     def drop(self, node: int, whole: bool) -> None:
         self.snapshots.pop(node, None)

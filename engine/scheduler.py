@@ -451,7 +451,7 @@ class Scheduler:
         half written; the lanes go back in the next plan), a state its chunk was to keep is forgotten (no rank kept
         it), and every other request goes on — requests resumed in this plan take their first token as after any
         step. With several ranks the others wait in the step's collectives: the engine stops (`describe_failure`)."""
-        log.error("%s (%s); its requests fail, the server goes on", exc, exc.__cause__)
+        log.error("%s (%s); its requests fail, the server goes on", str(exc), str(exc.__cause__))  # not the frames
         self.totals["out_of_memory"] += 1
         self._apply(None, None)
         if work is None:

@@ -423,7 +423,8 @@ def _bf16_boundary(x):
     elementwise operations: e4m3 keys loaded as 8-bit values and converted got kWidth 4 where 16-bit operands take 2,
     the K index permuted, so each MMA summed other products first and a decode step's fp8 index scores came out in
     other last bits than a prompt chunk's over the bf16 copy (bench/index_bits_probe.py and the TTGIR, session 34).
-    Behind this move it looks no further: the operands of a bf16 pool's, the same sums in the same order."""
+    Behind this move it looks no further: the operands of a bf16 pool's, the same sums in the same order. That is
+    Triton 3.6's heuristic; tests/gpu/test_rows_gpu.py's fp8 indexer case fails if a later Triton's differs."""
     return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x], dtype=tl.bfloat16, is_pure=False, pack=1)
 
 

@@ -72,10 +72,11 @@ class StepPlan:
 
 
 class StepOutOfMemory(Exception):
-    """A step's prefill chunk or decode round ran out of GPU memory (torch.OutOfMemoryError, its cause). `lanes`: the
-    lanes in it, whose rows and states may be half written. The step's bookkeeping before it (releases, commits,
-    admissions, resumes, drops) was applied; what follows it in the plan (keeping or adopting the chunk's state) was
-    not."""
+    """A step's prefill chunk (with the kept state it adopts or keeps) or decode round ran out of GPU memory
+    (torch.OutOfMemoryError, its cause). `lanes`: the lanes in it, whose rows and states may be half written. The
+    plan's bookkeeping before it (releases, commits, admissions, resumes, drops) was applied; of the chunk's state
+    nothing was kept (`KeptStates.keep` copies before it records). Out of memory anywhere else in a step is a failed
+    step as any other."""
 
     def __init__(self, lanes: list[int]) -> None:
         super().__init__(f"the step of lanes {lanes} ran out of GPU memory")
@@ -143,13 +144,13 @@ class StepExecutor:
                     if plan.prefill_logits
                     else self.model.prefill(seq, list(ids), **extra)
                 )
+                if plan.adopt:
+                    self.kept.adopt(seq, plan.adopt)
+                if plan.keep is not None:  # nothing of it kept unless it all was
+                    self.kept.keep(plan.keep[0], seq, plan.keep[1])
+                return logits.cpu()  # sampling runs on the CPU
             except torch.OutOfMemoryError as exc:
                 raise StepOutOfMemory([lane]) from exc
-            if plan.adopt:
-                self.kept.adopt(seq, plan.adopt)
-            if plan.keep is not None:
-                self.kept.keep(plan.keep[0], seq, plan.keep[1])
-            return logits.cpu()  # sampling runs on the CPU
         if plan.decode is not None:
             try:
                 return self._decode(plan)
@@ -199,8 +200,9 @@ def follow_plans(group: Any, executor: StepExecutor) -> int:
         try:
             executor.run(plan)
         except Exception as exc:
+            cause = f" ({exc.__cause__})" if isinstance(exc, StepOutOfMemory) else ""
             print(
-                f"rank {group.rank}: step {steps} failed ({type(exc).__name__}: {exc}); exiting",
+                f"rank {group.rank}: step {steps} failed ({type(exc).__name__}: {exc}{cause}); exiting",
                 file=sys.stderr,
                 flush=True,
             )

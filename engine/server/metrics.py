@@ -95,6 +95,9 @@ class Metrics:
         self.reuse_hits = both(
             Counter, "prefix_cache_hits", "prefix_cache_hits", "prompt tokens resumed, not prefilled"
         )
+        self.out_of_memory = Counter(
+            "sparks:out_of_memory_steps", "steps that ran out of GPU memory (their requests failed)", registry=r
+        )
         self.kept_states = Gauge("sparks:prompt_reuse_states", "kept prompt states (KDA snapshots)", registry=r)
         self.kept_tokens = Gauge("sparks:prompt_reuse_tokens", "pool rows held by kept prompt states", registry=r)
         self._seen: dict[str, int] = {}
@@ -120,6 +123,7 @@ class Metrics:
             ("committed", self.committed),
         ):
             self._advance(key, drafts[key], metric.inc)
+        self._advance("out_of_memory", stats["totals"]["out_of_memory"], self.out_of_memory.inc)
         reuse = stats["prompt_reuse"]
         if reuse["enabled"]:
             self._advance("reuse_queries", reuse["queries_tokens"], self.reuse_queries.inc)

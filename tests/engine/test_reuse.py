@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from prometheus_client import generate_latest
 from test_drafts import params_for
 from test_scheduler import Collector
 
@@ -24,6 +25,7 @@ from engine.reuse import ROLE_TOKENS, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor
 from engine.sampling import SamplingParams
 from engine.scheduler import Failed, Finished, Request, Scheduler
+from engine.server.metrics import Metrics
 from engine.server.template import render_chat
 from engine.train import synthetic
 
@@ -57,6 +59,39 @@ def test_shared_pool_rows_are_free_only_when_their_last_holder_lets_go() -> None
         pool.release(slots[:1])  # released more often than held
     with pytest.raises(ValueError):
         pool.share([5])  # only held rows can be shared
+
+
+def test_a_step_out_of_gpu_memory_in_the_rows_bookkeeping_leaves_no_row_held(monkeypatch) -> None:
+    """A sequence whose new slots cannot reach the device, a kept state whose copy cannot be made and rows taken
+    over that cannot be: each gives back what it took, and holds what it held (the GPU's out-of-memory error raised
+    by a stand-in, torch.tensor / Tensor.clone, where the CPU raises none)."""
+    from engine.cache import Sequence
+    from engine.reuse import KeptStates
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (a stand-in: tests/engine/test_reuse.py)")
+
+    pool = KVPool(1, 64, 8)
+    seq = Sequence(pool)
+    seq.grow(16)
+    seq.length = 16
+    seq.kda_state[0] = torch.zeros(2, 4, 4)
+    kept = KeptStates(pool)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "tensor", out_of_memory)
+        with pytest.raises(torch.OutOfMemoryError):
+            seq.grow(16)
+        taken = seq.slot_ids[:4]
+        pool.share(taken)  # as KeptStates._shared does for rows a sequence takes over
+        with pytest.raises(torch.OutOfMemoryError):
+            seq.take_over(taken)
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "clone", out_of_memory)
+        with pytest.raises(torch.OutOfMemoryError):
+            kept.keep(1, seq, 0)
+    assert (seq.num_slots, pool.free_tokens, kept.pages, kept.snapshots) == (16, 48, {}, {})
+    seq.release()
+    assert pool.free_tokens == 64
 
 
 def test_the_index_evicts_unpinned_leaves_least_recently_used_first_and_never_a_pinned_path() -> None:
@@ -398,6 +433,9 @@ def test_a_prompt_chunk_out_of_gpu_memory_fails_its_request_alone(demo, monkeypa
         )
         assert isinstance(beside.end, Finished) and beside.tokens == expected[1]
         assert warm.broken is None and _out_of_memory_steps(warm) == 1
+        metrics = Metrics()
+        metrics.refresh(warm.stats())
+        assert "sparks:out_of_memory_steps_total 1.0" in generate_latest(metrics.registry).decode()
         (again,) = _finish_all(warm, [(bad, params)], eos)
         assert isinstance(again.end, Finished) and again.tokens == expected[0]
         held, kept = _settled(warm)
