@@ -4,6 +4,7 @@
 # 8k (warm-up) / 32k / 128k / 256k with fla-core and the batch-1 step after each (session 30: 5,045 / 4,227 / 3,716
 # tok/s, 8.63 / 8.75 / 8.76 ms), with every DSA pool choice in session 33's segmented kernels.
 #     BUDGET=590 bash bench/gpu_session34_call1.sh
+# (CONTEXTS=8192,32768 for a shorter call: the prompts' lengths)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s34a-out}
@@ -13,6 +14,7 @@ BUDGET=${BUDGET:-590}
 . bench/run_steps.sh
 T=/tmp/s34a-steps
 R="--layers released --exl3-experts --shard 2"
+CONTEXTS=${CONTEXTS:-8192,32768,131072,262144}
 
 machine
 wheels fla_core einops
@@ -21,5 +23,5 @@ step "1. released q4, graphed decode step" 80 "$T/decode.txt" python bench/gpu_e
     --tp2 off --no-prefill --out "$T/decode45_q4.json"
 step "2. released q4 with fla-core: prompts of 8k..256k and the batch-1 step after each" 400 "$T/long.txt" $FLA \
     python bench/gpu_engine.py $R --dense q4 --modes none --tp2 off --no-prefill \
-    --long-contexts 8192,32768,131072,262144 --out "$T/long_context_released_q4.json"
+    --long-contexts "$CONTEXTS" --out "$T/long_context_released_q4.json"
 collect "$T" "$OUT/benches.json"
