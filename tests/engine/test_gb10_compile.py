@@ -15,6 +15,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,7 +104,10 @@ def test_the_indexer_split_forms_compile_for_sm121(form):
     """DSA's indexer (`_index_scores`) as it reads bf16 and fp8 cache rows — a prompt chunk's keys (one set for
     every query: a bf16 pool's in place, an fp8 pool's as a bf16 copy with their scales) against q's three bf16
     parts, and a decode step's (a query's own, in place; q split in the kernel) — derived from the recorded
-    prompt-chunk launch at the served shapes, which may predate these forms. Their products are bf16 MMAs."""
+    prompt-chunk launch at the served shapes, which may predate these forms. Their products are bf16 MMAs, and every
+    form lays their operands out alike (kWidth 2: the same products summed in the same order in each MMA), so a
+    query's scores have the same bits in a prompt chunk and a decode step: e4m3 keys loaded as 8-bit values got
+    kWidth 4 until `triton_dsa._bf16_boundary` (session 34), a difference the H200/H100 tests saw only as last bits."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     from engine.ops import triton_dsa
@@ -120,8 +124,10 @@ def test_the_indexer_split_forms_compile_for_sm121(form):
         k_ptr="*fp8e4nv" if form == "step_fp8" else "*bf16",
         T="i32",
     )
-    ptx = _compile_for_sm121({**entry, "num_warps": triton_dsa.INDEX_LAUNCH["num_warps"]})
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    asm = _compile_for_sm121({**entry, "num_warps": triton_dsa.INDEX_LAUNCH["num_warps"]}, "all")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in asm["ptx"]
+    widths = set(re.findall(r"#ttg\.dot_op<\{opIdx = \d, parent = #mma, kWidth = (\d+)\}>", asm["ttgir"]))
+    assert widths == {"2"}, widths
 
 
 @pytest.mark.parametrize("rows", ["bf16", "fp8"])
@@ -144,8 +150,9 @@ def test_the_lane_attention_reading_the_pool_compiles_for_sm121(rows):
     assert "mma.sync" in _compile_for_sm121(entry)
 
 
-def _compile_for_sm121(entry: dict) -> str:
-    """The kernel of a recorded (or derived) launch compiled for sm_121: its PTX."""
+def _compile_for_sm121(entry: dict, asm: str = "ptx") -> Any:
+    """The kernel of a recorded (or derived) launch compiled for sm_121: its PTX (or another of its `asm` forms;
+    "all": every one, by name)."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     import triton
@@ -171,7 +178,7 @@ def _compile_for_sm121(entry: dict) -> str:
     )
     if entry["kernel"] == "_exl3_grouped":  # its tl.dot on the tensor cores there too (wgmma is Hopper's alone)
         assert "mma.sync" in kernel.asm["ptx"] and "wgmma" not in kernel.asm["ptx"]
-    return kernel.asm["ptx"]
+    return kernel.asm if asm == "all" else kernel.asm[asm]
 
 
 def _index_scores_on_gb10(entry: dict, names: list[str]) -> dict:
