@@ -76,16 +76,21 @@ def _rows(shot: TopSnapshot) -> list[tuple[str, str]]:
         ("Reuse", reuse(shot.prompt_reuse)),
         ("Ranks", _ranks(shot)),
     ]
-    totals = shot.totals or {}
-    if totals:
-        rows.append(
-            (
-                "Served",
-                f"{_int(totals.get('requests'))} requests · {_int(totals.get('prompt_tokens'))} "
-                f"prompt tokens · {_int(totals.get('completion_tokens'))} tokens generated",
-            )
-        )
+    if shot.totals:
+        rows.append(("Served", served(shot.totals)))
     return rows
+
+
+def served(totals: dict) -> str:
+    """/health's totals: requests, prompt and generated tokens, and the steps that ran out of GPU memory (their
+    requests failed) when there were any."""
+    text = (
+        f"{_int(totals.get('requests'))} requests · {_int(totals.get('prompt_tokens'))} "
+        f"prompt tokens · {_int(totals.get('completion_tokens'))} tokens generated"
+    )
+    if totals.get("out_of_memory"):
+        text += f" · [red]{_int(totals['out_of_memory'])} steps out of GPU memory[/]"
+    return text
 
 
 def _rate(rate: Rate | None) -> str:

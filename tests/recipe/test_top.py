@@ -274,3 +274,11 @@ def test_the_reuse_row_says_what_health_reports() -> None:
     counts = {"enabled": True, "states": 3, "tokens": 1200, "queries_tokens": 4000, "hits_tokens": 1000}
     assert reuse(counts) == "3 kept states · 1,200 tokens held · 25 % of prompt tokens resumed [dim](1,000 of 4,000)[/]"
     assert reuse({"enabled": False}) == "off" and reuse(None) == "—"
+
+
+def test_the_served_row_names_steps_out_of_gpu_memory_only_when_there_were_some() -> None:
+    from recipe.top.view import served
+
+    totals = {"requests": 1200, "prompt_tokens": 5000, "completion_tokens": 900, "out_of_memory": 0}
+    assert served(totals) == "1,200 requests · 5,000 prompt tokens · 900 tokens generated"
+    assert served({**totals, "out_of_memory": 2}).endswith(" · [red]2 steps out of GPU memory[/]")
