@@ -457,7 +457,6 @@ class Scheduler:
         if work is None:
             return
         kind, reqs = work
-        unkept = reqs[0].chain if kind == "prefill" and plan.keep is not None else None
         for req in reqs:
             self._finish(
                 req,
@@ -465,8 +464,9 @@ class Scheduler:
                 f"the GPU ran out of memory in this request's {'prompt chunk' if kind == 'prefill' else 'decode step'}"
                 "; the server goes on: retry, with a shorter prompt or fewer requests at once",
             )
-        if unkept is not None and self.index is not None and plan.keep is not None and unkept.id == plan.keep[0]:
-            self._drops += self.index.forget(unkept)
+        if plan.keep is not None and self.index is not None:  # the chunk's request holds the state `_keep` made
+            assert reqs[0].chain is not None and reqs[0].chain.id == plan.keep[0]
+            self._drops += self.index.forget(reqs[0].chain)
 
     def _image_rows(self, req: Request, start: int, count: int) -> tuple[list[int], Any] | None:
         """The image rows of the prompt chunk at `start` (None when it holds no image position). The images still

@@ -440,14 +440,15 @@ def _index_keys(k_ptr, slot_ptr, scl_ptr, at, pools, ok, row_stride, D: tl.const
     else:
         rows = at + pools.to(tl.int64)
     keys = tl.load(k_ptr + rows[None, :] * row_stride + dims[:, None], mask=ok[None, :], other=0.0)
-    if SPLIT and k_ptr.dtype.element_ty == tl.float8e4nv and not WIDEN:  # the interpreter has no layouts to choose
-        keys = _bf16_boundary(keys.to(tl.float32).to(tl.bfloat16))
     if SCALED:  # the row's scale goes on the product (KVPool.read gives value × scale)
         key_scale = tl.load(scl_ptr + rows, mask=ok, other=1.0)
     else:
         key_scale = tl.full(pools.shape, 1.0, tl.float32)
     if SPLIT:  # an e4m3 value is a bf16 value exactly (session 33's GPU test: every e4m3 value, both conversions)
-        operand = _operand(keys.to(tl.float32).to(tl.bfloat16), WIDEN)
+        operand = keys.to(tl.float32).to(tl.bfloat16)
+        if k_ptr.dtype.element_ty == tl.float8e4nv and not WIDEN:  # the interpreter has no layouts to choose
+            operand = _bf16_boundary(operand)
+        operand = _operand(operand, WIDEN)
     else:
         operand = keys.to(tl.float32)
     return operand, key_scale

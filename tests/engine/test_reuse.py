@@ -182,16 +182,23 @@ def scheduler(
     )
 
 
-def run(sched: Scheduler, eos, batch: list[tuple[list[int], SamplingParams]], reuse: bool) -> list[Finished | list]:
-    """Submit a batch at once; per request (its token ids, its Finished)."""
+def submit_all(
+    sched: Scheduler, eos, batch: list[tuple[list[int], SamplingParams]], reuse: bool = True
+) -> list[Collector]:
+    """Submit a batch at once and wait (bounded) until every request has ended, finished or failed; their sinks."""
     sinks = []
     for i, (ids, params) in enumerate(batch):
         sink = Collector()
         sched.submit(Request(f"q{i}", ids, params, sink, eos, reuse=reuse))
         sinks.append(sink)
+    assert all(sink.done.wait(300) for sink in sinks)
+    return sinks
+
+
+def run(sched: Scheduler, eos, batch: list[tuple[list[int], SamplingParams]], reuse: bool) -> list[Finished | list]:
+    """Submit a batch at once; per request (its token ids, its Finished)."""
     out = []
-    for sink in sinks:
-        assert sink.done.wait(300)
+    for sink in submit_all(sched, eos, batch, reuse):
         assert isinstance(sink.end, Finished), sink.end
         out.append((sink.tokens, sink.end))
     return out
@@ -368,16 +375,6 @@ def test_prompts_sharing_chunks_at_once_hold_the_shared_rows_once(demo) -> None:
 # raises the GPU's error once, where a GPU would run out of memory. Everything else is the serving path.
 
 
-def _finish_all(sched: Scheduler, batch: list[tuple[list[int], SamplingParams]], eos) -> list[Collector]:
-    sinks = []
-    for i, (ids, params) in enumerate(batch):
-        sink = Collector()
-        sched.submit(Request(f"m{i}", ids, params, sink, eos))
-        sinks.append(sink)
-    assert all(sink.done.wait(300) for sink in sinks)
-    return sinks
-
-
 def _out_of_memory_steps(sched: Scheduler) -> int:
     """/health's count of steps out of GPU memory, once the loop has refreshed its stats after the failed step (a
     request hears of its failure within that step; the stats follow it)."""
@@ -410,7 +407,7 @@ def test_a_prompt_chunk_out_of_gpu_memory_fails_its_request_alone(demo, monkeypa
     cold = scheduler(demo, 2)
     cold.start()
     try:
-        expected = [sink.tokens for sink in _finish_all(cold, [(bad, params), (good, params)], eos)]
+        expected = [sink.tokens for sink in submit_all(cold, eos, [(bad, params), (good, params)])]
     finally:
         cold.stop()
     last = bad[(len(bad) - 1) // CHUNK * CHUNK :]
@@ -426,7 +423,7 @@ def test_a_prompt_chunk_out_of_gpu_memory_fails_its_request_alone(demo, monkeypa
     warm = scheduler(demo, 2)
     warm.start()
     try:
-        failed, beside = _finish_all(warm, [(bad, params), (good, params)], eos)
+        failed, beside = submit_all(warm, eos, [(bad, params), (good, params)])
         assert not armed[0]  # the stand-in raised
         assert isinstance(failed.end, Failed) and "ran out of memory in this request's prompt chunk" in (
             failed.end.message
@@ -436,7 +433,7 @@ def test_a_prompt_chunk_out_of_gpu_memory_fails_its_request_alone(demo, monkeypa
         metrics = Metrics()
         metrics.refresh(warm.stats())
         assert "sparks:out_of_memory_steps_total 1.0" in generate_latest(metrics.registry).decode()
-        (again,) = _finish_all(warm, [(bad, params)], eos)
+        (again,) = submit_all(warm, eos, [(bad, params)])
         assert isinstance(again.end, Finished) and again.tokens == expected[0]
         held, kept = _settled(warm)
     finally:
@@ -454,7 +451,7 @@ def test_a_decode_round_out_of_gpu_memory_fails_its_requests_and_the_server_goes
     sched = scheduler(demo, 2)
     sched.start()
     try:
-        expected = [sink.tokens for sink in _finish_all(sched, [(p, params) for p in prompts], eos)]
+        expected = [sink.tokens for sink in submit_all(sched, eos, [(p, params) for p in prompts])]
         decoder = sched.executor.decoder
         served, armed = decoder.decode, [True]
 
@@ -465,7 +462,7 @@ def test_a_decode_round_out_of_gpu_memory_fails_its_requests_and_the_server_goes
             return served(seqs, ids)
 
         monkeypatch.setattr(decoder, "decode", decode)
-        failed = _finish_all(sched, [(p, params) for p in prompts], eos)
+        failed = submit_all(sched, eos, [(p, params) for p in prompts])
         assert not armed[0]
         assert any(isinstance(sink.end, Failed) for sink in failed)
         for sink in failed:
@@ -473,7 +470,7 @@ def test_a_decode_round_out_of_gpu_memory_fails_its_requests_and_the_server_goes
                 sink.end.message
             )
         assert sched.broken is None and _out_of_memory_steps(sched) == 1
-        after = _finish_all(sched, [(p, params) for p in prompts], eos)
+        after = submit_all(sched, eos, [(p, params) for p in prompts])
         assert [sink.tokens for sink in after] == expected
         held, kept = _settled(sched)
     finally:
