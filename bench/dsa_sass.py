@@ -152,7 +152,7 @@ def attend_form(name: str, capability: tuple[int, int] = (9, 0)) -> dict:
     latents, constexprs = ATTEND_FORMS[name]
     launch = triton_dsa.prompt_launch(capability, constexprs["HAS_LO"])
     values = {"N": 2052, "H": 32, "HG": triton_dsa.head_group(launch, 32), "R": 512, "BT": launch["block"]}
-    values |= {"WIDEN": False, **constexprs}
+    values |= {"WIDEN": False, "WIDE": False, **constexprs}
     signature = ATTEND_SIGNATURE | {"hi_ptr": latents, "lo_ptr": latents}
     arch = 90 if capability == (9, 0) else 89
     kernel = compile_kernel(

@@ -22,7 +22,9 @@ timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -rfE --tb=short -p no:c
     "tests/gpu/test_prompt_forms_gpu.py::test_prompt_attention_on_tensor_cores_matches_fp32" \
     "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_at_the_served_widths" \
     "tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_reads_the_pools_latents_in_place" \
-    "tests/gpu/test_prompt_forms_gpu.py::test_causal_conv_matches_cudnn_in_fp32" > "$OUT/record_tests.txt" 2>&1
+    "tests/gpu/test_prompt_forms_gpu.py::test_causal_conv_matches_cudnn_in_fp32" \
+    "tests/gpu/test_prompt_forms_gpu.py::test_the_conv_with_the_qk_norms_at_the_served_width" \
+    tests/gpu/test_moe_prompt_gpu.py > "$OUT/record_tests.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/record_tests.txt" | tail -25
 python - "$RECORD" <<'PY'
 import collections, glob, json, os, sys

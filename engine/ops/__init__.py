@@ -4,8 +4,10 @@ the Triton kernels on CUDA where their form applies and the reference otherwise 
 from engine.ops.fused import (  # noqa: F401
     Exl3Experts,
     causal_conv,
+    combine_pairs,
     complete_pools,
     complete_pools_applies,
+    conv_qkv,
     hc_around,
     hc_weights,
     head_products,

@@ -212,6 +212,34 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     return reference.causal_conv(x, window, weight)
 
 
+def conv_qkv(
+    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, head_dim: int, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A KDA prompt chunk's q, k, v from its q|k|v projection x [T, 3·W]: the causal conv + SiLU (`causal_conv`),
+    split in three [T, W / head_dim, head_dim], q's and k's heads L2-normalised (`reference.l2norm`, eps under the
+    root) and q scaled by head_dim^-1/2; and the new window. On CUDA one launch (engine/ops/triton_kda.py
+    `conv_qkv`: q, k, v contiguous; the norms' sums in another order, so fp32 rounding apart)."""
+    channels, kernel = weight.shape
+    if (
+        x.is_cuda
+        and x.dim() == 2
+        and x.shape[1] == channels
+        and channels % (3 * head_dim) == 0
+        and 16 <= head_dim <= 256
+        and head_dim & (head_dim - 1) == 0
+        and window.shape == (channels, kernel - 1)
+        and x.dtype == weight.dtype == window.dtype == torch.float32
+        and x.stride(1) == 1 == weight.stride(1)
+    ):
+        from engine.ops.triton_kda import conv_qkv as fused
+
+        return fused(x, window, weight, head_dim, eps)
+    mixed, new_window = causal_conv(x, window, weight)
+    shape = (x.shape[0], channels // (3 * head_dim), head_dim)
+    q, k, v = (part.reshape(shape) for part in mixed.split(channels // 3, dim=-1))
+    return reference.l2norm(q, eps) * head_dim**-0.5, reference.l2norm(k, eps), v, new_window
+
+
 def index_scores(
     q: torch.Tensor,
     keys: torch.Tensor | reference.PoolKeys,
@@ -310,19 +338,36 @@ def selected_attention(
     return triton_dsa.selected_attention((hi, lo), latents, tokens, counts, scales)
 
 
-def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """SwiGLU with GLM's limits (`reference.swiglu_clamped`); fp32 rows on CUDA in one kernel
-    (engine/ops/triton_moe.py `swiglu`)."""
+def swiglu_clamped(
+    gate: torch.Tensor, up: torch.Tensor, limit: float, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """SwiGLU with GLM's limits (`reference.swiglu_clamped`), computed in fp32 and returned as `out_dtype`; fp32 or
+    bf16 rows on CUDA in one kernel (engine/ops/triton_moe.py `swiglu`: bf16 halves of a gate‖up output are read as
+    they are, not widened into a copy first)."""
     if (
         gate.is_cuda
         and gate.dim() == 2
-        and gate.dtype == up.dtype == torch.float32
+        and gate.dtype == up.dtype
+        and gate.dtype in (torch.float32, torch.bfloat16)
         and gate.stride(1) == 1 == up.stride(1)
     ):
         from engine.ops.triton_moe import swiglu
 
-        return swiglu(gate, up, limit)
-    return reference.swiglu_clamped(gate, up, limit)
+        return swiglu(gate, up, limit, out_dtype)
+    return reference.swiglu_clamped(gate.float(), up.float(), limit).to(out_dtype)
+
+
+def combine_pairs(
+    pairs: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A prompt chunk's expert outputs, sorted by expert (`order`: each sorted row's flat (token, slot) index), back
+    to their tokens: base + Σ_slot weights[t, slot] · pairs[row of (t, slot)] in slot order -> [T, W] fp32; on CUDA
+    one launch (engine/ops/triton_moe.py `combine_pairs`)."""
+    if pairs.is_cuda:
+        from engine.ops.triton_moe import combine_pairs as fused
+
+        return fused(pairs, order, weights, base)
+    return reference.combine_pairs(pairs, order, weights, base)
 
 
 def moe_decode_applies(x: torch.Tensor, top_k: int, stacked: Any) -> bool:

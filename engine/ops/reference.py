@@ -250,6 +250,21 @@ def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
     return silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
 
 
+def combine_pairs(
+    pairs: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Expert outputs sorted by expert back to their tokens (`fused.combine_pairs`' contract): each row weighted in
+    fp32, put back in (token, slot) order, a token's slots summed in order, base added."""
+    tokens, top = weights.shape
+    weighted = pairs.float() * weights.flatten()[order, None]
+    back = torch.empty_like(weighted)
+    back[order] = weighted
+    out = back.view(tokens, top, -1)[:, 0].clone()
+    for slot in range(1, top):
+        out += back.view(tokens, top, -1)[:, slot]
+    return out if base is None else base.float() + out
+
+
 def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU over one stream, kept token-major: out[t] = Σ_k weight[:, k] · seq[t + k] as K
     multiply-adds over shifted views of seq = [window ‖ x] ([K-1+T, C]), k in order, then SiLU.

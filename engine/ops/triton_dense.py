@@ -328,9 +328,9 @@ def _dequantize(
 @triton.jit
 def _store(ptrs, v, ok, BF16: tl.constexpr):
     """fp32 values stored as fp32 or, BF16, rounded to nearest even in integer steps: torch's rounding of finite
-    values (the stored weights have no NaN), the same in Triton's CPU interpreter (whose cast to bf16 truncates)."""
+    values, the same in Triton's CPU interpreter (whose cast to bf16 truncates); a NaN stays a NaN (the quiet one)."""
     if BF16:
-        bits = v.to(tl.uint32, bitcast=True)
+        bits = tl.where(v != v, 0x7FC00000, v.to(tl.uint32, bitcast=True))
         bits += 0x7FFF + ((bits >> 16) & 1)
         tl.store(ptrs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=ok)
     else:

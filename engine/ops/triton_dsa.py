@@ -30,7 +30,9 @@ the torch form (`reference.split_product`: q_abs and p as hi + lo against bf16 l
 for an fp32 cache), so the result agrees with it to fp32 rounding. An fp8 cache's latents are e4m3 values, bf16
 exactly, with a scale a row on the row's scores and weights: under the H200's launch a bf16 copy of them for spans up
 to `PoolLatents.COPY_ROWS` (converted here, they take 2.1x the instructions a block of 64), else the e4m3 rows in
-place.
+place. A block's latent offsets are 32-bit unless the latents may pass 2^31 values (`WIDE`): with 64-bit ones the
+[tokens × rank] address tile spilled (sm_90: 2,098 loop instructions and 106 local accesses a block, against 1,919 and
+61), and the kernel took 10.5 against 5.8 ms for a 2k chunk's 64 heads at 8k on an H100 (docs/BENCHMARKS.md, session 35).
 
 DSA's indexer (`index_scores`, `_index_scores`) scores every pool for a query — Σ_h w_h · relu(q_h · key) — for prompt
 chunks and decode steps alike: a program per (block of pools, block of queries), each query's [heads × pools] product
@@ -247,6 +249,7 @@ def _attend_prompt(
     lat_stride,  # a latent row's stride: R, or a cache pool layer's row width (its latents read in place)
     scl_ptr,  # FP8: each row's scale (a cache pool layer's, by the same row index)
     FP8: tl.constexpr,  # the latents are fp8 cache rows' values (e4m3 in place, or a bf16 copy) × a row's scale
+    WIDE: tl.constexpr,  # a latent's offset may pass 2^31 values: 64-bit offsets (else 32-bit: fewer registers)
 ):
     query = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HG + tl.arange(0, HG)
@@ -262,7 +265,7 @@ def _attend_prompt(
         toks = n0 + tl.arange(0, BT)
         live = toks < N
         counted = (tl.load(cnt_ptr + query * N + toks, mask=live, other=0) != 0) & live
-        rows = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64)
+        rows = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64 if WIDE else tl.int32)
         at = rows[:, None] * lat_stride + cols[None, :]
         if FP8:  # an e4m3 value is a bf16 value exactly: no lo part; its row's scale goes on the products
             lat = tl.load(hi_ptr + at, mask=counted[:, None], other=0.0)
@@ -376,7 +379,8 @@ def selected_attention(
         q_hi, q_lo, lat_hi, lat_hi if lat_lo is None else lat_lo, tokens.contiguous(),
         counts.contiguous().view(torch.uint8), out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
         HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, lat_stride=lat_hi.stride(0),
-        scl_ptr=scales if fp8 else out, FP8=fp8, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+        scl_ptr=scales if fp8 else out, FP8=fp8, WIDE=(lat_hi.shape[0] - 1) * lat_hi.stride(0) + rank >= 2**31,
+        num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )  # fmt: skip
     return out
 

@@ -17,7 +17,9 @@ another order, so the result agrees to fp32 rounding. A stream's result depends 
 A prompt chunk's causal conv (`causal_conv`, `_causal_conv`) is one launch too: a program per (block of tokens,
 block of channels) takes each output's K taps from the chunk or, for its first K-1 tokens, from the window, in tap
 order, then SiLU (the torch form was five launches and a concatenation: ~0.5 ms a 2k chunk of a KDA layer's 12k
-channels on the H200). An output depends on its own K inputs alone, whatever the chunk's length.
+channels on the H200). An output depends on its own K inputs alone, whatever the chunk's length. `conv_qkv` is the
+same launch with a program a head that also L2-normalises q's and k's heads (q then scaled) and writes q, k and v as
+three contiguous tensors: the torch form took a dozen launches for the two norms, and fla-core copied the strided v.
 """
 
 from __future__ import annotations
@@ -210,11 +212,12 @@ CONV_BLOCK = (32, 128)  # tokens × channels a program of the prompt conv
 
 @triton.jit
 def _causal_conv(
-    x_ptr, win_ptr, w_ptr, out_ptr, T, C, x_stride, w_stride, KERNEL: tl.constexpr, BT: tl.constexpr,
-    BC: tl.constexpr,
+    x_ptr, win_ptr, w_ptr, out_ptr, T, C, x_stride, w_stride, PART, q_scale, eps, KERNEL: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    first = tl.program_id(1) * BC
+    cols = first + tl.arange(0, BC)
     row_ok = rows < T
     col_ok = cols < C
     acc = tl.zeros([BT, BC], dtype=tl.float32)
@@ -231,18 +234,47 @@ def _causal_conv(
         else:
             acc = acc + tap * weight[None, :]
     out = acc * tl.sigmoid(acc)  # SiLU, as the decode kernel takes it
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
+    if NORM:  # the block is one head: q's and k's heads L2-normalised (eps under the root), q's then scaled
+        if first < 2 * PART:
+            norm = tl.sqrt_rn(tl.sum(out * out, axis=1) + eps)
+            out = tl.div_rn(out, norm[:, None])
+            if first < PART:
+                out = out * q_scale
+    # channel c of token t at part c // PART (q, k, v: each [T, PART] contiguous; one part when PART = C)
+    part = cols // PART
+    at = part.to(tl.int64)[None, :] * T * PART + rows.to(tl.int64)[:, None] * PART + (cols - part * PART)[None, :]
+    tl.store(out_ptr + at, out, mask=row_ok[:, None] & col_ok[None, :])
 
 
 def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.causal_conv` for a CUDA chunk in one launch: x [T, C] fp32 (rows may be strided), window [C, K-1],
     weight [C, K] -> the outputs [T, C] and the new window [C, K-1] (the last K-1 inputs)."""
     t, channels = x.shape
-    kernel = weight.shape[1]
-    window = window.contiguous()
     out = torch.empty(t, channels, dtype=torch.float32, device=x.device)
-    bt, bc = CONV_BLOCK
-    _causal_conv[(triton.cdiv(t, bt), triton.cdiv(channels, bc))](
-        x, window, weight, out, t, channels, x.stride(0), weight.stride(0), KERNEL=kernel, BT=bt, BC=bc, num_warps=4
-    )
-    return out, reference.conv_window(x, window)
+    return out, _conv_launch(x, window, weight, out, channels, CONV_BLOCK[1], norm=False)
+
+
+def conv_qkv(
+    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, head_dim: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A KDA prompt chunk's conv + SiLU split into q, k, v with q's and k's heads L2-normalised and q scaled by
+    head_dim^-1/2 (`fused.conv_qkv`'s contract), in one launch: x [T, 3·W] fp32 (rows may be strided), window
+    [3·W, K-1], weight [3·W, K] -> q, k, v [T, W / head_dim, head_dim], each contiguous, and the new window. A
+    program's channels are one head (head_dim a power of two), so its sums of squares stay in registers."""
+    t, channels = x.shape
+    part = channels // 3
+    out = torch.empty(3, t, part, dtype=torch.float32, device=x.device)
+    new_window = _conv_launch(x, window, weight, out, part, head_dim, norm=True, q_scale=head_dim**-0.5, eps=eps)
+    q, k, v = (o.view(t, part // head_dim, head_dim) for o in out)
+    return q, k, v, new_window
+
+
+def _conv_launch(x, window, weight, out, part: int, block_c: int, norm: bool, q_scale: float = 1.0, eps: float = 0.0):
+    t, channels = x.shape
+    window = window.contiguous()
+    bt = CONV_BLOCK[0]
+    _causal_conv[(triton.cdiv(t, bt), triton.cdiv(channels, block_c))](
+        x, window, weight, out, t, channels, x.stride(0), weight.stride(0), part, float(q_scale), float(eps),
+        KERNEL=weight.shape[1], BT=bt, BC=block_c, NORM=norm, num_warps=4,
+    )  # fmt: skip
+    return reference.conv_window(x, window)

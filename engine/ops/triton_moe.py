@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.ops.triton_dense import _store
+
 
 @triton.jit
 def _pair_gemv(
@@ -187,19 +189,64 @@ def _swiglu(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, limit, WIDTH: tl.
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = offs < WIDTH
     nan: tl.constexpr = tl.PropagateNan.ALL  # as torch.clamp: a NaN stays NaN
-    gate = tl.minimum(tl.load(gate_ptr + row * stride_gate + offs, mask=live, other=0.0), limit, propagate_nan=nan)
-    up = tl.load(up_ptr + row * stride_up + offs, mask=live, other=0.0)
+    gate = tl.load(gate_ptr + row * stride_gate + offs, mask=live, other=0.0).to(tl.float32)
+    gate = tl.minimum(gate, limit, propagate_nan=nan)
+    up = tl.load(up_ptr + row * stride_up + offs, mask=live, other=0.0).to(tl.float32)
     up = tl.minimum(tl.maximum(up, -limit, propagate_nan=nan), limit, propagate_nan=nan)
-    tl.store(out_ptr + row * WIDTH + offs, gate * tl.sigmoid(gate) * up, mask=live)
+    # bf16 out: rounded to nearest even, as torch's .to() rounds finite values (in Triton's interpreter too)
+    _store(out_ptr + row * WIDTH + offs, gate * tl.sigmoid(gate) * up, live, out_ptr.dtype.element_ty == tl.bfloat16)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """silu(min(gate, limit)) · clamp(up, ±limit) for fp32 gate, up [N, I] (rows may be strided: the two halves of
-    one gate‖up output) in one launch, where torch takes four (reference.swiglu_clamped; fp32 rounding apart)."""
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """silu(min(gate, limit)) · clamp(up, ±limit) for gate, up [N, I] (rows may be strided: the two halves of one
+    gate‖up output) in one launch, where torch takes four (reference.swiglu_clamped; fp32 rounding apart). fp32 or
+    bf16 inputs (widened exactly), computed in fp32, written as `out_dtype` (a bf16 result is the fp32 one rounded
+    to nearest even, as `.to(torch.bfloat16)` rounds it)."""
+    assert out_dtype in (torch.float32, torch.bfloat16), f"written as fp32 or bf16, not {out_dtype}"
     rows, width = gate.shape
-    out = torch.empty(rows, width, dtype=torch.float32, device=gate.device)
+    out = torch.empty(rows, width, dtype=out_dtype, device=gate.device)
     block = min(1024, triton.next_power_of_2(width))
     _swiglu[(rows, triton.cdiv(width, block))](
         gate, up, out, gate.stride(0), up.stride(0), float(limit), WIDTH=width, BLOCK=block
     )
+    return out
+
+
+@triton.jit
+def _combine_pairs(
+    pair_ptr, slot_ptr, weight_ptr, base_ptr, out_ptr, WIDTH: tl.constexpr, TOP: tl.constexpr, BLOCK: tl.constexpr,
+    BASE: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < WIDTH
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.static_range(TOP):  # the token's pairs in slot order, each output weighted and added in turn
+        row = tl.load(slot_ptr + token * TOP + k).to(tl.int64)
+        weight = tl.load(weight_ptr + token * TOP + k)
+        term = tl.load(pair_ptr + row * WIDTH + offs, mask=live, other=0.0).to(tl.float32) * weight
+        acc = term if k == 0 else acc + term
+    if BASE:
+        acc = tl.load(base_ptr + token * WIDTH + offs, mask=live, other=0.0).to(tl.float32) + acc
+    tl.store(out_ptr + token * WIDTH + offs, acc, mask=live)
+
+
+def combine_pairs(
+    pairs: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A prompt chunk's routed experts summed back per token: pairs [T·k, W] are the outputs of the (token, slot)
+    pairs sorted by expert (`order`, [T·k]: the flat (token, slot) index of each sorted row), weights [T, k] fp32 the
+    routing weights; out[t] = base[t] + Σ_slot weights[t, slot] · pairs[row of (t, slot)], the slots summed in order
+    (a fixed order: a token's bits do not depend on the others') -> [T, W] fp32. One launch where torch took four
+    (the weighted copy, the scatter back to (token, slot) order, the sum, the add), the pairs read once as stored."""
+    tokens, top = weights.shape
+    width = pairs.shape[1]
+    slots = torch.empty_like(order)
+    slots[order] = torch.arange(order.numel(), device=order.device, dtype=order.dtype)
+    out = torch.empty(tokens, width, dtype=torch.float32, device=pairs.device)
+    block = min(1024, triton.next_power_of_2(width))
+    _combine_pairs[(tokens, triton.cdiv(width, block))](
+        pairs.contiguous(), slots, weights.contiguous(), out if base is None else base.contiguous(), out,
+        WIDTH=width, TOP=top, BLOCK=block, BASE=base is not None,
+    )  # fmt: skip
     return out

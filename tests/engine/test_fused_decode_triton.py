@@ -243,6 +243,29 @@ def _cases() -> dict:
     gate, up = gate_up.chunk(2, dim=-1)
     out["swiglu"] = _relative(triton_moe.swiglu(gate, up, 7.0), engine_ops.reference.swiglu_clamped(gate, up, 7.0))
     out["swiglu_clamped"] = bool((gate > 7).any() and (up.abs() > 7).any())
+    # bf16 halves read as they are, the result rounded to bf16: the bits of widening first and rounding after
+    half_gate, half_up = gate_up.bfloat16().chunk(2, dim=-1)
+    out["swiglu_bf16"] = bool(
+        torch.equal(
+            triton_moe.swiglu(half_gate, half_up, 7.0, torch.bfloat16),
+            triton_moe.swiglu(half_gate.float(), half_up.float(), 7.0).bfloat16(),
+        )
+    )
+    # a prompt chunk's expert outputs (sorted by expert) back to their tokens, weighted, onto the shared output
+    chosen = torch.randint(0, 5, (6, 3), generator=gen)
+    order = torch.argsort(chosen.flatten(), stable=True)
+    pairs = (torch.randn(18, 40, generator=gen) * 3).bfloat16()
+    pair_weights = torch.rand(6, 3, generator=gen)
+    base = torch.randn(6, 40, generator=gen)
+    out["combine_pairs"] = max(
+        _relative(triton_moe.combine_pairs(pairs, order, pair_weights, b), engine_ops.reference.combine_pairs(
+            pairs, order, pair_weights, b))
+        for b in (base, None)
+    )  # fmt: skip
+    mine = torch.zeros(6, 40)
+    for row, flat in enumerate(order.tolist()):  # each sorted row's own (token, slot), spelled out
+        mine[flat // 3] += pairs[row].float() * pair_weights[flat // 3, flat % 3]
+    out["combine_pairs_spelled"] = _relative(engine_ops.reference.combine_pairs(pairs, order, pair_weights), mine)
 
     # the RMS norm a row a program, over a strided view (the latent part of a kv_a output), with and without weight
     from engine.ops import triton_rows
@@ -369,6 +392,18 @@ def _cases() -> dict:
         want_out, want_window = engine_ops.reference.causal_conv(x, window, conv_w)
         conv[t], conv_window[t] = _relative(got_out, want_out), bool(torch.equal(got_window, want_window))
     out["causal_conv"], out["causal_conv_window"] = max(conv.values()), all(conv_window.values())
+    # the same conv split into q, k, v (3 parts of 2 heads of 16) with q's and k's heads L2-normalised, q scaled:
+    # against the torch form (ops.conv_qkv off CUDA), each part contiguous
+    window, conv_w = torch.randn(96, 3, generator=gen), torch.randn(96, 4, generator=gen)
+    qkv, qkv_flags = {}, []
+    for t in (37, 2):
+        x = wide[:t, 30:126] * 4
+        got, want = triton_kda.conv_qkv(x, window, conv_w, 16, 1e-6), engine_ops.conv_qkv(x, window, conv_w, 16)
+        qkv[t] = max(_relative(a, b) for a, b in zip(got[:3], want[:3]))
+        qkv_flags += [all(part.is_contiguous() and part.shape == (t, 2, 16) for part in got[:3])]
+        qkv_flags += [bool(torch.equal(got[3], want[3]))]
+        qkv_flags += [bool(torch.allclose(got[1].norm(dim=-1), torch.ones(t, 2), atol=1e-5))]  # unit heads
+    out["conv_qkv"], out["conv_qkv_flags"] = max(qkv.values()), qkv_flags
 
     # DSA's indexer scores in one kernel: 37 queries (three blocks of queries, the last ragged) over 150 pools (three
     # blocks, the last ragged), 16 heads of 32, pools of 4, queries at positions that see none, some or all pools;
@@ -510,12 +545,30 @@ def test_lane_attention_kernels_match_the_torch_form(results: dict) -> None:
     assert results["lane_attention_in_pool"] == {"fp32": True, "bf16": True, "fp8": True}
 
 
+def test_prompt_moe_glue_kernels_match_the_torch_forms(results: dict) -> None:
+    """A CUDA prompt chunk's bf16 experts between and after their grouped GEMMs (moe.MoE._grouped): the clamped SwiGLU
+    on the bf16 halves of gate‖up written as bf16 gives the bits of widening to fp32 first and rounding after; the
+    sorted pairs' outputs weighted and summed back to their tokens (onto a base, and without) in one launch agree
+    with the torch form, which agrees with the sum spelled out pair by pair."""
+    assert results["swiglu_bf16"]
+    assert results["combine_pairs"] <= TOLERANCE, results["combine_pairs"]
+    assert results["combine_pairs_spelled"] <= TOLERANCE, results["combine_pairs_spelled"]
+
+
 def test_prompt_causal_conv_kernel_matches_the_torch_form(results: dict) -> None:
     """engine/ops/triton_kda.py `causal_conv` (a CUDA prompt chunk's conv + SiLU in one launch) against
     `reference.causal_conv`, over two blocks of tokens and of channels, rows of a strided view, and a chunk shorter
     than the window (taps from the window; the new window keeps part of the old)."""
     assert results["causal_conv"] <= TOLERANCE, results["causal_conv"]
     assert results["causal_conv_window"]
+
+
+def test_prompt_conv_with_the_qk_norms_matches_the_torch_form(results: dict) -> None:
+    """engine/ops/triton_kda.py `conv_qkv` (a CUDA KDA prompt chunk's conv + SiLU, q's and k's heads L2-normalised,
+    q scaled, q|k|v written as three contiguous tensors in the same launch) against ops.conv_qkv's torch form (conv,
+    split, reference.l2norm): two token blocks and a chunk shorter than the window, rows of a strided view."""
+    assert results["conv_qkv"] <= TOLERANCE, results["conv_qkv"]
+    assert results["conv_qkv_flags"] == [True] * 6, results["conv_qkv_flags"]
 
 
 def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) -> None:

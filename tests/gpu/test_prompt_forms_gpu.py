@@ -173,6 +173,25 @@ def test_causal_conv_matches_cudnn_in_fp32(monkeypatch) -> None:
     assert launched
 
 
+def test_the_conv_with_the_qk_norms_at_the_served_width() -> None:
+    """A KDA prompt chunk's q, k, v in one launch (engine/ops/triton_kda.py `conv_qkv`: conv + SiLU, q's and k's 128-wide
+    heads L2-normalised, q scaled, three contiguous outputs) at the served width (3 × 32 heads × 128, 2,048 tokens,
+    rows of a strided view) against the torch form on the CPU (conv, split, reference.l2norm)."""
+    g = torch.Generator().manual_seed(3)
+    tokens, heads, dim, kernel = 2048, 32, 128, 4
+    channels = 3 * heads * dim
+    wide = torch.randn(tokens, channels + 64, generator=g) * 3
+    window = torch.randn(channels, kernel - 1, generator=g)
+    weight = torch.randn(channels, kernel, generator=g)
+    x = wide[:, 32 : 32 + channels]
+    want = ops.conv_qkv(x, window, weight, dim)
+    got = ops.conv_qkv(x.cuda(), window.cuda(), weight.cuda(), dim)
+    for a, b in zip(got[:3], want[:3]):
+        assert a.is_contiguous() and a.shape == (tokens, heads, dim)
+        assert relative_error(a.cpu(), b) < 1e-6
+    assert torch.equal(got[3].cpu(), want[3])
+
+
 def test_fused_hyper_connection_over_a_prompt_chunk() -> None:
     """`ops.hc_around` on a 2,048-token chunk with 4 streams of 4,096 (the fused kernels on CUDA) against the same
     on the CPU (torch ops): fp32 sums in another order."""

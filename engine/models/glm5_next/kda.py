@@ -138,8 +138,7 @@ class KimiDeltaAttention:
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict | None = None) -> torch.Tensor:
         """x: [T, hidden] — a chunk of one stream; its state advances."""
         self._fresh_state(seq)
-        mixed, conv = ops.causal_conv(ops.linear(x, self.qkv_proj), seq.conv_state[self.layer], self.conv)
-        q, k, v = self._split_qkv(mixed)
+        q, k, v, conv = ops.conv_qkv(ops.linear(x, self.qkv_proj), seq.conv_state[self.layer], self.conv, self.head_dim)
         g, beta, gate = self._gates(x)
         core, state = PROMPT_FORMS[self.prompt_form](seq.kda_state[self.layer], q, k, v, g, beta)
         seq.store_state(self.layer, state, conv)

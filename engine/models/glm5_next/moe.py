@@ -131,7 +131,7 @@ class MoE:
             return self.group.sum_partials(out + self.exl3(x, chosen, weights, self.limit))
         if self.stacked is not None and GROUPED_GEMM and self.stacked[0].dtype == torch.bfloat16:
             try:
-                return self.group.sum_partials(out + self._grouped(x, chosen, weights))
+                return self.group.sum_partials(self._grouped(x, chosen, weights, out))
             except RuntimeError as exc:  # a GPU or torch without grouped GEMMs: the loop from now on
                 _no_grouped_gemm(exc)
         for expert in chosen.unique().tolist():
@@ -139,10 +139,13 @@ class MoE:
             out.index_add_(0, token, self.experts[expert].partial(x[token]) * weights[token, slot, None])
         return self.group.sum_partials(out)
 
-    def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _grouped(
+        self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, base: torch.Tensor
+    ) -> torch.Tensor:
         """A prompt chunk's routed experts on a GPU: the (token, expert) pairs sorted by expert once, then gate‖up and
         down as two grouped GEMMs over the stacked bank (torch's `_grouped_mm`: one launch each, tensor cores, no host
-        read), the pairs' outputs weighted and summed back per token in a fixed order."""
+        read), the pairs' outputs weighted and summed back per token in a fixed order onto `base` (the shared
+        expert's output): bf16 between the products, each step one launch reading the last one's output as stored."""
         if self.stacked is None:
             raise RuntimeError("the grouped MoE runs over the stacked experts, which this layer does not hold")
         gate_up, down = self.stacked
@@ -150,16 +153,15 @@ class MoE:
         order = torch.argsort(flat, stable=True)
         token = order // self.top_k
         ends = torch.cumsum(torch.bincount(flat, minlength=gate_up.shape[0]), 0).to(torch.int32)
-        hidden = torch._grouped_mm(x[token].to(gate_up.dtype), gate_up.transpose(1, 2), offs=ends)
-        gate, up = hidden.float().chunk(2, dim=-1)
-        act = ops.swiglu_clamped(gate, up, self.limit).to(down.dtype)
-        routed = torch._grouped_mm(act, down.transpose(1, 2), offs=ends).float() * weights.flatten()[order, None]
-        # back to (token, slot) order (a permutation: one write each), then each token's k pairs summed in slot
-        # order — an index_add_ over the sorted pairs adds a token's k rows by atomics, in no fixed order (measured on
-        # the H200: the same prompt's logits 0.012 apart between two prefills)
-        pairs = torch.empty_like(routed)
-        pairs[order] = routed
-        return pairs.view(-1, self.top_k, routed.shape[-1]).sum(1)
+        # x rounded once per token, then gathered per pair (the same bits as rounding each gathered row)
+        hidden = torch._grouped_mm(x.to(gate_up.dtype)[token], gate_up.transpose(1, 2), offs=ends)
+        gate, up = hidden.chunk(2, dim=-1)  # read as they are: widened inside the kernel, not copied to fp32
+        act = ops.swiglu_clamped(gate, up, self.limit, out_dtype=down.dtype)
+        routed = torch._grouped_mm(act, down.transpose(1, 2), offs=ends)
+        # each token's k pairs weighted and summed in slot order onto the shared expert's output (an index_add_
+        # over the sorted pairs adds a token's rows by atomics, in no fixed order: measured on the H200, the same
+        # prompt's logits 0.012 apart between two prefills)
+        return ops.combine_pairs(routed, order, weights, base)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing in one kernel (the
