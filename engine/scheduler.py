@@ -448,11 +448,13 @@ class Scheduler:
 
     def _out_of_memory(self, plan: StepPlan, work: tuple[str, list[Request]] | None, exc: StepOutOfMemory) -> None:
         """A step that ran out of GPU memory on the only rank: its requests fail (their lanes' rows and states may be
-        half written; the lanes go back in the next plan), a state its chunk was to keep is forgotten (no rank kept
-        it), and every other request goes on — requests resumed in this plan take their first token as after any
-        step. With several ranks the others wait in the step's collectives: the engine stops (`describe_failure`)."""
+        half written; the lanes go back in the next plan), as do those whose resume failed in it, a state its chunk
+        was to keep is forgotten (no rank kept it), and every other request goes on — requests resumed in this plan
+        take their first token as after any step. With several ranks the others wait in the step's collectives: the
+        engine stops (`describe_failure`)."""
         log.error("%s (%s); its requests fail, the server goes on", str(exc), str(exc.__cause__))  # not the frames
         self.totals["out_of_memory"] += 1
+        self._fail_resumes()  # a chunk whose own resume failed fails with the resume's words
         self._apply(None, None)
         if work is None:
             return
@@ -573,7 +575,28 @@ class Scheduler:
 
     def _run(self, plan: StepPlan) -> Any:
         self.group.broadcast_object(plan)
-        return self.executor.run(plan)
+        logits = self.executor.run(plan)
+        failed = self.executor.failed_resumes
+        if failed:  # the step's work ran; only those lanes' resumes did not
+            if self.group.is_distributed:  # the other ranks resumed them: the lanes no longer agree
+                raise StepOutOfMemory(failed)
+            self.totals["out_of_memory"] += 1
+            self._fail_resumes()
+        return logits
+
+    def _fail_resumes(self) -> None:
+        """The requests whose resume from a kept prompt state ran out of GPU memory in this step fail (one rank):
+        their lanes go back in the next plan with whatever they took (shared rows are held, and so released, once
+        per holder); every other request goes on."""
+        for lane in self.executor.failed_resumes:
+            req = self._lanes[lane]
+            if req is not None:
+                self._finish(
+                    req,
+                    "failed",
+                    "the GPU ran out of memory while this request resumed from a kept prompt state; the server goes "
+                    "on: retry, with a shorter prompt or fewer requests at once",
+                )
 
     def _apply(self, work: tuple[str, list[Request]] | None, logits: Any) -> None:
         first, self._first = self._first, []

@@ -73,10 +73,11 @@ class StepPlan:
 
 class StepOutOfMemory(Exception):
     """A step's prefill chunk (with the kept state it adopts or keeps) or decode round ran out of GPU memory
-    (torch.OutOfMemoryError, its cause). `lanes`: the lanes in it, whose rows and states may be half written. The
-    plan's bookkeeping before it (releases, commits, admissions, resumes, drops) was applied; of the chunk's state
-    nothing was kept (`KeptStates.keep` copies before it records). Out of memory anywhere else in a step is a failed
-    step as any other."""
+    (torch.OutOfMemoryError, its cause), or the chunk's lane could not resume from its kept state for lack of it
+    (`StepExecutor.failed_resumes`). `lanes`: the lanes in it, whose rows and states may be half written. The plan's
+    bookkeeping before it (releases, commits, admissions, resumes, drops) was applied; of the chunk's state nothing
+    was kept (`KeptStates.keep` copies before it records). Out of memory anywhere else in a step is a failed step as
+    any other."""
 
     def __init__(self, lanes: list[int]) -> None:
         super().__init__(f"the step of lanes {lanes} ran out of GPU memory")
@@ -100,6 +101,9 @@ class StepExecutor:
         self.lanes: dict[int, Any] = {}
         self.kept = KeptStates(pool)
         self.proposed: list[list[int]] | None = None  # the last decode step's MTP drafts by lane row (rank 0 reads)
+        # the lanes whose resume from a kept state ran out of GPU memory in the last step (rank 0 reads): each
+        # holds what its lane took before the error, released with the lane; the step's other work ran
+        self.failed_resumes: list[int] = []
         self.decoder = (
             LaneDecoder(model, pool, lanes, graphs, window=window) if isinstance(model, LaneCapable) else None
         )
@@ -130,12 +134,21 @@ class StepExecutor:
             self.lanes[lane] = (
                 self.decoder.new_sequence(lane) if self.decoder is not None else self.model.new_sequence(self.pool)
             )
+        self.failed_resumes = []
+        resume_error: torch.OutOfMemoryError | None = None
         for lane, path in plan.resumes:
-            self.kept.resume(self.lanes[lane], path)
+            try:
+                self.kept.resume(self.lanes[lane], path)
+            except torch.OutOfMemoryError as exc:  # that request fails alone (one rank; the scheduler decides)
+                log.error("lane %d's resume from a kept state ran out of GPU memory (%s)", lane, str(exc))
+                self.failed_resumes.append(lane)
+                resume_error = exc
         for node, whole in plan.drops:  # after the releases: a dropped page's rows may be free now
             self.kept.drop(node, whole)
         if plan.prefill is not None:
             lane, ids = plan.prefill
+            if lane in self.failed_resumes:  # its state is not there to go on from: the chunk fails with it
+                raise StepOutOfMemory([lane]) from resume_error
             seq = self.lanes[lane]
             extra: dict[str, Any] = {"embeds": plan.embeds} if plan.embeds is not None else {}
             try:
@@ -199,6 +212,8 @@ def follow_plans(group: Any, executor: StepExecutor) -> int:
             return 0
         try:
             executor.run(plan)
+            if executor.failed_resumes:  # rank 0's lanes would no longer match this rank's: stop as for any failure
+                raise StepOutOfMemory(executor.failed_resumes)
         except Exception as exc:
             cause = f" ({exc.__cause__})" if isinstance(exc, StepOutOfMemory) else ""
             print(

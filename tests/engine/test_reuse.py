@@ -476,3 +476,51 @@ def test_a_decode_round_out_of_gpu_memory_fails_its_requests_and_the_server_goes
     finally:
         sched.stop()
     assert held == kept
+
+
+@pytest.mark.parametrize("resumed", ["at its end", "mid-prompt"])
+def test_a_resume_out_of_gpu_memory_fails_that_request_alone(demo, monkeypatch, resumed: str) -> None:
+    """A request resuming from a kept prompt state runs out of GPU memory there (after its lane took the kept rows
+    and state: what a failed copy would leave): it fails with words that say so, the request admitted beside it
+    finishes with its cold tokens, the scheduler serves on, no row is left held by the failed lane, and the same
+    request sent again resumes and gets its cold reply. Resumed "at its end" (the same prompt again: no chunk of
+    its own in the step, which runs the other request's) or "mid-prompt" (a longer prompt: the step's chunk is its
+    own, and fails with it)."""
+    model, tokenizer, eos, _ = demo
+    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
+    examples = synthetic.examples("eval", 5, 10)
+    first, other = (encode(render(e, e.messages)) for e in examples[:2])
+    again = first if resumed == "at its end" else first + encode(" and one more question, please.")
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    cold = scheduler(demo, 2)
+    cold.start()
+    try:
+        expected = [sink.tokens for sink in submit_all(cold, eos, [(again, params), (other, params)], reuse=False)]
+    finally:
+        cold.stop()
+    sched = scheduler(demo, 2)
+    sched.start()
+    try:
+        submit_all(sched, eos, [(first, params)])  # its states kept
+        kept = sched.executor.kept
+        served, armed = kept.resume, [True]
+
+        def resume(seq, path):
+            served(seq, path)  # the rows shared and the state copied, then the GPU's error
+            if armed[0]:
+                armed[0] = False
+                raise torch.OutOfMemoryError("CUDA out of memory (a stand-in: tests/engine/test_reuse.py)")
+
+        monkeypatch.setattr(kept, "resume", resume)
+        failed, beside = submit_all(sched, eos, [(again, params), (other, params)])
+        assert not armed[0]  # the stand-in raised
+        assert isinstance(failed.end, Failed) and "ran out of memory while this request resumed" in failed.end.message
+        assert isinstance(beside.end, Finished) and beside.tokens == expected[1]
+        assert sched.broken is None and _out_of_memory_steps(sched) == 1
+        (retried,) = submit_all(sched, eos, [(again, params)])
+        assert isinstance(retried.end, Finished) and retried.tokens == expected[0]
+        assert retried.end.cached_tokens > 0  # resumed this time
+        held, kept_rows = _settled(sched)
+    finally:
+        sched.stop()
+    assert held == kept_rows  # every row is free or held by a kept state: none left with the failed lane
