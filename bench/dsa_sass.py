@@ -4,7 +4,7 @@ instructions, tensor-core instructions and local-memory (spill) accesses, regist
 the warps an SM can hold by those.
 
     PYTHONPATH=.:bench python bench/dsa_sass.py [--kernel index,attend,lane] [--pools 64,128] [--warps 4,8]
-        [--out FILE]
+        [--wide] [--out FILE]
 
 The indexer (`_index_scores`; the loop a prompt chunk's program runs once a query over BP pools, per (query, pool)
 pair; a decode step's program, one query, whole): a chunk's keys as an fp32 tensor (tf32x3; what every prompt chunk
@@ -82,6 +82,7 @@ LANE_FORMS = {
     "fp8 pool in place": ("*fp8e4nv", {"GATHER": True, "FP8": True}),
 }
 REGISTERS_PER_SM, SHARED_PER_SM = 65_536, 233_472  # an H100's / H200's SM
+WIDE = [False]  # --wide: `_attend_prompt` with 64-bit latent offsets (its form before session 35; served past 2^31)
 
 
 def compile_kernel(fn, signature: dict, values: dict, warps: int, stages: int = 3, arch: int = 90):
@@ -152,7 +153,7 @@ def attend_form(name: str, capability: tuple[int, int] = (9, 0)) -> dict:
     latents, constexprs = ATTEND_FORMS[name]
     launch = triton_dsa.prompt_launch(capability, constexprs["HAS_LO"])
     values = {"N": 2052, "H": 32, "HG": triton_dsa.head_group(launch, 32), "R": 512, "BT": launch["block"]}
-    values |= {"WIDEN": False, "WIDE": False, **constexprs}
+    values |= {"WIDEN": False, "WIDE": WIDE[0], **constexprs}
     signature = ATTEND_SIGNATURE | {"hi_ptr": latents, "lo_ptr": latents}
     arch = 90 if capability == (9, 0) else 89
     kernel = compile_kernel(
@@ -176,7 +177,9 @@ def main() -> int:
     ap.add_argument("--pools", default=str(triton_dsa.INDEX_LAUNCH["pools"]), help="the indexer's pools a program")
     ap.add_argument("--warps", default=str(triton_dsa.INDEX_LAUNCH["num_warps"]), help="the indexer's warps")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--wide", action="store_true", help="the prompt attention with 64-bit latent offsets")
     args = ap.parse_args()
+    WIDE[0] = args.wide
     rows = []
     if "index" in args.kernel:
         for pools in map(int, args.pools.split(",")):

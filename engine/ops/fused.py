@@ -217,8 +217,9 @@ def conv_qkv(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A KDA prompt chunk's q, k, v from its q|k|v projection x [T, 3·W]: the causal conv + SiLU (`causal_conv`),
     split in three [T, W / head_dim, head_dim], q's and k's heads L2-normalised (`reference.l2norm`, eps under the
-    root) and q scaled by head_dim^-1/2; and the new window. On CUDA one launch (engine/ops/triton_kda.py
-    `conv_qkv`: q, k, v contiguous; the norms' sums in another order, so fp32 rounding apart)."""
+    root) and q scaled by head_dim^-1/2; and the new window. On CUDA one kernel, and the window's copy
+    (engine/ops/triton_kda.py `conv_qkv`: q, k, v contiguous; the norms' sums in another order, so fp32 rounding
+    apart)."""
     channels, kernel = weight.shape
     if (
         x.is_cuda
@@ -339,21 +340,26 @@ def selected_attention(
 
 
 def swiglu_clamped(
-    gate: torch.Tensor, up: torch.Tensor, limit: float, out_dtype: torch.dtype = torch.float32
+    gate: torch.Tensor, up: torch.Tensor, limit: float, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """SwiGLU with GLM's limits (`reference.swiglu_clamped`), computed in fp32 and returned as `out_dtype`; fp32 or
-    bf16 rows on CUDA in one kernel (engine/ops/triton_moe.py `swiglu`: bf16 halves of a gate‖up output are read as
-    they are, not widened into a copy first)."""
+    """SwiGLU with GLM's limits (`reference.swiglu_clamped`), in the inputs' type, or (`out_dtype`) computed in fp32
+    and returned as that; fp32 or bf16 rows on CUDA in one kernel (engine/ops/triton_moe.py `swiglu`, fp32 or bf16
+    out: bf16 halves of a gate‖up output are read as they are, not widened into a copy first)."""
+    out = out_dtype if out_dtype is not None else gate.dtype
     if (
         gate.is_cuda
         and gate.dim() == 2
         and gate.dtype == up.dtype
         and gate.dtype in (torch.float32, torch.bfloat16)
+        and out in (torch.float32, torch.bfloat16)
+        and (gate.dtype == torch.float32 or out_dtype is not None)  # bf16 in, bf16 out: only when asked
         and gate.stride(1) == 1 == up.stride(1)
     ):
         from engine.ops.triton_moe import swiglu
 
-        return swiglu(gate, up, limit, out_dtype)
+        return swiglu(gate, up, limit, out)
+    if out_dtype is None:
+        return reference.swiglu_clamped(gate, up, limit)
     return reference.swiglu_clamped(gate.float(), up.float(), limit).to(out_dtype)
 
 
@@ -362,7 +368,7 @@ def combine_pairs(
 ) -> torch.Tensor:
     """A prompt chunk's expert outputs, sorted by expert (`order`: each sorted row's flat (token, slot) index), back
     to their tokens: base + Σ_slot weights[t, slot] · pairs[row of (t, slot)] in slot order -> [T, W] fp32; on CUDA
-    one launch (engine/ops/triton_moe.py `combine_pairs`)."""
+    one kernel over the pairs (engine/ops/triton_moe.py `combine_pairs`)."""
     if pairs.is_cuda:
         from engine.ops.triton_moe import combine_pairs as fused
 

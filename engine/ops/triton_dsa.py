@@ -32,7 +32,8 @@ exactly, with a scale a row on the row's scores and weights: under the H200's la
 to `PoolLatents.COPY_ROWS` (converted here, they take 2.1x the instructions a block of 64), else the e4m3 rows in
 place. A block's latent offsets are 32-bit unless the latents may pass 2^31 values (`WIDE`): with 64-bit ones the
 [tokens × rank] address tile spilled (sm_90: 2,098 loop instructions and 106 local accesses a block, against 1,919 and
-61), and the kernel took 10.5 against 5.8 ms for a 2k chunk's 64 heads at 8k on an H100 (docs/BENCHMARKS.md, session 35).
+61), and the kernel took 10.5 against 5.8 ms for a 2k chunk's 64 heads at 8k (traces on two H100 machines;
+docs/BENCHMARKS.md, session 35).
 
 DSA's indexer (`index_scores`, `_index_scores`) scores every pool for a query — Σ_h w_h · relu(q_h · key) — for prompt
 chunks and decode steps alike: a program per (block of pools, block of queries), each query's [heads × pools] product
@@ -302,6 +303,13 @@ def _attend_prompt(
     tl.store(out_ptr + q_at, ctx / total[None, :], mask=head_ok[None, :])
 
 
+def offsets_wide(latents: torch.Tensor) -> bool:
+    """Whether `_attend_prompt` must address these latents ([L, R], rows of any stride) with 64-bit offsets: the
+    last value's offset from the first, (L - 1) · stride + R - 1, passes int32's largest."""
+    rows, rank = latents.shape
+    return (rows - 1) * latents.stride(0) + rank - 1 > 2**31 - 1
+
+
 def prompt_applies(heads: int, rank: int) -> bool:
     """Whether `selected_attention` takes these shapes: a power-of-two rank of at least 16 (its columns are one
     block) and at most 512 (the context is held in registers)."""
@@ -379,7 +387,7 @@ def selected_attention(
         q_hi, q_lo, lat_hi, lat_hi if lat_lo is None else lat_lo, tokens.contiguous(),
         counts.contiguous().view(torch.uint8), out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
         HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, lat_stride=lat_hi.stride(0),
-        scl_ptr=scales if fp8 else out, FP8=fp8, WIDE=(lat_hi.shape[0] - 1) * lat_hi.stride(0) + rank >= 2**31,
+        scl_ptr=scales if fp8 else out, FP8=fp8, WIDE=offsets_wide(lat_hi),
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )  # fmt: skip
     return out

@@ -263,6 +263,7 @@ def conv_qkv(
     program's channels are one head (head_dim a power of two), so its sums of squares stay in registers."""
     t, channels = x.shape
     part = channels // 3
+    assert channels % (3 * head_dim) == 0 and head_dim & (head_dim - 1) == 0, "a program's channels: one head of q|k|v"
     out = torch.empty(3, t, part, dtype=torch.float32, device=x.device)
     new_window = _conv_launch(x, window, weight, out, part, head_dim, norm=True, q_scale=head_dim**-0.5, eps=eps)
     q, k, v = (o.view(t, part // head_dim, head_dim) for o in out)

@@ -237,8 +237,9 @@ def combine_pairs(
     """A prompt chunk's routed experts summed back per token: pairs [T·k, W] are the outputs of the (token, slot)
     pairs sorted by expert (`order`, [T·k]: the flat (token, slot) index of each sorted row), weights [T, k] fp32 the
     routing weights; out[t] = base[t] + Σ_slot weights[t, slot] · pairs[row of (t, slot)], the slots summed in order
-    (a fixed order: a token's bits do not depend on the others') -> [T, W] fp32. One launch where torch took four
-    (the weighted copy, the scatter back to (token, slot) order, the sum, the add), the pairs read once as stored."""
+    (a fixed order: a token's bits do not depend on the others') -> [T, W] fp32. One kernel over the pairs, read
+    once as stored (and two small launches inverting `order`), where torch wrote a weighted fp32 copy of them,
+    scattered it back to (token, slot) order, summed and added."""
     tokens, top = weights.shape
     width = pairs.shape[1]
     slots = torch.empty_like(order)

@@ -262,6 +262,15 @@ def _cases() -> dict:
             pairs, order, pair_weights, b))
         for b in (base, None)
     )  # fmt: skip
+    # the served top-k (8) over rows of two column blocks (1,500 wide; 1,024 a program), fp32 pairs
+    order8 = torch.argsort(torch.randint(0, 9, (40,), generator=gen), stable=True)
+    pairs8, weights8 = torch.randn(40, 1500, generator=gen), torch.rand(5, 8, generator=gen)
+    out["combine_pairs_wide"] = bool(
+        torch.equal(
+            triton_moe.combine_pairs(pairs8, order8, weights8),
+            engine_ops.reference.combine_pairs(pairs8, order8, weights8),
+        )
+    )
     mine = torch.zeros(6, 40)
     for row, flat in enumerate(order.tolist()):  # each sorted row's own (token, slot), spelled out
         mine[flat // 3] += pairs[row].float() * pair_weights[flat // 3, flat % 3]
@@ -344,6 +353,18 @@ def _cases() -> dict:
                 got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
                 errors[f"{heads}_{name}_{kind}"] = _relative(got, want.transpose(0, 1))
     out["selected_attention"] = errors
+    # 64-bit latent offsets (latents past 2^31 values: none this small, so forced) give the 32-bit form's bits;
+    # where the form switches, on shapes alone (meta tensors: no storage)
+    q_split = engine_ops.split_bf16(torch.randn(40, 5, 64, generator=gen) * 0.3)
+    narrow = triton_dsa.selected_attention(q_split, engine_ops.split_bf16(latents), tokens, counts)
+    offsets_wide = triton_dsa.offsets_wide
+    triton_dsa.offsets_wide = lambda latents: True
+    try:
+        wide = triton_dsa.selected_attention(q_split, engine_ops.split_bf16(latents), tokens, counts)
+    finally:
+        triton_dsa.offsets_wide = offsets_wide
+    edge = [torch.empty_strided((2, 512), (stride, 1), device="meta") for stride in (2**31 - 512, 2**31 - 511)]
+    out["selected_attention_wide"] = [bool(torch.equal(wide, narrow))] + [triton_dsa.offsets_wide(e) for e in edge]
     # a cache pool's latents (`PoolLatents.by_row`): a bf16 pool's read in place (the latent columns of a pool
     # layer's rows, row width 96, so strided; the tokens' slots as the rows) give the bits of the gathered contiguous
     # latents; an fp8 pool's (e4m3 values, bf16 exactly; each row's scale on its scores and softmax weights) as a
@@ -397,7 +418,8 @@ def _cases() -> dict:
     window, conv_w = torch.randn(96, 3, generator=gen), torch.randn(96, 4, generator=gen)
     qkv, qkv_flags = {}, []
     for t in (37, 2):
-        x = wide[:t, 30:126] * 4
+        x = (wide * 4)[:t, 30:126]  # rows of a strided view
+        assert x.stride(0) == 260
         got, want = triton_kda.conv_qkv(x, window, conv_w, 16, 1e-6), engine_ops.conv_qkv(x, window, conv_w, 16)
         qkv[t] = max(_relative(a, b) for a, b in zip(got[:3], want[:3]))
         qkv_flags += [all(part.is_contiguous() and part.shape == (t, 2, 16) for part in got[:3])]
@@ -553,6 +575,7 @@ def test_prompt_moe_glue_kernels_match_the_torch_forms(results: dict) -> None:
     assert results["swiglu_bf16"]
     assert results["combine_pairs"] <= TOLERANCE, results["combine_pairs"]
     assert results["combine_pairs_spelled"] <= TOLERANCE, results["combine_pairs_spelled"]
+    assert results["combine_pairs_wide"]  # top-8 over two column blocks: the reference's bits
 
 
 def test_prompt_causal_conv_kernel_matches_the_torch_form(results: dict) -> None:
@@ -581,6 +604,8 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     errors = results["selected_attention"]
     assert len(errors) == 2 * 2 * 3, errors  # heads 3 and 40, two latent kinds, three launches
     assert max(errors.values()) <= TOLERANCE, errors
+    # forced 64-bit offsets: the same bits; 32-bit up to a last offset of 2^31 - 1, 64-bit past it
+    assert results["selected_attention_wide"] == [True, False, True], results["selected_attention_wide"]
     fp8 = {k: v for k, v in results.items() if k.startswith("selected_attention_fp8_") and "_copy_" not in k}
     assert len(fp8) == 2 * 3 and max(fp8.values()) <= TOLERANCE, fp8  # fp8 rows: to rounding, every launch
     copied = {k: v for k, v in results.items() if k.startswith("selected_attention_fp8_copy_")}

@@ -140,12 +140,12 @@ class MoE:
         return self.group.sum_partials(out)
 
     def _grouped(
-        self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, base: torch.Tensor
+        self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None = None
     ) -> torch.Tensor:
         """A prompt chunk's routed experts on a GPU: the (token, expert) pairs sorted by expert once, then gate‖up and
         down as two grouped GEMMs over the stacked bank (torch's `_grouped_mm`: one launch each, tensor cores, no host
         read), the pairs' outputs weighted and summed back per token in a fixed order onto `base` (the shared
-        expert's output): bf16 between the products, each step one launch reading the last one's output as stored."""
+        expert's output, if given): bf16 between the products, each step reading the last one's output as stored."""
         if self.stacked is None:
             raise RuntimeError("the grouped MoE runs over the stacked experts, which this layer does not hold")
         gate_up, down = self.stacked
