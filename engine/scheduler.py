@@ -591,6 +591,8 @@ class Scheduler:
         for lane in self.executor.failed_resumes:
             req = self._lanes[lane]
             if req is not None:
+                if self.index is not None:  # nothing was reused after all
+                    self.index.hits -= req.cached
                 self._finish(
                     req,
                     "failed",
