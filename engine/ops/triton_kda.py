@@ -258,7 +258,7 @@ def conv_qkv(
     x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, head_dim: int, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A KDA prompt chunk's conv + SiLU split into q, k, v with q's and k's heads L2-normalised and q scaled by
-    head_dim^-1/2 (`fused.conv_qkv`'s contract), in one launch: x [T, 3·W] fp32 (rows may be strided), window
+    head_dim^-1/2 (`fused.conv_qkv`'s contract), in one kernel (and the window's copy): x [T, 3·W] fp32 (rows may be strided), window
     [3·W, K-1], weight [3·W, K] -> q, k, v [T, W / head_dim, head_dim], each contiguous, and the new window. A
     program's channels are one head (head_dim a power of two), so its sums of squares stay in registers."""
     t, channels = x.shape
