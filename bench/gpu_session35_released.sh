@@ -4,6 +4,8 @@
 # and 7bcf3c0's (.wheels/prev/tree-7bcf3c0.tgz: before session 35's prompt kernels) in turn, to measure at the served
 # shapes (32 heads a rank) what the 4-layer TP=1 bench gained (+13 % / +21 % on an H100); then this tree's decode.
 #     BUDGET=590 bash bench/gpu_session35_released.sh
+# (.wheels/prev/tree-7bcf3c0.tgz, if absent: git archive 7bcf3c0 engine bench/gpu_engine.py bench/decode_trace.py
+#  config | gzip > .wheels/prev/tree-7bcf3c0.tgz)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s35r-out}
