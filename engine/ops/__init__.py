@@ -45,6 +45,7 @@ from engine.ops.reference import (  # noqa: F401
     softplus,
     split_bf16,
     split_product,
+    split_qkv,
     visible_pools,
     widened,
 )

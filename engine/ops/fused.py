@@ -216,8 +216,8 @@ def conv_qkv(
     x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, head_dim: int, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A KDA prompt chunk's q, k, v from its q|k|v projection x [T, 3·W]: the causal conv + SiLU (`causal_conv`),
-    split in three [T, W / head_dim, head_dim], q's and k's heads L2-normalised (`reference.l2norm`, eps under the
-    root) and q scaled by head_dim^-1/2; and the new window. On CUDA one kernel, and the window's copy
+    split in three [T, W / head_dim, head_dim], q's and k's heads L2-normalised (eps under the root) and q scaled by
+    head_dim^-1/2 (`reference.split_qkv`); and the new window. On CUDA one kernel, and the window's copy
     (engine/ops/triton_kda.py `conv_qkv`: q, k, v contiguous; the norms' sums in another order, so fp32 rounding
     apart)."""
     channels, kernel = weight.shape
@@ -236,9 +236,7 @@ def conv_qkv(
 
         return fused(x, window, weight, head_dim, eps)
     mixed, new_window = causal_conv(x, window, weight)
-    shape = (x.shape[0], channels // (3 * head_dim), head_dim)
-    q, k, v = (part.reshape(shape) for part in mixed.split(channels // 3, dim=-1))
-    return reference.l2norm(q, eps) * head_dim**-0.5, reference.l2norm(k, eps), v, new_window
+    return (*reference.split_qkv(mixed, head_dim, eps), new_window)
 
 
 def index_scores(

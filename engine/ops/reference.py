@@ -245,6 +245,14 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def split_qkv(mixed: torch.Tensor, head_dim: int, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KDA's conv output [T, 3·W] as q, k, v [T, W / head_dim, head_dim] (views of it): q's and k's heads
+    L2-normalised, q then scaled by head_dim^-1/2."""
+    shape = (mixed.shape[0], mixed.shape[1] // (3 * head_dim), head_dim)
+    q, k, v = (part.reshape(shape) for part in mixed.split(mixed.shape[1] // 3, dim=-1))
+    return l2norm(q, eps) * head_dim**-0.5, l2norm(k, eps), v
+
+
 def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """SwiGLU with GLM's limits: the gate is capped above, the up projection clamped both ways."""
     return silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
@@ -259,9 +267,10 @@ def combine_pairs(
     weighted = pairs.float() * weights.flatten()[order, None]
     back = torch.empty_like(weighted)
     back[order] = weighted
-    out = back.view(tokens, top, -1)[:, 0].clone()
+    by_slot = back.view(tokens, top, -1)
+    out = by_slot[:, 0].clone()
     for slot in range(1, top):
-        out += back.view(tokens, top, -1)[:, slot]
+        out += by_slot[:, slot]
     return out if base is None else base.float() + out
 
 

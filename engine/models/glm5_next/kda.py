@@ -115,11 +115,6 @@ class KimiDeltaAttention:
         gate = ops.linear(ops.linear(x, self.g_a), self.g_b).view(shape)
         return g, beta, gate
 
-    def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        shape = (mixed.shape[0], self.local_heads, self.head_dim)
-        q, k, v = (t.reshape(shape) for t in mixed.split(self.width, dim=-1))
-        return ops.l2norm(q) * self.head_dim**-0.5, ops.l2norm(k), v
-
     def _output(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         normed = ops.rms_norm(core, self.o_norm, self.eps) * ops.sigmoid(gate)
         return self.group.sum_partials(ops.linear(normed.flatten(1), self.o_proj))
@@ -156,7 +151,7 @@ class KimiDeltaAttention:
         state (row-invariant: a stream's bits do not depend on the other streams)."""
         seqs_in = torch.cat([windows, projected.unsqueeze(-1)], dim=-1)  # [B, C, K]
         mixed = ops.silu((seqs_in * self.conv).sum(-1))
-        q, k, v = self._split_qkv(mixed)
+        q, k, v = ops.split_qkv(mixed, self.head_dim)
         core, state = ops.kda_step(state, q, k, v, g, beta)
         return core, seqs_in[:, :, 1:], state
 
