@@ -61,7 +61,8 @@ INDEX_FORMS = {
     "step, fp8 pool in place": ("*fp32", "*fp8e4nv", {**STEP, "GATHER": True, "SCALED": True, "SPLIT": True}),
 }  # fmt: skip
 ATTEND_SIGNATURE = {
-    "qh_ptr": "*bf16", "ql_ptr": "*bf16", "tok_ptr": "*i64", "cnt_ptr": "*u8", "out_ptr": "*fp32", "T": "i32",
+    "qh_ptr": "*bf16", "ql_ptr": "*bf16", "tok_ptr": "*i64", "cnt_ptr": "*u8", "out_ptr": "*bf16", "lo_out_ptr": "*bf16",
+    "T": "i32",
     "lat_stride": "i32", "scl_ptr": "*fp32",
 }  # fmt: skip
 # name: (latents, constexprs), at TP=2's share of the served layer (32 heads, rank 512, 2,052 tokens a query)
@@ -153,7 +154,7 @@ def attend_form(name: str, capability: tuple[int, int] = (9, 0)) -> dict:
     latents, constexprs = ATTEND_FORMS[name]
     launch = triton_dsa.prompt_launch(capability, constexprs["HAS_LO"])
     values = {"N": 2052, "H": 32, "HG": triton_dsa.head_group(launch, 32), "R": 512, "BT": launch["block"]}
-    values |= {"WIDEN": False, "WIDE": WIDE[0], **constexprs}
+    values |= {"WIDEN": False, "WIDE": WIDE[0], "SPLIT_OUT": True, **constexprs}
     signature = ATTEND_SIGNATURE | {"hi_ptr": latents, "lo_ptr": latents}
     arch = 90 if capability == (9, 0) else 89
     kernel = compile_kernel(

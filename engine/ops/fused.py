@@ -322,19 +322,21 @@ def selected_attention(
     latents: reference.Split | reference.PoolLatents,
     tokens: torch.Tensor,
     counts: torch.Tensor,
-) -> torch.Tensor:
-    """q_abs [H, T, R] fp32 (scaled) over each query's selected latents (`latents` [L, R] split, or left in the
-    cache pool: `PoolLatents.by_row`; tokens and counts [T, N]) -> context [H, T, R] fp32, in one launch
-    (engine/ops/triton_dsa.py `selected_attention`)."""
+    scale: float = 1.0,
+    split_out: bool = False,
+) -> torch.Tensor | reference.Split:
+    """q_abs [H, T, R] fp32 times `scale` over each query's selected latents (`latents` [L, R] split, or left in the
+    cache pool: `PoolLatents.by_row`; tokens and counts [T, N]) -> context [H, T, R] fp32 (`split_out`: as its
+    split bf16 pair, for a split product), in one launch (engine/ops/triton_dsa.py `selected_attention`) after
+    q_abs · scale is split in one more (`split_scaled`: the bits of `reference.split_bf16(q_abs * scale)`)."""
     from engine.ops import triton_dsa
 
-    hi, lo = reference.split_bf16(q_abs)
-    assert lo is not None  # split in full: q_abs is fp32
+    q_split = triton_dsa.split_scaled(q_abs, scale)
     scales = None
     if isinstance(latents, reference.PoolLatents):
         copy = triton_dsa.prompt_launch(torch.cuda.get_device_capability(q_abs.device))["fp8_copy"]
         latents, tokens, scales = latents.by_row(tokens, fp8=triton_dsa.fp8_rows_apply(q_abs.device), copy=copy)
-    return triton_dsa.selected_attention((hi, lo), latents, tokens, counts, scales)
+    return triton_dsa.selected_attention(q_split, latents, tokens, counts, scales, split_out)
 
 
 def swiglu_clamped(

@@ -327,14 +327,20 @@ def _dequantize(
 
 @triton.jit
 def _store(ptrs, v, ok, BF16: tl.constexpr):
-    """fp32 values stored as fp32 or, BF16, rounded to nearest even in integer steps: torch's rounding of finite
-    values, the same in Triton's CPU interpreter (whose cast to bf16 truncates); a NaN stays a NaN (the quiet one)."""
+    """fp32 values stored as fp32 or, BF16, rounded to nearest even (`_round_bf16`)."""
     if BF16:
-        bits = tl.where(v != v, 0x7FC00000, v.to(tl.uint32, bitcast=True))
-        bits += 0x7FFF + ((bits >> 16) & 1)
-        tl.store(ptrs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=ok)
+        tl.store(ptrs, _round_bf16(v), mask=ok)
     else:
         tl.store(ptrs, v, mask=ok)
+
+
+@triton.jit
+def _round_bf16(v):
+    """fp32 values rounded to bf16, to nearest even in integer steps: torch's rounding of finite values, the same in
+    Triton's CPU interpreter (whose cast to bf16 truncates); a NaN stays a NaN (the quiet one)."""
+    bits = tl.where(v != v, 0x7FC00000, v.to(tl.uint32, bitcast=True))
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 def dequantized(weight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -63,6 +63,7 @@ import triton.language as tl
 
 from engine.ops import reference
 from engine.ops.reference import PoolKeys
+from engine.ops.triton_dense import _round_bf16
 
 BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
 SLICE = 64  # rank columns a product step
@@ -238,7 +239,8 @@ def _attend_prompt(
     lo_ptr,
     tok_ptr,
     cnt_ptr,
-    out_ptr,
+    out_ptr,  # the context [H, T, R]: fp32, or (SPLIT_OUT) its bf16 hi part, the lo part at lo_out_ptr
+    lo_out_ptr,
     T,
     N: tl.constexpr,  # fixed by the config (index_topk + a pool), so one compile; a loop bound the interpreter takes
     H: tl.constexpr,
@@ -251,6 +253,7 @@ def _attend_prompt(
     scl_ptr,  # FP8: each row's scale (a cache pool layer's, by the same row index)
     FP8: tl.constexpr,  # the latents are fp8 cache rows' values (e4m3 in place, or a bf16 copy) × a row's scale
     WIDE: tl.constexpr,  # a latent's offset may pass 2^31 values: 64-bit offsets (else 32-bit: fewer registers)
+    SPLIT_OUT: tl.constexpr,  # the context written split (`reference.split_bf16`'s hi and lo of the fp32 values)
 ):
     query = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HG + tl.arange(0, HG)
@@ -300,7 +303,40 @@ def _attend_prompt(
             ctx = tl.dot(tl.trans(lat_lo), p_hi, ctx)
         ctx = tl.dot(tl.trans(lat), p_hi, ctx)
         top = new_top
-    tl.store(out_ptr + q_at, ctx / total[None, :], mask=head_ok[None, :])
+    ctx = ctx / total[None, :]
+    if SPLIT_OUT:  # the bits of split_bf16(ctx): hi rounded to nearest even, lo the rest rounded
+        hi = _round_bf16(ctx)
+        tl.store(out_ptr + q_at, hi, mask=head_ok[None, :])
+        tl.store(lo_out_ptr + q_at, _round_bf16(ctx - hi.to(tl.float32)), mask=head_ok[None, :])
+    else:
+        tl.store(out_ptr + q_at, ctx, mask=head_ok[None, :])
+
+
+@triton.jit
+def _split_scaled(x_ptr, hi_ptr, lo_ptr, n, scale, BLOCK: tl.constexpr):
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = at < n
+    x = tl.load(x_ptr + at, mask=ok, other=0.0) * scale
+    hi = _round_bf16(x)
+    tl.store(hi_ptr + at, hi, mask=ok)
+    tl.store(lo_ptr + at, _round_bf16(x - hi.to(tl.float32)), mask=ok)
+
+
+SPLIT_BLOCK = 2048  # values a program of `split_scaled`
+
+
+def split_scaled(x: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.split_bf16(x * scale)` for fp32 x on CUDA in one launch, the same bits (x · scale rounded to fp32,
+    then to bf16 to nearest even, the rest likewise; compiled without FMA contraction, which would fold the product
+    into the remainder's subtraction): one read of x where torch took a scaled copy and three passes."""
+    x = x.contiguous()
+    hi = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    lo = torch.empty_like(hi)
+    n = x.numel()
+    _split_scaled[(triton.cdiv(n, SPLIT_BLOCK),)](
+        x, hi, lo, n, float(scale), BLOCK=SPLIT_BLOCK, num_warps=4, enable_fp_fusion=False
+    )
+    return hi, lo
 
 
 def offsets_wide(latents: torch.Tensor) -> bool:
@@ -341,12 +377,14 @@ def selected_attention(
     tokens: torch.Tensor,
     counts: torch.Tensor,
     scales: torch.Tensor | None = None,
-) -> torch.Tensor:
+    split_out: bool = False,
+) -> torch.Tensor | reference.Split:
     """softmax(q_abs · latentsᵀ over each query's selected tokens that count) · latents, for a prompt chunk, head-major
     as the products around it are: q_abs [H, T, R] split (bf16 hi, lo; scaled already), latents [L, R] split (bf16
     hi, lo or None: a bf16 cache's; rows may be strided, as a cache pool layer's latent columns are, read in place),
     tokens [T, N] (rows of the latents; those that do not count are never read), counts [T, N] bool -> [H, T, R]
-    fp32. `scales` [L] fp32: the latents are fp8 cache rows' values (e4m3, or a bf16 copy of them; no lo part), each
+    fp32 (`split_out`: as its split bf16 pair, `reference.split_bf16`'s bits, for the split product after it).
+    `scales` [L] fp32: the latents are fp8 cache rows' values (e4m3, or a bf16 copy of them; no lo part), each
     row's values times its scale — the scale applied to the row's scores and to its softmax weights, so the values
     enter the products exactly, two products a side where a split would take three (e4m3 latents need the type in
     Triton: compute capability 8.9, `fp8_rows_apply`). Every query must have a token that counts (`_select_tokens`
@@ -382,15 +420,16 @@ def selected_attention(
         raise ValueError(f"latents {tuple(lat_hi.shape)} do not have q_abs's rank {rank}")
     launch = prompt_launch(_capability(q_hi), lat_lo is not None)
     group = head_group(launch, heads)
-    out = torch.empty(heads, t, rank, dtype=torch.float32, device=q_hi.device)
+    out = torch.empty(heads, t, rank, dtype=torch.bfloat16 if split_out else torch.float32, device=q_hi.device)
+    lo_out = torch.empty_like(out) if split_out else out
     _attend_prompt[(t, triton.cdiv(heads, group))](
         q_hi, q_lo, lat_hi, lat_hi if lat_lo is None else lat_lo, tokens.contiguous(),
-        counts.contiguous().view(torch.uint8), out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
+        counts.contiguous().view(torch.uint8), out, lo_out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
         HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, lat_stride=lat_hi.stride(0),
         scl_ptr=scales if fp8 else out, FP8=fp8, WIDE=offsets_wide(lat_hi),
-        num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+        SPLIT_OUT=split_out, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )  # fmt: skip
-    return out
+    return (out, lo_out) if split_out else out
 
 
 # the indexer's launch: pools a program, queries a program (sharing its pools' keys where every query reads the same

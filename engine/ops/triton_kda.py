@@ -240,10 +240,11 @@ def _causal_conv(
             out = tl.div_rn(out, norm[:, None])
             if first < PART:
                 out = out * q_scale
-    # channel c of token t at part c // PART (q, k, v: each [T, PART] contiguous; one part when PART = C)
-    part = cols // PART
-    at = part.to(tl.int64)[None, :] * T * PART + rows.to(tl.int64)[:, None] * PART + (cols - part * PART)[None, :]
-    tl.store(out_ptr + at, out, mask=row_ok[:, None] & col_ok[None, :])
+    # channel c of token t at part c // PART (q, k, v: each [T, PART] contiguous; one part when PART = C): a block's
+    # channels lie in one part (BC divides PART, or PART = C)
+    part = first // PART
+    at = rows.to(tl.int64)[:, None] * PART + (cols - part * PART)[None, :]
+    tl.store(out_ptr + part.to(tl.int64) * T * PART + at, out, mask=row_ok[:, None] & col_ok[None, :])
 
 
 def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

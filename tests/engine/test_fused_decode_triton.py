@@ -342,6 +342,7 @@ def _cases() -> dict:
     latents = torch.randn(120, 64, generator=gen)
     bf16 = latents.bfloat16().float()
     errors: dict[str, float] = {}
+    split_flags: dict[str, bool] = {}
     for heads in (3, 40):
         q_abs = torch.randn(heads, 5, 64, generator=gen) * 0.3
         for name in _each_prompt_launch():
@@ -352,7 +353,11 @@ def _cases() -> dict:
                 want = attend(q_abs.transpose(0, 1) / 0.125, values[tokens.clamp(max=119)], counts)
                 got = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts)
                 errors[f"{heads}_{name}_{kind}"] = _relative(got, want.transpose(0, 1))
-    out["selected_attention"] = errors
+                # written split for the head product after it: split_bf16's bits of the fp32 context
+                hi, lo = triton_dsa.selected_attention(engine_ops.split_bf16(q_abs), split, tokens, counts, None, True)
+                want_hi, want_lo = engine_ops.split_bf16(got)
+                split_flags[f"{heads}_{name}_{kind}"] = bool(torch.equal(hi, want_hi) and torch.equal(lo, want_lo))
+    out["selected_attention"], out["selected_attention_split_out"] = errors, split_flags
     # 64-bit latent offsets (latents past 2^31 values: none this small, so forced) give the 32-bit form's bits;
     # where the form switches, on shapes alone (meta tensors: no storage)
     q_split = engine_ops.split_bf16(torch.randn(40, 5, 64, generator=gen) * 0.3)
@@ -365,6 +370,20 @@ def _cases() -> dict:
         triton_dsa.offsets_wide = offsets_wide
     edge = [torch.empty_strided((2, 512), (stride, 1), device="meta") for stride in (2**31 - 512, 2**31 - 511)]
     out["selected_attention_wide"] = [bool(torch.equal(wide, narrow))] + [triton_dsa.offsets_wide(e) for e in edge]
+    # q_abs · scale split in one launch: split_bf16's bits of the scaled values (a ragged last block; values at
+    # bf16 rounding ties, signed zeros, infinities and a NaN among them)
+    x = torch.randn(3, 7, 1000, generator=gen) * 5
+    x.view(-1)[:6] = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, -0.0, float("inf"), -float("inf"), float("nan")])
+    hi, lo = triton_dsa.split_scaled(x, 0.0721)
+    want_hi, want_lo = engine_ops.split_bf16(x * 0.0721)
+    same_bits = [  # bit for bit, a NaN's payload aside
+        bool(((a.view(torch.int16) == b.view(torch.int16)) | (a.isnan() & b.isnan())).all())
+        for a, b in ((hi, want_hi), (lo, want_lo))
+    ]
+    out["split_scaled"] = same_bits + [bool(hi.isnan()[0, 0, 5]), bool(lo.isnan()[0, 0, 3:6].all())]
+    hi, lo = triton_dsa.split_scaled(x[:, :, 1:], 1.0)  # strided x: a contiguous copy split, unscaled
+    want_hi, want_lo = engine_ops.split_bf16(x[:, :, 1:])
+    out["split_unscaled"] = bool(torch.equal(hi[1:], want_hi[1:]) and torch.equal(lo[1:], want_lo[1:]))
     # a cache pool's latents (`PoolLatents.by_row`): a bf16 pool's read in place (the latent columns of a pool
     # layer's rows, row width 96, so strided; the tokens' slots as the rows) give the bits of the gathered contiguous
     # latents; an fp8 pool's (e4m3 values, bf16 exactly; each row's scale on its scores and softmax weights) as a
@@ -606,12 +625,22 @@ def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) 
     assert max(errors.values()) <= TOLERANCE, errors
     # forced 64-bit offsets: the same bits; 32-bit up to a last offset of 2^31 - 1, 64-bit past it
     assert results["selected_attention_wide"] == [True, False, True], results["selected_attention_wide"]
+    split = results["selected_attention_split_out"]  # the context written split: split_bf16's bits of it
+    assert split == dict.fromkeys(errors, True), split
     fp8 = {k: v for k, v in results.items() if k.startswith("selected_attention_fp8_") and "_copy_" not in k}
     assert len(fp8) == 2 * 3 and max(fp8.values()) <= TOLERANCE, fp8  # fp8 rows: to rounding, every launch
     copied = {k: v for k, v in results.items() if k.startswith("selected_attention_fp8_copy_")}
     assert copied == dict.fromkeys(copied, True) and len(copied) == 2 * 3, copied  # a copy ≡ in place
     for heads in (3, 40):  # bf16 rows in place: the same bits
         assert results[f"selected_attention_in_place_{heads}"]
+
+
+def test_the_scaled_split_kernel_gives_split_bf16s_bits(results: dict) -> None:
+    """engine/ops/triton_dsa.py `split_scaled` (a prompt chunk's q_abs · scaling split for the selected-token kernel
+    in one launch) against `reference.split_bf16(x * scale)`: the same bits, ties rounded to even, signed zeros and
+    infinities kept, a NaN's parts NaN; strided x and a scale of 1."""
+    assert results["split_scaled"] == [True] * 4, results["split_scaled"]  # hi, lo bit for bit; NaN parts NaN
+    assert results["split_unscaled"]
 
 
 def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:

@@ -99,6 +99,12 @@ def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
         got = layer._attend_selected(q, values, tokens, counts, bf16)
         assert 0 < relative_error(got, want) < 5e-5
         assert relative_error(got, gathered) < 5e-5
+        # q_abs · scaling split in one launch and the context written split: the bits of the torch splits around a
+        # kernel writing fp32 (the form before session 35)
+        q_abs = ops.split_product(q.transpose(0, 1), layer._split(layer.w_k)) * layer.scaling
+        ctx = kernel(ops.split_bf16(q_abs), ops.split_bf16(values, bf16), tokens, counts)
+        before = ops.split_product(ctx, layer._split(layer.w_v.transpose(1, 2))).transpose(0, 1).reshape(t, -1)
+        assert torch.equal(got, before)
     assert len(launched) == 2
 
 

@@ -224,8 +224,8 @@ class SparseMLA:
             if ops.selected_attention_applies(q, self.local_heads, self.rank_dim):  # one launch, nothing gathered
                 # a pool's latents (bf16 and fp8 rows read in place, by slot), or split here
                 lat = latents if isinstance(latents, ops.PoolLatents) else ops.split_bf16(latents, bf16_latents)
-                q_abs = ops.split_product(q.transpose(0, 1), weights[0]) * self.scaling  # [Hl, T, r]
-                ctx = ops.selected_attention(q_abs, lat, tokens, counts)
+                q_abs = ops.split_product(q.transpose(0, 1), weights[0])  # [Hl, T, r], scaled as it is split
+                ctx = ops.selected_attention(q_abs, lat, tokens, counts, scale=self.scaling, split_out=True)
                 return ops.split_product(ctx, weights[1]).transpose(0, 1).reshape(q.shape[0], -1)
             if isinstance(latents, ops.PoolLatents):
                 lat_hi, lat_lo = latents.split()
