@@ -3,8 +3,8 @@
 # split in one launch, `split_scaled`, and the context written split, `SPLIT_OUT`): its selected-token GPU tests with
 # `_attend_prompt` and `_split_scaled` recorded into the launch record (record_triton_launches.sh's partial mode),
 # then issue 20's 4-layer bf16 prefill with this tree and ccb4ac8's (.wheels/prev/tree-ccb4ac8.tgz: main before the
-# branch) in turn.
-#     BUDGET=430 bash bench/gpu_session36_call1.sh
+# branch) in turn; then bench/pdl_bench.py.
+#     BUDGET=480 bash bench/gpu_session36_call1.sh
 # (.wheels/prev/tree-ccb4ac8.tgz, if absent: git archive ccb4ac8 engine bench/gpu_engine.py bench/decode_trace.py
 #  bench/exl3_prompt_bench.py config | gzip > .wheels/prev/tree-ccb4ac8.tgz)
 set -u -o pipefail
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s36a-out}
 mkdir -p "$OUT" /tmp/s36a-steps /tmp/old
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-430}
+BUDGET=${BUDGET:-480}
 . bench/run_steps.sh
 T=/tmp/s36a-steps
 
@@ -31,4 +31,5 @@ step "2. prefill, this tree (compiles fla-core's kernels)" 150 "$T/new_a.txt" $F
     --out "$T/new_a.json"
 step "3. prefill, ccb4ac8" 60 "$T/old_a.txt" env -C /tmp/old $FLA python bench/gpu_engine.py $P --out "$T/old_a.json"
 step "4. prefill, this tree again" 50 "$T/new_b.txt" $FLA python bench/gpu_engine.py $P --out "$T/new_b.json"
+step "5. what PDL saves a chain of short kernels" 40 "$T/pdl.txt" python bench/pdl_bench.py --out "$T/pdl.json"
 collect "$T" "$OUT/benches.json"
