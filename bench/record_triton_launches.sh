@@ -8,7 +8,8 @@
 #     OUT=... bash bench/record_triton_launches.sh
 # For a change to a few kernels: with TESTS (pytest node ids) only those run, and the kernels named in KERNELS take
 # this run's entries in place of their committed ones (tests/fixtures/triton_launches.json); every other kernel keeps
-# its committed entries (and gains any new specialisation this run compiled).
+# its committed entries (and gains any new specialisation this run compiled). It merges only after a clean run (every
+# test passed or skipped) and names the committed specialisations of those kernels this run did not compile.
 #     OUT=... TESTS="tests/gpu/test_prompt_forms_gpu.py ..." KERNELS="_attend_prompt" bash bench/record_triton_launches.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,12 @@ ALL="tests/gpu/test_cuda_parity.py tests/gpu/test_exl3_moe_gpu.py tests/gpu/test
 # shellcheck disable=SC2086  # the lists are whitespace-separated node ids
 timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -rfE --tb=short -p no:cacheprovider -n "${WORKERS:-4}" \
     --dist loadfile ${TESTS:-$ALL} > "$OUT/record_tests.txt" 2>&1
+status=$?
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/record_tests.txt" | tail -25
+if [ -n "${TESTS:-}" ] && [ "$status" -ne 0 ]; then  # a partial record replaces committed entries: only from a clean run
+    echo "partial record not merged: the tests exited $status (failed, errored or timed out; $OUT/record_tests.txt)"
+    exit 1
+fi
 python - "$RECORD" "${TESTS:+tests/fixtures/triton_launches.json}" "${KERNELS:-}" <<'PY'
 import collections, glob, json, os, sys
 record, kept, replaced = sys.argv[1], sys.argv[2], set(sys.argv[3].split())
@@ -41,9 +47,14 @@ for part in parts:
     for entry in json.load(open(part)):
         merged.setdefault(json.dumps(entry, sort_keys=True), entry)
 if kept:  # a partial record: the kernels not in KERNELS keep their committed entries
+    dropped = collections.Counter()
     for entry in json.load(open(kept)):
         if entry["kernel"] not in replaced:
             merged.setdefault(json.dumps(entry, sort_keys=True), entry)
+        elif json.dumps(entry, sort_keys=True) not in merged:
+            dropped[entry["kernel"]] += 1
+    if dropped:  # a committed specialisation of a replaced kernel this run did not compile (or compiles otherwise now)
+        print("committed specialisations not compiled this run, dropped:", dict(dropped))
     missing = replaced - {e["kernel"] for e in merged.values()}
     assert not missing, f"KERNELS not compiled by TESTS: {sorted(missing)}"
 entries = sorted(merged.values(), key=lambda e: (e["module"], e["kernel"], json.dumps(e, sort_keys=True)))

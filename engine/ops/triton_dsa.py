@@ -329,6 +329,7 @@ def split_scaled(x: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, tor
     """`reference.split_bf16(x * scale)` for fp32 x on CUDA in one launch, the same bits (x · scale rounded to fp32,
     then to bf16 to nearest even, the rest likewise; compiled without FMA contraction, which would fold the product
     into the remainder's subtraction): one read of x where torch took a scaled copy and three passes."""
+    assert x.dtype == torch.float32, f"split_scaled takes fp32 values, not {x.dtype}"
     x = x.contiguous()
     hi = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     lo = torch.empty_like(hi)
