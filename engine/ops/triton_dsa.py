@@ -304,22 +304,25 @@ def _attend_prompt(
         ctx = tl.dot(tl.trans(lat), p_hi, ctx)
         top = new_top
     ctx = ctx / total[None, :]
-    if SPLIT_OUT:  # the bits of split_bf16(ctx): hi rounded to nearest even, lo the rest rounded
-        hi = _round_bf16(ctx)
-        tl.store(out_ptr + q_at, hi, mask=head_ok[None, :])
-        tl.store(lo_out_ptr + q_at, _round_bf16(ctx - hi.to(tl.float32)), mask=head_ok[None, :])
+    if SPLIT_OUT:
+        _store_split(out_ptr + q_at, lo_out_ptr + q_at, ctx, head_ok[None, :])
     else:
         tl.store(out_ptr + q_at, ctx, mask=head_ok[None, :])
+
+
+@triton.jit
+def _store_split(hi_ptrs, lo_ptrs, x, ok):
+    """fp32 x stored as `reference.split_bf16`'s bits: hi rounded to bf16 to nearest even, lo the rest rounded."""
+    hi = _round_bf16(x)
+    tl.store(hi_ptrs, hi, mask=ok)
+    tl.store(lo_ptrs, _round_bf16(x - hi.to(tl.float32)), mask=ok)
 
 
 @triton.jit
 def _split_scaled(x_ptr, hi_ptr, lo_ptr, n, scale, BLOCK: tl.constexpr):
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = at < n
-    x = tl.load(x_ptr + at, mask=ok, other=0.0) * scale
-    hi = _round_bf16(x)
-    tl.store(hi_ptr + at, hi, mask=ok)
-    tl.store(lo_ptr + at, _round_bf16(x - hi.to(tl.float32)), mask=ok)
+    _store_split(hi_ptr + at, lo_ptr + at, tl.load(x_ptr + at, mask=ok, other=0.0) * scale, ok)
 
 
 SPLIT_BLOCK = 2048  # values a program of `split_scaled`
