@@ -28,6 +28,7 @@ ALL="tests/gpu/test_cuda_parity.py tests/gpu/test_exl3_moe_gpu.py tests/gpu/test
     tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_reads_the_pools_latents_in_place \
     tests/gpu/test_prompt_forms_gpu.py::test_causal_conv_matches_cudnn_in_fp32 \
     tests/gpu/test_prompt_forms_gpu.py::test_the_conv_with_the_qk_norms_at_the_served_width \
+    tests/gpu/test_prompt_forms_gpu.py::test_the_gated_norm_at_the_served_width \
     tests/gpu/test_moe_prompt_gpu.py"
 # shellcheck disable=SC2086  # the lists are whitespace-separated node ids
 timeout -s INT -k 10 "${LIMIT:-400}" python -m pytest -q -rfE --tb=short -p no:cacheprovider -n "${WORKERS:-4}" \

@@ -8,6 +8,7 @@ from engine.ops.fused import (  # noqa: F401
     complete_pools,
     complete_pools_applies,
     conv_qkv,
+    gated_norm,
     hc_around,
     hc_weights,
     head_products,

@@ -36,8 +36,8 @@ def _cast_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if weight.dtype == x.dtype:
-        return x @ weight.t()
+    if weight.dtype == x.dtype:  # rows already in the weight's type (a kernel wrote them so): fp32 out all the same
+        return x @ weight.t() if x.dtype == torch.float32 else _fp32_product(x, weight.t())
     return _fp32_product(x.to(weight.dtype), weight.t())
 
 

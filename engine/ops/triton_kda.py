@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from engine.ops import reference
+from engine.ops.triton_dense import _round_bf16
 
 
 @triton.jit
@@ -280,3 +281,44 @@ def _conv_launch(x, window, weight, out, part: int, block_c: int, norm: bool, q_
         KERNEL=weight.shape[1], BT=bt, BC=block_c, NORM=norm, num_warps=4,
     )  # fmt: skip
     return reference.conv_window(x, window)
+
+
+NORM_ROWS = 16  # tokens a program of `gated_norm`
+
+
+@triton.jit
+def _gated_norm(
+    core_ptr, gate_ptr, w_ptr, out_ptr, T, core_stride, gate_stride, out_stride, eps, D: tl.constexpr,
+    BT: tl.constexpr, BF16: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    chan = tl.program_id(1) * D + tl.arange(0, D)  # one head
+    ok = (rows < T)[:, None]
+    r64 = rows.to(tl.int64)[:, None]
+    o = tl.load(core_ptr + r64 * core_stride + chan[None, :], mask=ok, other=0.0)
+    gate = tl.load(gate_ptr + r64 * gate_stride + chan[None, :], mask=ok, other=0.0)
+    w = tl.load(w_ptr + tl.arange(0, D))
+    o = o / tl.sqrt(tl.sum(o * o, axis=1) / D + eps)[:, None] * w[None, :]
+    o = o * tl.sigmoid(gate)
+    if BF16:  # rounded to nearest even as torch's cast (and so in the interpreter, whose cast truncates)
+        o = _round_bf16(o)
+    tl.store(out_ptr + r64 * out_stride + chan[None, :], o, mask=ok)
+
+
+def gated_norm(
+    core: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """A KDA prompt chunk's output before o_proj in one launch: each head of core [T, H, d] RMS-normalised (· weight
+    [d]) and gated by sigmoid(gate [T, H·d]), written as `dtype` [T, H·d] (bf16: o_proj's operand, no cast after).
+    core's and gate's rows may be strided (unit stride within a row); d a power of two. The decode kernel's norm and
+    gate (`_kda_decode`), so a token's values agree with a step's to fp32 rounding."""
+    t, heads, d = core.shape
+    assert d & (d - 1) == 0 and core.stride(2) == 1 and core.stride(1) == d and gate.stride(1) == 1
+    assert gate.shape == (t, heads * d) and core.dtype == gate.dtype == weight.dtype == torch.float32
+    assert dtype in (torch.float32, torch.bfloat16), f"written as fp32 or bf16, not {dtype}"
+    out = torch.empty(t, heads * d, dtype=dtype, device=core.device)
+    _gated_norm[(triton.cdiv(t, NORM_ROWS), heads)](
+        core, gate, weight, out, t, core.stride(0), gate.stride(0), out.stride(0), float(eps), D=d, BT=NORM_ROWS,
+        BF16=dtype == torch.bfloat16, num_warps=4,
+    )  # fmt: skip
+    return out

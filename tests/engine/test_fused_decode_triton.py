@@ -451,6 +451,16 @@ def _cases() -> dict:
         qkv_flags += [bool(torch.equal(got[3], want[3]))]
         qkv_flags += [bool(torch.allclose(got[1].norm(dim=-1), torch.ones(t, 2), atol=1e-5))]  # unit heads
     out["conv_qkv"], out["conv_qkv_flags"] = max(qkv.values()), qkv_flags
+    # KDA's gated norm of a prompt chunk (triton_kda.gated_norm): 37 tokens (three blocks, the last ragged), 3 heads
+    # of 16, the gate as rows of a strided view; fp32 against the torch form, and bf16 as the fp32 result cast
+    core = torch.randn(37, 3, 16, generator=gen) * 3
+    gate = (torch.randn(37, 80, generator=gen) * 2)[:, 10:58]
+    norm_w = torch.rand(16, generator=gen) + 0.5
+    want = (engine_ops.reference.rms_norm(core, norm_w, 1e-6) * torch.sigmoid(gate.view(37, 3, 16))).flatten(1)
+    got = triton_kda.gated_norm(core, gate, norm_w, 1e-6, torch.float32)
+    got_bf16 = triton_kda.gated_norm(core, gate, norm_w, 1e-6, torch.bfloat16)
+    out["gated_norm"] = _relative(got, want)
+    out["gated_norm_bf16"] = [got_bf16.dtype == torch.bfloat16, bool(torch.equal(got_bf16, got.bfloat16()))]
 
     # DSA's indexer scores in one kernel: 37 queries (three blocks of queries, the last ragged) over 150 pools (three
     # blocks, the last ragged), 16 heads of 32, pools of 4, queries at positions that see none, some or all pools;
@@ -617,6 +627,14 @@ def test_prompt_conv_with_the_qk_norms_matches_the_torch_form(results: dict) -> 
     split, reference.l2norm): two token blocks and a chunk shorter than the window, rows of a strided view."""
     assert results["conv_qkv"] <= TOLERANCE, results["conv_qkv"]
     assert results["conv_qkv_flags"] == [True] * 6, results["conv_qkv_flags"]
+
+
+def test_prompt_gated_norm_kernel_matches_the_torch_form(results: dict) -> None:
+    """engine/ops/triton_kda.py `gated_norm` (a CUDA KDA prompt chunk's per-head RMS norm · weight · sigmoid(gate) in
+    one launch, written as o_proj's operand) against the torch form; its bf16 output is its fp32 result rounded to
+    nearest as torch rounds it, bit for bit."""
+    assert results["gated_norm"] <= TOLERANCE, results["gated_norm"]
+    assert results["gated_norm_bf16"] == [True, True], results["gated_norm_bf16"]
 
 
 def test_prompt_selected_attention_kernel_matches_the_torch_form(results: dict) -> None:

@@ -151,18 +151,25 @@ class SparseMLA:
         return torch.cat([latent, key, project("pool_gate")], dim=-1)
 
     def _select(
-        self, x: torch.Tensor, q_low: torch.Tensor, pool: KVPool, slots: torch.Tensor, positions: torch.Tensor
+        self,
+        x: torch.Tensor,
+        q_low: torch.Tensor,
+        pool: KVPool,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        parts: dict | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """What the queries at `positions` (one stream; the last at the span's last row, L - 1) attend to among the
         L cached rows at `slots` [L]: in the dense regime a causal mask [T, L]; beyond it the selected tokens as
-        `_select_tokens` gives them, from the pool keys alone (the key columns of each pool's last row). Nothing
-        here reads the GPU: the regime follows from L."""
+        `_select_tokens` gives them, from the pool keys alone (the key columns of each pool's last row; `parts`:
+        x's projections already made, by name). Nothing here reads the GPU: the regime follows from L."""
         length = slots.shape[0]
         n_pools = length // self.kpool
         if n_pools <= self.pick:  # the last query sits at the span's last row: it sees every complete pool
             return torch.arange(length, device=slots.device)[None, :] <= positions[:, None]  # dense regime
         keys = ops.PoolKeys(pool, self.pool_layer, slice(self.rank_dim, self.key_end), self._pool_ends(slots)[None])
-        return self._select_tokens(ops.linear(x, self.head_weights), q_low, keys, positions)
+        head_logits = parts["head_weights"] if parts else ops.linear(x, self.head_weights)
+        return self._select_tokens(head_logits, q_low, keys, positions)
 
     def _attend(
         self, q: torch.Tensor, latents: torch.Tensor, mask: torch.Tensor, bf16_latents: bool = False
@@ -253,9 +260,10 @@ class SparseMLA:
         seq: Sequence,
         positions: torch.Tensor,
         shared: torch.Tensor | tuple | None,
+        parts: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | tuple]:
         slots = seq.slots[: seq.length + x.shape[0]]  # through the last query's row
-        chosen = self._select(x, q_low, seq.pool, slots, positions) if self.runs_indexer else shared
+        chosen = self._select(x, q_low, seq.pool, slots, positions, parts) if self.runs_indexer else shared
         if chosen is None:
             raise RuntimeError(f"pool layer {self.pool_layer} shares an indexer that has not run for this chunk")
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
@@ -310,10 +318,12 @@ class SparseMLA:
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict) -> torch.Tensor:
         """x: [T, hidden] for positions seq.length .. seq.length+T-1 (their pool slots already allocated)."""
         start = seq.length
-        self._store_at(seq, start, self._rows(x))
-        q_low = ops.rms_norm(ops.linear(x, self.q_a), self.q_a_norm, self.eps)
+        # on a GPU every projection of x in one product (as a decode step), x cast to bf16 once
+        parts = dict(zip(self.x_names, ops.linear(x, self.x_proj).split(self.x_widths, dim=-1))) if x.is_cuda else {}
+        self._store_at(seq, start, self._rows(x, parts))
+        q_low = ops.rms_norm(parts["q_a"] if parts else ops.linear(x, self.q_a), self.q_a_norm, self.eps)
         positions = torch.arange(start, start + x.shape[0], device=x.device)
-        out, selection[id(seq)] = self._stream(x, q_low, seq, positions, selection.get(id(seq)))
+        out, selection[id(seq)] = self._stream(x, q_low, seq, positions, selection.get(id(seq)), parts)
         return self.group.sum_partials(ops.linear(out, self.o_proj))
 
     def decode(self, x: torch.Tensor, seqs: list[Sequence], selection: dict) -> torch.Tensor:

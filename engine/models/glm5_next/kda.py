@@ -106,18 +106,21 @@ class KimiDeltaAttention:
     def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-decay [N, Hl, d], beta [N, Hl], output gate [N, Hl, d] for tokens x [N, hidden]."""
         shape = (x.shape[0], self.local_heads, self.head_dim)
-        raw = (ops.linear(ops.linear(x, self.f_a), self.f_b) + self.dt_bias).view(shape)
-        if self.lower_bound is not None:
-            g = self.lower_bound * ops.sigmoid(self.a_decay[:, None] * raw)
-        else:
-            g = -self.a_decay[:, None] * ops.softplus(raw, threshold=20.0)
+        g = self._decay(ops.linear(ops.linear(x, self.f_a), self.f_b))
         beta = ops.sigmoid(ops.linear(x, self.b_proj))
         gate = ops.linear(ops.linear(x, self.g_a), self.g_b).view(shape)
         return g, beta, gate
 
+    def _decay(self, raw: torch.Tensor) -> torch.Tensor:
+        """The log-decay [N, Hl, d] from f_b's output `raw` [N, Hl·d] (dt_bias not yet added)."""
+        raw = (raw + self.dt_bias).view(raw.shape[0], self.local_heads, self.head_dim)
+        if self.lower_bound is not None:
+            return self.lower_bound * ops.sigmoid(self.a_decay[:, None] * raw)
+        return -self.a_decay[:, None] * ops.softplus(raw, threshold=20.0)
+
     def _output(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        normed = ops.rms_norm(core, self.o_norm, self.eps) * ops.sigmoid(gate)
-        return self.group.sum_partials(ops.linear(normed.flatten(1), self.o_proj))
+        normed = ops.gated_norm(core, gate, self.o_norm, self.eps, self.o_proj)
+        return self.group.sum_partials(ops.linear(normed, self.o_proj))
 
     @property
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -133,8 +136,15 @@ class KimiDeltaAttention:
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict | None = None) -> torch.Tensor:
         """x: [T, hidden] — a chunk of one stream; its state advances."""
         self._fresh_state(seq)
-        q, k, v, conv = ops.conv_qkv(ops.linear(x, self.qkv_proj), seq.conv_state[self.layer], self.conv, self.head_dim)
-        g, beta, gate = self._gates(x)
+        if x.is_cuda:  # every projection of x in one product, f_b and g_b in one more (as a GPU decode step)
+            mixed, f, gate = self._fused_project(x)
+            qkv, d = 3 * self.width, self.f_a.shape[0]
+            g, beta = self._decay(f), ops.sigmoid(mixed[:, qkv + 2 * d :])
+            projected = mixed[:, :qkv]
+        else:
+            projected = ops.linear(x, self.qkv_proj)
+            g, beta, gate = self._gates(x)
+        q, k, v, conv = ops.conv_qkv(projected, seq.conv_state[self.layer], self.conv, self.head_dim)
         core, state = PROMPT_FORMS[self.prompt_form](seq.kda_state[self.layer], q, k, v, g, beta)
         seq.store_state(self.layer, state, conv)
         return self._output(core, gate)
