@@ -92,6 +92,36 @@ def kda_chunked(
     return out[0], final[0]
 
 
+GATE_IN_KERNEL = False  # KDA prompt chunks hand fla-core f_b's output and make the log-decay in its first kernel
+SAFE_GATE = False  # ... and take its tensor-core form of the diagonal blocks for gates bounded in [lower_bound, 0)
+
+
+def kda_gated(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    raw: torch.Tensor,
+    beta: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    lower_bound: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kda_chunked` with the log-decay made inside fla-core's first kernel, in the pass that sums it: from f_b's
+    output raw [T, H, dk], dt_bias [H·dk] and A_log [H], lower_bound · sigmoid(e^A_log · (raw + dt_bias)), or
+    -e^A_log · softplus(raw + dt_bias) without a bound (`KimiDeltaAttention._decay`'s values, to fp32 rounding)."""
+    chunk_kda = _chunk_kda()
+    if chunk_kda is None:
+        raise RuntimeError("fla-core is not importable: the 'fla' prompt form cannot run (kda.prompt_form checks)")
+    safe = SAFE_GATE and lower_bound is not None and -5 <= lower_bound < 0
+    out, final = chunk_kda(
+        q[None], k[None], v[None], raw[None], beta[None], scale=1.0, initial_state=state[None],
+        output_final_state=True, use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias, lower_bound=lower_bound,
+        safe_gate=safe,
+    )  # fmt: skip
+    return out[0], final[0]
+
+
 def random_inputs(
     tokens: int, heads: int, head_dim: int, device: torch.device, seed: int = 0
 ) -> tuple[torch.Tensor, ...]:

@@ -96,7 +96,8 @@ class KimiDeltaAttention:
         self.f_b, self.g_b = self.low_b[0], self.low_b[1]
         self.conv = torch.cat([column(f"{n}_conv1d.weight") for n in "qkv"]).squeeze(1).float()  # [3*Hl*d, K]
         self.dt_bias = column("dt_bias").float()
-        self.a_decay = column("A_log").float().exp()  # [Hl]
+        self.a_log = column("A_log").float()  # [Hl]
+        self.a_decay = self.a_log.exp()
         self.o_norm = reader.get(p + "o_norm.weight").float()
         self.o_proj = store(reader.get(p + "o_proj.weight", dim=1, units=heads))
         self.local_heads = self.b_proj.shape[0]
@@ -136,16 +137,21 @@ class KimiDeltaAttention:
     def prefill(self, x: torch.Tensor, seq: Sequence, selection: dict | None = None) -> torch.Tensor:
         """x: [T, hidden] — a chunk of one stream; its state advances."""
         self._fresh_state(seq)
+        in_kernel = x.is_cuda and self.prompt_form == "fla" and fla_kda.GATE_IN_KERNEL  # fla-core makes the decay
         if x.is_cuda:  # every projection of x in one product, f_b and g_b in one more (as a GPU decode step)
             mixed, f, gate = self._fused_project(x)
             qkv, d = 3 * self.width, self.f_a.shape[0]
-            g, beta = self._decay(f), ops.sigmoid(mixed[:, qkv + 2 * d :])
-            projected = mixed[:, :qkv]
+            projected, beta = mixed[:, :qkv], ops.sigmoid(mixed[:, qkv + 2 * d :])
+            g = f.view(x.shape[0], self.local_heads, self.head_dim) if in_kernel else self._decay(f)
         else:
             projected = ops.linear(x, self.qkv_proj)
             g, beta, gate = self._gates(x)
         q, k, v, conv = ops.conv_qkv(projected, seq.conv_state[self.layer], self.conv, self.head_dim)
-        core, state = PROMPT_FORMS[self.prompt_form](seq.kda_state[self.layer], q, k, v, g, beta)
+        if in_kernel:  # g is f_b's output
+            args = (g, beta, self.a_log, self.dt_bias, self.lower_bound)
+            core, state = fla_kda.kda_gated(seq.kda_state[self.layer], q, k, v, *args)
+        else:
+            core, state = PROMPT_FORMS[self.prompt_form](seq.kda_state[self.layer], q, k, v, g, beta)
         seq.store_state(self.layer, state, conv)
         return self._output(core, gate)
 
