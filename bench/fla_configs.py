@@ -4,6 +4,7 @@ without them.
     python bench/fla_configs.py record --heads 32 --head-dim 128 --out DIR   # autotune, then DIR/<kernel>.json
     python bench/fla_configs.py time --heads 32 --head-dim 128 [--out result.json]
     python bench/fla_configs.py derive --source DIR --out DIR2 [--heads-list ...] [--smem 101376] [--cap KERNEL=N]   # no GPU
+    python bench/fla_configs.py gate --out DIR   # no GPU, no fla-core: the gate kernel's file from the cumsum's
 
 `record` runs `fla_kda.warm` (the engine's load-time warm-up: every kernel `chunk_kda` launches autotunes on its
 first call), then writes each of fla-core's cached autotuners' choices in the file format fla-core reads back
@@ -12,6 +13,13 @@ first call), then writes each of fla-core's cached autotuners' choices in the fi
 is given (a fresh TRITON_CACHE_DIR: compiles included; with FLA_CACHE_MODE / FLA_CONFIG_DIR set, fla-core reads the
 recorded choices instead of autotuning), then one 2,048-token chunk of one layer, as a check that the kernels chosen
 run as fast. Both print JSON.
+
+`gate` (on any machine) writes, in a shipped folder, the choices of fla-core's gate kernel (`kda_gate_chunk_cumsum`,
+which the engine's KDA prompt chunks take since session 37: the log-decay made from f_b's output and summed along
+each chunk) from those recorded there for the cumsum kernel it replaces (`chunk_local_cumsum`): the same [BT × BS]
+tile read, summed along the chunk and written, from the same candidates (BS × 2, 4 or 8 warps). Its tuning key is
+the cumsum's without the batch, with four fp32 tensors (g, A_log, dt_bias, the output) where the cumsum has two.
+Chosen by that likeness, not tuned; tests/gpu/test_fla_configs_gpu.py checks that a first start reads them.
 
 `derive` (on any machine, fla-core importable) writes the files the engine ships (engine/ops/fla_configs/<GPU>/):
 each recorded choice also under the tuning keys of the other head counts a rank can hold (GLM-5.3-Flash's
@@ -40,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.ops import fla_kda  # noqa: E402
 
+LOWER_BOUND = -5.0  # GLM-5.3-Flash's KDA gate bound (linear_attn_config.gate_lower_bound), as the engine warms up
+
 
 def _chunk_ms(heads: int, head_dim: int, device: torch.device, tokens: int = 2048, repeats: int = 20) -> float:
     args = fla_kda.random_inputs(tokens, heads, head_dim, device, seed=1)
@@ -65,7 +75,7 @@ def record(heads: int, head_dim: int, out: Path) -> dict:
 
     device = torch.device("cuda")
     start = time.perf_counter()
-    fla_kda.warm(heads, head_dim, device)
+    fla_kda.warm(heads, head_dim, device, LOWER_BOUND)
     warm_s = time.perf_counter() - start
     out.mkdir(parents=True, exist_ok=True)
     kernels = {}
@@ -102,7 +112,7 @@ def time_first_start(heads: int, head_dim: int) -> dict:
     device = torch.device("cuda")
     torch.zeros(1, device=device)  # the CUDA context, outside the figure
     start = time.perf_counter()
-    fla_kda.warm(heads, head_dim, device)
+    fla_kda.warm(heads, head_dim, device, LOWER_BOUND)
     warm_s = time.perf_counter() - start
     from fla.ops.utils import cache
 
@@ -208,9 +218,35 @@ def derive(source: Path, out: Path, heads: list[int], smem: int | None, caps: di
     return report
 
 
+CUMSUM, GATE = "chunk_local_cumsum_vector_kernel", "kda_gate_chunk_cumsum_vector_kernel"
+
+
+def gate_from_cumsum(folder: Path) -> dict:
+    """`gate` (the docstring): GATE.json in `folder` from CUMSUM.json there; fla-core's key hash (the md5 of the
+    key's compact sorted JSON, fla/ops/utils/cache.py) computed here, so fla-core need not be importable."""
+    import hashlib
+
+    body = json.loads((folder / f"{CUMSUM}.json").read_text())
+    entries = {}
+    for entry in body["autotune_entries"].values():
+        batch, *rest = entry["autotune_key"]  # B, H, S, BT, IS_VARLEN, REVERSE, the dtypes of s and o
+        assert batch == 1 and rest[-2:] == ["torch.float32"] * 2, entry["autotune_key"]
+        key = rest[:-2] + ["torch.float32"] * 4  # H, S, BT, IS_VARLEN, REVERSE, the dtypes of s, A_log, dt_bias, o
+        digest = hashlib.md5(json.dumps(key, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
+        entries[digest] = {"autotune_key": key, "config": entry["config"]}
+    gate = {**body, "kernel_name": GATE, "autotune_entries": entries}
+    gate["default_config"] = next(iter(entries.values()))["config"]
+    (folder / f"{GATE}.json").write_text(json.dumps(gate, indent=1, sort_keys=True) + "\n")
+    return {
+        "from": CUMSUM,
+        "entries": len(entries),
+        "configs": sorted({json.dumps(e["config"]) for e in entries.values()}),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("record", "time", "derive"))
+    parser.add_argument("what", choices=("record", "time", "derive", "gate"))
     parser.add_argument("--source", type=Path, default=None, help="derive: the recorded files")
     parser.add_argument("--smem", type=int, default=None, help="derive: shared memory a block of the target GPU")
     parser.add_argument(
@@ -225,7 +261,11 @@ def main() -> None:
     parser.add_argument("--heads-list", default="64,32,22,21,16", help="derive: head counts a rank can hold")
     parser.add_argument("--out", type=Path, default=None, help="record: the directory; time: a JSON file")
     args = parser.parse_args()
-    if args.what == "derive":
+    if args.what == "gate":
+        if args.out is None:
+            parser.error("gate needs --out DIR (a shipped folder holding the cumsum kernel's file)")
+        result = gate_from_cumsum(args.out)
+    elif args.what == "derive":
         if args.source is None or args.out is None:
             parser.error("derive needs --source DIR and --out DIR")
         heads = [int(h) for h in str(args.heads_list).split(",")]

@@ -15,7 +15,9 @@ compiled and timed); `warm` runs that at load. The engine ships fla-core's choic
 (128 wide, the head counts of TP=1..4) in fla-core's own config format, `fla_configs/<GPU>/`: recorded on an H200
 (bench/fla_configs.py record), and for a GB10 the same choices within what fla-core itself offers a GPU of 101,376
 bytes of shared memory a block (bench/fla_configs.py derive: the state kernel's 3 pipeline stages become 2), and the
-KDA recompute kernel capped at 2 stages (its 4 compiled to 163,840 bytes a block on the H200). Unless
+KDA recompute kernel capped at 2 stages (its 4 compiled to 163,840 bytes a block on the H200); the gate kernel that
+makes the log-decay (`kda_gated`, the served form since session 37) takes the choices recorded for the cumsum kernel
+it replaces (bench/fla_configs.py gate: the same tile and candidates; chosen by that likeness, not tuned). Unless
 the operator set FLA_CACHE_MODE or FLA_CONFIG_DIR, fla-core reads them (`use_shipped_configs`, mode "strict": a
 kernel whose tuning key matches none autotunes as before), so a first start compiles once per kernel: 15.6 s on an
 H200. With a persistent TRITON_CACHE_DIR later starts read the compiled kernels (and any autotuned choice, fla-core's
@@ -92,8 +94,13 @@ def kda_chunked(
     return out[0], final[0]
 
 
-GATE_IN_KERNEL = False  # KDA prompt chunks hand fla-core f_b's output and make the log-decay in its first kernel
-SAFE_GATE = False  # ... and take its tensor-core form of the diagonal blocks for gates bounded in [lower_bound, 0)
+# KDA prompt chunks hand fla-core f_b's output, and it makes the log-decay in the kernel that sums it (in place of
+# four torch launches a layer: 4-layer bf16 prefill +1.8 % at 2k, +2.0 % at 8k on an H100, the same error against
+# fp64: docs/BENCHMARKS.md, session 37)
+GATE_IN_KERNEL = True
+# ... and take its tensor-core form of the diagonal blocks, which it allows for gates bounded in [lower_bound, 0):
+# measured no faster in the engine (session 37), so left off
+SAFE_GATE = False
 
 
 def kda_gated(
@@ -137,9 +144,14 @@ def random_inputs(
     return torch.zeros(heads, head_dim, head_dim, device=device), q, k, v, g, beta
 
 
-def warm(heads: int, head_dim: int, device: torch.device) -> None:
-    """Compile and autotune fla-core's kernels for this head shape now (every KDA layer shares it), so the first
-    prompt does not wait for it."""
+def warm(heads: int, head_dim: int, device: torch.device, lower_bound: float | None = None) -> None:
+    """Compile and autotune fla-core's kernels for this head shape (and gate bound) now (every KDA layer shares
+    them), so the first prompt does not wait for it."""
+    state, q, k, v, g, beta = random_inputs(128, heads, head_dim, device)
     with torch.no_grad():
-        kda_chunked(*random_inputs(128, heads, head_dim, device))
+        if GATE_IN_KERNEL:
+            a_log, dt_bias = torch.zeros(heads, device=device), torch.zeros(heads * head_dim, device=device)
+            kda_gated(state, q, k, v, g, beta, a_log, dt_bias, lower_bound)
+        else:
+            kda_chunked(state, q, k, v, g, beta)
     torch.cuda.synchronize(device)

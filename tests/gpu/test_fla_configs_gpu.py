@@ -1,7 +1,8 @@
 """fla-core's choices shipped for the KDA prompt kernels (engine/ops/fla_configs/<GPU>/) on the GPU: a fresh process
 with a fresh Triton cache reads them instead of autotuning (every cached autotuner holds a shipped configuration,
 fla-core in "strict" mode), and chunk_kda with them, at GLM-5.3-Flash's TP=2 and TP=3 shard shapes, equals the
-token-by-token delta rule. This GPU's own folder is picked by its name (the engine's default); the GB10's folder is
+token-by-token delta rule, with the log-decay given and made in fla-core's gate kernel (`fla_kda.kda_gated`, the
+served form). This GPU's own folder is picked by its name (the engine's default); the GB10's folder is
 forced through FLA_CONFIG_DIR, so its choices are compiled and run here too (on this GPU, not on a GB10), each
 compiled kernel within a GB10's shared memory a block (as this GPU's compiler lays it out). Skipped
 without a GPU or fla-core (never part of CI)."""
@@ -36,6 +37,15 @@ with torch.no_grad():
     state, *rest = inputs(200, heads, 128, seed=heads)
     out, final = fla_kda.kda_chunked(state, *rest)
     want_out, want_final = kda_steps(state, *rest)
+    # the served form: the log-decay made in fla-core's gate kernel from f_b's output (GLM-5.3-Flash's bound, -5)
+    q, k, v, g, beta = rest
+    gen = torch.Generator(device="cuda").manual_seed(heads)
+    raw = torch.randn(g.shape, device="cuda", generator=gen)
+    a_log = torch.rand(heads, device="cuda", generator=gen) * 2
+    dt_bias = torch.randn(heads * 128, device="cuda", generator=gen) * 0.5
+    decay = -5.0 * torch.sigmoid(a_log.exp()[:, None] * (raw + dt_bias.view(heads, 128)))
+    gated = fla_kda.kda_gated(state, q, k, v, raw, beta, a_log, dt_bias, -5.0)
+    want_gated = kda_steps(state, q, k, v, decay, beta)
 from fla.ops.utils import cache
 chosen = {}
 for tuner in (o for o in gc.get_objects() if isinstance(o, cache.CachedAutotuner) and o.cache):
@@ -43,7 +53,8 @@ for tuner in (o for o in gc.get_objects() if isinstance(o, cache.CachedAutotuner
         {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in tuner.cache.values()
     ]
 print(json.dumps({"mode": cache.FLA_CACHE_MODE.value, "dir": str(cache.get_fla_config_dir()), "chosen": chosen,
-                  "rel": [rel(out, want_out), rel(final, want_final)]}))
+                  "rel": [rel(out, want_out), rel(final, want_final), rel(gated[0], want_gated[0]),
+                          rel(gated[1], want_gated[1])]}))
 """
 
 

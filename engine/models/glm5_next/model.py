@@ -144,7 +144,7 @@ class Glm5NextForCausalLM:
             if progress:
                 progress("preparing the KDA prompt kernels (fla-core: compiled, or tuned where no choice is shipped)")
             kda = self.kda_layers[0]
-            fla_kda.warm(kda.local_heads, kda.head_dim, group.device)
+            fla_kda.warm(kda.local_heads, kda.head_dim, group.device, kda.lower_bound)
 
     @classmethod
     def load(
