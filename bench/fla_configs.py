@@ -7,14 +7,16 @@ without them.
     python bench/fla_configs.py gate --out DIR   # no GPU, no fla-core: the gate kernel's file from the cumsum's
 
 `record` runs `fla_kda.warm` (the engine's load-time warm-up: every kernel `chunk_kda` launches autotunes on its
-first call), then writes each of fla-core's cached autotuners' choices in the file format fla-core reads back
+first call) and the form with the decay given (`kda_chunked`, which tests/gpu/test_fla_configs_gpu.py runs too),
+then writes each of fla-core's cached autotuners' choices in the file format fla-core reads back
 (fla/ops/utils/cache.py: `{kernel_name}.json` with `autotune_entries` keyed by the md5 of the tuning key, and a
 `default_config`), one file a kernel. `time` measures what a process's first `warm` takes under the environment it
 is given (a fresh TRITON_CACHE_DIR: compiles included; with FLA_CACHE_MODE / FLA_CONFIG_DIR set, fla-core reads the
-recorded choices instead of autotuning), then one 2,048-token chunk of one layer, as a check that the kernels chosen
-run as fast. Both print JSON.
+recorded choices instead of autotuning), then one 2,048-token chunk of one layer in the served form, as a check that
+the kernels chosen run as fast. Both print JSON.
 
-`gate` (on any machine) writes, in a shipped folder, the choices of fla-core's gate kernel (`kda_gate_chunk_cumsum`,
+`gate` (on any machine) writes, in a shipped folder recorded before session 37 (whose `record` left the gate kernel
+out), the choices of fla-core's gate kernel (`kda_gate_chunk_cumsum`,
 which the engine's KDA prompt chunks take since session 37: the log-decay made from f_b's output and summed along
 each chunk) from those recorded there for the cumsum kernel it replaces (`chunk_local_cumsum`): the same [BT × BS]
 tile read, summed along the chunk and written, from the same candidates (BS × 2, 4 or 8 warps). Its tuning key is
@@ -51,14 +53,33 @@ from engine.ops import fla_kda  # noqa: E402
 LOWER_BOUND = -5.0  # GLM-5.3-Flash's KDA gate bound (linear_attn_config.gate_lower_bound), as the engine warms up
 
 
+def _served(state, q, k, v, g, beta):
+    """One chunk in the form the engine's prompt chunks take (`fla_kda.GATE_IN_KERNEL`: g handed over as f_b's output,
+    A_log and dt_bias zero, GLM-5.3-Flash's bound)."""
+    if fla_kda.GATE_IN_KERNEL:
+        heads, dim = g.shape[1:]
+        zeros = torch.zeros(heads, device=g.device), torch.zeros(heads * dim, device=g.device)
+        return fla_kda.kda_gated(state, q, k, v, g, beta, *zeros, LOWER_BOUND)
+    return fla_kda.kda_chunked(state, q, k, v, g, beta)
+
+
+def _both_forms(heads: int, head_dim: int, device: torch.device) -> None:
+    """The engine's warm-up (the served form), then the form with the decay given (`kda_chunked`, which the GPU
+    test of the shipped choices also runs): every kernel either launches autotuned or read from the shipped files."""
+    fla_kda.warm(heads, head_dim, device, LOWER_BOUND)
+    with torch.no_grad():
+        fla_kda.kda_chunked(*fla_kda.random_inputs(128, heads, head_dim, device))
+    torch.cuda.synchronize(device)
+
+
 def _chunk_ms(heads: int, head_dim: int, device: torch.device, tokens: int = 2048, repeats: int = 20) -> float:
     args = fla_kda.random_inputs(tokens, heads, head_dim, device, seed=1)
     with torch.no_grad():
-        fla_kda.kda_chunked(*args)
+        _served(*args)
         torch.cuda.synchronize(device)
         start = time.perf_counter()
         for _ in range(repeats):
-            fla_kda.kda_chunked(*args)
+            _served(*args)
         torch.cuda.synchronize(device)
     return (time.perf_counter() - start) / repeats * 1e3
 
@@ -75,7 +96,7 @@ def record(heads: int, head_dim: int, out: Path) -> dict:
 
     device = torch.device("cuda")
     start = time.perf_counter()
-    fla_kda.warm(heads, head_dim, device, LOWER_BOUND)
+    _both_forms(heads, head_dim, device)
     warm_s = time.perf_counter() - start
     out.mkdir(parents=True, exist_ok=True)
     kernels = {}
@@ -112,7 +133,7 @@ def time_first_start(heads: int, head_dim: int) -> dict:
     device = torch.device("cuda")
     torch.zeros(1, device=device)  # the CUDA context, outside the figure
     start = time.perf_counter()
-    fla_kda.warm(heads, head_dim, device, LOWER_BOUND)
+    _both_forms(heads, head_dim, device)
     warm_s = time.perf_counter() - start
     from fla.ops.utils import cache
 

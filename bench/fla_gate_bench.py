@@ -2,12 +2,13 @@
 64 heads of 128 at TP=1, 32 at TP=2): time and error against the delta rule in fp64.
 
 Forms (each timed with the gate work it needs outside fla-core, median of 20 calls after 3 warm-up calls):
-- `ours`: the engine's form (engine/ops/fla_kda.py): the log-decay g = lower_bound · sigmoid(e^A_log · (raw +
+- `ours`: the engine's form before session 37 (`fla_kda.kda_chunked`): the log-decay g = lower_bound · sigmoid(e^A_log · (raw +
   dt_bias)) and beta = sigmoid(b) in torch, then `chunk_kda(g, beta)`;
 - `safe`: the same g and beta, `safe_gate=True` (fla-core's tensor-core form of the diagonal blocks, which it allows
   for gates bounded in [lower_bound, 0));
 - `in_kernel`: raw, A_log, dt_bias and the beta logits handed to fla-core (`use_gate_in_kernel`,
-  `use_beta_sigmoid_in_kernel`), plain diagonal blocks;
+  `use_beta_sigmoid_in_kernel`), plain diagonal blocks (the engine's form since, `fla_kda.kda_gated`, hands it beta
+  after its own sigmoid: one launch either way);
 - `in_kernel_safe`: the same with `safe_gate=True`.
 Error: the largest absolute difference of the output and of the final state from `reference.kda_chunked` run in
 fp64 on the same fp32 inputs (q, k unit rows, q scaled by d^-1/2, a nonzero starting state).

@@ -115,8 +115,9 @@ def kda_gated(
     lower_bound: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`kda_chunked` with the log-decay made inside fla-core's first kernel, in the pass that sums it: from f_b's
-    output raw [T, H, dk], dt_bias [H·dk] and A_log [H], lower_bound · sigmoid(e^A_log · (raw + dt_bias)), or
-    -e^A_log · softplus(raw + dt_bias) without a bound (`KimiDeltaAttention._decay`'s values, to fp32 rounding)."""
+    output raw [T, H, dk], dt_bias [H·dk] and A_log [H], lower_bound · sigmoid(e^A_log · (raw + dt_bias))
+    (`KimiDeltaAttention._decay`'s values, to fp32 rounding), or -e^A_log · softplus(raw + dt_bias) without a bound
+    (fla-core's softplus takes approximate exp2 / log2: near 0 where torch gives e^x for arguments below ~-17)."""
     chunk_kda = _chunk_kda()
     if chunk_kda is None:
         raise RuntimeError("fla-core is not importable: the 'fla' prompt form cannot run (kda.prompt_form checks)")

@@ -164,16 +164,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return reference.rms_norm(x, weight, eps)
 
 
-def gated_norm(core: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, out: Any) -> torch.Tensor:
+def gated_norm(
+    core: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, out: Any, prompt: bool = False
+) -> torch.Tensor:
     """KDA's output before o_proj: each head of core [T, H, d] RMS-normalised (· weight [d]) and gated by
     sigmoid(gate) ([T, H, d] or [T, H·d]) -> [T, H·d], as the product with o_proj (`out`, a dense weight) takes it.
-    A CUDA prompt chunk (more rows than ROW_INVARIANT_ROWS; d a power of two) in one launch written in the product's
-    operand type (engine/ops/triton_kda.py `gated_norm`: bf16 for a bf16 or reduced weight, no cast before the
-    product); otherwise fp32 torch ops (`reference.rms_norm`, `reference.sigmoid`)."""
+    A CUDA `prompt` chunk of more rows than ROW_INVARIANT_ROWS (d a power of two) in one launch written in the
+    product's operand type (engine/ops/triton_kda.py `gated_norm`: bf16 for a bf16 or reduced weight, no cast before
+    the product); otherwise, decode steps of any width included, fp32 torch ops (`reference.rms_norm`,
+    `reference.sigmoid`)."""
     t, heads, d = core.shape
     gate = gate.reshape(t, heads * d)
     if (
-        core.is_cuda
+        prompt
+        and core.is_cuda
         and t > reference.ROW_INVARIANT_ROWS
         and d & (d - 1) == 0
         and core.stride(2) == 1

@@ -16,7 +16,8 @@ CPU_ROW_BLOCK = 8  # ... computed on the CPU as products of exactly this many ro
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [N, in] (fp32 activations) times weight [out, in] stored in any float dtype; fp32 result.
+    """x [N, in] (fp32 activations, or rows a kernel wrote in the weight's type) times weight [out, in] stored in any
+    float dtype; fp32 result.
     The product runs in the weight's dtype (bf16 on GPUs, accumulating in fp32); on the CPU everything is fp32.
 
     Row invariance: MKL and cuBLAS choose how to block a product by its row count, so a row's result moves in the

@@ -47,12 +47,14 @@ with torch.no_grad():
     gated = fla_kda.kda_gated(state, q, k, v, raw, beta, a_log, dt_bias, -5.0)
     want_gated = kda_steps(state, q, k, v, decay, beta)
 from fla.ops.utils import cache
-chosen = {}
+chosen, looked_up = {}, {}
 for tuner in (o for o in gc.get_objects() if isinstance(o, cache.CachedAutotuner) and o.cache):
     chosen[tuner.kernel_name] = [
         {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in tuner.cache.values()
     ]
+    looked_up[tuner.kernel_name] = [cache.AutotuneKey.key_hash(key) for key in tuner.cache]  # the files' keys
 print(json.dumps({"mode": cache.FLA_CACHE_MODE.value, "dir": str(cache.get_fla_config_dir()), "chosen": chosen,
+                  "looked_up": looked_up,
                   "rel": [rel(out, want_out), rel(final, want_final), rel(gated[0], want_gated[0]),
                           rel(gated[1], want_gated[1])]}))
 """
@@ -102,6 +104,9 @@ def test_a_first_start_reads_the_shipped_choices_and_is_exact(tmp_path, which, h
     assert set(result["chosen"]) == set(shipped)  # every kernel chunk_kda launches has a shipped choice
     for kernel, configs in result["chosen"].items():
         assert all(c in shipped[kernel] for c in configs), (kernel, configs)
+    for kernel, digests in result["looked_up"].items():  # found under its own key, not tuned to the same choice
+        body = json.loads((folder / f"{kernel}.json").read_text())
+        assert set(digests) <= set(body["autotune_entries"]), (kernel, digests)
     assert max(result["rel"]) < 1e-4, result["rel"]
     if which == "GB10":  # each compiled kernel within a GB10's shared memory a block (measured here on this GPU)
         shared = {}

@@ -199,9 +199,9 @@ def test_the_conv_with_the_qk_norms_at_the_served_width() -> None:
 
 
 def test_the_gated_norm_at_the_served_width() -> None:
-    """A KDA prompt chunk's output before o_proj in one launch (`ops.gated_norm` on CUDA: each 128-wide head
-    RMS-normalised, · weight, · sigmoid(gate), written as bf16 for a bf16 o_proj and fp32 for an fp32 one) at the
-    served width (2,048 tokens, 32 heads, the gate as rows of a strided view) against the torch form on the CPU."""
+    """A KDA prompt chunk's output before o_proj in one launch (`ops.gated_norm(..., prompt=True)` on CUDA: each
+    128-wide head RMS-normalised, · weight, · sigmoid(gate), written as bf16 for a bf16 o_proj and fp32 for an fp32
+    one) at the served width (2,048 tokens, 32 heads, the gate as rows of a strided view) against the torch form on the CPU."""
     g = torch.Generator().manual_seed(4)
     tokens, heads, dim = 2048, 32, 128
     core = torch.randn(tokens, heads, dim, generator=g) * 3
@@ -209,9 +209,12 @@ def test_the_gated_norm_at_the_served_width() -> None:
     weight = torch.rand(dim, generator=g) + 0.5
     want = ops.gated_norm(core, gate, weight, 1e-6, torch.empty(0))
     for dtype in (torch.bfloat16, torch.float32):
-        got = ops.gated_norm(core.cuda(), gate.cuda(), weight.cuda(), 1e-6, torch.empty(0, dtype=dtype, device="cuda"))
+        out = torch.empty(0, dtype=dtype, device="cuda")
+        got = ops.gated_norm(core.cuda(), gate.cuda(), weight.cuda(), 1e-6, out, prompt=True)
         assert got.dtype == dtype and got.shape == (tokens, heads * dim)
         assert relative_error(got.float().cpu(), want) < (2**-8 if dtype == torch.bfloat16 else 1e-6)
+    step = ops.gated_norm(core.cuda(), gate.cuda(), weight.cuda(), 1e-6, torch.empty(0, device="cuda").bfloat16())
+    assert step.dtype == torch.float32  # not a prompt chunk (a decode step, however wide): the torch form
 
 
 def test_fused_hyper_connection_over_a_prompt_chunk() -> None:

@@ -119,8 +119,8 @@ class KimiDeltaAttention:
             return self.lower_bound * ops.sigmoid(self.a_decay[:, None] * raw)
         return -self.a_decay[:, None] * ops.softplus(raw, threshold=20.0)
 
-    def _output(self, core: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        normed = ops.gated_norm(core, gate, self.o_norm, self.eps, self.o_proj)
+    def _output(self, core: torch.Tensor, gate: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        normed = ops.gated_norm(core, gate, self.o_norm, self.eps, self.o_proj, prompt)
         return self.group.sum_partials(ops.linear(normed, self.o_proj))
 
     @property
@@ -142,18 +142,20 @@ class KimiDeltaAttention:
             mixed, f, gate = self._fused_project(x)
             qkv, d = 3 * self.width, self.f_a.shape[0]
             projected, beta = mixed[:, :qkv], ops.sigmoid(mixed[:, qkv + 2 * d :])
+            del mixed  # held on only through `projected`, a view, until the conv has read it
             g = f.view(x.shape[0], self.local_heads, self.head_dim) if in_kernel else self._decay(f)
         else:
             projected = ops.linear(x, self.qkv_proj)
             g, beta, gate = self._gates(x)
         q, k, v, conv = ops.conv_qkv(projected, seq.conv_state[self.layer], self.conv, self.head_dim)
+        del projected  # on a GPU every projection of x ([T, 3·Hl·d + 2·d + Hl] fp32): not held past the conv
         if in_kernel:  # g is f_b's output
             args = (g, beta, self.a_log, self.dt_bias, self.lower_bound)
             core, state = fla_kda.kda_gated(seq.kda_state[self.layer], q, k, v, *args)
         else:
             core, state = PROMPT_FORMS[self.prompt_form](seq.kda_state[self.layer], q, k, v, g, beta)
         seq.store_state(self.layer, state, conv)
-        return self._output(core, gate)
+        return self._output(core, gate, prompt=True)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """What a token's recurrence needs from x [N, hidden] alone: the q|k|v projection, log-decay, beta and
