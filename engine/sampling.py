@@ -9,11 +9,19 @@ The logits themselves are only as batch-independent as the kernels: on the CPU, 
 differently for 1 row than for 41, moving a row's logits in the last bits (~1e-5), so a near-tie can in principle
 flip with the batch's composition. The tests assert identical tokens (concurrent == serial), not identical bits;
 batch-invariant kernels (one fixed-shape GEMV per row, as the GPU's routed-expert kernel already is) close the gap.
+
+Rows are sampled where they are: a GPU decode step's rows on the GPU (engine/runner/executor.py), a prompt's last
+row and the CPU's on the host; every operation here is a plain torch one on the row's device. At GLM-5.3-Flash's
+154,880 tokens the host's costs are what shaped it (bench/sampling_bench.py, one core): the all-finite check as a
+sum (NaN and infinities carry into it) rather than an elementwise test, `first_max` rather than argmax, greedy rows
+ranked as they come (fp32), and the whole-vocabulary draw (`_gumbel_max`) with logarithms only where a token can
+win — the same tokens as before each change.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -58,16 +66,70 @@ def row_key(seed: int, position: int) -> int:
     return splitmix64(splitmix64(seed & MASK64) ^ (position & MASK64))
 
 
+def top_bits(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
+    """The top 53 bits of hash(seed, position, token id) per token id, as int64: `splitmix64_tensor` then `_shr`,
+    worked in place on one fresh tensor (a sampled row hashes every token of the vocabulary: ~155k)."""
+    z = token_ids.to(torch.int64) ^ _signed(row_key(seed, position))
+    z += _signed(GOLDEN)
+    shifted = torch.empty_like(z)
+    for bits, mix in ((30, MIX1), (27, MIX2), (31, None)):
+        torch.bitwise_right_shift(z, bits, out=shifted)
+        shifted &= (1 << (64 - bits)) - 1  # logical, as `_shr`
+        z ^= shifted
+        if mix is not None:
+            z *= _signed(mix)
+    torch.bitwise_right_shift(z, 11, out=shifted)
+    return shifted.bitwise_and_((1 << 53) - 1)
+
+
+def noise(top53: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise -log(-log(u)), float64, from `top_bits`' values, u = (top53 + 0.5) / 2^53: in (0, 1] (the
+    sum rounds to 2^53 for the largest value, whose noise is +inf)."""
+    u = (top53.to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+    return -torch.log(-torch.log(u))
+
+
 def uniforms(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
-    """Uniform(0, 1) float64 per token id, open at both ends, from hash(seed, position, token id)."""
-    key = _signed(row_key(seed, position))
-    bits = splitmix64_tensor(token_ids.to(torch.int64) ^ key)
-    top53 = _shr(bits, 11).to(torch.float64)
-    return (top53 + 0.5) * (1.0 / (1 << 53))
+    """Uniform float64 per token id from hash(seed, position, token id), in (0, 1] (`noise`)."""
+    return (top_bits(seed, position, token_ids).to(torch.float64) + 0.5) * (1.0 / (1 << 53))
 
 
 def gumbel(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
-    return -torch.log(-torch.log(uniforms(seed, position, token_ids)))
+    return noise(top_bits(seed, position, token_ids))
+
+
+# The whole-vocabulary draw (`_gumbel_max`) computes the noise only where it can matter: a token whose scaled logit
+# is more than PRUNE below the best score found so far wins only with noise above PRUNE, which only 53-bit values
+# above PRUNE_BITS give (~1 token in 3,000). PRUNE_BITS sits 2^24 values (~6e-6 of noise) below where noise passes
+# PRUNE, so the last-bit differences of a vector and a scalar log cannot move a token across it.
+PRUNE = 8.0
+PRUNE_BITS = int(math.exp(-math.exp(-PRUNE)) * (1 << 53)) - (1 << 24)
+
+
+@functools.cache
+def _token_ids(vocab: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(vocab, dtype=torch.int64, device=device)
+
+
+def _gumbel_max(scaled: torch.Tensor, seed: int, position: int, prune: float = PRUNE) -> int:
+    """argmax(scaled + gumbel(seed, position, every token id)), lowest id on ties — with the noise made only for
+    the tokens that can reach the maximum. Every token is hashed (integer work); the logarithms, the costly part,
+    run for the tokens within `prune` of a reached score and the few whose hash gives noise above `prune`.
+
+    Why it is the same token: the best-scaled token j reaches `level` = scaled[j] + its noise. A token left out has
+    scaled ≤ level − prune − margin and noise ≤ prune (its hash is at most the bound's), so its score is below
+    `level`, which some kept token reaches: every token at the maximum is kept, and the kept ids are in ascending
+    order, so argmax's first maximum is the same token. (The margin covers float64 rounding of `level` and of the
+    bound; a noise of +inf is above any bound, so that token is kept.)"""
+    top53 = top_bits(seed, position, _token_ids(scaled.numel(), scaled.device))
+    bound = PRUNE_BITS if prune == PRUNE else int(math.exp(-math.exp(-prune)) * (1 << 53)) - (1 << 24)
+    best = torch.max(scaled, 0).indices.reshape(1)  # kept on the device: no host read until the kept ids
+    level = scaled[best] + noise(top53[best])
+    keep = top53 > bound
+    keep |= scaled > level - prune - 1e-6 * level.abs().clamp(min=1.0)  # none where level is +inf (inf - inf)
+    keep[best] = True
+    ids = keep.nonzero().reshape(-1)
+    return int(ids[first_max(scaled[ids] + noise(top53[ids]))])
 
 
 def prompt_seed(prompt_ids: list[int]) -> int:
@@ -109,11 +171,23 @@ def clean(params: SamplingParams) -> SamplingParams:
     return dataclasses.replace(params, temperature=temperature, top_p=top_p, min_p=min_p)
 
 
+def _all_finite(scores: torch.Tensor) -> bool:
+    """Whether every score is finite: a finite sum says so in one cheap pass (NaN and infinities carry into it);
+    only a sum that is not (an overflow of huge finite scores, or a real NaN or infinity) checks each score."""
+    return bool(torch.isfinite(scores.sum())) or bool(torch.isfinite(scores).all())
+
+
+def first_max(scores: torch.Tensor) -> int:
+    """The index of the first maximum of a 1-D tensor (argmax's answer; `torch.max` over the dimension gives the
+    same first index and takes about a third of argmax's time on the CPU)."""
+    return int(torch.max(scores, 0).indices)
+
+
 def finite(scores: torch.Tensor) -> torch.Tensor:
     """Scores with no NaN or infinity, ranking as the originals do: the usual all-finite row comes back as it is;
     NaN counts as impossible (-inf); when some scores are +inf only they stay possible (0 against -inf); a row with
     nothing possible becomes uniform. Filters and the Gumbel draw then always keep at least one token."""
-    if bool(torch.isfinite(scores).all()):
+    if _all_finite(scores):
         return scores
     scores = torch.nan_to_num(scores, nan=-math.inf)
     top = scores.max()
@@ -155,15 +229,17 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     Candidates are ranked by (scaled logit desc, id asc); top_k, then min_p and top_p (relative to the softmax over
     the top_k set, or the whole vocabulary) cut the ranking; keyed Gumbel noise picks among what is left. Only as
     many top tokens as the filters need are ranked (the full-vocabulary sort cost ~40 ms at 155k tokens)."""
-    logits = finite(logits.detach().to(torch.float64).reshape(-1))
+    row = logits.detach().reshape(-1)
     params = clean(params)
+    if params.greedy and _all_finite(row):
+        return first_max(row)  # ties -> lowest id; float64 would rank the same (widening is exact)
+    logits = finite(row.to(torch.float64))
     if params.greedy:
-        return int(torch.argmax(logits))  # ties -> lowest id
+        return first_max(logits)
     scaled = finite(logits / params.temperature)  # huge logits over a small temperature can overflow
     vocab = scaled.numel()
     if params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0:
-        ids = torch.arange(vocab)
-        return int(torch.argmax(scaled + gumbel(params.seed, position, ids)))
+        return _gumbel_max(scaled, params.seed, position)
     limit = min(vocab, params.top_k) if params.top_k > 0 else min(vocab, CANDIDATES)
     while True:
         ids = _ranked(scaled, limit)
@@ -174,7 +250,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
             break
         limit = min(vocab, limit * 8)
     ids = ids[:keep]
-    return int(ids[int(torch.argmax(values[:keep] + gumbel(params.seed, position, ids)))])
+    return int(ids[first_max(values[:keep] + gumbel(params.seed, position, ids))])
 
 
 def token_logprobs(logits: torch.Tensor, token: int, top: int = 0) -> tuple[float, tuple[tuple[int, float], ...]]:

@@ -120,8 +120,11 @@ class StepExecutor:
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:
-        """Apply one plan; returns prefill logits [vocab] ([T, vocab] with `prefill_logits`), decode logits
-        [B, W, vocab] (W: the widest window), or None."""
+        """Apply one plan; returns prefill logits [vocab] ([T, vocab] with `prefill_logits`) on the host, decode logits
+        [B, W, vocab] (W: the widest window) where the step made them, or None. Rank 0 samples a decode step's rows
+        on that device (engine/sampling.py works on either): on a GPU no row crosses to the host, and each draw is a
+        few dozen small kernels where the host took 0.1–3 ms a row at GLM-5.3-Flash's 154,880 tokens
+        (docs/BENCHMARKS.md). A prompt chunk's logits go to the host: kept prompt states hold them (engine/reuse.py)."""
         for lane in plan.releases:
             seq = self.lanes.pop(lane, None)
             if seq is not None:
@@ -161,7 +164,7 @@ class StepExecutor:
                     self.kept.adopt(seq, plan.adopt)
                 if plan.keep is not None:  # nothing of it kept unless it all was
                     self.kept.keep(plan.keep[0], seq, plan.keep[1])
-                return logits.cpu()  # sampling runs on the CPU
+                return logits.cpu()  # kept with the prompt's state (engine/reuse.py), off the GPU
             except torch.OutOfMemoryError as exc:
                 raise StepOutOfMemory([lane]) from exc
         if plan.decode is not None:
@@ -179,12 +182,12 @@ class StepExecutor:
         if plan.verifies:
             if self.decoder is None:
                 raise RuntimeError("drafts need the lane decoder")
-            logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb, plan.draft_masks).cpu()
+            logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb, plan.draft_masks)
             if self.decoder.proposed is not None:
                 self.proposed = self.decoder.proposed.cpu().tolist()
             return logits
         decode = self.decoder.decode if self.decoder is not None else self.model.decode
-        return decode(seqs, [w[0] for w in windows]).cpu().unsqueeze(1)
+        return decode(seqs, [w[0] for w in windows]).unsqueeze(1)
 
     def release_all(self) -> None:
         for lane in list(self.lanes):

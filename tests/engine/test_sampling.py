@@ -9,13 +9,20 @@ import pytest
 import torch
 
 from engine.sampling import (
+    PRUNE,
+    PRUNE_BITS,
     SamplingParams,
+    _gumbel_max,
+    finite,
+    first_max,
     gumbel,
+    noise,
     prompt_seed,
     row_key,
     sample,
     splitmix64,
     splitmix64_tensor,
+    top_bits,
     uniforms,
 )
 
@@ -29,7 +36,7 @@ def test_torch_hash_matches_reference_bits() -> None:
     assert splitmix64(0) == 0xE220A8397B1DCDAF
 
 
-def test_uniforms_open_interval_and_roughly_uniform() -> None:
+def test_uniforms_in_the_unit_interval_and_roughly_uniform() -> None:
     u = uniforms(7, 3, torch.arange(20000))
     assert float(u.min()) > 0.0 and float(u.max()) < 1.0
     assert abs(float(u.mean()) - 0.5) < 0.01
@@ -113,3 +120,70 @@ def test_fast_filters_equal_the_full_sort(top_k: int, top_p: float, min_p: float
         params = SamplingParams(temperature=0.8, top_p=top_p, top_k=top_k, min_p=min_p, seed=trial)
         for position in (0, 7, 1000):
             assert sample(logits, params, position) == _full_sort_sample(logits, params, position)
+
+
+def test_top_bits_are_the_hash_top_bits() -> None:
+    """`top_bits` works the hash in place; its values are `splitmix64_tensor`'s top 53 bits of id ^ row key."""
+    ids = torch.tensor([0, 1, 2, 77, 154879, 2**40 + 3])
+    key = row_key(9, 1234) - (1 << 64 if row_key(9, 1234) >= 1 << 63 else 0)
+    want = [(v & (2**64 - 1)) >> 11 for v in splitmix64_tensor(ids ^ key).tolist()]
+    assert top_bits(9, 1234, ids).tolist() == want
+
+
+def _every_token_noised(scaled: torch.Tensor, seed: int, position: int) -> int:
+    """The whole-vocabulary draw the plain way: noise for every token, then argmax."""
+    return int(torch.argmax(scaled + gumbel(seed, position, torch.arange(scaled.numel()))))
+
+
+@pytest.mark.parametrize("prune", [0.25, 2.0, PRUNE])
+def test_the_pruned_whole_vocabulary_draw_is_the_plain_one(prune: float) -> None:
+    """`_gumbel_max` makes noise only for the tokens that can win: the same token as noising every one, on flat and
+    peaked rows, rows of ties (integer logits) and rows with impossible (-inf) tokens; a small `prune` keeps many
+    tokens by their hash alone, the served one mostly by their scores."""
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(60):
+        vocab = (2, 64, 1000, 20000)[trial % 4]
+        scaled = torch.randn(vocab, generator=gen, dtype=torch.float64) * (0.1, 1.0, 4.0, 30.0)[trial % 3]
+        if trial % 5 == 0:
+            scaled = scaled.round()
+        if trial % 7 == 0:
+            scaled[1::3] = -math.inf
+        for position in (0, 5 + trial):
+            assert _gumbel_max(scaled, trial, position, prune) == _every_token_noised(scaled, trial, position)
+
+
+def test_the_pruned_draw_keeps_a_token_whose_noise_is_infinite() -> None:
+    """The largest 53-bit value makes u = 1 and the noise +inf: such a token wins outright (the first of them), as
+    in the plain draw; the pruning keeps it by its hash."""
+    top53 = torch.tensor([5, (1 << 53) - 1, 2**52, (1 << 53) - 1])
+    assert noise(top53)[1] == math.inf and noise(top53)[3] == math.inf
+    assert bool((top53 > PRUNE_BITS)[1]) and not bool((top53 > PRUNE_BITS)[0])
+    assert float(noise(torch.tensor([PRUNE_BITS]))[0]) < PRUNE - 1e-6
+
+
+def test_greedy_rows_with_impossible_tokens_take_the_widened_path() -> None:
+    """An all-finite row is ranked as it is (fp32); NaN, or an infinite logit, goes through `finite` as before."""
+    assert sample(torch.tensor([1.0, math.nan, 0.5]), SamplingParams(temperature=0.0), 0) == 0
+    assert sample(torch.tensor([1.0, math.inf, math.inf]), SamplingParams(temperature=0.0), 0) == 1
+    assert sample(torch.tensor([-math.inf, -math.inf]), SamplingParams(temperature=0.0), 0) == 0
+
+
+def test_first_max_is_argmax_on_ties_and_at_the_served_width() -> None:
+    """`first_max` (torch.max over the dimension) gives argmax's first index, whatever the threads split."""
+    gen = torch.Generator().manual_seed(3)
+    for vocab in (1, 7, 154_880):
+        for scale in (0.5, 3.0):
+            row = (torch.randn(vocab, generator=gen) * scale).round()  # many ties at the top
+            assert first_max(row) == int(torch.argmax(row))
+            assert first_max(row.double()) == int(torch.argmax(row.double()))
+    row = torch.zeros(154_880)
+    row[[150_000, 80_000, 120_000]] = 2.0
+    assert first_max(row) == 80_000
+
+
+def test_the_finite_check_survives_an_overflowing_sum() -> None:
+    """Huge finite scores overflow the one-pass check's sum: the row is then checked score by score."""
+    huge = torch.tensor([1e308, 1e308, -5.0], dtype=torch.float64)
+    assert finite(huge) is huge
+    assert sample(torch.tensor([3e38, 3e38, 1.0]), SamplingParams(temperature=0.0), 0) == 0
+    assert finite(torch.tensor([1.0, math.nan])).tolist() == [1.0, -math.inf]

@@ -1,0 +1,94 @@
+"""What sampling one token costs rank 0 at the served vocabulary (engine/sampling.py), on the host or a GPU.
+
+The scheduler samples every row it keeps of a decode step, one row at a time, from fp32 logits where the step made
+them (a GPU since session 38; the host before): a lane's pending token and each draft row it verifies. This times
+`sample` (and
+`token_logprobs`, for requests that ask for log-probabilities) on one row of GLM-5.3-Flash's vocabulary, 154,880
+tokens, for the parameter sets clients send, on two kinds of row:
+- `peaked`: a language model's shape — a bulk of logits around -2 (sd 2.5) and 40 tokens raised 8–25 above it;
+- `flat`: normal logits (sd 3), the worst case for anything that narrows the candidates by score.
+Each figure is the median of --calls calls (positions differ, so the noise differs), after 3 warm-up calls.
+
+    python bench/sampling_bench.py --out bench/results/DATE-cpu-sampling.json
+    python bench/sampling_bench.py --device cuda --out ...   # the rows on the GPU (each draw ends in a host read)
+    PYTHONPATH=/tmp/old python bench/sampling_bench.py ...   # another tree's engine (a git worktree), to compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from engine.sampling import SamplingParams, sample, token_logprobs
+
+VOCAB = 154_880
+CASES = {
+    "greedy": SamplingParams(temperature=0.0),
+    "temperature 1": SamplingParams(temperature=1.0, seed=1),
+    "temperature 0.6": SamplingParams(temperature=0.6, seed=1),
+    "temperature 1, top_p 0.95": SamplingParams(temperature=1.0, top_p=0.95, seed=1),
+    "temperature 0.7, top_k 40": SamplingParams(temperature=0.7, top_k=40, seed=1),
+    "temperature 0.6, top_p 0.95, top_k 20": SamplingParams(temperature=0.6, top_p=0.95, top_k=20, seed=1),
+    "temperature 1, min_p 0.05": SamplingParams(temperature=1.0, min_p=0.05, seed=1),
+}
+
+
+def rows(vocab: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    peaked = torch.randn(vocab, generator=gen) * 2.5 - 2.0
+    top = torch.randperm(vocab, generator=gen)[:40]
+    peaked[top] += torch.linspace(25.0, 8.0, 40)
+    return {"peaked": peaked.to(device), "flat": (torch.randn(vocab, generator=gen) * 3.0).to(device)}
+
+
+def timed(fn, calls: int) -> float:
+    """Median ms of `calls` calls of fn(i), after 3 warm-up calls."""
+    for i in range(3):
+        fn(i)
+    times = []
+    for i in range(calls):
+        start = time.perf_counter()
+        fn(100 + i)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vocab", type=int, default=VOCAB)
+    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="where the rows are: cpu, or cuda")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict[str, dict[str, float]] = {}
+    for kind, row in rows(args.vocab, args.device).items():
+        for name, params in CASES.items():
+            ms = timed(lambda i: sample(row, params, i), args.calls)  # noqa: B023 (called before the next turn)
+            results.setdefault(kind, {})[name] = round(ms, 3)
+            print(f"{kind:7s} {name:40s} {ms:8.3f} ms", flush=True)
+        ms = timed(lambda i: token_logprobs(row, i, 5), args.calls)  # noqa: B023
+        results[kind]["token_logprobs, top 5"] = round(ms, 3)
+        print(f"{kind:7s} {'token_logprobs, top 5':40s} {ms:8.3f} ms", flush=True)
+    meta = {
+        "vocab": args.vocab,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "calls": args.calls,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "ms_per_row": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Sampling a row where a GPU step made it (the scheduler samples decode rows on the device since session 38):
+the same token as the host draws from the same row, at GLM-5.3-Flash's vocabulary, for every filter the sampler
+has; the first of equal maxima; log-probabilities as the host computes them. Skipped without a GPU (never part of
+CI; tests/engine/test_sampling.py checks the draws themselves on the CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.sampling import SamplingParams, first_max, sample, token_logprobs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+VOCAB = 154_880
+PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=1.0, seed=3),
+    SamplingParams(temperature=0.6, seed=4),
+    SamplingParams(temperature=1.0, top_p=0.95, seed=5),
+    SamplingParams(temperature=0.7, top_k=40, seed=6),
+    SamplingParams(temperature=0.6, top_p=0.95, top_k=20, seed=7),
+    SamplingParams(temperature=1.0, min_p=0.05, seed=8),
+]
+
+
+def _rows(count: int) -> torch.Tensor:
+    """Rows shaped like a language model's (a bulk and a few raised tokens), some flat, one with ties at the top."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(count, VOCAB, generator=gen) * 2.5 - 2.0
+    for i in range(count):
+        top = torch.randperm(VOCAB, generator=gen)[:40]
+        rows[i, top] += torch.linspace(25.0, 8.0, 40) * (i % 4) / 3
+    rows[0, [900, 70_000]] = 40.0  # equal maxima: the lower id
+    return rows
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: f"T{p.temperature}-p{p.top_p}-k{p.top_k}-m{p.min_p}")
+def test_a_row_on_the_gpu_draws_the_hosts_token(params: SamplingParams) -> None:
+    rows = _rows(24)
+    on_gpu = rows.cuda()
+    for i in range(rows.shape[0]):
+        for position in (0, 4097):
+            assert sample(on_gpu[i], params, position) == sample(rows[i], params, position), (i, position)
+
+
+def test_first_max_on_the_gpu_takes_the_lowest_id() -> None:
+    row = torch.zeros(VOCAB, device="cuda")
+    row[[150_000, 80_000, 120_000]] = 2.0
+    assert first_max(row) == 80_000
+    ties = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1)).round()
+    assert first_max(ties.cuda()) == int(torch.argmax(ties))
+
+
+def test_log_probabilities_on_the_gpu_are_the_hosts() -> None:
+    row = _rows(2)[1]
+    token = int(torch.argmax(row))
+    host = token_logprobs(row, token, 5)
+    device = token_logprobs(row.cuda(), token, 5)
+    assert math.isclose(device[0], host[0], rel_tol=1e-12, abs_tol=1e-12)
+    assert [t for t, _ in device[1]] == [t for t, _ in host[1]]
+    assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for (_, a), (_, b) in zip(device[1], host[1]))
