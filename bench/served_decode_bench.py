@@ -1,0 +1,129 @@
+"""Decode through the server's own loop on a GPU: the full-width GLM-5.3-Flash config at reduced depth (random bf16
+weights, as bench/gpu_engine.py builds it; 154,880 tokens), the Scheduler and StepExecutor with CUDA graphs and
+lanes (the HTTP layer left out). What bench/gpu_engine.py's step figures leave out is here: sampling every row,
+delivering each token, the plan of each step.
+
+For each sampling case and lane count, `--lanes` requests of a short prompt decode `--tokens` tokens at once; the
+figure is tokens a second from the first token to the last, and ms a step. `--host-sampling` adds, in the same
+process, the same runs with each decode step's logits copied to the host before rank 0 samples them (the serving
+path before session 38), so the two forms are timed on one machine in turn.
+
+    python bench/served_decode_bench.py [--layers KKKD] [--lanes 1,4] [--tokens 96] [--host-sampling] [--out F]
+    python bench/served_decode_bench.py --device cpu --config engine/checkpoint/trained_demo/config.json --tokens 8
+        # the path on the CPU, small (a check that it runs: no figure of the GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_engine import build  # noqa: E402
+
+from engine.parallel import ParallelGroup  # noqa: E402
+from engine.runner.executor import StepExecutor  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+from engine.scheduler import Finished, Request, Scheduler, Token  # noqa: E402
+
+CONFIG = ROOT / "engine" / "checkpoint" / "glm53_flash_config.json"
+CASES = {
+    "greedy": SamplingParams(temperature=0.0),
+    "temperature 1": SamplingParams(temperature=1.0),
+    "temperature 0.6, top_p 0.95": SamplingParams(temperature=0.6, top_p=0.95),
+}
+
+
+class Stream:
+    """A request's sink: the times of its first and last tokens, its count, its end."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last = 0.0
+        self.tokens = 0
+        self.end: object = None
+        self.done = threading.Event()
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, Token):
+            self.last = time.perf_counter()
+            self.first = self.first or self.last
+            self.tokens += 1
+        else:
+            self.end = event
+            self.done.set()
+
+
+def decode(sched: Scheduler, lanes: int, params: SamplingParams, tokens: int, tag: str) -> dict:
+    params = SamplingParams(**{**params.__dict__, "max_tokens": tokens, "seed": 1})
+    streams = [Stream() for _ in range(lanes)]
+    steps = sched.totals["steps"]
+    for i, stream in enumerate(streams):
+        sched.submit(Request(f"{tag}-{i}", [11 + i, 12, 13, 14], params, stream, frozenset()))
+    for stream in streams:
+        if not stream.done.wait(900):
+            raise RuntimeError(f"{tag} did not finish")
+        if not isinstance(stream.end, Finished):
+            raise RuntimeError(f"{tag}: {stream.end}")
+    start = min(s.first for s in streams if s.first is not None)
+    end = max(s.last for s in streams)
+    produced = sum(s.tokens for s in streams) - lanes  # the first tokens come from the prefills
+    decode_steps = sched.totals["steps"] - steps - lanes
+    return {
+        "tok_s": round(produced / (end - start), 1),
+        "ms_per_step": round(1e3 * (end - start) / max(decode_steps, 1), 3),
+        "steps": decode_steps,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", default="KKKD")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--config", type=Path, default=CONFIG, help="the model config (default: GLM-5.3-Flash's)")
+    ap.add_argument("--lanes", default="1,4")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--host-sampling", action="store_true", help="also time the rows copied to the host first")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model, _ = build(args.layers, args.device, args.config)
+    lane_counts = [int(n) for n in args.lanes.split(",")]
+    executor = StepExecutor(model, model.make_pool(1 << 16, "bf16"), lanes=max(lane_counts), graphs=True)
+    group = ParallelGroup.single(args.device)
+    sched = Scheduler(executor, group, parallel=max(lane_counts), max_queued=64, prefill_chunk=2048)
+    sched.start()
+    served = executor._decode
+    forms = {"device": served}
+    if args.host_sampling:
+        forms["host"] = lambda plan: served(plan).cpu()  # the serving path before session 38
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    results: dict = {"meta": {"layers": args.layers, "tokens": args.tokens, "device": gpu, "config": str(args.config)}}
+    try:
+        decode(sched, max(lane_counts), CASES["greedy"], 8, "warm")  # graphs captured, kernels compiled
+        for lanes in lane_counts:
+            for name, params in CASES.items():
+                for form, run in forms.items():
+                    executor._decode = run  # type: ignore[method-assign]
+                    got = decode(sched, lanes, params, args.tokens, f"{lanes}-{name}-{form}")
+                    results[f"{lanes} lanes, {name}, sampled on the {form}"] = got
+                    print(
+                        f"{lanes} lanes  {name:30s} {form:6s} {got['tok_s']:8.1f} tok/s  {got['ms_per_step']:7.3f} ms a step"
+                    )
+                    if args.out:
+                        Path(args.out).write_text(json.dumps(results, indent=1))
+    finally:
+        executor._decode = served  # type: ignore[method-assign]
+        sched.stop()
+
+
+if __name__ == "__main__":
+    main()
