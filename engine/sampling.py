@@ -106,6 +106,12 @@ PRUNE = 8.0
 PRUNE_BITS = int(math.exp(-math.exp(-PRUNE)) * (1 << 53)) - (1 << 24)
 
 
+def _drawn(scaled: torch.Tensor, gumbels: torch.Tensor) -> torch.Tensor:
+    """The scores the draw takes the first maximum of: scaled + noise, where an impossible token (-inf) stays
+    impossible even under infinite noise (u = 1: -inf + inf would be NaN, which a maximum takes as the largest)."""
+    return torch.nan_to_num(scaled + gumbels, nan=-math.inf)
+
+
 @functools.cache
 def _token_ids(vocab: int, device: torch.device) -> torch.Tensor:
     return torch.arange(vocab, dtype=torch.int64, device=device)
@@ -129,7 +135,7 @@ def _gumbel_max(scaled: torch.Tensor, seed: int, position: int, prune: float = P
     keep |= scaled > level - prune - 1e-6 * level.abs().clamp(min=1.0)  # none where level is +inf (inf - inf)
     keep[best] = True
     ids = keep.nonzero().reshape(-1)
-    return int(ids[first_max(scaled[ids] + noise(top53[ids]))])
+    return int(ids[first_max(_drawn(scaled[ids], noise(top53[ids])))])
 
 
 def prompt_seed(prompt_ids: list[int]) -> int:
@@ -250,7 +256,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
             break
         limit = min(vocab, limit * 8)
     ids = ids[:keep]
-    return int(ids[first_max(values[:keep] + gumbel(params.seed, position, ids))])
+    return int(ids[first_max(_drawn(values[:keep], gumbel(params.seed, position, ids)))])
 
 
 def token_logprobs(logits: torch.Tensor, token: int, top: int = 0) -> tuple[float, tuple[tuple[int, float], ...]]:

@@ -12,6 +12,7 @@ from engine.sampling import (
     PRUNE,
     PRUNE_BITS,
     SamplingParams,
+    _drawn,
     _gumbel_max,
     finite,
     first_max,
@@ -187,3 +188,11 @@ def test_the_finite_check_survives_an_overflowing_sum() -> None:
     assert finite(huge) is huge
     assert sample(torch.tensor([3e38, 3e38, 1.0]), SamplingParams(temperature=0.0), 0) == 0
     assert finite(torch.tensor([1.0, math.nan])).tolist() == [1.0, -math.inf]
+
+
+def test_an_impossible_token_stays_impossible_under_infinite_noise() -> None:
+    """One 53-bit value in 2^53 makes the noise +inf; on a -inf (impossible) token that summed to NaN, which the
+    maximum took as the largest: the draw would have returned an impossible token. Now it scores -inf."""
+    scores = _drawn(torch.tensor([-math.inf, 0.5, -math.inf]), noise(torch.tensor([(1 << 53) - 1, 3, (1 << 53) - 1])))
+    assert scores.tolist()[0] == -math.inf and first_max(scores) == 1
+    assert first_max(_drawn(torch.tensor([1.0, 2.0]), noise(torch.tensor([(1 << 53) - 1, 0])))) == 0  # +inf wins
