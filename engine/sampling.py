@@ -109,7 +109,7 @@ PRUNE_BITS = int(math.exp(-math.exp(-PRUNE)) * (1 << 53)) - (1 << 24)
 def _drawn(scaled: torch.Tensor, gumbels: torch.Tensor) -> torch.Tensor:
     """The scores the draw takes the first maximum of: scaled + noise, where an impossible token (-inf) stays
     impossible even under infinite noise (u = 1: -inf + inf would be NaN, which a maximum takes as the largest)."""
-    return torch.nan_to_num(scaled + gumbels, nan=-math.inf)
+    return _nan_impossible(scaled + gumbels)
 
 
 @functools.cache
@@ -118,24 +118,32 @@ def _token_ids(vocab: int, device: torch.device) -> torch.Tensor:
 
 
 def _gumbel_max(scaled: torch.Tensor, seed: int, position: int, prune: float = PRUNE) -> int:
-    """argmax(scaled + gumbel(seed, position, every token id)), lowest id on ties — with the noise made only for
-    the tokens that can reach the maximum. Every token is hashed (integer work); the logarithms, the costly part,
-    run for the tokens within `prune` of a reached score and the few whose hash gives noise above `prune`.
+    """argmax(scaled + gumbel(seed, position, every token id)), lowest id on ties. On a GPU as written (a few dozen
+    launches, one host read); on the host with the logarithms, the costly part, only for `_candidates`."""
+    top53 = top_bits(seed, position, _token_ids(scaled.numel(), scaled.device))
+    if not scaled.is_cpu:
+        return first_max(_drawn(scaled, noise(top53)))
+    ids = _candidates(scaled, top53, prune)
+    return int(ids[first_max(_drawn(scaled[ids], noise(top53[ids])))])
 
-    Why it is the same token: the best-scaled token j reaches `level` = scaled[j] + its noise. A token left out has
+
+def _candidates(scaled: torch.Tensor, top53: torch.Tensor, prune: float = PRUNE) -> torch.Tensor:
+    """The ids, ascending, that can reach the whole-vocabulary draw's maximum: the tokens within `prune` of a
+    reached score and the few whose hash gives noise above `prune`.
+
+    Why no other can: the best-scaled token j reaches `level` = scaled[j] + its noise. A token left out has
     scaled ≤ level − prune − margin and noise ≤ prune (its hash is at most the bound's), so its score is below
     `level`, which some kept token reaches: every token at the maximum is kept, and the kept ids are in ascending
     order, so argmax's first maximum is the same token. (The margin covers float64 rounding of `level` and of the
-    bound; a noise of +inf is above any bound, so that token is kept.)"""
-    top53 = top_bits(seed, position, _token_ids(scaled.numel(), scaled.device))
+    bound; a noise of +inf is above any bound, so that token is kept; where j's own noise is +inf the threshold is
+    NaN and the hash alone keeps.)"""
     bound = PRUNE_BITS if prune == PRUNE else int(math.exp(-math.exp(-prune)) * (1 << 53)) - (1 << 24)
-    best = torch.max(scaled, 0).indices.reshape(1)  # kept on the device: no host read until the kept ids
+    best = torch.max(scaled, 0).indices.reshape(1)
     level = scaled[best] + noise(top53[best])
     keep = top53 > bound
-    keep |= scaled > level - prune - 1e-6 * level.abs().clamp(min=1.0)  # none where level is +inf (inf - inf)
+    keep |= scaled > level - prune - 1e-6 * level.abs().clamp(min=1.0)
     keep[best] = True
-    ids = keep.nonzero().reshape(-1)
-    return int(ids[first_max(_drawn(scaled[ids], noise(top53[ids])))])
+    return keep.nonzero().reshape(-1)
 
 
 def prompt_seed(prompt_ids: list[int]) -> int:
@@ -189,13 +197,18 @@ def first_max(scores: torch.Tensor) -> int:
     return int(torch.max(scores, 0).indices)
 
 
+def _nan_impossible(scores: torch.Tensor) -> torch.Tensor:
+    """NaN as -inf, the infinities kept (torch's nan_to_num would make them ±the largest finite value)."""
+    return torch.nan_to_num(scores, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+
+
 def finite(scores: torch.Tensor) -> torch.Tensor:
     """Scores with no NaN or infinity, ranking as the originals do: the usual all-finite row comes back as it is;
     NaN counts as impossible (-inf); when some scores are +inf only they stay possible (0 against -inf); a row with
     nothing possible becomes uniform. Filters and the Gumbel draw then always keep at least one token."""
     if _all_finite(scores):
         return scores
-    scores = torch.nan_to_num(scores, nan=-math.inf)
+    scores = _nan_impossible(scores)
     top = scores.max()
     if top == math.inf:
         return torch.where(scores == math.inf, 0.0, -math.inf).to(scores.dtype)

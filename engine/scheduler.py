@@ -313,6 +313,7 @@ class Scheduler:
                     self._out_of_memory(plan, work, exc)
                 else:
                     self._apply(work, logits)
+                logits = None  # a decode step's rows may be on the GPU: not held through the next step
                 self._refresh_stats()
         except Exception as exc:  # a peer died or a step failed: latch, fail everything, report
             log.exception("scheduler stopped")  # the raw error goes to the log; clients and /health get words

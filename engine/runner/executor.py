@@ -185,9 +185,12 @@ class StepExecutor:
             logits = self.decoder.verify(seqs, [list(w) for w in windows], plan.absorb, plan.draft_masks)
             if self.decoder.proposed is not None:
                 self.proposed = self.decoder.proposed.cpu().tolist()
-            return logits
-        decode = self.decoder.decode if self.decoder is not None else self.model.decode
-        return decode(seqs, [w[0] for w in windows]).unsqueeze(1)
+        else:
+            decode = self.decoder.decode if self.decoder is not None else self.model.decode
+            logits = decode(seqs, [w[0] for w in windows]).unsqueeze(1)
+        if logits.is_cuda:  # the step's own errors surface here, a failed step, not in the sampling of a row
+            torch.cuda.current_stream(logits.device).synchronize()
+        return logits
 
     def release_all(self) -> None:
         for lane in list(self.lanes):

@@ -8,11 +8,13 @@ from collections import Counter
 import pytest
 import torch
 
+from engine import sampling
 from engine.sampling import (
     PRUNE,
     PRUNE_BITS,
     SamplingParams,
-    _drawn,
+    _all_finite,
+    _candidates,
     _gumbel_max,
     finite,
     first_max,
@@ -138,13 +140,13 @@ def _every_token_noised(scaled: torch.Tensor, seed: int, position: int) -> int:
 
 @pytest.mark.parametrize("prune", [0.25, 2.0, PRUNE])
 def test_the_pruned_whole_vocabulary_draw_is_the_plain_one(prune: float) -> None:
-    """`_gumbel_max` makes noise only for the tokens that can win: the same token as noising every one, on flat and
-    peaked rows, rows of ties (integer logits) and rows with impossible (-inf) tokens; a small `prune` keeps many
-    tokens by their hash alone, the served one mostly by their scores."""
+    """`_gumbel_max` makes noise only for `_candidates`: the same token as noising every one, on flat and peaked
+    rows, rows of ties (integer logits), rows with impossible (-inf) tokens and rows of huge magnitude (a tiny
+    temperature's); a small `prune` keeps many tokens by their hash alone, the served one mostly by their scores."""
     gen = torch.Generator().manual_seed(11)
     for trial in range(60):
         vocab = (2, 64, 1000, 20000)[trial % 4]
-        scaled = torch.randn(vocab, generator=gen, dtype=torch.float64) * (0.1, 1.0, 4.0, 30.0)[trial % 3]
+        scaled = torch.randn(vocab, generator=gen, dtype=torch.float64) * (0.1, 1.0, 4.0, 30.0, 1e17, 1e300)[trial % 6]
         if trial % 5 == 0:
             scaled = scaled.round()
         if trial % 7 == 0:
@@ -153,24 +155,66 @@ def test_the_pruned_whole_vocabulary_draw_is_the_plain_one(prune: float) -> None
             assert _gumbel_max(scaled, trial, position, prune) == _every_token_noised(scaled, trial, position)
 
 
-def test_the_pruned_draw_keeps_a_token_whose_noise_is_infinite() -> None:
-    """The largest 53-bit value makes u = 1 and the noise +inf: such a token wins outright (the first of them), as
-    in the plain draw; the pruning keeps it by its hash."""
-    top53 = torch.tensor([5, (1 << 53) - 1, 2**52, (1 << 53) - 1])
-    assert noise(top53)[1] == math.inf and noise(top53)[3] == math.inf
-    assert bool((top53 > PRUNE_BITS)[1]) and not bool((top53 > PRUNE_BITS)[0])
-    assert float(noise(torch.tensor([PRUNE_BITS]))[0]) < PRUNE - 1e-6
+def test_the_candidates_are_few_and_hold_every_maximum() -> None:
+    """On a language model's row (a bulk, a few raised tokens) the candidates are a small share of the vocabulary;
+    a token exactly at the threshold and tokens tied at the top are among them."""
+    gen = torch.Generator().manual_seed(2)
+    scaled = torch.randn(154_880, generator=gen, dtype=torch.float64) * 2.5 - 2.0
+    scaled[torch.randperm(154_880, generator=gen)[:40]] += torch.linspace(25.0, 8.0, 40, dtype=torch.float64)
+    top53 = top_bits(1, 2, torch.arange(154_880))
+    ids = _candidates(scaled, top53)
+    assert 0 < ids.numel() < 154_880 // 50 and bool((ids[1:] > ids[:-1]).all())
+    full = scaled + noise(top53)
+    assert set(torch.nonzero(full == full.max()).reshape(-1).tolist()) <= set(ids.tolist())
+    best = int(torch.argmax(scaled))
+    level = float(scaled[best] + noise(top53[best : best + 1])[0])
+    edge = int(ids[0]) + 1 if int(ids[0]) + 1 not in ids.tolist() else int(ids[-1]) - 1
+    scaled[edge] = level - PRUNE + 1e-3  # within reach: kept by its score
+    assert edge in _candidates(scaled, top53).tolist()
 
 
-def test_greedy_rows_with_impossible_tokens_take_the_widened_path() -> None:
-    """An all-finite row is ranked as it is (fp32); NaN, or an infinite logit, goes through `finite` as before."""
+def _hashes(monkeypatch: pytest.MonkeyPatch, values: list[int]) -> None:
+    """Every row's token hashes replaced by `values` (token id -> its 53 bits): to place the rare ones."""
+    table = torch.tensor(values, dtype=torch.int64)
+    monkeypatch.setattr(sampling, "top_bits", lambda seed, position, token_ids: table[token_ids.to(torch.int64)])
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=4)])
+def test_infinite_noise_wins_among_possible_tokens_only(monkeypatch: pytest.MonkeyPatch, params) -> None:
+    """The largest 53-bit value makes u = 1 and the noise +inf: on a possible token it wins (the first such), on an
+    impossible one (-inf: a format's mask, NaN) it does not — through the whole draw, pruned or filtered."""
+    top = (1 << 53) - 1
+    _hashes(monkeypatch, [top, 3, 2**52, top, 7, 2**52])
+    row = torch.tensor([-math.inf, 0.5, 0.2, 0.1, math.nan, 3.0])
+    assert sample(row, params, 0) == 3
+    assert sample(torch.tensor([-math.inf, 0.5, 0.2, -math.inf, 0.0, 3.0]), params, 0) == 5
+    assert noise(torch.tensor([top]))[0] == math.inf and float(noise(torch.tensor([PRUNE_BITS]))[0]) < PRUNE - 1e-6
+
+
+def test_infinities_rank_as_the_docstring_says() -> None:
+    """`finite` keeps the infinities' meaning (torch's nan_to_num would clamp them to the largest finite value): +inf
+    tokens are the only possible ones, drawn among uniformly; a row with nothing possible is uniform."""
+    assert finite(torch.tensor([1.0, -math.inf, math.nan])).tolist() == [1.0, -math.inf, -math.inf]
+    assert finite(torch.tensor([math.inf, 1.0, math.inf])).tolist() == [0.0, -math.inf, 0.0]
+    assert finite(torch.tensor([-math.inf, -math.inf])).tolist() == [0.0, 0.0]
+    plus = torch.tensor([math.inf, 1.0, math.inf, 2.0])
+    assert {sample(plus, SamplingParams(seed=s), 0) for s in range(40)} == {0, 2}
+    assert len({sample(torch.full((5,), -math.inf), SamplingParams(seed=s), 0) for s in range(60)}) == 5
+
+
+def test_greedy_rows_in_their_own_type() -> None:
+    """An all-finite row is ranked as it is (fp32, fp16, bf16: widening is exact); NaN, or an infinite logit, goes
+    through `finite` as before."""
+    row = torch.tensor([0.5, 3.0, 3.0, -1.0])
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        assert sample(row.to(dtype), SamplingParams(temperature=0.0), 0) == 1
     assert sample(torch.tensor([1.0, math.nan, 0.5]), SamplingParams(temperature=0.0), 0) == 0
     assert sample(torch.tensor([1.0, math.inf, math.inf]), SamplingParams(temperature=0.0), 0) == 1
     assert sample(torch.tensor([-math.inf, -math.inf]), SamplingParams(temperature=0.0), 0) == 0
 
 
 def test_first_max_is_argmax_on_ties_and_at_the_served_width() -> None:
-    """`first_max` (torch.max over the dimension) gives argmax's first index, whatever the threads split."""
+    """`first_max` (torch.max over the dimension) gives argmax's first index."""
     gen = torch.Generator().manual_seed(3)
     for vocab in (1, 7, 154_880):
         for scale in (0.5, 3.0):
@@ -182,17 +226,13 @@ def test_first_max_is_argmax_on_ties_and_at_the_served_width() -> None:
     assert first_max(row) == 80_000
 
 
-def test_the_finite_check_survives_an_overflowing_sum() -> None:
-    """Huge finite scores overflow the one-pass check's sum: the row is then checked score by score."""
+def test_the_finite_check_falls_back_where_the_sum_cannot_say() -> None:
+    """The one-pass check is a sum: an overflowing sum of finite scores (fp64, fp16) and a sum of +inf and -inf
+    (NaN) are checked score by score."""
+    assert _all_finite(torch.tensor([1e308, 1e308, -5.0], dtype=torch.float64))
+    assert _all_finite(torch.tensor([60000.0, 60000.0], dtype=torch.float16))
+    assert not _all_finite(torch.tensor([math.inf, -math.inf, 0.0]))
+    assert not _all_finite(torch.tensor([1.0, math.nan]))
     huge = torch.tensor([1e308, 1e308, -5.0], dtype=torch.float64)
     assert finite(huge) is huge
     assert sample(torch.tensor([3e38, 3e38, 1.0]), SamplingParams(temperature=0.0), 0) == 0
-    assert finite(torch.tensor([1.0, math.nan])).tolist() == [1.0, -math.inf]
-
-
-def test_an_impossible_token_stays_impossible_under_infinite_noise() -> None:
-    """One 53-bit value in 2^53 makes the noise +inf; on a -inf (impossible) token that summed to NaN, which the
-    maximum took as the largest: the draw would have returned an impossible token. Now it scores -inf."""
-    scores = _drawn(torch.tensor([-math.inf, 0.5, -math.inf]), noise(torch.tensor([(1 << 53) - 1, 3, (1 << 53) - 1])))
-    assert scores.tolist()[0] == -math.inf and first_max(scores) == 1
-    assert first_max(_drawn(torch.tensor([1.0, 2.0]), noise(torch.tensor([(1 << 53) - 1, 0])))) == 0  # +inf wins

@@ -1,6 +1,8 @@
 """Sampling a row where a GPU step made it (the scheduler samples decode rows on the device since session 38):
 the same token as the host draws from the same row, at GLM-5.3-Flash's vocabulary, for every filter the sampler
-has; the first of equal maxima; log-probabilities as the host computes them. Skipped without a GPU (never part of
+has, on rows with a mask, NaN and huge logits too (the host's float64 logarithms and sums may differ from the GPU's in
+the last bit, which could only matter at a near-tie: none in these rows); the first of equal maxima;
+log-probabilities as the host computes them. Skipped without a GPU (never part of
 CI; tests/engine/test_sampling.py checks the draws themselves on the CPU)."""
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def _rows(count: int) -> torch.Tensor:
         top = torch.randperm(VOCAB, generator=gen)[:40]
         rows[i, top] += torch.linspace(25.0, 8.0, 40) * (i % 4) / 3
     rows[0, [900, 70_000]] = 40.0  # equal maxima: the lower id
+    rows[1, ::2] = -math.inf  # a format's mask: half the vocabulary impossible
+    rows[2, 5::7] = math.nan
+    rows[3, :1000] *= 1e30  # huge logits (a broken model's): finite, far apart
     return rows
 
 
