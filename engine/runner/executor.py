@@ -122,9 +122,10 @@ class StepExecutor:
     def run(self, plan: StepPlan) -> torch.Tensor | None:
         """Apply one plan; returns prefill logits [vocab] ([T, vocab] with `prefill_logits`) on the host, decode logits
         [B, W, vocab] (W: the widest window) where the step made them, or None. Rank 0 samples a decode step's rows
-        on that device (engine/sampling.py works on either): on a GPU no row crosses to the host, and each draw is a
-        few dozen small kernels where the host took 0.1–3 ms a row at GLM-5.3-Flash's 154,880 tokens
-        (docs/BENCHMARKS.md). A prompt chunk's logits go to the host: kept prompt states hold them (engine/reuse.py)."""
+        on that device (engine/sampling.py works on either): on a GPU no row crosses to the host, and a draw is a
+        few dozen small kernels, where one core of a host took 1–6 ms a row at GLM-5.3-Flash's 154,880 tokens
+        (0.1–3.5 ms since session 38; docs/BENCHMARKS.md). A prompt chunk's logits go to the host: kept prompt
+        states hold them (engine/reuse.py)."""
         for lane in plan.releases:
             seq = self.lanes.pop(lane, None)
             if seq is not None:
