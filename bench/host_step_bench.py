@@ -7,6 +7,7 @@ token's delivery and the bookkeeping. On a GPU the decode step's rows are sample
 (engine/runner/executor.py); this bench times the host path, which a CPU rank and a prompt's last row still take.
 
     python bench/host_step_bench.py --out bench/results/DATE-cpu-host_step.json
+    python bench/host_step_bench.py --engine /tmp/old ...   # a git worktree's engine (bench/other_tree.py)
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import threading
 import time
 
 import torch
+from other_tree import from_argv
 
-from engine.parallel import ParallelGroup
-from engine.runner.executor import StepExecutor
-from engine.sampling import SamplingParams
-from engine.scheduler import Finished, Request, Scheduler, Token
+ENGINE = from_argv()  # --engine DIR: another checkout's engine (bench/other_tree.py)
+from engine.parallel import ParallelGroup  # noqa: E402
+from engine.runner.executor import StepExecutor  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+from engine.scheduler import Finished, Request, Scheduler, Token  # noqa: E402
 
 VOCAB = 154_880
 CASES = {
@@ -130,6 +133,7 @@ def main() -> None:
             )
     if args.out:
         meta = {"vocab": args.vocab, "tokens": args.tokens, "threads": args.threads, "torch": torch.__version__}
+        meta["engine"] = ENGINE or "this checkout"
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)
 

@@ -2,16 +2,16 @@
 
 The scheduler samples every row it keeps of a decode step, one row at a time, from fp32 logits where the step made
 them (a GPU since session 38; the host before): a lane's pending token and each draft row it verifies. This times
-`sample` (and
-`token_logprobs`, for requests that ask for log-probabilities) on one row of GLM-5.3-Flash's vocabulary, 154,880
-tokens, for the parameter sets clients send, on two kinds of row:
+`sample`, `token_logprobs` (for requests that ask for log-probabilities) and `rows_logprobs` (a prompt's rows, for
+completions' echo; a block of 64, ms a row) on rows of GLM-5.3-Flash's vocabulary, 154,880 tokens, for the
+parameter sets clients send, on two kinds of row:
 - `peaked`: a language model's shape — a bulk of logits around -2 (sd 2.5) and 40 tokens raised 8–25 above it;
 - `flat`: normal logits (sd 3), the worst case for anything that narrows the candidates by score.
 Each figure is the median of --calls calls (positions differ, so the noise differs), after 3 warm-up calls.
 
     python bench/sampling_bench.py --out bench/results/DATE-cpu-sampling.json
     python bench/sampling_bench.py --device cuda --out ...   # the rows on the GPU (each draw ends in a host read)
-    PYTHONPATH=/tmp/old python bench/sampling_bench.py ...   # another tree's engine (a git worktree), to compare
+    git worktree add /tmp/old REV && python bench/sampling_bench.py --engine /tmp/old ...   # that commit's engine
 """
 
 from __future__ import annotations
@@ -23,8 +23,15 @@ import statistics
 import time
 
 import torch
+from other_tree import from_argv
 
-from engine.sampling import SamplingParams, sample, token_logprobs
+ENGINE = from_argv()  # --engine DIR: another checkout's engine (bench/other_tree.py)
+from engine.sampling import SamplingParams, sample, token_logprobs  # noqa: E402
+
+try:  # since session 38 (an earlier commit's engine, under --engine, has no prompt-rows form)
+    from engine.sampling import DEVICE_ROWS, rows_logprobs  # noqa: E402
+except ImportError:
+    DEVICE_ROWS, rows_logprobs = 64, None
 
 VOCAB = 154_880
 CASES = {
@@ -77,6 +84,12 @@ def main() -> None:
         ms = timed(lambda i: token_logprobs(row, i, 5), args.calls)  # noqa: B023
         results[kind]["token_logprobs, top 5"] = round(ms, 3)
         print(f"{kind:7s} {'token_logprobs, top 5':40s} {ms:8.3f} ms", flush=True)
+        if rows_logprobs is None:
+            continue
+        block = row.expand(DEVICE_ROWS, -1)  # a prompt's rows (completions' echo): ms a row
+        ms = timed(lambda i: rows_logprobs(block, [i] * DEVICE_ROWS, 5), max(3, args.calls // 8)) / DEVICE_ROWS  # noqa: B023
+        results[kind][f"rows_logprobs, top 5, a row of {DEVICE_ROWS}"] = round(ms, 3)
+        print(f"{kind:7s} {f'rows_logprobs, top 5, a row of {DEVICE_ROWS}':40s} {ms:8.3f} ms", flush=True)
     meta = {
         "vocab": args.vocab,
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -84,6 +97,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
+        "engine": ENGINE or "this checkout",
     }
     if args.out:
         with open(args.out, "w") as f:

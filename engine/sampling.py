@@ -272,6 +272,38 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     return int(ids[first_max(_drawn(values[:keep], gumbel(params.seed, position, ids)))])
 
 
+DEVICE_ROWS = 64  # prompt rows `rows_logprobs` takes in one pass on a GPU (~80 MB of float64 at 154,880 tokens)
+
+
+def rows_logprobs(
+    logits: torch.Tensor, tokens: list[int], top: int = 0, rows: int | None = None
+) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """`token_logprobs(logits[i], tokens[i], top)` for each i: a prompt's rows (completions' echo). On a GPU
+    DEVICE_ROWS rows a pass — one log-softmax, gather and top-k over the block, a host read for its values — where a
+    row at a time is a dozen launches and reads (a 2,048-token chunk: 2,048 of each); on the host a row at a time,
+    as `token_logprobs` (blocks gained nothing there: a row's float64 copy stays in cache). A row of a block is
+    normalised and ranked alone: on the host the same values as `token_logprobs`. `rows`: a pass's rows, if not
+    the device's."""
+    out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+    step = rows or (1 if logits.is_cpu else DEVICE_ROWS)
+    for first in range(0, len(tokens), step):
+        wanted = tokens[first : first + step]
+        block = logits[first : first + len(wanted)].detach().to(torch.float64)
+        odd = ~torch.isfinite(block.sum(dim=1))  # NaN, infinities or an overflowing sum: that row as `finite` says
+        if bool(odd.any()):
+            block = torch.stack([finite(row) if bad else row for row, bad in zip(block, odd.tolist())])
+        logp = torch.log_softmax(block, dim=1)
+        chosen = logp.gather(1, torch.tensor(wanted, device=logp.device)[:, None])[:, 0].tolist()
+        if top <= 0:
+            out += [(value, ()) for value in chosen]
+            continue
+        ids = torch.topk(logp, min(top, logp.shape[1]), dim=1).indices.sort(dim=1).values  # as `_ranked`: by id,
+        ranked = ids.gather(1, torch.sort(-logp.gather(1, ids), dim=1, stable=True).indices)  # then score, ties by id
+        values = logp.gather(1, ranked)
+        out += [(v, tuple(zip(i, lp))) for v, i, lp in zip(chosen, ranked.tolist(), values.tolist())]
+    return out
+
+
 def token_logprobs(logits: torch.Tensor, token: int, top: int = 0) -> tuple[float, tuple[tuple[int, float], ...]]:
     """The log-probability of `token` under the model's own distribution (log-softmax of the fp32 logits the
     sampler reads, in float64; before temperature and filters, as vLLM reports by default), and the `top` most

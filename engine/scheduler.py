@@ -40,7 +40,7 @@ from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepOutOfMemory, StepPlan
-from engine.sampling import SamplingParams, sample, token_logprobs
+from engine.sampling import SamplingParams, rows_logprobs, sample, token_logprobs
 from engine.structured import Constraint
 from engine.vision.prompt import PromptImage, chunk_rows, items, key_ids
 
@@ -621,8 +621,7 @@ class Scheduler:
                 req.drafter.extend(chunk)
             if req.prompt_logprobs:  # row j predicts the prompt's token start + j + 1
                 following = req.prompt[start + 1 : start + len(chunk) + 1]
-                for row, token in enumerate(following):
-                    req.prompt_lps.append(token_logprobs(logits[row], token, req.logprobs or 0))
+                req.prompt_lps += rows_logprobs(logits, following, req.logprobs or 0)
                 logits = logits[-1]
             if not req.prefilling:
                 req.image_rows = None  # every image row is in the caches now

@@ -120,12 +120,13 @@ class StepExecutor:
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:
-        """Apply one plan; returns prefill logits [vocab] ([T, vocab] with `prefill_logits`) on the host, decode logits
-        [B, W, vocab] (W: the widest window) where the step made them, or None. Rank 0 samples a decode step's rows
-        on that device (engine/sampling.py works on either): on a GPU no row crosses to the host, and a draw is a
-        few dozen small kernels, where one core of a host took 1–6 ms a row at GLM-5.3-Flash's 154,880 tokens
-        (0.1–3.5 ms since session 38; docs/BENCHMARKS.md). A prompt chunk's logits go to the host: kept prompt
-        states hold them (engine/reuse.py)."""
+        """Apply one plan; returns prefill logits [vocab] on the host ([T, vocab] with `prefill_logits`, where the step
+        made them), decode logits [B, W, vocab] (W: the widest window) where the step made them, or None. Rank 0
+        samples a decode step's rows on that device (engine/sampling.py works on either): on a GPU no row crosses to
+        the host, and a draw is a few dozen small kernels, where one core of a host took 1–6 ms a row at
+        GLM-5.3-Flash's 154,880 tokens (0.1–3.5 ms since session 38; docs/BENCHMARKS.md); a prompt's logprobs are
+        made there too (`sampling.rows_logprobs`). A prompt chunk's last row goes to the host: kept prompt states
+        hold it (engine/reuse.py)."""
         for lane in plan.releases:
             seq = self.lanes.pop(lane, None)
             if seq is not None:
@@ -165,7 +166,9 @@ class StepExecutor:
                     self.kept.adopt(seq, plan.adopt)
                 if plan.keep is not None:  # nothing of it kept unless it all was
                     self.kept.keep(plan.keep[0], seq, plan.keep[1])
-                return logits.cpu()  # kept with the prompt's state (engine/reuse.py), off the GPU
+                if plan.prefill_logits:  # every row's, for its prompt logprobs (no state keeps them): left where
+                    return _settled(logits)  # they are ([T, vocab]: 1.3 GB of fp32 at 2,048 rows)
+                return logits.cpu()  # the last row, kept with the prompt's state (engine/reuse.py), off the GPU
             except torch.OutOfMemoryError as exc:
                 raise StepOutOfMemory([lane]) from exc
         if plan.decode is not None:
@@ -189,14 +192,20 @@ class StepExecutor:
         else:
             decode = self.decoder.decode if self.decoder is not None else self.model.decode
             logits = decode(seqs, [w[0] for w in windows]).unsqueeze(1)
-        if logits.is_cuda:  # the step's own errors surface here, a failed step, not in the sampling of a row
-            torch.cuda.current_stream(logits.device).synchronize()
-        return logits
+        return _settled(logits)
 
     def release_all(self) -> None:
         for lane in list(self.lanes):
             self.lanes.pop(lane).release()
         self.kept.release_all()
+
+
+def _settled(logits: torch.Tensor) -> torch.Tensor:
+    """Logits left on their GPU once the step that made them is done: its own errors surface here, as a failed step,
+    not later in the sampling of a row."""
+    if logits.is_cuda:
+        torch.cuda.current_stream(logits.device).synchronize()
+    return logits
 
 
 def follow_plans(group: Any, executor: StepExecutor) -> int:

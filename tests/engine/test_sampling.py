@@ -10,6 +10,7 @@ import torch
 
 from engine import sampling
 from engine.sampling import (
+    DEVICE_ROWS,
     PRUNE,
     PRUNE_BITS,
     SamplingParams,
@@ -22,9 +23,11 @@ from engine.sampling import (
     noise,
     prompt_seed,
     row_key,
+    rows_logprobs,
     sample,
     splitmix64,
     splitmix64_tensor,
+    token_logprobs,
     top_bits,
     uniforms,
 )
@@ -236,3 +239,21 @@ def test_the_finite_check_falls_back_where_the_sum_cannot_say() -> None:
     huge = torch.tensor([1e308, 1e308, -5.0], dtype=torch.float64)
     assert finite(huge) is huge
     assert sample(torch.tensor([3e38, 3e38, 1.0]), SamplingParams(temperature=0.0), 0) == 0
+
+
+@pytest.mark.parametrize("rows", [None, 3, DEVICE_ROWS])
+def test_a_prompts_logprobs_in_blocks_are_each_rows_own(rows: int | None) -> None:
+    """`rows_logprobs` (a prompt's rows for completions' echo; blocks of DEVICE_ROWS on a GPU, a row at a time on
+    the host) gives `token_logprobs`' values row by row, exactly: ties at the top ranked by id, rows with NaN, an
+    infinity or an overflowing sum taken as `finite` takes them, a `top` beyond the vocabulary."""
+    gen = torch.Generator().manual_seed(4)
+    for vocab, count in ((50, 70), (3000, 9)):
+        x = torch.randn(count, vocab, generator=gen) * 3
+        x[::5] = x[::5].round()
+        x[3, 7], x[4, 2], x[6] = math.nan, math.inf, -math.inf
+        x[8, :3] = 3e38
+        tokens = torch.randint(0, vocab, (count,), generator=gen).tolist()
+        for top in (0, 1, 5, vocab + 3):
+            want = [token_logprobs(x[i], tokens[i], top) for i in range(count)]
+            assert rows_logprobs(x, tokens, top, rows) == want
+    assert rows_logprobs(torch.zeros(2, 4), [1], 2) == [token_logprobs(torch.zeros(4), 1, 2)]  # rows past the tokens

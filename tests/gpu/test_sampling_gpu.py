@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, first_max, sample, token_logprobs
+from engine.sampling import SamplingParams, first_max, rows_logprobs, sample, token_logprobs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -67,3 +67,15 @@ def test_log_probabilities_on_the_gpu_are_the_hosts() -> None:
     assert math.isclose(device[0], host[0], rel_tol=1e-12, abs_tol=1e-12)
     assert [t for t, _ in device[1]] == [t for t, _ in host[1]]
     assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for (_, a), (_, b) in zip(device[1], host[1]))
+
+
+def test_a_prompts_logprobs_on_the_gpu_are_the_hosts() -> None:
+    """A prompt's rows (completions' echo) stay on the GPU, in blocks of DEVICE_ROWS: each row's values as the host
+    computes them alone, the same top tokens."""
+    rows = _rows(70)  # more than one block, a short last one
+    tokens = torch.randint(0, VOCAB, (70,), generator=torch.Generator().manual_seed(2)).tolist()
+    device = rows_logprobs(rows.cuda(), tokens, 5)
+    for i, (value, best) in enumerate(device):
+        host = token_logprobs(rows[i], tokens[i], 5)
+        assert math.isclose(value, host[0], rel_tol=1e-12, abs_tol=1e-12), i
+        assert [t for t, _ in best] == [t for t, _ in host[1]], i
