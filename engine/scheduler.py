@@ -621,7 +621,13 @@ class Scheduler:
                 req.drafter.extend(chunk)
             if req.prompt_logprobs:  # row j predicts the prompt's token start + j + 1
                 following = req.prompt[start + 1 : start + len(chunk) + 1]
-                req.prompt_lps += rows_logprobs(logits, following, req.logprobs or 0)
+                try:  # on a GPU this takes its memory (blocks of float64 rows): running out fails this request alone
+                    req.prompt_lps += rows_logprobs(logits, following, req.logprobs or 0)
+                except Exception:
+                    log.exception("prompt log-probabilities failed for request %s", req.id)
+                    message = "its prompt's log-probabilities could not be made; the other requests were not affected"
+                    self._finish(req, "failed", message + " (the server log has the details)")
+                    return
                 logits = logits[-1]
             if not req.prefilling:
                 req.image_rows = None  # every image row is in the caches now

@@ -155,6 +155,10 @@ class StepExecutor:
             if lane in self.failed_resumes:  # its state is not there to go on from: the chunk fails with it
                 raise StepOutOfMemory([lane]) from resume_error
             seq = self.lanes[lane]
+            if plan.prefill_logits and (plan.keep is not None or plan.adopt):
+                raise ValueError(
+                    "a chunk that keeps every row's logits keeps no prompt state (its logits stay on the GPU)"
+                )
             extra: dict[str, Any] = {"embeds": plan.embeds} if plan.embeds is not None else {}
             try:
                 logits = (

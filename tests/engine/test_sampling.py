@@ -257,3 +257,10 @@ def test_a_prompts_logprobs_in_blocks_are_each_rows_own(rows: int | None) -> Non
             want = [token_logprobs(x[i], tokens[i], top) for i in range(count)]
             assert rows_logprobs(x, tokens, top, rows) == want
     assert rows_logprobs(torch.zeros(2, 4), [1], 2) == [token_logprobs(torch.zeros(4), 1, 2)]  # rows past the tokens
+    assert rows_logprobs(torch.zeros(2, 4), [], 2, rows) == []
+    odd = torch.randn(4, 300, generator=gen, dtype=torch.float64)
+    odd[0, :2] = 1e308  # a float64 sum that overflows: every score finite all the same
+    odd[1] = math.nan
+    for row in (odd, odd.to(torch.bfloat16)):
+        tokens = [0, 1, 2, 3]
+        assert rows_logprobs(row, tokens, 4, rows) == [token_logprobs(row[i], tokens[i], 4) for i in range(4)]

@@ -79,3 +79,4 @@ def test_a_prompts_logprobs_on_the_gpu_are_the_hosts() -> None:
         host = token_logprobs(rows[i], tokens[i], 5)
         assert math.isclose(value, host[0], rel_tol=1e-12, abs_tol=1e-12), i
         assert [t for t, _ in best] == [t for t, _ in host[1]], i
+        assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for (_, a), (_, b) in zip(best, host[1])), i

@@ -7,11 +7,19 @@ the simplest real way to make `sample` raise for one request now that no numeric
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from test_scheduler import PROMPTS, make, request, run_all, serial_tokens
+import pytest
+import torch
+from test_scheduler import PROMPTS, Collector, make, request, run_all, serial_tokens
 
+import engine.scheduler as scheduler_module
+from engine.checkpoint.demo import TRAINED
+from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.parallel import ParallelGroup
+from engine.runner.executor import StepExecutor
 from engine.sampling import SamplingParams
-from engine.scheduler import Failed, Finished
+from engine.scheduler import Failed, Finished, PromptLogprobs, Request, Scheduler
 
 
 def test_a_request_whose_sampling_raises_fails_alone() -> None:
@@ -40,5 +48,55 @@ def test_a_request_whose_sampling_raises_fails_alone() -> None:
                 break
             time.sleep(0.02)
         assert stats["requests_running"] == 0 and stats["pool_free_tokens"] == stats["pool_tokens"]
+    finally:
+        sched.stop()
+
+
+class _Sink(Collector):
+    """A request's events, its prompt's logprobs kept apart from its end."""
+
+    prompt: PromptLogprobs | None = None
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, PromptLogprobs):
+            self.prompt = event
+        else:
+            super().__call__(event)
+
+
+def test_a_prompt_whose_logprobs_cannot_be_made_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a prompt's logprobs (completions' echo) are made on the device, in blocks of float64 rows: memory of
+    their own. Running out there fails that request alone — simulated: `rows_logprobs` raises torch's
+    OutOfMemoryError, as an allocation on a full GPU does (no GPU here). The trained demo through the real scheduler;
+    the other request gets the tokens it gets alone, and the server goes on."""
+    model = Glm5NextForCausalLM.load(TRAINED)
+    executor = StepExecutor(model, model.make_pool(2048, "fp32"), lanes=2, graphs=False)
+    sched = Scheduler(executor, ParallelGroup.single(), parallel=2, max_queued=8, prefill_chunk=16, heartbeat_s=0.05)
+    sched.start()
+    prompt = list(range(5, 40))
+
+    def send(name: str, **extra: Any) -> _Sink:
+        sink = _Sink()
+        sched.submit(Request(name, prompt, SamplingParams(temperature=0.0, max_tokens=6), sink, frozenset(), **extra))
+        return sink
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    try:
+        alone = send("alone")
+        assert alone.done.wait(120) and isinstance(alone.end, Finished)
+        monkeypatch.setattr(scheduler_module, "rows_logprobs", out_of_memory)
+        echo = send("echo", logprobs=1, prompt_logprobs=True)
+        plain = send("plain")
+        assert echo.done.wait(120) and plain.done.wait(120)
+        assert isinstance(echo.end, Failed) and "log-probabilities could not be made" in echo.end.message
+        assert isinstance(plain.end, Finished) and plain.tokens == alone.tokens
+        assert sched.broken is None
+        monkeypatch.undo()
+        again = send("again", logprobs=1, prompt_logprobs=True)
+        assert again.done.wait(120) and isinstance(again.end, Finished), again.end
+        assert again.tokens == alone.tokens
+        assert again.prompt is not None and len(again.prompt.entries) == len(prompt) - 1
     finally:
         sched.stop()
