@@ -80,3 +80,58 @@ def test_a_prompts_logprobs_on_the_gpu_are_the_hosts() -> None:
         assert math.isclose(value, host[0], rel_tol=1e-12, abs_tol=1e-12), i
         assert [t for t, _ in best] == [t for t, _ in host[1]], i
         assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for (_, a), (_, b) in zip(best, host[1])), i
+
+
+def test_a_prompts_logprobs_through_the_scheduler_on_the_gpu() -> None:
+    """Completions' echo on the GPU through the real scheduler (the trained demo, chunks of 16): each prompt token's
+    log-probability is the log-softmax of the model's own prompt logits at that row (float64 on the host, from the
+    same chunks prefilled directly), the reply's first token the greedy one, and a plain request beside it is
+    unaffected."""
+    import threading
+
+    from engine.checkpoint.demo import TRAINED
+    from engine.models.glm5_next.model import Glm5NextForCausalLM
+    from engine.parallel import ParallelGroup
+    from engine.runner.executor import StepExecutor
+    from engine.scheduler import Finished, PromptLogprobs, Request, Scheduler, Token
+
+    model = Glm5NextForCausalLM.load(TRAINED, ParallelGroup.single("cuda"))
+    prompt = list(range(5, 45))
+    with torch.no_grad():  # the same chunks as the scheduler's, so the same logits
+        seq = model.new_sequence(model.make_pool(64, "fp32"))
+        chunks = [model.prefill(seq, prompt[i : i + 16], all_logits=True) for i in range(0, len(prompt), 16)]
+        expected = torch.log_softmax(torch.cat(chunks).double().cpu(), dim=-1)
+        seq.release()
+    executor = StepExecutor(model, model.make_pool(2048, "fp32"), lanes=2, graphs=True)
+    sched = Scheduler(executor, ParallelGroup.single("cuda"), parallel=2, max_queued=8, prefill_chunk=16)
+    sched.start()
+    got: dict[str, list] = {"echo": [], "plain": []}
+    ends: dict[str, threading.Event] = {name: threading.Event() for name in got}
+    prompts: list[PromptLogprobs] = []
+
+    def sink(name: str):
+        def take(event: object) -> None:
+            if isinstance(event, PromptLogprobs):
+                prompts.append(event)
+            elif isinstance(event, Token):
+                got[name].append(event.id)
+            else:
+                assert isinstance(event, Finished), event
+                ends[name].set()
+
+        return take
+
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=4)
+        sched.submit(Request("echo", prompt, params, sink("echo"), frozenset(), logprobs=2, prompt_logprobs=True))
+        sched.submit(Request("plain", prompt, params, sink("plain"), frozenset()))
+        assert all(event.wait(300) for event in ends.values())
+    finally:
+        sched.stop()
+    (entries,) = [p.entries for p in prompts]
+    assert len(entries) == len(prompt) - 1
+    for row, (value, best) in enumerate(entries):
+        want = expected[row]
+        assert math.isclose(value, float(want[prompt[row + 1]]), rel_tol=1e-6, abs_tol=1e-6), row
+        assert len(best) == 2 and best[0][1] >= best[1][1]
+    assert got["echo"] == got["plain"] and got["echo"][0] == int(torch.argmax(expected[-1]))
