@@ -27,6 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from engine.models.glm5_next.kda import log_decay  # noqa: E402
 from engine.ops import fla_kda, reference  # noqa: E402
 
 LOWER_BOUND = -5.0  # GLM-5.3-Flash's linear_attn_config.gate_lower_bound
@@ -54,9 +55,9 @@ def inputs(tokens: int, heads: int, dim: int, seed: int = 0) -> dict:
 
 
 def torch_gates(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    heads, dim = x["raw"].shape[1:]
-    raw = x["raw"] + x["dt_bias"].view(heads, dim)
-    return LOWER_BOUND * torch.sigmoid(x["a_log"].exp()[:, None] * raw), torch.sigmoid(x["b"])
+    """The engine's torch form of the gates: the log-decay (`kda.log_decay`) and beta."""
+    g = log_decay(x["raw"].flatten(1), x["dt_bias"], x["a_log"].exp(), LOWER_BOUND)
+    return g, torch.sigmoid(x["b"])
 
 
 def run(form: str, x: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,8 @@ autotuner.Autotuner._bench = lambda self, *args, **kwargs: [1.0, 1.0, 1.0]  # ty
 from fla.ops.kda.gate import kda_gate_chunk_cumsum  # noqa: E402
 from fla.ops.utils.cumsum import chunk_local_cumsum  # noqa: E402
 
+from engine.models.glm5_next.kda import log_decay  # noqa: E402
+
 RCP_LN2 = 1.4426950408889634
 
 
@@ -34,11 +36,7 @@ def main() -> None:
         a_log = torch.randn(heads, generator=gen) * 0.5
         dt_bias = torch.randn(heads * width, generator=gen) * 0.3
         for bound in (-5.0, None):
-            x = raw + dt_bias.view(heads, width)
-            if bound is not None:  # KimiDeltaAttention._decay's two forms
-                g = bound * torch.sigmoid(a_log.exp()[:, None] * x)
-            else:
-                g = -a_log.exp()[:, None] * torch.nn.functional.softplus(x, threshold=20.0)
+            g = log_decay(raw.flatten(1), dt_bias, a_log.exp(), bound)  # the engine's torch form, both bounds
             torch_form = chunk_local_cumsum(g=g[None], scale=RCP_LN2, chunk_size=64)
             in_kernel = kda_gate_chunk_cumsum(
                 g=raw[None], A_log=a_log, dt_bias=dt_bias, scale=RCP_LN2, chunk_size=64, lower_bound=bound

@@ -82,16 +82,19 @@ def top_bits(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
     return shifted.bitwise_and_((1 << 53) - 1)
 
 
+def _unit(top53: torch.Tensor) -> torch.Tensor:
+    """u = (top53 + 0.5) / 2^53, float64, in (0, 1]: the sum rounds to 2^53 for the largest value."""
+    return (top53.to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+
+
 def noise(top53: torch.Tensor) -> torch.Tensor:
-    """Gumbel noise -log(-log(u)), float64, from `top_bits`' values, u = (top53 + 0.5) / 2^53: in (0, 1] (the
-    sum rounds to 2^53 for the largest value, whose noise is +inf)."""
-    u = (top53.to(torch.float64) + 0.5) * (1.0 / (1 << 53))
-    return -torch.log(-torch.log(u))
+    """Gumbel noise -log(-log(u)), float64, from `top_bits`' values (`_unit`; the largest value's noise is +inf)."""
+    return -torch.log(-torch.log(_unit(top53)))
 
 
 def uniforms(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
-    """Uniform float64 per token id from hash(seed, position, token id), in (0, 1] (`noise`)."""
-    return (top_bits(seed, position, token_ids).to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+    """Uniform float64 per token id from hash(seed, position, token id), in (0, 1] (`_unit`)."""
+    return _unit(top_bits(seed, position, token_ids))
 
 
 def gumbel(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
@@ -103,7 +106,14 @@ def gumbel(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
 # above PRUNE_BITS give (~1 token in 3,000). PRUNE_BITS sits 2^24 values (~6e-6 of noise) below where noise passes
 # PRUNE, so the last-bit differences of a vector and a scalar log cannot move a token across it.
 PRUNE = 8.0
-PRUNE_BITS = int(math.exp(-math.exp(-PRUNE)) * (1 << 53)) - (1 << 24)
+
+
+def _noise_bound(prune: float) -> int:
+    """The largest 53-bit value whose noise stays below `prune`, less 2^24 values of margin."""
+    return int(math.exp(-math.exp(-prune)) * (1 << 53)) - (1 << 24)
+
+
+PRUNE_BITS = _noise_bound(PRUNE)
 
 
 def _drawn(scaled: torch.Tensor, gumbels: torch.Tensor) -> torch.Tensor:
@@ -137,7 +147,7 @@ def _candidates(scaled: torch.Tensor, top53: torch.Tensor, prune: float = PRUNE)
     order, so argmax's first maximum is the same token. (The margin covers float64 rounding of `level` and of the
     bound; a noise of +inf is above any bound, so that token is kept; where j's own noise is +inf the threshold is
     NaN and the hash alone keeps.)"""
-    bound = PRUNE_BITS if prune == PRUNE else int(math.exp(-math.exp(-prune)) * (1 << 53)) - (1 << 24)
+    bound = PRUNE_BITS if prune == PRUNE else _noise_bound(prune)
     best = torch.max(scaled, 0).indices.reshape(1)
     level = scaled[best] + noise(top53[best])
     keep = top53 > bound
@@ -278,12 +288,12 @@ DEVICE_ROWS = 64  # prompt rows `rows_logprobs` takes in one pass on a GPU (~80 
 def rows_logprobs(
     logits: torch.Tensor, tokens: list[int], top: int = 0, rows: int | None = None
 ) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
-    """`token_logprobs(logits[i], tokens[i], top)` for each i: a prompt's rows (completions' echo). On a GPU
+    """For each i, the log-probability of tokens[i] under row i of `logits` and its `top` most likely tokens with
+    theirs, as `token_logprobs` says (that is this for one row): a prompt's rows, for completions' echo. On a GPU
     DEVICE_ROWS rows a pass — one log-softmax, gather and top-k over the block, a host read for its values — where a
-    row at a time is a dozen launches and reads (a 2,048-token chunk: 2,048 of each); on the host a row at a time,
-    as `token_logprobs` (blocks gained nothing there: a row's float64 copy stays in cache). A row of a block is
-    normalised and ranked alone: on the host the same values as `token_logprobs`. `rows`: a pass's rows, if not
-    the device's."""
+    row at a time is a dozen launches and reads (a 2,048-token chunk: 2,048 of each); on the host a row at a time
+    (blocks gained nothing there: a row's float64 copy stays in cache). A row of a block is normalised and ranked
+    alone, so on the host its values do not depend on the block. `rows`: a pass's rows, if not the device's."""
     out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
     step = rows or (1 if logits.is_cpu else DEVICE_ROWS)
     for first in range(0, len(tokens), step):
@@ -307,10 +317,5 @@ def rows_logprobs(
 def token_logprobs(logits: torch.Tensor, token: int, top: int = 0) -> tuple[float, tuple[tuple[int, float], ...]]:
     """The log-probability of `token` under the model's own distribution (log-softmax of the fp32 logits the
     sampler reads, in float64; before temperature and filters, as vLLM reports by default), and the `top` most
-    likely tokens with theirs (ties: lower id first)."""
-    logp = torch.log_softmax(finite(logits.detach().to(torch.float64).reshape(-1)), dim=0)
-    best: tuple[tuple[int, float], ...] = ()
-    if top > 0:
-        ids = _ranked(logp, min(top, logp.numel()))
-        best = tuple((int(i), float(logp[i])) for i in ids)
-    return float(logp[token]), best
+    likely tokens with theirs (ties: lower id first): `rows_logprobs` of the one row."""
+    return rows_logprobs(logits.reshape(1, -1), [token], top, rows=1)[0]

@@ -74,6 +74,13 @@ def _chunk_kda() -> Callable | None:
     return chunk_kda
 
 
+def _required() -> Callable:
+    chunk_kda = _chunk_kda()
+    if chunk_kda is None:
+        raise RuntimeError("fla-core is not importable: the 'fla' prompt form cannot run (kda.prompt_form checks)")
+    return chunk_kda
+
+
 def usable(device: torch.device, head_dim: int) -> bool:
     """Whether prompts of heads this wide on `device` can go through fla-core (a CUDA device, fla-core importable,
     a head width its tiles take: a multiple of 16 up to 256)."""
@@ -85,9 +92,7 @@ def kda_chunked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule over T tokens of one stream. state: [H, dk, dv] fp32; q (pre-scaled), k: [T, H, dk];
     v: [T, H, dv]; g: [T, H, dk] log-decay; beta: [T, H]. Returns the output [T, H, dv] and the new state."""
-    chunk_kda = _chunk_kda()
-    if chunk_kda is None:
-        raise RuntimeError("fla-core is not importable: the 'fla' prompt form cannot run (kda.prompt_form checks)")
+    chunk_kda = _required()
     out, final = chunk_kda(
         q[None], k[None], v[None], g[None], beta[None], scale=1.0, initial_state=state[None], output_final_state=True
     )
@@ -118,9 +123,7 @@ def kda_gated(
     output raw [T, H, dk], dt_bias [H·dk] and A_log [H], lower_bound · sigmoid(e^A_log · (raw + dt_bias))
     (`KimiDeltaAttention._decay`'s values, to fp32 rounding), or -e^A_log · softplus(raw + dt_bias) without a bound
     (fla-core's softplus takes approximate exp2 / log2: near 0 where torch gives e^x for arguments below ~-17)."""
-    chunk_kda = _chunk_kda()
-    if chunk_kda is None:
-        raise RuntimeError("fla-core is not importable: the 'fla' prompt form cannot run (kda.prompt_form checks)")
+    chunk_kda = _required()
     safe = SAFE_GATE and lower_bound is not None and -5 <= lower_bound < 0
     out, final = chunk_kda(
         q[None], k[None], v[None], raw[None], beta[None], scale=1.0, initial_state=state[None],

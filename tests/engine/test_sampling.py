@@ -244,8 +244,8 @@ def test_the_finite_check_falls_back_where_the_sum_cannot_say() -> None:
 @pytest.mark.parametrize("rows", [None, 3, DEVICE_ROWS])
 def test_a_prompts_logprobs_in_blocks_are_each_rows_own(rows: int | None) -> None:
     """`rows_logprobs` (a prompt's rows for completions' echo; blocks of DEVICE_ROWS on a GPU, a row at a time on
-    the host) gives `token_logprobs`' values row by row, exactly: ties at the top ranked by id, rows with NaN, an
-    infinity or an overflowing sum taken as `finite` takes them, a `top` beyond the vocabulary."""
+    the host; `token_logprobs` is its one-row form) gives each row's values as that row alone, exactly: rows with
+    ties, NaN, an infinity or an overflowing sum, a `top` beyond the vocabulary."""
     gen = torch.Generator().manual_seed(4)
     for vocab, count in ((50, 70), (3000, 9)):
         x = torch.randn(count, vocab, generator=gen) * 3
@@ -254,8 +254,9 @@ def test_a_prompts_logprobs_in_blocks_are_each_rows_own(rows: int | None) -> Non
         x[8, :3] = 3e38
         tokens = torch.randint(0, vocab, (count,), generator=gen).tolist()
         for top in (0, 1, 5, vocab + 3):
-            want = [token_logprobs(x[i], tokens[i], top) for i in range(count)]
+            want = [rows_logprobs(x[i : i + 1], [tokens[i]], top, 1)[0] for i in range(count)]
             assert rows_logprobs(x, tokens, top, rows) == want
+            assert [token_logprobs(x[i], tokens[i], top) for i in range(count)] == want
     assert rows_logprobs(torch.zeros(2, 4), [1], 2) == [token_logprobs(torch.zeros(4), 1, 2)]  # rows past the tokens
     assert rows_logprobs(torch.zeros(2, 4), [], 2, rows) == []
     odd = torch.randn(4, 300, generator=gen, dtype=torch.float64)

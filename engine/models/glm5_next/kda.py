@@ -30,6 +30,19 @@ def state_shapes(heads: int, head_dim: int, conv_kernel: int) -> tuple[tuple[int
     return (heads, head_dim, head_dim), (3 * heads * head_dim, conv_kernel - 1)
 
 
+def log_decay(
+    raw: torch.Tensor, dt_bias: torch.Tensor, a_decay: torch.Tensor, lower_bound: float | None
+) -> torch.Tensor:
+    """The log-decay [N, H, d] from f_b's output `raw` [N, H·d], dt_bias [H·d] and e^A_log [H]:
+    lower_bound · sigmoid(e^A_log · (raw + dt_bias)), or -e^A_log · softplus(raw + dt_bias) without a bound (what
+    fla-core's gate kernel makes in the kernel, `fla_kda.kda_gated`)."""
+    heads = a_decay.shape[0]
+    raw = (raw + dt_bias).view(raw.shape[0], heads, -1)
+    if lower_bound is not None:
+        return lower_bound * ops.sigmoid(a_decay[:, None] * raw)
+    return -a_decay[:, None] * ops.softplus(raw, threshold=20.0)
+
+
 def prompt_form(device: torch.device, head_dim: int, chunked: bool = True) -> str:
     """How prompt chunks run the delta rule on this device: "steps" unless `chunked` (--kda-chunked 0), else "fla"
     where fla-core can take it, else "chunked"."""
@@ -114,10 +127,7 @@ class KimiDeltaAttention:
 
     def _decay(self, raw: torch.Tensor) -> torch.Tensor:
         """The log-decay [N, Hl, d] from f_b's output `raw` [N, Hl·d] (dt_bias not yet added)."""
-        raw = (raw + self.dt_bias).view(raw.shape[0], self.local_heads, self.head_dim)
-        if self.lower_bound is not None:
-            return self.lower_bound * ops.sigmoid(self.a_decay[:, None] * raw)
-        return -self.a_decay[:, None] * ops.softplus(raw, threshold=20.0)
+        return log_decay(raw, self.dt_bias, self.a_decay, self.lower_bound)
 
     def _output(self, core: torch.Tensor, gate: torch.Tensor, prompt: bool = False) -> torch.Tensor:
         normed = ops.gated_norm(core, gate, self.o_norm, self.eps, self.o_proj, prompt)
