@@ -231,11 +231,17 @@ CANDIDATES = 1024  # first look at this many top tokens for top_p / min_p; widen
 
 
 def _ranked(scaled: torch.Tensor, limit: int) -> torch.Tensor:
-    """Ids of the `limit` best tokens by (score desc, id asc), without sorting the whole vocabulary."""
+    """Ids of the `limit` best tokens by (score desc, id asc), without sorting the whole vocabulary: top-k's, in id
+    order, then ranked by score with ties kept in that order. Where the next score ties the limit-th, top-k may
+    have chosen any of the tied tokens: then every token scoring at least that, so the lowest ids are kept."""
     if limit >= scaled.numel():
         return torch.sort(-scaled, stable=True).indices
-    ids = torch.topk(scaled, limit).indices.sort().values  # id-ascending, so the stable sort below keeps
-    return ids[torch.sort(-scaled[ids], stable=True).indices]  # ties in id order
+    best, ids = torch.topk(scaled, limit + 1)
+    if bool(best[limit] == best[limit - 1]):
+        ids = torch.nonzero(scaled >= best[limit - 1]).reshape(-1)
+    else:
+        ids = ids[:limit].sort().values
+    return ids[torch.sort(-scaled[ids], stable=True).indices][:limit]
 
 
 def _kept(values: torch.Tensor, log_norm: torch.Tensor, params: SamplingParams) -> tuple[int, bool]:
@@ -307,8 +313,13 @@ def rows_logprobs(
         if top <= 0:
             out += [(value, ()) for value in chosen]
             continue
-        ids = torch.topk(logp, min(top, logp.shape[1]), dim=1).indices.sort(dim=1).values  # as `_ranked`: by id,
-        ranked = ids.gather(1, torch.sort(-logp.gather(1, ids), dim=1, stable=True).indices)  # then score, ties by id
+        k = min(top, logp.shape[1])
+        best, ids = torch.topk(logp, min(k + 1, logp.shape[1]), dim=1)
+        ids = ids[:, :k].sort(dim=1).values  # as `_ranked`: by id, then by score with ties in id order
+        ranked = ids.gather(1, torch.sort(-logp.gather(1, ids), dim=1, stable=True).indices)
+        if k < logp.shape[1]:  # the next score ties the k-th: top-k chose among the tied, `_ranked` takes the lowest
+            for row in torch.nonzero(best[:, k] == best[:, k - 1]).reshape(-1).tolist():
+                ranked[row] = _ranked(logp[row], k)
         values = logp.gather(1, ranked)
         out += [(v, tuple(zip(i, lp))) for v, i, lp in zip(chosen, ranked.tolist(), values.tolist())]
     return out

@@ -241,11 +241,20 @@ def test_the_finite_check_falls_back_where_the_sum_cannot_say() -> None:
     assert sample(torch.tensor([3e38, 3e38, 1.0]), SamplingParams(temperature=0.0), 0) == 0
 
 
+def _plain_logprobs(row: torch.Tensor, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """A row's log-probabilities written the plain way: the row made finite, a log-softmax, the whole vocabulary
+    ranked by (log-probability desc, id asc)."""
+    logp = torch.log_softmax(finite(row.detach().to(torch.float64).reshape(-1)), dim=0)
+    ids = torch.sort(-logp, stable=True).indices[: min(top, logp.numel())] if top > 0 else []
+    return float(logp[token]), tuple((int(i), float(logp[i])) for i in ids)
+
+
 @pytest.mark.parametrize("rows", [None, 3, DEVICE_ROWS])
 def test_a_prompts_logprobs_in_blocks_are_each_rows_own(rows: int | None) -> None:
     """`rows_logprobs` (a prompt's rows for completions' echo; blocks of DEVICE_ROWS on a GPU, a row at a time on
-    the host; `token_logprobs` is its one-row form) gives each row's values as that row alone, exactly: rows with
-    ties, NaN, an infinity or an overflowing sum, a `top` beyond the vocabulary."""
+    the host; `token_logprobs` is its one-row form) gives each row's values written the plain way, exactly: ties at
+    the top ranked by id, rows with NaN, an infinity or an overflowing sum taken as `finite` takes them, a `top`
+    beyond the vocabulary."""
     gen = torch.Generator().manual_seed(4)
     for vocab, count in ((50, 70), (3000, 9)):
         x = torch.randn(count, vocab, generator=gen) * 3
@@ -254,14 +263,26 @@ def test_a_prompts_logprobs_in_blocks_are_each_rows_own(rows: int | None) -> Non
         x[8, :3] = 3e38
         tokens = torch.randint(0, vocab, (count,), generator=gen).tolist()
         for top in (0, 1, 5, vocab + 3):
-            want = [rows_logprobs(x[i : i + 1], [tokens[i]], top, 1)[0] for i in range(count)]
+            want = [_plain_logprobs(x[i], tokens[i], top) for i in range(count)]
             assert rows_logprobs(x, tokens, top, rows) == want
             assert [token_logprobs(x[i], tokens[i], top) for i in range(count)] == want
-    assert rows_logprobs(torch.zeros(2, 4), [1], 2) == [token_logprobs(torch.zeros(4), 1, 2)]  # rows past the tokens
+    assert rows_logprobs(torch.zeros(2, 4), [1], 2) == [_plain_logprobs(torch.zeros(4), 1, 2)]  # rows past the tokens
     assert rows_logprobs(torch.zeros(2, 4), [], 2, rows) == []
     odd = torch.randn(4, 300, generator=gen, dtype=torch.float64)
     odd[0, :2] = 1e308  # a float64 sum that overflows: every score finite all the same
     odd[1] = math.nan
     for row in (odd, odd.to(torch.bfloat16)):
         tokens = [0, 1, 2, 3]
-        assert rows_logprobs(row, tokens, 4, rows) == [token_logprobs(row[i], tokens[i], 4) for i in range(4)]
+        assert rows_logprobs(row, tokens, 4, rows) == [_plain_logprobs(row[i], tokens[i], 4) for i in range(4)]
+
+
+def test_a_top_k_cut_through_ties_keeps_the_lowest_ids() -> None:
+    """Tokens tied at the k-th score: the ranking is (score desc, id asc), so the cut keeps the lowest of them
+    (top-k alone may pick any), in sampling and in the reported top tokens alike."""
+    row = torch.tensor([1.0] * 50 + [3.0] * 30 + [0.0] * 20)
+    drawn = {sample(row, SamplingParams(temperature=1.0, top_k=4, seed=s), 0) for s in range(200)}
+    assert drawn == {50, 51, 52, 53}
+    assert [t for t, _ in token_logprobs(row, 0, 3)[1]] == [50, 51, 52]
+    assert [[t for t, _ in best] for _, best in rows_logprobs(row.expand(3, -1), [0, 0, 0], 2, rows=3)] == [
+        [50, 51]
+    ] * 3
