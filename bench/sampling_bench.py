@@ -1,7 +1,8 @@
 """What sampling one token costs rank 0 at the served vocabulary (engine/sampling.py), on the host or a GPU.
 
-The scheduler samples every row it keeps of a decode step, one row at a time, from fp32 logits where the step made
-them (a GPU since session 38; the host before): a lane's pending token and each draft row it verifies. This times
+The scheduler samples every row of a decode step from fp32 logits where the step made them (a GPU since session
+38; the host before): a lane's pending token and each draft row it verifies; a row at a time until session 39, the
+step's rows together on a GPU since (`sample_rows`). This times
 `sample`, `token_logprobs` (for requests that ask for log-probabilities) and `rows_logprobs` (a prompt's rows, for
 completions' echo; a block of 64, ms a row) on rows of GLM-5.3-Flash's vocabulary, 154,880 tokens, for the
 parameter sets clients send, on two kinds of row:
@@ -10,7 +11,8 @@ parameter sets clients send, on two kinds of row:
 Each figure is the median of --calls calls (positions differ, so the noise differs), after 3 warm-up calls.
 
     python bench/sampling_bench.py --out bench/results/DATE-cpu-sampling.json
-    python bench/sampling_bench.py --device cuda --out ...   # the rows on the GPU (each draw ends in a host read)
+    python bench/sampling_bench.py --device cuda --out ...   # the rows on the GPU (each draw ends in a host read;
+        # and a step's rows together, `sample_rows`: 4 and 16 rows a call, ms a row)
     git worktree add /tmp/old REV && python bench/sampling_bench.py --engine /tmp/old ...   # that commit's engine
 """
 
@@ -32,6 +34,10 @@ try:  # since session 38 (an earlier commit's engine, under --engine, has no pro
     from engine.sampling import DEVICE_ROWS, rows_logprobs  # noqa: E402
 except ImportError:
     DEVICE_ROWS, rows_logprobs = 64, None
+try:  # since session 39: a decode step's rows sampled together on a GPU
+    from engine.sampling import sample_rows  # noqa: E402
+except ImportError:
+    sample_rows = None
 
 VOCAB = 154_880
 CASES = {
@@ -84,6 +90,15 @@ def main() -> None:
         ms = timed(lambda i: token_logprobs(row, i, 5), args.calls)  # noqa: B023
         results[kind]["token_logprobs, top 5"] = round(ms, 3)
         print(f"{kind:7s} {'token_logprobs, top 5':40s} {ms:8.3f} ms", flush=True)
+        if sample_rows is not None and not row.is_cpu:  # a step's rows together (the host takes a row at a time)
+            for count in (4, 16):
+                step = row.expand(count, -1)
+                for name, params in CASES.items():
+                    each = [params] * count
+                    ms = timed(lambda i: sample_rows(step, each, list(range(i, i + count))), args.calls) / count  # noqa: B023
+                    label = f"{name}, a row of {count} together"
+                    results[kind][label] = round(ms, 3)
+                    print(f"{kind:7s} {label:40s} {ms:8.3f} ms", flush=True)
         if rows_logprobs is None:
             continue
         block = row.expand(DEVICE_ROWS, -1)  # a prompt's rows (completions' echo): ms a row

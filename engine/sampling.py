@@ -288,6 +288,107 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     return int(ids[first_max(_drawn(values[:keep], gumbel(params.seed, position, ids)))])
 
 
+SAMPLE_ROWS = 32  # decode rows `sample_rows` takes in one pass on a GPU
+
+
+def sample_rows(rows: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
+    """`sample` of each row of `rows` [R, vocab] with its own parameters and position: the same tokens. On the host
+    a row at a time (`sample`'s pruned draw is the cheap form there); on a GPU the rows together, SAMPLE_ROWS a
+    pass (`_device_rows`; ~10 float64 copies of a pass's rows at once, ~400 MB at 154,880 tokens): a decode step's rows (every lane's pending token and drafts) in a few dozen launches
+    and one read, where a row at a time took ~25 launches and a read each, and top_p / min_p a ranking each."""
+    if rows.is_cpu or (len(params) == 1 and not _filters(clean(params[0]))):  # alone, `sample` takes fewer launches
+        return [sample(row, p, position) for row, p, position in zip(rows, params, positions)]
+    out: list[int] = []
+    for first in range(0, len(params), SAMPLE_ROWS):
+        last = first + SAMPLE_ROWS
+        out += _device_rows(rows[first:last], params[first:last], positions[first:last])
+    return out
+
+
+def _finite_rows(scores: torch.Tensor) -> torch.Tensor:
+    """`finite` of each row of [R, vocab] at once."""
+    scores = _nan_impossible(scores)
+    top = scores.max(dim=1, keepdim=True).values
+    scores = torch.where(top == math.inf, torch.where(scores == math.inf, 0.0, -math.inf), scores)
+    return torch.where(top == -math.inf, 0.0, scores)
+
+
+def _device_rows(rows: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
+    """`sample` for each row, the rows together: every operation is `sample`'s on the row's own values (the
+    elementwise ones give the same bits); the filters' ranking is one stable sort of the whole row (score desc, id
+    asc, as `_ranked`), and their cuts are counts over it (each cut is a prefix of the ranking). Only the sums
+    (log-normaliser, top_p's running sum) may differ from a single row's in the last bit, as the host's from the
+    GPU's: a cut could move only where a running sum meets top_p within that bit. Every row is scaled and noised
+    (a greedy row at temperature 1, its draw then unused): a few whole-row passes, where picking rows out costs
+    launches; only the filtered rows are sorted."""
+    params = [clean(p) for p in params]
+    dev, vocab = rows.device, rows.shape[1]
+    greedy = [p.greedy for p in params]
+    # a greedy row's first maximum with NaN impossible is `sample`'s (`finite` changes no row's first maximum)
+    best = torch.max(_nan_impossible(rows.detach()), dim=1).indices if any(greedy) else None
+    if best is not None and all(greedy):
+        return best.tolist()
+    x = _finite_rows(rows.detach().to(torch.float64))
+    knobs = [[1.0 if p.greedy else p.temperature, p.min_p, p.top_p] for p in params]
+    # each row's key, top_k (the vocabulary for none), whether greedy, and its float64 knobs' bits: one copy
+    keyed = [
+        [_signed(row_key(p.seed, q)), p.top_k if p.top_k > 0 else vocab, p.greedy] for p, q in zip(params, positions)
+    ]
+    bits = torch.tensor(knobs, dtype=torch.float64).view(torch.int64)
+    ints = torch.cat([torch.tensor(keyed, dtype=torch.int64), bits], dim=1).to(dev)
+    floats = ints[:, 3:].view(torch.float64)
+    scaled = x / floats[:, :1]
+    if rows.dtype == torch.float64:  # from fp32 or narrower logits (|x| < 3.5e38) over T >= 1e-5 none overflows
+        scaled = _finite_rows(scaled)
+    gumbels = noise(_top_bits_rows(ints[:, 0], vocab))
+    picks = torch.max(_drawn(scaled, gumbels), dim=1).indices
+    filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
+    if len(filtered) == len(params):
+        picks = _filtered_picks(scaled, gumbels, ints[:, 1], floats[:, 1], floats[:, 2])
+    elif filtered:
+        f = torch.tensor(filtered).to(dev)
+        picks[f] = _filtered_picks(scaled[f], gumbels[f], ints[f, 1], floats[f, 1], floats[f, 2])
+    if best is not None:
+        picks = torch.where(ints[:, 2] == 1, best, picks)
+    return picks.tolist()
+
+
+def _filters(params: SamplingParams) -> bool:
+    return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
+
+
+def _top_bits_rows(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`top_bits` of every token id for each row's key [R] (`row_key`, signed): [R, vocab], the same bits."""
+    z = _token_ids(vocab, keys.device)[None, :] ^ keys[:, None]
+    z += _signed(GOLDEN)
+    for bits, mix in ((30, MIX1), (27, MIX2), (31, None)):
+        z ^= _shr(z, bits)
+        if mix is not None:
+            z *= _signed(mix)
+    return _shr(z, 11) & ((1 << 53) - 1)
+
+
+def _filtered_picks(
+    scaled: torch.Tensor, gumbels: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """The drawn id of each row under its top_k (the vocabulary for none) / min_p / top_p, as `sample` cuts and
+    draws: ranked (score desc, id asc), cut to the top_k, min_p and top_p prefixes (`_kept`'s counts), the Gumbel
+    maximum among what is left (the first in rank order on ties, as `sample`'s)."""
+    vocab = scaled.shape[1]
+    order = torch.sort(-scaled, dim=1, stable=True).indices
+    values = scaled.gather(1, order)
+    rank = _token_ids(vocab, scaled.device)[None, :]
+    in_k = rank < top_k[:, None]
+    log_norm = torch.logsumexp(torch.where(in_k, values, -math.inf), dim=1, keepdim=True)
+    probs = torch.exp(values - log_norm)
+    keep = torch.minimum(top_k, ((probs >= min_p[:, None] * probs[:, :1]) & in_k).sum(dim=1))
+    before = torch.cumsum(probs, dim=1) - probs
+    reached = ((before < top_p[:, None]) & (rank < keep[:, None])).sum(dim=1).clamp(min=1)
+    keep = torch.where(top_p < 1.0, torch.minimum(keep, reached), keep)
+    chosen = torch.where(rank < keep[:, None], _drawn(values, gumbels.gather(1, order)), -math.inf)
+    return order.gather(1, torch.max(chosen, dim=1, keepdim=True).indices)[:, 0]
+
+
 DEVICE_ROWS = 64  # prompt rows `rows_logprobs` takes in one pass on a GPU (~80 MB of float64 at 154,880 tokens)
 
 

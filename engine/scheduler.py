@@ -40,7 +40,7 @@ from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepOutOfMemory, StepPlan
-from engine.sampling import SamplingParams, rows_logprobs, sample, token_logprobs
+from engine.sampling import SamplingParams, rows_logprobs, sample, sample_rows, token_logprobs
 from engine.structured import Constraint
 from engine.vision.prompt import PromptImage, chunk_rows, items, key_ids
 
@@ -163,6 +163,10 @@ def _lane(req: Request) -> int:
 
 
 class Scheduler:
+    # a step's rows sampled together (`_draw`) on the host too: only tests set it, to drive the GPU's path through
+    # this scheduler on the CPU (`sample_rows` stands in there with the rows-together form)
+    batch_host_rows = False
+
     @classmethod
     def for_config(
         cls,
@@ -604,8 +608,8 @@ class Scheduler:
     def _apply(self, work: tuple[str, list[Request]] | None, logits: Any) -> None:
         first, self._first = self._first, []
         for req, kept in first:  # after the step that resumed them: their lanes hold the kept state
-            if not req.done:
-                self._sample(req, kept)
+            if not req.done:  # sampled where the step's rows are (a GPU's draw is the cheaper: engine/sampling.py)
+                self._sample(req, kept if logits is None else kept.to(logits.device))
         if work is None:
             return
         self.totals["steps"] += 1
@@ -616,7 +620,7 @@ class Scheduler:
             start = req.filled
             req.filled += len(chunk)
             if req.logits_for is not None:  # not prompt logprobs' rows: those requests keep no state
-                req.logits_for.logits, req.logits_for = logits, None
+                req.logits_for.logits, req.logits_for = logits.cpu(), None  # a kept state holds it off the GPU
             if req.drafter is not None:
                 req.drafter.extend(chunk)
             if req.prompt_logprobs:  # row j predicts the prompt's token start + j + 1
@@ -641,9 +645,41 @@ class Scheduler:
                 if proposed is None:
                     raise RuntimeError("the step made no MTP drafts for a window that asked for them")
                 req.window = [req.window[0], *proposed[row][: len(req.window) - 1]]
-            self._take_window(req, logits[row], self._verifies)
+        drawn = self._draw(reqs, logits)
+        for row, req in enumerate(reqs):
+            self._take_window(req, logits[row], self._verifies, drawn.get(row))
 
-    def _take_window(self, req: Request, logits: Any, verified: bool) -> None:
+    def _draw(self, reqs: list[Request], logits: Any) -> dict[int, list[int]]:
+        """On a GPU, every window row's token at once (`sample_rows`: one pass, one read, where a row at a time is
+        a read each): row t of a window is sampled at its position as though the drafts before it were accepted,
+        which is the only case its token is taken in. Rows under a format are left to `_sample` (the mask follows
+        the tokens taken before it). A failure here leaves every row to `_sample`, which fails the request whose
+        row cannot be sampled, alone. On the host `_sample` samples a row at a time and stops at the first
+        rejected draft."""
+        if getattr(logits, "is_cpu", True) and not self.batch_host_rows:
+            return {}
+        lanes = [row for row, req in enumerate(reqs) if req.constraint is None and not req.done]
+        spans = [(row, t) for row in lanes for t in range(len(reqs[row].window))]
+        if not spans:
+            return {}
+        try:
+            params = [reqs[row].params for row, _ in spans]
+            positions = [len(reqs[row].prompt) + len(reqs[row].output) + t for row, t in spans]
+            if len(spans) == logits.shape[0] * logits.shape[1]:  # every row of the step: no rows to pick out
+                rows = logits.reshape(len(spans), -1)
+            else:
+                index = torch.tensor(spans).to(logits.device)
+                rows = logits[index[:, 0], index[:, 1]]
+            tokens = sample_rows(rows, params, positions)
+        except Exception:
+            log.exception("sampling a step's rows together failed; they are sampled a row at a time")
+            return {}
+        drawn: dict[int, list[int]] = {}
+        for (row, _), token in zip(spans, tokens):
+            drawn.setdefault(row, []).append(token)
+        return drawn
+
+    def _take_window(self, req: Request, logits: Any, verified: bool, drawn: list[int] | None = None) -> None:
         """Sample a lane's rows in order, each at its own position; a draft counts while it equals the sample
         before it. The lane keeps the rows up to the first sample that differs from its draft (that sample is its
         new pending token); after a verify step it commits them in the next plan. A reply that ends in the window
@@ -653,7 +689,7 @@ class Scheduler:
         self._held, self._held_by = [], threading.get_ident()
         try:
             for t in range(len(window)):
-                token = self._sample(req, logits[t])
+                token = self._sample(req, logits[t], None if drawn is None else drawn[t])
                 if token is None:
                     break
                 kept = t + 1
@@ -686,11 +722,12 @@ class Scheduler:
             counts["drafted"] += len(window) - 1
             counts["accepted"] += accepted
 
-    def _sample(self, req: Request, logits: Any) -> int | None:
+    def _sample(self, req: Request, logits: Any, drawn: int | None = None) -> int | None:
         """Sample and emit one request's next token. Sampling runs on rank 0 alone, after the step every rank ran,
         so a failure here concerns this request only: it gets an error and its lane is released in the next plan;
         every other request and every rank go on. With a format, the tokens it forbids are masked first; the
-        log-probabilities reported are the model's own (before the mask)."""
+        log-probabilities reported are the model's own (before the mask). `drawn`: the token `_draw` sampled for
+        this row already."""
         try:
             allowed = logits
             if req.constraint is not None:
@@ -701,7 +738,8 @@ class Scheduler:
                     self._finish(req, "stop")
                     return None
                 allowed = masked
-            token = sample(allowed, req.params, len(req.prompt) + len(req.output))
+            position = len(req.prompt) + len(req.output)
+            token = sample(allowed, req.params, position) if drawn is None else drawn
             event = Token(token)
             if req.logprobs is not None:
                 event = Token(token, *token_logprobs(logits, token, req.logprobs))

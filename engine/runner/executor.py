@@ -120,13 +120,13 @@ class StepExecutor:
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor | None:
-        """Apply one plan; returns prefill logits [vocab] on the host ([T, vocab] with `prefill_logits`, where the step
-        made them), decode logits [B, W, vocab] (W: the widest window) where the step made them, or None. Rank 0
-        samples a decode step's rows on that device (engine/sampling.py works on either): on a GPU no row crosses to
-        the host, and a draw is a few dozen small kernels, where one core of a host took 1–6 ms a row at
-        GLM-5.3-Flash's 154,880 tokens (0.1–3.5 ms since session 38; docs/BENCHMARKS.md); a prompt's logprobs are
-        made there too (`sampling.rows_logprobs`). A prompt chunk's last row goes to the host: kept prompt states
-        hold it (engine/reuse.py)."""
+        """Apply one plan; returns, where the step made them, prefill logits [vocab] ([T, vocab] with
+        `prefill_logits`), decode logits [B, W, vocab] (W: the widest window), or None. Rank 0 samples the rows on
+        that device (engine/sampling.py works on either): on a GPU no row crosses to the host, and a step's rows are
+        drawn together in a few dozen small kernels, where one core of a host took 1–6 ms a row at GLM-5.3-Flash's
+        154,880 tokens (0.1–30 ms since session 38, top_p on a flat row the most; docs/BENCHMARKS.md); a prompt's
+        logprobs are made there too (`sampling.rows_logprobs`). Only a kept prompt state takes its chunk's last
+        row to the host (the scheduler copies it; engine/reuse.py)."""
         for lane in plan.releases:
             seq = self.lanes.pop(lane, None)
             if seq is not None:
@@ -170,9 +170,7 @@ class StepExecutor:
                     self.kept.adopt(seq, plan.adopt)
                 if plan.keep is not None:  # nothing of it kept unless it all was
                     self.kept.keep(plan.keep[0], seq, plan.keep[1])
-                if plan.prefill_logits:  # every row's, for its prompt logprobs (no state keeps them): left where
-                    return _settled(logits)  # they are ([T, vocab]: 1.3 GB of fp32 at 2,048 rows)
-                return logits.cpu()  # the last row, kept with the prompt's state (engine/reuse.py), off the GPU
+                return _settled(logits)  # every row's with `prefill_logits` ([T, vocab]: 1.3 GB of fp32 at 2,048)
             except torch.OutOfMemoryError as exc:
                 raise StepOutOfMemory([lane]) from exc
         if plan.decode is not None:

@@ -428,3 +428,32 @@ def test_pool_sizing_leaves_room_for_the_lane_states(model):
     assert plain == (64, 10 * fixed // bpt)
     assert with_lanes == (64, 9 * fixed * bpt // (bpt + per_token) // bpt)
     assert 64 <= with_lanes[1] < plain[1] < 192  # the memory, not the streams' cap, set both
+
+
+def test_a_steps_rows_sampled_together_give_the_same_replies(demo, monkeypatch):
+    """The GPU's draw of a decode step through this scheduler, on the CPU: `Scheduler._draw` samples every lane's
+    rows at once (the rows-together form, `sampling._device_rows`, stands in for `sample_rows`, which on the host
+    takes a row at a time), a window's row at its position as though the drafts before it were taken. The replies
+    (greedy, seeded, top_p / top_k / min_p: `params_for`) equal those sampled a row at a time, without drafts and
+    with windows of 4 whose rows past a rejected draft are drawn and dropped."""
+    from engine import sampling
+    from engine import scheduler as scheduler_module
+
+    model, tokenizer, eos = demo
+    prompts = demo_prompts(tokenizer, 15)
+    serial, _ = serve(demo, prompts, draft=False, parallel=3, stagger=False)
+    passes: list[int] = []
+
+    def together(rows, params, positions):
+        passes.append(len(params))
+        return sampling._device_rows(rows, params, positions)
+
+    monkeypatch.setattr(Scheduler, "batch_host_rows", True)
+    monkeypatch.setattr(scheduler_module, "sample_rows", together)
+    plain, _ = serve(demo, prompts, draft=False, parallel=3, stagger=False)
+    assert max(passes) == 3  # the lanes of a step in one pass
+    passes.clear()
+    drafted, counts = serve(demo, prompts, draft=True, parallel=3, stagger=False)
+    assert max(passes) > 3 and counts["drafted"] > counts["accepted"] > 0  # windows, some drafts rejected
+    for i, (a, b, c) in enumerate(zip(serial, plain, drafted)):
+        assert a == b == c, f"request {i} ({params_for(i)})"

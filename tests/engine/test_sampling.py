@@ -286,3 +286,68 @@ def test_a_top_k_cut_through_ties_keeps_the_lowest_ids() -> None:
     assert [[t for t, _ in best] for _, best in rows_logprobs(row.expand(3, -1), [0, 0, 0], 2, rows=3)] == [
         [50, 51]
     ] * 3
+
+
+ROW_PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=1.0, top_k=1),
+    SamplingParams(temperature=1.0, seed=3),
+    SamplingParams(temperature=0.6, seed=4),
+    SamplingParams(temperature=1.0, top_p=0.95, seed=5),
+    SamplingParams(temperature=0.7, top_p=0.5, seed=11),
+    SamplingParams(temperature=0.7, top_k=40, seed=6),
+    SamplingParams(temperature=0.6, top_p=0.95, top_k=20, seed=7),
+    SamplingParams(temperature=1.0, min_p=0.05, seed=8),
+    SamplingParams(temperature=1.3, min_p=0.2, top_p=0.8, top_k=500, seed=9),
+    SamplingParams(temperature=1.0, top_p=0.0, seed=10),
+    SamplingParams(temperature=1e-6, top_p=0.9, seed=12),
+    SamplingParams(temperature=math.inf, top_k=7, seed=13),
+    SamplingParams(temperature=2.0, top_k=10**9, min_p=1.0, seed=14),
+]
+
+
+def _odd_rows(count: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows shaped like a language model's (a bulk and a few raised tokens) and rows the sampler must survive:
+    ties at the top, a format's mask, NaN, +inf, nothing possible, huge logits, a flat row, bf16-like rounding."""
+    rows = torch.randn(count, vocab, generator=gen) * 2.5 - 2.0
+    for i in range(count):
+        rows[i, torch.randperm(vocab, generator=gen)[:20]] += 20.0 * (i % 4) / 3
+    rows[0, [3, vocab - 5]] = 40.0
+    rows[1, ::2] = -math.inf
+    rows[2, 5::7] = math.nan
+    rows[3, 1::9] = math.inf
+    rows[4] = -math.inf
+    rows[5, : vocab // 3] *= 1e30
+    rows[6] = 0.0
+    rows[7] = rows[7].round()
+    return rows
+
+
+@pytest.mark.parametrize("vocab", [300, 5000, 154_880])
+def test_a_steps_rows_sampled_together_are_each_rows_own(vocab: int) -> None:
+    """The GPU's form of a decode step's draw (`_device_rows`: the rows together, one stable sort for the filters,
+    their cuts as counts) gives each row the token `sample` gives it alone, for every parameter kind, at each
+    position, on ordinary rows and odd ones; run here on the CPU (the GPU test runs it on a GPU)."""
+    gen = torch.Generator().manual_seed(vocab)
+    rows = _odd_rows(10 if vocab > 10_000 else 24, vocab, gen)
+    for position in (0, 77):
+        for params in ROW_PARAMS:
+            each = [params] * rows.shape[0]
+            want = [sample(row, params, position + i) for i, row in enumerate(rows)]
+            positions = [position + i for i in range(rows.shape[0])]
+            assert sampling._device_rows(rows, each, positions) == want, params
+    mixed = [ROW_PARAMS[i % len(ROW_PARAMS)] for i in range(rows.shape[0])]
+    positions = list(range(5, 5 + rows.shape[0]))
+    want = [sample(row, p, q) for row, p, q in zip(rows, mixed, positions)]
+    assert sampling._device_rows(rows, mixed, positions) == want
+    assert sampling.sample_rows(rows, mixed, positions) == want  # the host's form: a row at a time
+    wide = rows.double()
+    wide[5, :5] = torch.tensor(
+        [1.7e308, -1.7e308, 1.5e308, 3.0, 1.7e308], dtype=torch.float64
+    )  # overflows at its temperature, 0.7
+    narrow = rows.to(torch.bfloat16)
+    for given in (wide, narrow):
+        for shift in range(4):  # row 5's draw among its three overflowed tokens, at several positions
+            at = [q + shift for q in positions]
+            want = [sample(row, p, q) for row, p, q in zip(given, mixed, at)]
+            assert sampling._device_rows(given, mixed, at) == want, (given.dtype, shift)

@@ -326,10 +326,10 @@ def test_the_mtp_layers_first_draft_is_one_the_format_allows(
     checked: list[int] = []
     take = Scheduler._take_window
 
-    def checking(self, req, logits, verified):
+    def checking(self, req, logits, verified, *drawn):
         if req.window_by == "mtp" and req.constraint is not None and not req.constraint.ended:
             checked.append(req.constraint.admissible(req.window[1:2]))
-        return take(self, req, logits, verified)
+        return take(self, req, logits, verified, *drawn)
 
     monkeypatch.setattr(Scheduler, "_take_window", checking)
     drafted, counts = serve_formats(model, eos, grammars, todo, True, 4, graphs, drafter="mtp")

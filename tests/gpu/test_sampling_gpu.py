@@ -60,7 +60,7 @@ def test_first_max_on_the_gpu_takes_the_lowest_id() -> None:
 
 
 def test_log_probabilities_on_the_gpu_are_the_hosts() -> None:
-    row = _rows(2)[1]
+    row = _rows(4)[1]
     token = int(torch.argmax(row))
     host = token_logprobs(row, token, 5)
     device = token_logprobs(row.cuda(), token, 5)
@@ -135,3 +135,17 @@ def test_a_prompts_logprobs_through_the_scheduler_on_the_gpu() -> None:
         assert math.isclose(value, float(want[prompt[row + 1]]), rel_tol=1e-6, abs_tol=1e-6), row
         assert len(best) == 2 and best[0][1] >= best[1][1]
     assert got["echo"] == got["plain"] and got["echo"][0] == int(torch.argmax(expected[-1]))
+
+
+def test_a_steps_rows_together_on_the_gpu_draw_the_hosts_tokens() -> None:
+    """A decode step's rows sampled together on the GPU (`sample_rows`, as the scheduler's `_draw` does; more rows
+    than one pass takes): each row gets the token the host draws from it alone, for every parameter set, mixed."""
+    from engine.sampling import SAMPLE_ROWS, sample_rows
+
+    rows = _rows(SAMPLE_ROWS + 8)
+    on_gpu = rows.cuda()
+    for shift in range(len(PARAMS)):
+        params = [PARAMS[(i + shift) % len(PARAMS)] for i in range(rows.shape[0])]
+        positions = [4097 + 3 * i + shift for i in range(rows.shape[0])]
+        want = [sample(rows[i], params[i], positions[i]) for i in range(rows.shape[0])]
+        assert sample_rows(on_gpu, params, positions) == want, shift
