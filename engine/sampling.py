@@ -294,8 +294,9 @@ SAMPLE_ROWS = 32  # decode rows `sample_rows` takes in one pass on a GPU
 def sample_rows(rows: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
     """`sample` of each row of `rows` [R, vocab] with its own parameters and position: the same tokens. On the host
     a row at a time (`sample`'s pruned draw is the cheap form there); on a GPU the rows together, SAMPLE_ROWS a
-    pass (`_device_rows`; ~10 float64 copies of a pass's rows at once, ~400 MB at 154,880 tokens): a decode step's rows (every lane's pending token and drafts) in a few dozen launches
-    and one read, where a row at a time took ~25 launches and a read each, and top_p / min_p a ranking each."""
+    pass (`_device_rows`; ~10 float64 copies of a pass's rows at once, ~400 MB at 154,880 tokens): a decode step's
+    rows (every lane's pending token and drafts) in a few dozen launches and one read, where a row at a time took
+    ~25 launches and a read each, and top_p / min_p a ranking each. A single unfiltered row goes to `sample`."""
     if rows.is_cpu or (len(params) == 1 and not _filters(clean(params[0]))):  # alone, `sample` takes fewer launches
         return [sample(row, p, position) for row, p, position in zip(rows, params, positions)]
     out: list[int] = []
@@ -332,7 +333,8 @@ def _device_rows(rows: torch.Tensor, params: list[SamplingParams], positions: li
     knobs = [[1.0 if p.greedy else p.temperature, p.min_p, p.top_p] for p in params]
     # each row's key, top_k (the vocabulary for none), whether greedy, and its float64 knobs' bits: one copy
     keyed = [
-        [_signed(row_key(p.seed, q)), p.top_k if p.top_k > 0 else vocab, p.greedy] for p, q in zip(params, positions)
+        [_signed(row_key(p.seed, q)), min(p.top_k, vocab) if p.top_k > 0 else vocab, p.greedy]
+        for p, q in zip(params, positions)
     ]
     bits = torch.tensor(knobs, dtype=torch.float64).view(torch.int64)
     ints = torch.cat([torch.tensor(keyed, dtype=torch.int64), bits], dim=1).to(dev)

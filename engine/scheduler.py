@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import queue
 import threading
 import time
@@ -40,7 +41,7 @@ from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepOutOfMemory, StepPlan
-from engine.sampling import SamplingParams, rows_logprobs, sample, sample_rows, token_logprobs
+from engine.sampling import SamplingParams, rows_logprobs, sample_rows, token_logprobs
 from engine.structured import Constraint
 from engine.vision.prompt import PromptImage, chunk_rows, items, key_ids
 
@@ -163,8 +164,9 @@ def _lane(req: Request) -> int:
 
 
 class Scheduler:
-    # a step's rows sampled together (`_draw`) on the host too: only tests set it, to drive the GPU's path through
-    # this scheduler on the CPU (`sample_rows` stands in there with the rows-together form)
+    # a step's rows handed to `sample_rows` together (`_draw`) on the host too: only tests set it, with the
+    # rows-together form patched in for `sample_rows` (which on the host takes a row at a time), to drive the GPU's
+    # path through this scheduler on the CPU
     batch_host_rows = False
 
     @classmethod
@@ -262,6 +264,8 @@ class Scheduler:
             self.index = PrefixIndex(prefill_chunk, snapshot, reuse_bytes, reuse_marks)
         self._drops: list[tuple[int, bool]] = []
         self._first: list[tuple[Request, Any]] = []  # resumed at their prompt's end: sampled after the step
+        self._rows_device: torch.device | None = None  # where the steps' logits are: every row is sampled there
+        self._draw_logged = -math.inf  # when `_draw`'s failure was last logged with its traceback
         self._stats: dict[str, Any] = {}
         self._refresh_stats()
 
@@ -606,10 +610,12 @@ class Scheduler:
                 )
 
     def _apply(self, work: tuple[str, list[Request]] | None, logits: Any) -> None:
+        if isinstance(logits, torch.Tensor):
+            self._rows_device = logits.device
         first, self._first = self._first, []
         for req, kept in first:  # after the step that resumed them: their lanes hold the kept state
-            if not req.done:  # sampled where the step's rows are (a GPU's draw is the cheaper: engine/sampling.py)
-                self._sample(req, kept if logits is None else kept.to(logits.device))
+            if not req.done:
+                self._sample(req, kept)
         if work is None:
             return
         self.totals["steps"] += 1
@@ -672,7 +678,10 @@ class Scheduler:
                 rows = logits[index[:, 0], index[:, 1]]
             tokens = sample_rows(rows, params, positions)
         except Exception:
-            log.exception("sampling a step's rows together failed; they are sampled a row at a time")
+            now = time.monotonic()
+            if now - self._draw_logged >= 60.0:  # a cause that persists: its traceback once a minute
+                self._draw_logged = now
+                log.exception("sampling a step's rows together failed; they are sampled a row at a time")
             return {}
         drawn: dict[int, list[int]] = {}
         for (row, _), token in zip(spans, tokens):
@@ -727,8 +736,11 @@ class Scheduler:
         so a failure here concerns this request only: it gets an error and its lane is released in the next plan;
         every other request and every rank go on. With a format, the tokens it forbids are masked first; the
         log-probabilities reported are the model's own (before the mask). `drawn`: the token `_draw` sampled for
-        this row already."""
+        this row already. A row elsewhere than the steps' logits (a kept prompt state's, on the host) is sampled
+        where they are, so a reply does not depend on whether its prompt was kept."""
         try:
+            if self._rows_device is not None and logits.device != self._rows_device:
+                logits = logits.to(self._rows_device)
             allowed = logits
             if req.constraint is not None:
                 # the format is complete and wants no end token (ignore_eos; or one that is empty, such as a choice
@@ -738,8 +750,10 @@ class Scheduler:
                     self._finish(req, "stop")
                     return None
                 allowed = masked
-            position = len(req.prompt) + len(req.output)
-            token = sample(allowed, req.params, position) if drawn is None else drawn
+            if drawn is None:  # a single row: on a GPU a filtered one drawn in the rows' form (fewer host reads)
+                position = len(req.prompt) + len(req.output)
+                drawn = sample_rows(allowed.reshape(1, -1), [req.params], [position])[0]
+            token = drawn
             event = Token(token)
             if req.logprobs is not None:
                 event = Token(token, *token_logprobs(logits, token, req.logprobs))

@@ -303,6 +303,7 @@ ROW_PARAMS = [
     SamplingParams(temperature=1e-6, top_p=0.9, seed=12),
     SamplingParams(temperature=math.inf, top_k=7, seed=13),
     SamplingParams(temperature=2.0, top_k=10**9, min_p=1.0, seed=14),
+    SamplingParams(temperature=0.9, top_k=10**19, top_p=0.9, seed=15),  # past int64 (the API bounds it below only)
 ]
 
 
@@ -341,6 +342,8 @@ def test_a_steps_rows_sampled_together_are_each_rows_own(vocab: int) -> None:
     want = [sample(row, p, q) for row, p, q in zip(rows, mixed, positions)]
     assert sampling._device_rows(rows, mixed, positions) == want
     assert sampling.sample_rows(rows, mixed, positions) == want  # the host's form: a row at a time
+    for i in range(rows.shape[0]):  # one row alone (the scheduler's prompt rows and rows under a format)
+        assert sampling._device_rows(rows[i : i + 1], mixed[i : i + 1], positions[i : i + 1]) == want[i : i + 1]
     wide = rows.double()
     wide[5, :5] = torch.tensor(
         [1.7e308, -1.7e308, 1.5e308, 3.0, 1.7e308], dtype=torch.float64
