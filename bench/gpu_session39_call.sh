@@ -6,7 +6,10 @@
 #  2. bench/sampling_bench.py on the GPU (a row alone; 4 and 16 rows together, ms a row);
 #  3. bench/served_decode_bench.py: decode through the scheduler at 154,880 tokens, 4 full-width layers, the rows
 #     sampled together and, in turn, a row at a time (session 38's path).
-#     BUDGET=400 bash bench/gpu_session39_call.sh
+#  4. what time is left: session 37's prompt tests with fla-core's gate (cut short by session 39's first call while in
+#     test_cuda_greedy_with_fla_prompts_equals_cpu; on an H100 with the H200's shipped fla-core choices).
+#     BUDGET=400 bash bench/gpu_session39_call.sh      (TESTS_K="..." narrows step 1's tests)
+#     BUDGET=900 bash bench/gpu_session39_call.sh      (the next session's first call: every step)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s39-out}
@@ -27,4 +30,11 @@ step "2. sampling_bench on the GPU" 60 "$T/b_sampling.txt" python bench/sampling
     --calls 30 --out "$T/sampling_gpu.json"
 step "3. decode through the scheduler" 150 "$T/c_served.txt" python bench/served_decode_bench.py --layers KKKD \
     --lanes 1,4,16 --tokens 96 --repeats 2 --row-at-a-time --out "$T/served_decode.json"
+fla_aside
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100; then
+    export FLA_CACHE_MODE=strict FLA_CONFIG_DIR="$PWD/engine/ops/fla_configs/NVIDIA_H200"
+fi
+step "4. the prompt path with fla-core's gate" 400 "$T/d_prompt_tests.txt" $FLA python -m pytest -q \
+    -p no:cacheprovider --durations=0 tests/gpu/test_kda_prompt_gpu.py tests/gpu/test_cuda_parity.py \
+    tests/gpu/test_prompt_forms_gpu.py::test_the_gated_norm_at_the_served_width
 collect "$T" "$OUT/benches.json"
