@@ -10,8 +10,8 @@ differently for 1 row than for 41, moving a row's logits in the last bits (~1e-5
 flip with the batch's composition. The tests assert identical tokens (concurrent == serial), not identical bits;
 batch-invariant kernels (one fixed-shape GEMV per row, as the GPU's routed-expert kernel already is) close the gap.
 
-Rows are sampled where they are: a GPU decode step's rows on the GPU (engine/runner/executor.py), a prompt's last
-row and the CPU's on the host; every operation here is a plain torch one on the row's device. At GLM-5.3-Flash's
+Rows are sampled where they are: a GPU step's rows on the GPU (engine/runner/executor.py; a decode step's rows
+together, `sample_rows`), the CPU's on the host; every operation here is a plain torch one on the row's device. At GLM-5.3-Flash's
 154,880 tokens the host's costs are what shaped it (bench/sampling_bench.py, one core): the all-finite check as a
 sum (NaN and infinities carry into it) rather than an elementwise test, `first_max` rather than argmax, greedy rows
 ranked as they come (fp32), and the whole-vocabulary draw (`_gumbel_max`) with logarithms only where a token can
