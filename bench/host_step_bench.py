@@ -3,8 +3,9 @@
 The real Scheduler and StepExecutor run over a stand-in model — labelled as such: its decode returns prepared
 logit rows of 154,880 tokens (language-model shaped: a bulk around -2, a few tokens raised 8–25 above it) and does
 nothing else, so what is timed is the serving loop's own work a step: the plan, sampling each lane's row, the
-token's delivery and the bookkeeping. On a GPU the decode step's rows are sampled on the device since session 38
-(engine/runner/executor.py); this bench times the host path, which a CPU rank and a prompt's last row still take.
+token's delivery and the bookkeeping. On a GPU every row is sampled on the device (since session 38; a decode
+step's rows together since session 39: bench/served_decode_bench.py times that); this bench times the host path,
+which a CPU rank takes.
 
     python bench/host_step_bench.py --out bench/results/DATE-cpu-host_step.json
     python bench/host_step_bench.py --engine /tmp/old ...   # a git worktree's engine (bench/other_tree.py)
