@@ -12,7 +12,7 @@ Each figure is the median of --calls calls (positions differ, so the noise diffe
 
     python bench/sampling_bench.py --out bench/results/DATE-cpu-sampling.json
     python bench/sampling_bench.py --device cuda --out ...   # the rows on the GPU (each draw ends in a host read;
-        # and a step's rows together, `sample_rows`: 4 and 16 rows a call, ms a row)
+        # and a step's rows together, `sample_rows`: 4 and 16 rows a call, ms a row; --profile: where a call goes)
     git worktree add /tmp/old REV && python bench/sampling_bench.py --engine /tmp/old ...   # that commit's engine
 """
 
@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="where the rows are: cpu, or cuda")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler's table of 16 flat rows drawn together")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     if args.threads:
@@ -105,6 +106,7 @@ def main() -> None:
         ms = timed(lambda i: rows_logprobs(block, [i] * DEVICE_ROWS, 5), max(3, args.calls // 8)) / DEVICE_ROWS  # noqa: B023
         results[kind][f"rows_logprobs, top 5, a row of {DEVICE_ROWS}"] = round(ms, 3)
         print(f"{kind:7s} {f'rows_logprobs, top 5, a row of {DEVICE_ROWS}':40s} {ms:8.3f} ms", flush=True)
+    table = profiled(rows(args.vocab, args.device)["flat"]) if args.profile and sample_rows is not None else None
     meta = {
         "vocab": args.vocab,
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -116,7 +118,24 @@ def main() -> None:
     }
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "ms_per_row": results}, f, indent=1)
+            json.dump({"meta": meta, "ms_per_row": results, "profile": table}, f, indent=1)
+
+
+def profiled(row: torch.Tensor, count: int = 16) -> str:
+    """torch.profiler's table (by device time; host time on the CPU) of 3 calls of `count` rows drawn together at
+    temperature 1 and top_p 0.95: where a call's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step, each = row.expand(count, -1), [CASES["temperature 1, top_p 0.95"]] * count
+    sample_rows(step, each, list(range(count)))  # warm
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if not row.is_cpu else [])
+    with profile(activities=activities) as prof:
+        for i in range(3):
+            sample_rows(step, each, list(range(i, i + count)))
+    sort_by = "cpu_time_total" if row.is_cpu else "cuda_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=18)
+    print(table)
+    return table
 
 
 if __name__ == "__main__":

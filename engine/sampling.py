@@ -11,11 +11,11 @@ flip with the batch's composition. The tests assert identical tokens (concurrent
 batch-invariant kernels (one fixed-shape GEMV per row, as the GPU's routed-expert kernel already is) close the gap.
 
 Rows are sampled where they are: a GPU step's rows on the GPU (engine/runner/executor.py; a decode step's rows
-together, `sample_rows`), the CPU's on the host; every operation here is a plain torch one on the row's device. At GLM-5.3-Flash's
-154,880 tokens the host's costs are what shaped it (bench/sampling_bench.py, one core): the all-finite check as a
-sum (NaN and infinities carry into it) rather than an elementwise test, `first_max` rather than argmax, greedy rows
-ranked as they come (fp32), and the whole-vocabulary draw (`_gumbel_max`) with logarithms only where a token can
-win — the same tokens as before each change.
+together, `sample_rows`), the CPU's on the host; every operation here is a plain torch one on the row's device.
+At GLM-5.3-Flash's 154,880 tokens the host's costs are what shaped it (bench/sampling_bench.py, one core): the
+all-finite check as a sum (NaN and infinities carry into it) rather than an elementwise test, `first_max` rather
+than argmax, greedy rows ranked as they come (fp32), and the whole-vocabulary draw (`_gumbel_max`) with logarithms
+only where a token can win — the same tokens as before each change.
 """
 
 from __future__ import annotations
@@ -67,9 +67,15 @@ def row_key(seed: int, position: int) -> int:
 
 
 def top_bits(seed: int, position: int, token_ids: torch.Tensor) -> torch.Tensor:
-    """The top 53 bits of hash(seed, position, token id) per token id, as int64: `splitmix64_tensor` then `_shr`,
-    worked in place on one fresh tensor (a sampled row hashes every token of the vocabulary: ~155k)."""
-    z = token_ids.to(torch.int64) ^ _signed(row_key(seed, position))
+    """The top 53 bits of hash(seed, position, token id) per token id, as int64 (`_top53` of the row's key)."""
+    return _top53(token_ids, _signed(row_key(seed, position)))
+
+
+def _top53(token_ids: torch.Tensor, key: int | torch.Tensor) -> torch.Tensor:
+    """The top 53 bits of splitmix64(token id ^ key), as int64: `splitmix64_tensor` then `_shr`, worked in place on
+    one fresh tensor (a sampled row hashes every token of the vocabulary: ~155k). `key`: a row's (`row_key`,
+    signed), or a column of them [R, 1] against ids [1, vocab] for R rows at once."""
+    z = token_ids.to(torch.int64) ^ key
     z += _signed(GOLDEN)
     shifted = torch.empty_like(z)
     for bits, mix in ((30, MIX1), (27, MIX2), (31, None)):
@@ -218,13 +224,17 @@ def finite(scores: torch.Tensor) -> torch.Tensor:
     nothing possible becomes uniform. Filters and the Gumbel draw then always keep at least one token."""
     if _all_finite(scores):
         return scores
+    return _finite_rows(scores.reshape(1, -1)).reshape(scores.shape)
+
+
+def _finite_rows(scores: torch.Tensor) -> torch.Tensor:
+    """`finite` of each row of [R, vocab] at once, without the all-finite check (a row with nothing to change comes
+    back with the same values)."""
     scores = _nan_impossible(scores)
-    top = scores.max()
-    if top == math.inf:
-        return torch.where(scores == math.inf, 0.0, -math.inf).to(scores.dtype)
-    if top == -math.inf:
-        return torch.zeros_like(scores)
-    return scores
+    top = scores.max(dim=1, keepdim=True).values
+    only_infinite = torch.where(scores == math.inf, 0.0, -math.inf).to(scores.dtype)
+    scores = torch.where(top == math.inf, only_infinite, scores)
+    return torch.where(top == -math.inf, 0.0, scores)
 
 
 CANDIDATES = 1024  # first look at this many top tokens for top_p / min_p; widened only when they do not suffice
@@ -306,14 +316,6 @@ def sample_rows(rows: torch.Tensor, params: list[SamplingParams], positions: lis
     return out
 
 
-def _finite_rows(scores: torch.Tensor) -> torch.Tensor:
-    """`finite` of each row of [R, vocab] at once."""
-    scores = _nan_impossible(scores)
-    top = scores.max(dim=1, keepdim=True).values
-    scores = torch.where(top == math.inf, torch.where(scores == math.inf, 0.0, -math.inf), scores)
-    return torch.where(top == -math.inf, 0.0, scores)
-
-
 def _device_rows(rows: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
     """`sample` for each row, the rows together: every operation is `sample`'s on the row's own values (the
     elementwise ones give the same bits); the filters' ranking is one stable sort of the whole row (score desc, id
@@ -342,7 +344,7 @@ def _device_rows(rows: torch.Tensor, params: list[SamplingParams], positions: li
     scaled = x / floats[:, :1]
     if rows.dtype == torch.float64:  # from fp32 or narrower logits (|x| < 3.5e38) over T >= 1e-5 none overflows
         scaled = _finite_rows(scaled)
-    gumbels = noise(_top_bits_rows(ints[:, 0], vocab))
+    gumbels = noise(_top53(_token_ids(vocab, dev)[None, :], ints[:, :1]))
     picks = torch.max(_drawn(scaled, gumbels), dim=1).indices
     filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
     if len(filtered) == len(params):
@@ -357,17 +359,6 @@ def _device_rows(rows: torch.Tensor, params: list[SamplingParams], positions: li
 
 def _filters(params: SamplingParams) -> bool:
     return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
-
-
-def _top_bits_rows(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """`top_bits` of every token id for each row's key [R] (`row_key`, signed): [R, vocab], the same bits."""
-    z = _token_ids(vocab, keys.device)[None, :] ^ keys[:, None]
-    z += _signed(GOLDEN)
-    for bits, mix in ((30, MIX1), (27, MIX2), (31, None)):
-        z ^= _shr(z, bits)
-        if mix is not None:
-            z *= _signed(mix)
-    return _shr(z, 11) & ((1 << 53) - 1)
 
 
 def _filtered_picks(
@@ -408,9 +399,8 @@ def rows_logprobs(
     for first in range(0, len(tokens), step):
         wanted = tokens[first : first + step]
         block = logits[first : first + len(wanted)].detach().to(torch.float64)
-        odd = ~torch.isfinite(block.sum(dim=1))  # NaN, infinities or an overflowing sum: that row as `finite` says
-        if bool(odd.any()):
-            block = torch.stack([finite(row) if bad else row for row, bad in zip(block, odd.tolist())])
+        if not bool(torch.isfinite(block.sum())):  # NaN, an infinity or an overflowing sum: `finite`'s rows
+            block = _finite_rows(block)
         logp = torch.log_softmax(block, dim=1)
         chosen = logp.gather(1, torch.tensor(wanted, device=logp.device)[:, None])[:, 0].tolist()
         if top <= 0:
