@@ -12,7 +12,8 @@ Each figure is the median of --calls calls (positions differ, so the noise diffe
 
     python bench/sampling_bench.py --out bench/results/DATE-cpu-sampling.json
     python bench/sampling_bench.py --device cuda --out ...   # the rows on the GPU (each draw ends in a host read;
-        # and a step's rows together, `sample_rows`: 4 and 16 rows a call, ms a row; --profile: where a call goes)
+        # and a step's rows together, `sample_rows`: 4 and 16 rows a call, ms a row, eager and (since session 40)
+        # replayed from CUDA graphs; --profile: where a call goes)
     git worktree add /tmp/old REV && python bench/sampling_bench.py --engine /tmp/old ...   # that commit's engine
 """
 
@@ -38,6 +39,17 @@ try:  # since session 39: a decode step's rows sampled together on a GPU
     from engine.sampling import sample_rows  # noqa: E402
 except ImportError:
     sample_rows = None
+try:  # since session 40: the passes replayed from CUDA graphs
+    from engine.sampling import DRAW_GRAPHS  # noqa: E402
+
+    GRAPHS = True
+except ImportError:
+    GRAPHS = False
+
+
+def together(rows, params, positions, graphs):
+    return sample_rows(rows, params, positions, graphs) if graphs else sample_rows(rows, params, positions)
+
 
 VOCAB = 154_880
 CASES = {
@@ -77,12 +89,19 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="where the rows are: cpu, or cuda")
+    ap.add_argument(
+        "--first-form", action="store_true", help="also time session 40's first graphed form (float64 sort, one scan)"
+    )
     ap.add_argument("--profile", action="store_true", help="torch.profiler's table of 16 flat rows drawn together")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict] = {}
+    on_gpu = args.device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.empty_cache()
+        held = torch.cuda.memory_reserved()
     for kind, row in rows(args.vocab, args.device).items():
         for name, params in CASES.items():
             ms = timed(lambda i: sample(row, params, i), args.calls)  # noqa: B023 (called before the next turn)
@@ -92,21 +111,31 @@ def main() -> None:
         results[kind]["token_logprobs, top 5"] = round(ms, 3)
         print(f"{kind:7s} {'token_logprobs, top 5':40s} {ms:8.3f} ms", flush=True)
         if sample_rows is not None and not row.is_cpu:  # a step's rows together (the host takes a row at a time)
-            for count in (4, 16):
+            for count in (1, 4, 16):
                 step = row.expand(count, -1)
                 for name, params in CASES.items():
                     each = [params] * count
-                    ms = timed(lambda i: sample_rows(step, each, list(range(i, i + count))), args.calls) / count  # noqa: B023
-                    label = f"{name}, a row of {count} together"
-                    results[kind][label] = round(ms, 3)
-                    print(f"{kind:7s} {label:40s} {ms:8.3f} ms", flush=True)
+                    for graphs in (False, True) if GRAPHS else (False,):
+                        ms = timed(lambda i: together(step, each, list(range(i, i + count)), graphs), args.calls)  # noqa: B023
+                        label = f"{name}, a row of {count} together" + (", graphed" if graphs else "")
+                        results[kind][label] = round(ms / count, 3)
+                        print(f"{kind:7s} {label:50s} {ms / count:8.3f} ms", flush=True)
         if rows_logprobs is None:
             continue
         block = row.expand(DEVICE_ROWS, -1)  # a prompt's rows (completions' echo): ms a row
         ms = timed(lambda i: rows_logprobs(block, [i] * DEVICE_ROWS, 5), max(3, args.calls // 8)) / DEVICE_ROWS  # noqa: B023
         results[kind][f"rows_logprobs, top 5, a row of {DEVICE_ROWS}"] = round(ms, 3)
         print(f"{kind:7s} {f'rows_logprobs, top 5, a row of {DEVICE_ROWS}':40s} {ms:8.3f} ms", flush=True)
+    if on_gpu and GRAPHS and args.first_form:
+        results["first form"] = first_form(rows(args.vocab, args.device)["peaked"], args.calls)
     table = profiled(rows(args.vocab, args.device)["flat"]) if args.profile and sample_rows is not None else None
+    if on_gpu and GRAPHS:  # what the graphs hold once the eager passes' cached blocks are given back
+        torch.cuda.empty_cache()
+        results["graphs"] = {
+            "count": len(DRAW_GRAPHS),
+            "MiB held": round((torch.cuda.memory_reserved() - held) / 2**20),
+        }
+        print(f"graphs: {results['graphs']}", flush=True)
     meta = {
         "vocab": args.vocab,
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -119,6 +148,40 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "ms_per_row": results, "profile": table}, f, indent=1)
+
+
+def first_form(row: torch.Tensor, calls: int) -> dict[str, float]:
+    """ms a row of 1, 4 and 16 rows graphed in session 40's first form, patched in on fresh graphs: the filters'
+    ranking sorted on the float64 scores (not the fp32 logits that rank the same) and the running sums in one
+    torch scan (not in blocks), against the same cases in the form of now, in turn."""
+    import engine.sampling as s
+
+    saved = s._filtered_picks, s._running_sums, s.DRAW_GRAPHS
+    now = s.DRAW_GRAPHS
+
+    def old_cut(scaled, gumbels, top_k, min_p, top_p, keys=None):
+        return saved[0](scaled, gumbels, top_k, min_p, top_p, None)
+
+    out: dict[str, float] = {}
+    old = s.DrawGraphs()
+    for count in (1, 4, 16):
+        step = row.expand(count, -1)
+        for name in ("temperature 1", "temperature 1, top_p 0.95"):
+            each = [CASES[name]] * count
+            for form in ("first form", "now"):
+                if form == "first form":
+                    s._filtered_picks, s._running_sums, s.DRAW_GRAPHS = old_cut, _one_scan, old
+                try:
+                    ms = timed(lambda i: sample_rows(step, each, list(range(i, i + count)), True), calls) / count  # noqa: B023
+                finally:
+                    s._filtered_picks, s._running_sums, s.DRAW_GRAPHS = saved[0], saved[1], now
+                out[f"{name}, a row of {count} together, graphed, {form}"] = round(ms, 3)
+                print(f"peaked  {name}, a row of {count}, graphed, {form:10s} {ms:8.3f} ms", flush=True)
+    return out
+
+
+def _one_scan(values: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(values, dim=1)
 
 
 def profiled(row: torch.Tensor, count: int = 16) -> str:

@@ -8,10 +8,13 @@ figure is tokens a second from the first token to the last, ms a step, and the h
 in `_apply` (sampling and delivering the step's rows); each form runs --repeats times, in turn, the best kept. `--host-sampling` adds, in the same
 process, the same runs with each decode step's logits copied to the host before rank 0 samples them (the serving
 path before session 38), and `--row-at-a-time` the runs with each row sampled alone on the GPU (session 38's path:
-a host read a row, and top_p's ranking a row), so the forms are timed on one machine in turn.
+a host read a row, and top_p's ranking a row), and `--eager-draws` the rows together drawn eagerly (session 39's
+path: ~40 launches a pass, where the default replays the pass's CUDA graph), so the forms are timed on one machine in
+turn. `--logprobs N` adds requests that ask for N alternatives (greedy and top_p), their drawn rows'
+log-probabilities made together (`Scheduler._draw_logprobs`) and, in turn, a row at a time (session 39's path).
 
     python bench/served_decode_bench.py [--layers KKKD] [--lanes 1,4] [--tokens 96] [--host-sampling]
-        [--row-at-a-time] [--out F]
+        [--row-at-a-time] [--eager-draws] [--logprobs N] [--out F]
     python bench/served_decode_bench.py --device cpu --config engine/checkpoint/trained_demo/config.json --tokens 8
         # the path on the CPU, small (a check that it runs: no figure of the GPU)
 """
@@ -65,12 +68,12 @@ class Stream:
             self.done.set()
 
 
-def decode(sched: Scheduler, lanes: int, params: SamplingParams, tokens: int, tag: str) -> dict:
+def decode(sched: Scheduler, lanes: int, params: SamplingParams, tokens: int, tag: str, logprobs=None) -> dict:
     params = SamplingParams(**{**params.__dict__, "max_tokens": tokens, "seed": 1})
     streams = [Stream() for _ in range(lanes)]
     steps = sched.totals["steps"]
     for i, stream in enumerate(streams):
-        sched.submit(Request(f"{tag}-{i}", [11 + i, 12, 13, 14], params, stream, frozenset()))
+        sched.submit(Request(f"{tag}-{i}", [11 + i, 12, 13, 14], params, stream, frozenset(), logprobs=logprobs))
     for stream in streams:
         if not stream.done.wait(900):
             raise RuntimeError(f"{tag} did not finish")
@@ -117,6 +120,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--host-sampling", action="store_true", help="also time the rows copied to the host first")
     ap.add_argument("--row-at-a-time", action="store_true", help="also time each row sampled alone on the GPU")
+    ap.add_argument("--eager-draws", action="store_true", help="also time the rows together drawn eagerly")
+    ap.add_argument(
+        "--logprobs",
+        type=int,
+        help="also time requests asking for this many alternatives, with the "
+        "drawn rows' log-probabilities made together and, in turn, a row at a time (session 39's)",
+    )
     ap.add_argument("--repeats", type=int, default=2, help="runs of each form, in turn; the best is kept")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -128,40 +138,56 @@ def main() -> None:
     sched = Scheduler(executor, group, parallel=max(lane_counts), max_queued=64, prefill_chunk=2048)
     sched.start()
     served, together = executor._decode, sched._draw
-    forms = {"GPU, rows together": (served, together)}
+    graphed = sched._graph_draws
+    forms = {"GPU, rows together": (served, together, graphed)}
+    if args.eager_draws:
+        forms["GPU, rows eager"] = (served, together, False)  # session 39's path: the passes launched op by op
     if args.row_at_a_time:
-        forms["GPU, a row at a time"] = (
-            served,
-            lambda reqs, logits: {},
-        )  # session 38's path: `_sample` a row at a time
+        forms["GPU, a row at a time"] = (served, lambda reqs, logits: {}, False)  # session 38's: `_sample` a row
     if args.host_sampling:
-        forms["host"] = (lambda plan: served(plan).cpu(), together)  # the serving path before session 38
+        forms["host"] = (lambda plan: served(plan).cpu(), together, False)  # the serving path before session 38
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     results: dict = {"meta": {"layers": args.layers, "tokens": args.tokens, "device": gpu, "config": str(args.config)}}
+    results["meta"]["graphed_draws"] = graphed
     try:
         decode(sched, max(lane_counts), CASES["greedy"], 8, "warm")  # graphs captured, kernels compiled
         applied = Applied(sched)
+        cases = {name: (params, None, forms) for name, params in CASES.items()}
+        if args.logprobs is not None:
+            together_lps = sched._draw_logprobs
+            alone_lps = {"GPU, logprobs a row at a time": (served, together, graphed)}
+            plain = {"GPU, rows together": forms["GPU, rows together"]}
+            for name in ("greedy", "temperature 0.6, top_p 0.95"):
+                cases[f"{name}, logprobs {args.logprobs}"] = (CASES[name], args.logprobs, {**plain, **alone_lps})
         for lanes in lane_counts:
-            for name, params in CASES.items():
+            for name, (params, logprobs, case_forms) in cases.items():
                 best: dict[str, dict] = {}
                 for turn in range(args.repeats):  # the forms in turn, so a slow first run shows as one
-                    for form, (run, draw) in forms.items():
+                    for form, (run, draw, graphs) in case_forms.items():
                         executor._decode, sched._draw = run, draw  # type: ignore[method-assign]
+                        sched.draws_graphed = graphs
+                        if args.logprobs is not None:  # session 39's: each drawn row's log-probabilities alone
+                            alone = form == "GPU, logprobs a row at a time"
+                            sched._draw_logprobs = (  # type: ignore[method-assign]
+                                (lambda reqs, spans, rows, tokens: [None] * len(spans)) if alone else together_lps
+                            )
                         applied.take()
-                        got = decode(sched, lanes, params, args.tokens, f"{lanes}-{name}-{form}-{turn}")
+                        got = decode(sched, lanes, params, args.tokens, f"{lanes}-{name}-{form}-{turn}", logprobs)
                         got["apply_ms"] = applied.take()  # host ms a step in `_apply`, sampling included
                         if form not in best or got["tok_s"] > best[form]["tok_s"]:
                             best[form] = got
                 for form, got in best.items():
                     results[f"{lanes} lanes, {name}, sampled: {form}"] = got
                     print(
-                        f"{lanes} lanes  {name:30s} {form:21s} {got['tok_s']:8.1f} tok/s  {got['ms_per_step']:7.3f} ms"
+                        f"{lanes} lanes  {name:42s} {form:30s} {got['tok_s']:8.1f} tok/s  {got['ms_per_step']:7.3f} ms"
                         f" a step  {got['apply_ms']:7.3f} ms in _apply"
                     )
                 if args.out:
                     Path(args.out).write_text(json.dumps(results, indent=1))
     finally:
         executor._decode, sched._draw = served, together  # type: ignore[method-assign]
+        sched.draws_graphed = True
+        sched.__dict__.pop("_draw_logprobs", None)
         sched.stop()
 
 

@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         type=switch,
         default=True,
-        help="replay decode steps from CUDA graphs on a GPU (1/0; every rank must agree)",
+        help="replay decode steps (and rank 0's sampling passes) from CUDA graphs on a GPU (1/0; every rank must agree)",
     )
     p.add_argument(
         "--kda-chunked",

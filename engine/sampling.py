@@ -11,7 +11,8 @@ flip with the batch's composition. The tests assert identical tokens (concurrent
 batch-invariant kernels (one fixed-shape GEMV per row, as the GPU's routed-expert kernel already is) close the gap.
 
 Rows are sampled where they are: a GPU step's rows on the GPU (engine/runner/executor.py; a decode step's rows
-together, `sample_rows`), the CPU's on the host; every operation here is a plain torch one on the row's device.
+together, `sample_rows`, a pass replayed from a CUDA graph with --cuda-graphs: `DrawGraphs`), the CPU's on the
+host; every operation here is a plain torch one on the row's device.
 At GLM-5.3-Flash's 154,880 tokens the host's costs are what shaped it (bench/sampling_bench.py, one core): the
 all-finite check as a sum (NaN and infinities carry into it) rather than an elementwise test, `first_max` rather
 than argmax, greedy rows ranked as they come (fp32), and the whole-vocabulary draw (`_gumbel_max`) with logarithms
@@ -23,10 +24,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
 import math
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -301,60 +307,191 @@ def sample(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
 SAMPLE_ROWS = 32  # decode rows `sample_rows` takes in one pass on a GPU
 
 
-def sample_rows(rows: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
+def sample_rows(
+    rows: torch.Tensor, params: list[SamplingParams], positions: list[int], graphs: bool = False
+) -> list[int]:
     """`sample` of each row of `rows` [R, vocab] with its own parameters and position: the same tokens. On the host
     a row at a time (`sample`'s pruned draw is the cheap form there); on a GPU the rows together, SAMPLE_ROWS a
     pass (`_device_rows`; ~10 float64 copies of a pass's rows at once, ~400 MB at 154,880 tokens): a decode step's
-    rows (every lane's pending token and drafts) in a few dozen launches and one read, where a row at a time took
-    ~25 launches and a read each, and top_p / min_p a ranking each. A single unfiltered row goes to `sample`."""
-    if rows.is_cpu or (len(params) == 1 and not _filters(clean(params[0]))):  # alone, `sample` takes fewer launches
+    rows (every lane's pending token and drafts) in one read, where a row at a time took ~25 launches and a read
+    each, and top_p / min_p a ranking each. `graphs`: a pass replayed from CUDA graphs (`DrawGraphs`, GRAPH_ROWS
+    rows a replay: a few launches where the pass is ~40), as --cuda-graphs says for the decode steps; without, a
+    single unfiltered row goes to `sample` (fewer launches)."""
+    alone = not graphs and len(params) == 1 and not _filters(clean(params[0]))  # eager, `sample` takes fewer launches
+    if rows.is_cpu or alone:
         return [sample(row, p, position) for row, p, position in zip(rows, params, positions)]
     out: list[int] = []
     for first in range(0, len(params), SAMPLE_ROWS):
         last = first + SAMPLE_ROWS
-        out += _device_rows(rows[first:last], params[first:last], positions[first:last])
+        out += _device_rows(rows[first:last], params[first:last], positions[first:last], graphs)
     return out
 
 
-def _device_rows(rows: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> list[int]:
-    """`sample` for each row, the rows together: every operation is `sample`'s on the row's own values (the
-    elementwise ones give the same bits); the filters' ranking is one stable sort of the whole row (score desc, id
-    asc, as `_ranked`), and their cuts are counts over it (each cut is a prefix of the ranking). Only the sums
-    (log-normaliser, top_p's running sum) may differ from a single row's in the last bit, as the host's from the
-    GPU's: a cut could move only where a running sum meets top_p within that bit. Every row is scaled and noised
-    (a greedy row at temperature 1, its draw then unused): a few whole-row passes, where picking rows out costs
-    launches; only the filtered rows are sorted."""
+def _device_rows(
+    rows: torch.Tensor, params: list[SamplingParams], positions: list[int], graphs: bool = False
+) -> list[int]:
+    """`sample` for each row, the rows together (`_picks`), with the rows' parameters as one int64 table (`_knobs`,
+    copied to the device without waiting for it); an all-greedy pass is one maximum. `graphs`: on a GPU, replayed
+    from the pass's CUDA graph (`DRAW_GRAPHS`, GRAPH_ROWS rows a replay), eager where none can be captured (then
+    only the filtered rows are ranked)."""
     params = [clean(p) for p in params]
-    dev, vocab = rows.device, rows.shape[1]
-    greedy = [p.greedy for p in params]
-    # a greedy row's first maximum with NaN impossible is `sample`'s (`finite` changes no row's first maximum)
-    best = torch.max(_nan_impossible(rows.detach()), dim=1).indices if any(greedy) else None
-    if best is not None and all(greedy):
-        return best.tolist()
-    x = _finite_rows(rows.detach().to(torch.float64))
-    knobs = [[1.0 if p.greedy else p.temperature, p.min_p, p.top_p] for p in params]
-    # each row's key, top_k (the vocabulary for none), whether greedy, and its float64 knobs' bits: one copy
+    rows = rows.detach()
+    if all(p.greedy for p in params):  # `finite` changes no row's first maximum
+        return torch.max(_nan_impossible(rows), dim=1).indices.tolist()
+    knobs = _knobs(params, positions, rows.shape[1])
+    filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
+    kinds = (any(p.greedy for p in params), bool(filtered))
+    if graphs and rows.is_cuda:
+        out: list[int] = []
+        for first in range(0, len(params), GRAPH_ROWS):
+            last = first + GRAPH_ROWS
+            got = DRAW_GRAPHS.picks(rows[first:last], knobs[first:last], *kinds)
+            if got is None:
+                break
+            out += got
+        else:
+            return out
+    subset = torch.tensor(filtered) if 0 < len(filtered) < len(params) else None
+    if rows.is_cuda:
+        knobs = knobs.pin_memory()
+        subset = None if subset is None else subset.pin_memory()
+    move = functools.partial(torch.Tensor.to, device=rows.device, non_blocking=True)
+    return _picks(rows, move(knobs), *kinds, subset=None if subset is None else move(subset)).tolist()
+
+
+KNOBS = 7  # a row's columns in `_knobs`' table
+
+
+def _knobs(params: list[SamplingParams], positions: list[int], vocab: int) -> torch.Tensor:
+    """Each row's hash key, top_k (the vocabulary for none), whether greedy, whether filtered, and the bits of its
+    float64 temperature (1 for a greedy row), min_p and top_p: [R, KNOBS] int64 on the host."""
     keyed = [
-        [_signed(row_key(p.seed, q)), min(p.top_k, vocab) if p.top_k > 0 else vocab, p.greedy]
+        [
+            _signed(row_key(p.seed, q)),
+            min(p.top_k, vocab) if p.top_k > 0 else vocab,
+            p.greedy,
+            not p.greedy and _filters(p),
+        ]
         for p, q in zip(params, positions)
     ]
-    bits = torch.tensor(knobs, dtype=torch.float64).view(torch.int64)
-    ints = torch.cat([torch.tensor(keyed, dtype=torch.int64), bits], dim=1).to(dev)
-    floats = ints[:, 3:].view(torch.float64)
-    scaled = x / floats[:, :1]
-    if rows.dtype == torch.float64:  # from fp32 or narrower logits (|x| < 3.5e38) over T >= 1e-5 none overflows
-        scaled = _finite_rows(scaled)
-    gumbels = noise(_top53(_token_ids(vocab, dev)[None, :], ints[:, :1]))
+    knobs = [[1.0 if p.greedy else p.temperature, p.min_p, p.top_p] for p in params]
+    return torch.cat(
+        [torch.tensor(keyed, dtype=torch.int64), torch.tensor(knobs, dtype=torch.float64).view(torch.int64)], dim=1
+    )
+
+
+def _picks(
+    rows: torch.Tensor, knobs: torch.Tensor, greedy: bool, filtered: bool, subset: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The drawn id of each row: `sample`'s token, from the rows and their `_knobs` on the rows' device. Every
+    operation is `sample`'s on the row's own values (the elementwise ones give the same bits); the filters' ranking
+    is one stable sort of the whole row (score desc, id asc, as `_ranked`), and their cuts are counts over it (each
+    cut is a prefix of the ranking). Only the sums (log-normaliser, top_p's running sum) may differ from a single
+    row's in the last bit, as the host's from the GPU's: a cut could move only where a running sum meets top_p
+    within that bit. Every row is scaled and noised (a greedy row at temperature 1, its draw then unused); with
+    `filtered`, every row is ranked and cut (an unfiltered row's cut keeps its whole ranking, its pick then unused):
+    the same launches whatever the rows' mix, so a captured pass serves any mix of its kind; eager, `subset` names
+    the filtered rows, ranked alone. `greedy`: some rows are greedy (their first maximum, NaN impossible)."""
+    vocab = rows.shape[1]
+    floats = knobs[:, 4:].view(torch.float64)
+    best = torch.max(_nan_impossible(rows), dim=1).indices if greedy else None
+    if rows.dtype == torch.float64:
+        keys = None
+        scaled = _finite_rows(rows) / floats[:, :1]
+        scaled = _finite_rows(scaled)  # from fp32 or narrower logits (|x| < 3.5e38) over T >= 1e-5 none overflows
+    else:  # widening after `_finite_rows` gives its float64 values; dividing by T > 0 keeps their order (`_keys`)
+        keys = _finite_rows(rows.float())
+        scaled = keys.to(torch.float64) / floats[:, :1]
+    gumbels = noise(_top53(_token_ids(vocab, rows.device)[None, :], knobs[:, :1]))
     picks = torch.max(_drawn(scaled, gumbels), dim=1).indices
-    filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
-    if len(filtered) == len(params):
-        picks = _filtered_picks(scaled, gumbels, ints[:, 1], floats[:, 1], floats[:, 2])
+    if filtered and subset is not None:
+        f = subset
+        cut = _filtered_picks(scaled[f], gumbels[f], knobs[f, 1], floats[f, 1], floats[f, 2], _some(keys, f))
+        picks[f] = cut
     elif filtered:
-        f = torch.tensor(filtered).to(dev)
-        picks[f] = _filtered_picks(scaled[f], gumbels[f], ints[f, 1], floats[f, 1], floats[f, 2])
+        cut = _filtered_picks(scaled, gumbels, knobs[:, 1], floats[:, 1], floats[:, 2], keys)
+        picks = torch.where(knobs[:, 3] == 1, cut, picks)
     if best is not None:
-        picks = torch.where(ints[:, 2] == 1, best, picks)
-    return picks.tolist()
+        picks = torch.where(knobs[:, 2] == 1, best, picks)
+    return picks
+
+
+def _some(keys: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if keys is None else keys[rows]
+
+
+GRAPH_ROWS = 16  # rows a graphed pass replays at most (its working memory: ~10 float64 copies of them, ~200 MB)
+
+
+class DrawGraphs:
+    """`_picks` captured as CUDA graphs, one a (device, dtype, vocabulary, rows bucket, kinds): a pass is then a
+    copy of its rows into the graph's input, one of its knobs (from pinned memory, not waited for), a replay and
+    the read, where eager it is ~40 launches behind a synchronous step (the host's launch time was most of a top_p
+    row's ~2 ms on an H100). Rows are padded up to a power of two (at most 5 graphs a kind for GRAPH_ROWS); a
+    bucket's graphs share their input (a padding row's values and knobs are whatever a pass left there: every
+    operation is a row's own, so they touch no other row), and every graph one memory pool a device (they replay
+    one at a time, under a lock, and each is read before the lock is let go). A capture that fails leaves that key
+    eager."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._inputs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pools: dict[torch.device, Any] = {}
+        self._failed: set[tuple] = set()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def picks(self, rows: torch.Tensor, knobs: torch.Tensor, greedy: bool, filtered: bool) -> list[int] | None:
+        """`_picks` of these rows (at most GRAPH_ROWS) and their host knobs, from the graph; None where it cannot be
+        captured."""
+        count, vocab = rows.shape
+        size = 1 << (count - 1).bit_length()
+        bucket = (rows.device, rows.dtype, vocab, size)
+        key = (*bucket, greedy, filtered)
+        with self._lock:
+            if key in self._failed:
+                return None
+            if key not in self._graphs:
+                try:
+                    self._graphs[key] = self._capture(bucket, greedy, filtered)
+                except Exception:
+                    self._failed.add(key)
+                    log.warning("a sampling pass could not be captured (%s); it runs op by op", key[1:], exc_info=True)
+                    from engine.runner.lanes import restore_generator
+
+                    restore_generator(rows.device)
+                    return None
+            graph, out = self._graphs[key]
+            given, table = self._inputs[bucket]
+            given[:count].copy_(rows)
+            table[:count].copy_(knobs.pin_memory(), non_blocking=True)
+            graph.replay()
+            return out[:count].tolist()
+
+    def _capture(self, bucket: tuple, greedy: bool, filtered: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        device, dtype, vocab, size = bucket
+        with torch.cuda.device(device):
+            if bucket not in self._inputs:
+                plain = SamplingParams(temperature=1.0)  # a padding row's knobs until a pass writes its own
+                table = _knobs([plain] * size, [0] * size, vocab).to(device)
+                self._inputs[bucket] = (torch.zeros(size, vocab, dtype=dtype, device=device), table)
+            given, table = self._inputs[bucket]
+            _token_ids(vocab, device)  # made before the capture: a cached tensor must not live in a graph's pool
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):  # a first run outside the capture (the kernels' workspaces)
+                _picks(given, table, greedy, filtered)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pools.get(device), capture_error_mode="thread_local"):
+                out = _picks(given, table, greedy, filtered)
+            self._pools.setdefault(device, graph.pool())
+        return graph, out
+
+
+DRAW_GRAPHS = DrawGraphs()
 
 
 def _filters(params: SamplingParams) -> bool:
@@ -362,24 +499,48 @@ def _filters(params: SamplingParams) -> bool:
 
 
 def _filtered_picks(
-    scaled: torch.Tensor, gumbels: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor, top_p: torch.Tensor
+    scaled: torch.Tensor,
+    gumbels: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+    top_p: torch.Tensor,
+    keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The drawn id of each row under its top_k (the vocabulary for none) / min_p / top_p, as `sample` cuts and
     draws: ranked (score desc, id asc), cut to the top_k, min_p and top_p prefixes (`_kept`'s counts), the Gumbel
-    maximum among what is left (the first in rank order on ties, as `sample`'s)."""
+    maximum among what is left (the first in rank order on ties, as `sample`'s). `keys`: fp32 values that rank as
+    `scaled` does (the finite fp32 logits it was made from: T > 0 and float64's range and precision keep every
+    order and every tie), sorted in its place — half the radix passes of float64's."""
     vocab = scaled.shape[1]
-    order = torch.sort(-scaled, dim=1, stable=True).indices
+    order = torch.sort(-(scaled if keys is None else keys), dim=1, stable=True).indices
     values = scaled.gather(1, order)
     rank = _token_ids(vocab, scaled.device)[None, :]
     in_k = rank < top_k[:, None]
     log_norm = torch.logsumexp(torch.where(in_k, values, -math.inf), dim=1, keepdim=True)
     probs = torch.exp(values - log_norm)
     keep = torch.minimum(top_k, ((probs >= min_p[:, None] * probs[:, :1]) & in_k).sum(dim=1))
-    before = torch.cumsum(probs, dim=1) - probs
+    before = _running_sums(probs) - probs
     reached = ((before < top_p[:, None]) & (rank < keep[:, None])).sum(dim=1).clamp(min=1)
     keep = torch.where(top_p < 1.0, torch.minimum(keep, reached), keep)
     chosen = torch.where(rank < keep[:, None], _drawn(values, gumbels.gather(1, order)), -math.inf)
     return order.gather(1, torch.max(chosen, dim=1, keepdim=True).indices)[:, 0]
+
+
+SCAN_BLOCK = 1024
+
+
+def _running_sums(values: torch.Tensor) -> torch.Tensor:
+    """cumsum along each row of [R, N] (R > 1: in blocks of SCAN_BLOCK, then the blocks' totals carried: torch's
+    scan of a row of many rows walks it in one block of threads, ~0.3 ms at 16 × 154,880 on an H100; the sums are
+    the same up to their order, as a GPU's cumsum is to the host's)."""
+    rows, n = values.shape
+    if rows == 1 or n <= SCAN_BLOCK:
+        return torch.cumsum(values, dim=1)
+    pad = -n % SCAN_BLOCK
+    blocks = torch.nn.functional.pad(values, (0, pad)).view(rows, -1, SCAN_BLOCK).cumsum(dim=2)
+    totals = blocks[:, :, -1]
+    carried = blocks + (totals.cumsum(dim=1) - totals)[:, :, None]
+    return carried.view(rows, -1)[:, :n]
 
 
 DEVICE_ROWS = 64  # prompt rows `rows_logprobs` takes in one pass on a GPU (~80 MB of float64 at 154,880 tokens)

@@ -79,6 +79,16 @@ class Failed:
 
 
 Event = Token | PromptLogprobs | Finished | Failed
+LogprobEntry = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability and its top alternatives
+Drawn = tuple[int, LogprobEntry | None]  # a row's token drawn with its step's (`Scheduler._draw`), and its entry
+
+
+def _on(like: torch.Tensor, index: list) -> torch.Tensor:
+    """`index` as an int64 tensor on `like`'s device, copied from pinned memory without waiting for the device."""
+    values = torch.tensor(index, dtype=torch.int64)
+    if like.is_cuda:
+        values = values.pin_memory()
+    return values.to(like.device, non_blocking=True)
 
 
 class QueueFull(Exception):
@@ -265,6 +275,7 @@ class Scheduler:
         self._drops: list[tuple[int, bool]] = []
         self._first: list[tuple[Request, Any]] = []  # resumed at their prompt's end: sampled after the step
         self._rows_device: torch.device | None = None  # where the steps' logits are: every row is sampled there
+        self.draws_graphed = True  # benches set it off to time the eager passes (`_graph_draws`)
         self._draw_logged = -math.inf  # when `_draw`'s failure was last logged with its traceback
         self._stats: dict[str, Any] = {}
         self._refresh_stats()
@@ -655,11 +666,19 @@ class Scheduler:
         for row, req in enumerate(reqs):
             self._take_window(req, logits[row], self._verifies, drawn.get(row))
 
-    def _draw(self, reqs: list[Request], logits: Any) -> dict[int, list[int]]:
+    @property
+    def _graph_draws(self) -> bool:
+        """A GPU's sampling passes are replayed from CUDA graphs while its decode steps are (--cuda-graphs; not after
+        a failed step capture turned them off)."""
+        decoder = self.executor.decoder
+        return self.draws_graphed and decoder is not None and decoder.uses_graphs
+
+    def _draw(self, reqs: list[Request], logits: Any) -> dict[int, list[Drawn]]:
         """On a GPU, every window row's token at once (`sample_rows`: one pass, one read, where a row at a time is
         a read each): row t of a window is sampled at its position as though the drafts before it were accepted,
-        which is the only case its token is taken in. Rows under a format are left to `_sample` (the mask follows
-        the tokens taken before it). A failure here leaves every row to `_sample`, which fails the request whose
+        which is the only case its token is taken in; the drawn tokens' log-probabilities together too, for the
+        lanes that ask (`_draw_logprobs`). Rows under a format are left to `_sample` (the mask follows the tokens
+        taken before it). A failure here leaves every row to `_sample`, which fails the request whose
         row cannot be sampled, alone. On the host `_sample` samples a row at a time and stops at the first
         rejected draft."""
         if getattr(logits, "is_cpu", True) and not self.batch_host_rows:
@@ -674,21 +693,44 @@ class Scheduler:
             if len(spans) == logits.shape[0] * logits.shape[1]:  # every row of the step: no rows to pick out
                 rows = logits.reshape(len(spans), -1)
             else:
-                index = torch.tensor(spans).to(logits.device)
-                rows = logits[index[:, 0], index[:, 1]]
-            tokens = sample_rows(rows, params, positions)
+                rows = logits[_on(logits, spans).unbind(1)]
+            tokens = sample_rows(rows, params, positions, self._graph_draws)
         except Exception:
-            now = time.monotonic()
-            if now - self._draw_logged >= 60.0:  # a cause that persists: its traceback once a minute
-                self._draw_logged = now
-                log.exception("sampling a step's rows together failed; they are sampled a row at a time")
+            self._log_draw("sampling a step's rows together failed; they are sampled a row at a time")
             return {}
-        drawn: dict[int, list[int]] = {}
-        for (row, _), token in zip(spans, tokens):
-            drawn.setdefault(row, []).append(token)
+        drawn: dict[int, list[Drawn]] = {}
+        for (row, _), token, entry in zip(spans, tokens, self._draw_logprobs(reqs, spans, rows, tokens)):
+            drawn.setdefault(row, []).append((token, entry))
         return drawn
 
-    def _take_window(self, req: Request, logits: Any, verified: bool, drawn: list[int] | None = None) -> None:
+    def _draw_logprobs(
+        self, reqs: list[Request], spans: list[tuple[int, int]], rows: Any, tokens: list[int]
+    ) -> list[LogprobEntry | None]:
+        """The drawn tokens' log-probabilities for the lanes that ask for them, in one `rows_logprobs` pass over
+        their rows (64 rows a pass on a GPU, where a row alone is a dozen launches and reads), each cut to its
+        request's count of alternatives (the ranking is total: score desc, id asc, so a shorter list is a prefix).
+        None for a row whose lane asks none, or all of them when this fails: `_sample` then makes its own."""
+        wanted = [i for i, (row, _) in enumerate(spans) if reqs[row].logprobs is not None]
+        out: list[LogprobEntry | None] = [None] * len(spans)
+        if not wanted:
+            return out
+        try:
+            some = rows if len(wanted) == len(spans) else rows[_on(rows, wanted)]
+            top = max(reqs[spans[i][0]].logprobs or 0 for i in wanted)
+            for i, (value, best) in zip(wanted, rows_logprobs(some, [tokens[i] for i in wanted], top)):
+                out[i] = (value, best[: reqs[spans[i][0]].logprobs or 0])
+        except Exception:
+            self._log_draw("a step's log-probabilities together failed; they are made a row at a time")
+            return [None] * len(spans)
+        return out
+
+    def _log_draw(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._draw_logged >= 60.0:  # a cause that persists: its traceback once a minute
+            self._draw_logged = now
+            log.exception(message)
+
+    def _take_window(self, req: Request, logits: Any, verified: bool, drawn: list[Drawn] | None = None) -> None:
         """Sample a lane's rows in order, each at its own position; a draft counts while it equals the sample
         before it. The lane keeps the rows up to the first sample that differs from its draft (that sample is its
         new pending token); after a verify step it commits them in the next plan. A reply that ends in the window
@@ -731,12 +773,12 @@ class Scheduler:
             counts["drafted"] += len(window) - 1
             counts["accepted"] += accepted
 
-    def _sample(self, req: Request, logits: Any, drawn: int | None = None) -> int | None:
+    def _sample(self, req: Request, logits: Any, drawn: Drawn | None = None) -> int | None:
         """Sample and emit one request's next token. Sampling runs on rank 0 alone, after the step every rank ran,
         so a failure here concerns this request only: it gets an error and its lane is released in the next plan;
         every other request and every rank go on. With a format, the tokens it forbids are masked first; the
         log-probabilities reported are the model's own (before the mask). `drawn`: the token `_draw` sampled for
-        this row already. A row elsewhere than the steps' logits (a kept prompt state's, on the host) is sampled
+        this row already, with its log-probabilities when the request asks for them. A row elsewhere than the steps' logits (a kept prompt state's, on the host) is sampled
         where they are, so a reply does not depend on whether its prompt was kept."""
         try:
             if self._rows_device is not None and logits.device != self._rows_device:
@@ -750,13 +792,13 @@ class Scheduler:
                     self._finish(req, "stop")
                     return None
                 allowed = masked
-            if drawn is None:  # a single row: on a GPU a filtered one drawn in the rows' form (fewer host reads)
+            if drawn is None:  # a single row: on a GPU in the rows' form (fewer host reads)
                 position = len(req.prompt) + len(req.output)
-                drawn = sample_rows(allowed.reshape(1, -1), [req.params], [position])[0]
-            token = drawn
+                drawn = (sample_rows(allowed.reshape(1, -1), [req.params], [position], self._graph_draws)[0], None)
+            token, entry = drawn
             event = Token(token)
             if req.logprobs is not None:
-                event = Token(token, *token_logprobs(logits, token, req.logprobs))
+                event = Token(token, *(entry or token_logprobs(logits, token, req.logprobs)))
         except Exception:
             log.exception("sampling failed for request %s (%s)", req.id, req.params)
             self._finish(

@@ -274,7 +274,7 @@ class LaneDecoder:
                 captured = CapturedStep(run, inputs, self.state, self._mempool)
             except Exception as exc:  # any capture failure: serve on, eagerly
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                _restore_generator(self.device)
+                restore_generator(self.device)
                 self.state.reset(self.state.scratch_lane)
             everyone = self.group.all_agree(captured is not None)  # outside any capture; a no-op on one rank
             if not everyone or captured is None:
@@ -299,7 +299,7 @@ def _lane(seq: Sequence) -> int:
     return seq.lane
 
 
-def _restore_generator(device: torch.device) -> None:
+def restore_generator(device: torch.device) -> None:
     """A capture that raised skips the CUDA generator's capture epilogue (torch 2.11), leaving it marked as capturing:
     every later random draw on the device then fails ("Offset increment outside graph capture encountered
     unexpectedly"; seen on the H200). One trivial capture that succeeds runs the prologue and epilogue again."""

@@ -444,9 +444,10 @@ def test_a_steps_rows_sampled_together_give_the_same_replies(demo, monkeypatch):
     serial, _ = serve(demo, prompts, draft=False, parallel=3, stagger=False)
     passes: list[int] = []
 
-    def together(rows, params, positions):
+    def together(rows, params, positions, graphs):
         passes.append(len(params))
-        return sampling._device_rows(rows, params, positions)
+        assert not graphs  # the CPU's lanes replay no graphs
+        return sampling._device_rows(rows, params, positions, graphs)
 
     monkeypatch.setattr(Scheduler, "batch_host_rows", True)
     monkeypatch.setattr(scheduler_module, "sample_rows", together)
@@ -457,3 +458,72 @@ def test_a_steps_rows_sampled_together_give_the_same_replies(demo, monkeypatch):
     assert max(passes) > 3 and counts["drafted"] > counts["accepted"] > 0  # windows, some drafts rejected
     for i, (a, b, c) in enumerate(zip(serial, plain, drafted)):
         assert a == b == c, f"request {i} ({params_for(i)})"
+
+
+def _logprob_tokens(demo, prompts: list[list[int]], draft: bool) -> dict[str, list[Token]]:
+    """Each request's Token events (id, log-probability, top alternatives) through a real Scheduler: request i asks
+    for (None, 0, 2, 5)[i % 4] alternatives, with params_for(i); with `draft`, copy drafts in windows of 4."""
+    model, _, _ = demo
+    executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=3, graphs=False, window=4)
+    sched = Scheduler(
+        executor,
+        ParallelGroup.single(),
+        parallel=3,
+        max_queued=len(prompts),
+        prefill_chunk=32,
+        drafter="copy" if draft else "none",
+        draft_tokens=3 if draft else 0,
+    )
+    got: dict[str, list[Token]] = {f"r{i}": [] for i in range(len(prompts))}
+    ends = {name: threading.Event() for name in got}
+
+    def sink(name: str):
+        def take(event: object) -> None:
+            if isinstance(event, Token):
+                got[name].append(event)
+            else:
+                assert isinstance(event, Finished), event
+                ends[name].set()
+
+        return take
+
+    sched.start()
+    try:
+        for i, (name, prompt) in enumerate(zip(got, prompts)):
+            request = Request(name, prompt, params_for(i), sink(name), frozenset(), logprobs=(None, 0, 2, 5)[i % 4])
+            sched.submit(request)
+        assert all(event.wait(300) for event in ends.values())
+    finally:
+        sched.stop()
+    return got
+
+
+def test_a_steps_log_probabilities_together_are_each_rows_own(demo, monkeypatch):
+    """With a step's rows drawn together (`Scheduler._draw`, in the GPU's form here), the drawn tokens'
+    log-probabilities are made together too (`_draw_logprobs`: one `rows_logprobs` pass, each row's list cut to its
+    request's count): every token event (id, log-probability, alternatives) equals the one made a row at a time,
+    with and without draft windows, and only a prompt's last row makes its own (`token_logprobs`)."""
+    from engine import sampling
+    from engine import scheduler as scheduler_module
+
+    model, tokenizer, eos = demo
+    prompts = demo_prompts(tokenizer, 8)
+    alone = _logprob_tokens(demo, prompts, draft=False)
+    own: list[int] = []
+    real_own = scheduler_module.token_logprobs
+
+    def counted(*args, **kwargs):
+        own.append(1)
+        return real_own(*args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "batch_host_rows", True)
+    monkeypatch.setattr(scheduler_module, "sample_rows", lambda r, p, q, g: sampling._device_rows(r, p, q, g))
+    monkeypatch.setattr(scheduler_module, "token_logprobs", counted)
+    together = _logprob_tokens(demo, prompts, draft=False)
+    asking = sum(1 for i in range(len(prompts)) if i % 4)
+    assert len(own) == asking  # each asking request's first token (its prompt's last row), no decode row
+    drafted = _logprob_tokens(demo, prompts, draft=True)
+    for name in alone:
+        assert alone[name] == together[name], name
+        assert [(t.id, t.logprob, t.top) for t in alone[name]] == [(t.id, t.logprob, t.top) for t in drafted[name]]
+    assert any(t.logprob is not None and len(t.top) == 5 for t in alone["r3"])

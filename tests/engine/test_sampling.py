@@ -354,3 +354,35 @@ def test_a_steps_rows_sampled_together_are_each_rows_own(vocab: int) -> None:
             at = [q + shift for q in positions]
             want = [sample(row, p, q) for row, p, q in zip(given, mixed, at)]
             assert sampling._device_rows(given, mixed, at) == want, (given.dtype, shift)
+
+
+@pytest.mark.parametrize("vocab", [300, 5000])
+def test_a_graphed_pass_ranks_every_row_and_pads_without_effect(vocab: int) -> None:
+    """The form a CUDA graph replays (`_picks` with `filtered` and no subset: every row ranked and cut, each row's
+    pick chosen by its flags), over a table padded with other rows and other parameters (what a bucket's input
+    holds past a pass's rows): each real row gets `sample`'s token alone, for fp32, bf16 and float64 rows."""
+    gen = torch.Generator().manual_seed(vocab + 1)
+    rows = _odd_rows(12, vocab, gen)
+    mixed = [ROW_PARAMS[(3 * i) % len(ROW_PARAMS)] for i in range(rows.shape[0])]
+    stale = _odd_rows(8, vocab, gen)[3:7] * 3.0  # a padding row's values and knobs: whatever the last pass left
+    stale_params = [SamplingParams(temperature=0.3, top_p=0.5, top_k=7, seed=99)] * 4
+    for given in (rows, rows.to(torch.bfloat16), rows.double()):
+        positions = [40 + 2 * i for i in range(rows.shape[0])]
+        want = [sample(row, sampling.clean(p), q) for row, p, q in zip(given, mixed, positions)]
+        table = torch.cat([given, stale.to(given.dtype)])
+        knobs = sampling._knobs([sampling.clean(p) for p in mixed + stale_params], positions + [0, 1, 2, 3], vocab)
+        picks = sampling._picks(table, knobs, greedy=True, filtered=True)
+        assert picks[: rows.shape[0]].tolist() == want, given.dtype
+        alone = sampling._picks(given[2:3], knobs[2:3], greedy=True, filtered=True)  # a bucket of one, padded to none
+        assert alone.tolist() == want[2:3]
+
+
+def test_the_blocked_running_sums_are_cumsums() -> None:
+    """`_running_sums` (blocks, then their totals carried) gives cumsum's sums: exactly on integers, to rounding on
+    reals, for a row shorter than a block, one that ends mid-block and a single row."""
+    gen = torch.Generator().manual_seed(3)
+    for rows, n in ((3, 5000), (2, 1024), (4, 700), (1, 3000), (5, 2 * sampling.SCAN_BLOCK + 1)):
+        ints = torch.randint(0, 1000, (rows, n), generator=gen).double()
+        assert torch.equal(sampling._running_sums(ints), torch.cumsum(ints, dim=1))
+        reals = torch.rand(rows, n, generator=gen, dtype=torch.float64)
+        assert torch.allclose(sampling._running_sums(reals), torch.cumsum(reals, dim=1), rtol=1e-12, atol=0)

@@ -139,7 +139,7 @@ def test_a_failed_capture_falls_back_to_eager_with_one_warning(model, monkeypatc
     warnings = [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()]
     assert len(warnings) == 1
     assert all(got[i][0] == expected[i][0] for i in got)
-    # the failed capture must not leave the device's random generator unusable (it did before _restore_generator:
+    # the failed capture must not leave the device's random generator unusable (it did before restore_generator:
     # the next test's torch.randn raised "Offset increment outside graph capture encountered unexpectedly")
     assert torch.randn(4, device="cuda").isfinite().all()
 

@@ -149,3 +149,85 @@ def test_a_steps_rows_together_on_the_gpu_draw_the_hosts_tokens() -> None:
         positions = [4097 + 3 * i + shift for i in range(rows.shape[0])]
         want = [sample(rows[i], params[i], positions[i]) for i in range(rows.shape[0])]
         assert sample_rows(on_gpu, params, positions) == want, shift
+
+
+def test_a_steps_rows_replayed_from_cuda_graphs_draw_the_hosts_tokens() -> None:
+    """The passes replayed from CUDA graphs (`sample_rows(..., graphs=True)`, the scheduler's with --cuda-graphs on):
+    row counts that fill a bucket and then leave rows of it over from a fuller pass (4 then 3 rows replay the 4-row
+    graph; 35 rows are passes of 16, 16 and 3), each kind (all unfiltered, some greedy, some filtered; a bucket's
+    kinds share its input, so a pass's padding holds another kind's rows and knobs), the same graphs replayed again
+    on other rows and positions, fp32 and bf16 rows: each row gets the host's token for it alone, and graphs were
+    captured."""
+    from engine.sampling import DRAW_GRAPHS, SAMPLE_ROWS, sample_rows
+
+    rows = _rows(SAMPLE_ROWS + 3)
+    before = len(DRAW_GRAPHS)
+    plain, filtered = PARAMS[1:3], PARAMS[3:]
+    for dtype in (torch.float32, torch.bfloat16):
+        given = rows.to(dtype)
+        for count in (1, 2, 4, 3, 8, 5, 16, 13, SAMPLE_ROWS, SAMPLE_ROWS + 3):
+            for kind in (plain, PARAMS, filtered, PARAMS[:1] + plain):
+                for replay in range(2):  # the second replays the graphs the first captured, on other values
+                    shift = count + replay
+                    params = [kind[(i + shift) % len(kind)] for i in range(count)]
+                    positions = [11 + 5 * i + replay for i in range(count)]
+                    sub = given[shift : shift + count] if shift + count <= given.shape[0] else given[:count]
+                    want = [sample(sub[i].float(), params[i], positions[i]) for i in range(count)]
+                    assert sample_rows(sub.cuda(), params, positions, graphs=True) == want, (dtype, count, kind)
+    assert len(DRAW_GRAPHS) > before
+
+
+def test_the_schedulers_draws_replay_graphs_only_with_cuda_graphs(monkeypatch) -> None:
+    """--cuda-graphs decides the sampling passes' graphs as it does the decode steps': a scheduler over a lane
+    decoder with graphs samples through them, one without (or once a failed step capture turned its graphs off)
+    samples eagerly; the replies (top_p, three lanes, the trained demo) are the same either way."""
+    import threading
+
+    from engine import sampling
+    from engine.checkpoint.demo import TRAINED
+    from engine.models.glm5_next.model import Glm5NextForCausalLM
+    from engine.parallel import ParallelGroup
+    from engine.runner.executor import StepExecutor
+    from engine.scheduler import Finished, Request, Scheduler, Token
+
+    calls: list[bool] = []
+    real = sampling._device_rows
+
+    def watched(rows, params, positions, graphs=False):
+        calls.append(graphs)
+        return real(rows, params, positions, graphs)
+
+    monkeypatch.setattr(sampling, "_device_rows", watched)
+    model = Glm5NextForCausalLM.load(TRAINED, ParallelGroup.single("cuda"))
+    replies: dict[bool, dict[str, list[int]]] = {}
+    for graphs in (True, False):
+        calls.clear()
+        executor = StepExecutor(model, model.make_pool(2048, "fp32"), lanes=3, graphs=graphs)
+        sched = Scheduler(executor, ParallelGroup.single("cuda"), parallel=3, max_queued=8, prefill_chunk=16)
+        got: dict[str, list[int]] = {f"r{i}": [] for i in range(3)}
+        ends = {name: threading.Event() for name in got}
+
+        def sink(name: str):
+            def take(event: object) -> None:
+                if isinstance(event, Token):
+                    got[name].append(event.id)
+                elif isinstance(event, Finished):
+                    ends[name].set()
+
+            return take
+
+        sched.start()
+        try:
+            for i, name in enumerate(got):
+                params = SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=12)
+                sched.submit(Request(name, list(range(5 + i, 30)), params, sink(name), frozenset()))
+            assert all(event.wait(300) for event in ends.values())
+        finally:
+            sched.stop()
+        replies[graphs] = got
+        assert calls and set(calls) == {graphs}, graphs
+        assert sched._graph_draws == graphs
+        executor.decoder.graphs = None  # as a failed step capture leaves it: the draws follow the steps, eager
+        assert not sched._graph_draws
+        assert all(len(tokens) == 12 for tokens in got.values()), got
+    assert replies[True] == replies[False]
