@@ -543,23 +543,28 @@ def _running_sums(values: torch.Tensor) -> torch.Tensor:
     return carried.view(rows, -1)[:, :n]
 
 
+LogprobEntry = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability and its top alternatives
+
+
 DEVICE_ROWS = 64  # prompt rows `rows_logprobs` takes in one pass on a GPU (~80 MB of float64 at 154,880 tokens)
 
 
-def rows_logprobs(
-    logits: torch.Tensor, tokens: list[int], top: int = 0, rows: int | None = None
-) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+def rows_logprobs(logits: torch.Tensor, tokens: list[int], top: int = 0, rows: int | None = None) -> list[LogprobEntry]:
     """For each i, the log-probability of tokens[i] under row i of `logits` and its `top` most likely tokens with
-    theirs, as `token_logprobs` says (that is this for one row): a prompt's rows, for completions' echo. On a GPU
-    DEVICE_ROWS rows a pass — one log-softmax, gather and top-k over the block, a host read for its values — where a
-    row at a time is a dozen launches and reads (a 2,048-token chunk: 2,048 of each); on the host a row at a time
-    (blocks gained nothing there: a row's float64 copy stays in cache). A row of a block is normalised and ranked
-    alone, so on the host its values do not depend on the block. `rows`: a pass's rows, if not the device's."""
-    out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+    theirs, as `token_logprobs` says (that is this for one row): a prompt's rows, for completions' echo, and a decode
+    step's drawn rows. On a GPU DEVICE_ROWS rows a pass — one log-softmax, gather and top-k over the block, and one
+    host read for all its values (`_device_logprobs`) — where a row at a time is a dozen launches and reads; on the
+    host a row at a time (blocks gained nothing there: a row's float64 copy stays in cache). A row of a block is
+    normalised and ranked alone, so on the host its values do not depend on the block. `rows`: a pass's rows, if not
+    the device's."""
+    out: list[LogprobEntry] = []
     step = rows or (1 if logits.is_cpu else DEVICE_ROWS)
     for first in range(0, len(tokens), step):
         wanted = tokens[first : first + step]
         block = logits[first : first + len(wanted)].detach().to(torch.float64)
+        if not block.is_cpu:
+            out += _device_logprobs(block, wanted, top)
+            continue
         if not bool(torch.isfinite(block.sum())):  # NaN, an infinity or an overflowing sum: `finite`'s rows
             block = _finite_rows(block)
         logp = torch.log_softmax(block, dim=1)
@@ -567,19 +572,51 @@ def rows_logprobs(
         if top <= 0:
             out += [(value, ()) for value in chosen]
             continue
-        k = min(top, logp.shape[1])
-        best, ids = torch.topk(logp, min(k + 1, logp.shape[1]), dim=1)
-        ids = ids[:, :k].sort(dim=1).values  # as `_ranked`: by id, then by score with ties in id order
-        ranked = ids.gather(1, torch.sort(-logp.gather(1, ids), dim=1, stable=True).indices)
-        if k < logp.shape[1]:  # the next score ties the k-th: top-k chose among the tied, `_ranked` takes the lowest
-            for row in torch.nonzero(best[:, k] == best[:, k - 1]).reshape(-1).tolist():
-                ranked[row] = _ranked(logp[row], k)
+        ranked, tied = _top_ranked(logp, top)
+        for row in torch.nonzero(tied).reshape(-1).tolist():
+            ranked[row] = _ranked(logp[row], ranked.shape[1])
         values = logp.gather(1, ranked)
         out += [(v, tuple(zip(i, lp))) for v, i, lp in zip(chosen, ranked.tolist(), values.tolist())]
     return out
 
 
-def token_logprobs(logits: torch.Tensor, token: int, top: int = 0) -> tuple[float, tuple[tuple[int, float], ...]]:
+def _top_ranked(logp: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `top` best ids by (score desc, id asc), as `_ranked`: top-k's, by id, then by score with ties in
+    that order; and whether the next score ties the k-th (top-k then chose among the tied, where `_ranked` takes the
+    lowest ids: such a row is ranked again by `_ranked`)."""
+    k = min(top, logp.shape[1])
+    best, ids = torch.topk(logp, min(k + 1, logp.shape[1]), dim=1)
+    ids = ids[:, :k].sort(dim=1).values
+    ranked = ids.gather(1, torch.sort(-logp.gather(1, ids), dim=1, stable=True).indices)
+    tied = best[:, k] == best[:, k - 1] if k < logp.shape[1] else torch.zeros_like(best[:, 0], dtype=torch.bool)
+    return ranked, tied
+
+
+def _device_logprobs(block: torch.Tensor, tokens: list[int], top: int) -> list[LogprobEntry]:
+    """`rows_logprobs` of a float64 block on a GPU with one host read: every row made finite (`_finite_rows`: the
+    same values for a row that already is, without the check's read), the chosen values, the tie flags, the ranked
+    ids (exact in float64: below 2^53) and their values packed into one tensor; a tied row ranked again alone."""
+    logp = torch.log_softmax(_finite_rows(block), dim=1)
+    index = torch.tensor(tokens, dtype=torch.int64)
+    index = (index.pin_memory() if logp.is_cuda else index).to(logp.device, non_blocking=True)
+    chosen = logp.gather(1, index[:, None])
+    if top <= 0:
+        return [(value, ()) for value in chosen[:, 0].tolist()]
+    ranked, tied = _top_ranked(logp, top)
+    k = ranked.shape[1]
+    packed = torch.cat([chosen, tied[:, None].double(), ranked.double(), logp.gather(1, ranked)], dim=1).tolist()
+    out: list[LogprobEntry] = []
+    for row, values in enumerate(packed):
+        ids = [int(i) for i in values[2 : 2 + k]]
+        scores = values[2 + k :]
+        if values[1]:  # rare: the k-th score ties the next
+            again = _ranked(logp[row], k)
+            ids, scores = again.tolist(), logp[row][again].tolist()
+        out.append((values[0], tuple(zip(ids, scores))))
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int = 0) -> LogprobEntry:
     """The log-probability of `token` under the model's own distribution (log-softmax of the fp32 logits the
     sampler reads, in float64; before temperature and filters, as vLLM reports by default), and the `top` most
     likely tokens with theirs (ties: lower id first): `rows_logprobs` of the one row."""

@@ -41,7 +41,7 @@ from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepOutOfMemory, StepPlan
-from engine.sampling import SamplingParams, rows_logprobs, sample_rows, token_logprobs
+from engine.sampling import LogprobEntry, SamplingParams, rows_logprobs, sample_rows, token_logprobs
 from engine.structured import Constraint
 from engine.vision.prompt import PromptImage, chunk_rows, items, key_ids
 
@@ -79,7 +79,6 @@ class Failed:
 
 
 Event = Token | PromptLogprobs | Finished | Failed
-LogprobEntry = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability and its top alternatives
 Drawn = tuple[int, LogprobEntry | None]  # a row's token drawn with its step's (`Scheduler._draw`), and its entry
 
 

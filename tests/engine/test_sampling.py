@@ -276,6 +276,24 @@ def test_a_prompts_logprobs_in_blocks_are_each_rows_own(rows: int | None) -> Non
         assert rows_logprobs(row, tokens, 4, rows) == [_plain_logprobs(row[i], tokens[i], 4) for i in range(4)]
 
 
+def test_the_gpus_one_read_logprobs_are_each_rows_own() -> None:
+    """The GPU's form of a block's log-probabilities (`_device_logprobs`: every row made finite without a check,
+    the values, tie flags, ranked ids and their values read at once; run here on the CPU) gives each row's values
+    written the plain way, exactly: ties at the k-th score (ranked again alone), NaN, infinities, overflowing sums,
+    a `top` beyond the vocabulary."""
+    gen = torch.Generator().manual_seed(5)
+    for vocab, count in ((50, 12), (3000, 9)):
+        x = torch.randn(count, vocab, generator=gen) * 3
+        x[::5] = x[::5].round()  # ties, some at the k-th score
+        x[3, 7], x[4, 2], x[6] = math.nan, math.inf, -math.inf
+        x[8, :3] = 3e38
+        x[1, :10] = 9.0  # ten tied at the top: a cut at 1 or 5 goes through them
+        tokens = torch.randint(0, vocab, (count,), generator=gen).tolist()
+        for top in (0, 1, 5, vocab + 3):
+            want = [_plain_logprobs(x[i], tokens[i], top) for i in range(count)]
+            assert sampling._device_logprobs(x.double(), tokens, top) == want, (vocab, top)
+
+
 def test_a_top_k_cut_through_ties_keeps_the_lowest_ids() -> None:
     """Tokens tied at the k-th score: the ranking is (score desc, id asc), so the cut keeps the lowest of them
     (top-k alone may pick any), in sampling and in the reported top tokens alike."""
