@@ -546,7 +546,9 @@ def _running_sums(values: torch.Tensor) -> torch.Tensor:
 LogprobEntry = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability and its top alternatives
 
 
-DEVICE_ROWS = 64  # prompt rows `rows_logprobs` takes in one pass on a GPU (~80 MB of float64 at 154,880 tokens)
+DEVICE_ROWS = (
+    64  # rows `rows_logprobs` takes in one pass on a GPU (~4 float64 copies at once: ~320 MB at 154,880 tokens)
+)
 
 
 def rows_logprobs(logits: torch.Tensor, tokens: list[int], top: int = 0, rows: int | None = None) -> list[LogprobEntry]:

@@ -676,23 +676,38 @@ class Scheduler:
         """On a GPU, every window row's token at once (`sample_rows`: one pass, one read, where a row at a time is
         a read each): row t of a window is sampled at its position as though the drafts before it were accepted,
         which is the only case its token is taken in; the drawn tokens' log-probabilities together too, for the
-        lanes that ask (`_draw_logprobs`). Rows under a format are left to `_sample` (the mask follows the tokens
-        taken before it). A failure here leaves every row to `_sample`, which fails the request whose
-        row cannot be sampled, alone. On the host `_sample` samples a row at a time and stops at the first
-        rejected draft."""
+        lanes that ask (`_draw_logprobs`). A lane under a format has its first row drawn under the format's mask;
+        its later rows are left to `_sample` (their masks follow the tokens taken before them). A failure here
+        leaves every row to `_sample`, which fails the request whose row cannot be sampled, alone. On the host
+        `_sample` samples a row at a time and stops at the first rejected draft."""
         if getattr(logits, "is_cpu", True) and not self.batch_host_rows:
             return {}
         lanes = [row for row, req in enumerate(reqs) if req.constraint is None and not req.done]
         spans = [(row, t) for row in lanes for t in range(len(reqs[row].window))]
-        if not spans:
+        formats = [
+            row
+            for row, req in enumerate(reqs)
+            if req.constraint is not None and not req.done and not req.constraint.ended
+        ]
+        if not spans and not formats:
             return {}
         try:
-            params = [reqs[row].params for row, _ in spans]
-            positions = [len(reqs[row].prompt) + len(reqs[row].output) + t for row, t in spans]
             if len(spans) == logits.shape[0] * logits.shape[1]:  # every row of the step: no rows to pick out
                 rows = logits.reshape(len(spans), -1)
-            else:
+            elif spans:
                 rows = logits[_on(logits, spans).unbind(1)]
+            # a format's first row under its mask, known before any token of the step is taken (a later row's
+            # follows the tokens taken before it: `_sample`'s); one the format allows nothing in is `_sample`'s too
+            masks = [(row, reqs[row].constraint.mask(logits[row, 0])) for row in formats]  # type: ignore[union-attr]
+            masked = [(row, m) for row, m in masks if m is not None]
+            if masked:
+                extra = torch.stack([m for _, m in masked])
+                rows = torch.cat([rows, extra]) if spans else extra
+                spans += [(row, 0) for row, _ in masked]
+            if not spans:
+                return {}
+            params = [reqs[row].params for row, _ in spans]
+            positions = [len(reqs[row].prompt) + len(reqs[row].output) + t for row, t in spans]
             tokens = sample_rows(rows, params, positions, self._graph_draws)
         except Exception:
             self._log_draw("sampling a step's rows together failed; they are sampled a row at a time")
@@ -709,7 +724,10 @@ class Scheduler:
         their rows (64 rows a pass on a GPU, where a row alone is a dozen launches and reads), each cut to its
         request's count of alternatives (the ranking is total: score desc, id asc, so a shorter list is a prefix).
         None for a row whose lane asks none, or all of them when this fails: `_sample` then makes its own."""
-        wanted = [i for i, (row, _) in enumerate(spans) if reqs[row].logprobs is not None]
+        # a format's row is drawn from its masked copy: its log-probabilities are the model's own (`_sample`'s)
+        wanted = [
+            i for i, (row, _) in enumerate(spans) if reqs[row].logprobs is not None and reqs[row].constraint is None
+        ]
         out: list[LogprobEntry | None] = [None] * len(spans)
         if not wanted:
             return out
@@ -739,7 +757,7 @@ class Scheduler:
         self._held, self._held_by = [], threading.get_ident()
         try:
             for t in range(len(window)):
-                token = self._sample(req, logits[t], None if drawn is None else drawn[t])
+                token = self._sample(req, logits[t], drawn[t] if drawn is not None and t < len(drawn) else None)
                 if token is None:
                     break
                 kept = t + 1
@@ -777,13 +795,14 @@ class Scheduler:
         so a failure here concerns this request only: it gets an error and its lane is released in the next plan;
         every other request and every rank go on. With a format, the tokens it forbids are masked first; the
         log-probabilities reported are the model's own (before the mask). `drawn`: the token `_draw` sampled for
-        this row already, with its log-probabilities when the request asks for them. A row elsewhere than the steps' logits (a kept prompt state's, on the host) is sampled
-        where they are, so a reply does not depend on whether its prompt was kept."""
+        this row already (under its format's mask), with its log-probabilities when the request asks for them. A row
+        elsewhere than the steps' logits (a kept prompt state's, on the host) is sampled where they are, so a reply
+        does not depend on whether its prompt was kept."""
         try:
             if self._rows_device is not None and logits.device != self._rows_device:
                 logits = logits.to(self._rows_device)
             allowed = logits
-            if req.constraint is not None:
+            if req.constraint is not None and drawn is None:  # (a drawn row was drawn under its mask: `_draw`)
                 # the format is complete and wants no end token (ignore_eos; or one that is empty, such as a choice
                 # of ""), or it allows no token at all here: the reply ends where it is
                 masked = None if req.constraint.ended else req.constraint.mask(logits)

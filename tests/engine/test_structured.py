@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -18,7 +19,7 @@ from engine.checkpoint.demo import TRAINED
 from engine.parallel import ParallelGroup
 from engine.runner.executor import StepExecutor
 from engine.sampling import SamplingParams
-from engine.scheduler import Finished, Request, Scheduler
+from engine.scheduler import Finished, Request, Scheduler, Token
 from engine.server import formats
 from engine.server.protocol import Tool
 from engine.structured import Constraint, FormatError, Grammars
@@ -363,3 +364,71 @@ def test_a_format_complete_before_any_token_ends_the_reply_cleanly(demo, grammar
     with_end, without = sinks
     assert isinstance(with_end.end, Finished) and with_end.end.reason == "stop" and with_end.end.completion_tokens == 1
     assert isinstance(without.end, Finished) and without.end.reason == "stop" and without.tokens == []
+
+
+@torch.no_grad()
+def test_a_formats_first_row_drawn_with_the_steps_rows_gives_the_same_replies(demo, grammars, monkeypatch):  # noqa: F811
+    """The GPU's draw of a step through the scheduler, on the CPU (`Scheduler._draw` with `batch_host_rows`, the
+    rows-together form for `sample_rows`): a lane under a format has its first row drawn with the step's other rows,
+    under the format's mask (its later rows, after forced-text drafts, a row at a time). The replies are the ones
+    sampled a row at a time, with and without drafts, and passes held several formats' rows."""
+    from engine import sampling
+    from engine import scheduler as scheduler_module
+
+    model, tokenizer, eos = demo
+    todo = cases(tokenizer)[:8]
+    alone, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=1)
+    passes: list[int] = []
+
+    def together(rows, params, positions, graphs):
+        passes.append(len(params))
+        return sampling._device_rows(rows, params, positions, graphs)
+
+    monkeypatch.setattr(Scheduler, "batch_host_rows", True)
+    monkeypatch.setattr(scheduler_module, "sample_rows", together)
+    batched, _ = serve_formats(model, eos, grammars, todo, draft=False, parallel=4)
+    assert max(passes) == 4  # every lane's first row in one pass, each under its own format
+    drafted, counts = serve_formats(model, eos, grammars, todo, draft=True, parallel=4)
+    assert counts["by_drafter"]["format"]["accepted"] > 0, counts
+    assert alone == batched == drafted
+    passes.clear()
+    mixed = [serve_mixed(model, eos, grammars, todo, draft) for draft in (False, True)]
+    assert max(passes) > 1
+    monkeypatch.setattr(Scheduler, "batch_host_rows", False)
+    assert mixed == [serve_mixed(model, eos, grammars, todo, False)] * 2
+
+
+def serve_mixed(model, eos, grammars, todo, draft: bool) -> list[list[tuple]]:
+    """Formats beside plain lanes, log-probabilities asked by some of each (a format's are the model's own, from the
+    unmasked row): each request's token events as (id, log-probability, alternatives)."""
+    executor = StepExecutor(model, model.make_pool(4096, "fp32"), lanes=4, window=4)
+    sched = Scheduler(
+        executor, ParallelGroup.single(), parallel=4, max_queued=len(todo), prefill_chunk=32, heartbeat_s=0.05,
+        drafter="copy", draft_tokens=3,
+    )  # fmt: skip
+    events: list[list[tuple]] = [[] for _ in todo]
+    ends = [threading.Event() for _ in todo]
+
+    def sink(i: int):
+        def take(event: object) -> None:
+            if isinstance(event, Token):
+                events[i].append((event.id, event.logprob, event.top))
+            else:
+                assert isinstance(event, Finished), event
+                ends[i].set()
+
+        return take
+
+    sched.start()
+    try:
+        for i, (ids, fmt, _) in enumerate(todo):
+            params = SamplingParams(temperature=0.0 if i % 3 == 0 else 0.9, seed=i, max_tokens=40)
+            constraint = Constraint(grammars.compile(formats.spec_text(fmt)), eos) if i % 2 == 0 else None
+            logprobs = (None, 2, 0, 4)[i % 4]
+            sched.submit(Request(f"m{i}", ids, params, sink(i), eos, draft=draft, constraint=constraint,
+                                 logprobs=logprobs))  # fmt: skip
+        assert all(end.wait(300) for end in ends)
+    finally:
+        sched.stop()
+    assert any(e[1] is not None for e in events[2]) and all(len(e[2]) == 4 for e in events[3])
+    return events
