@@ -339,8 +339,8 @@ def _device_rows(
     if all(p.greedy for p in params):  # `finite` changes no row's first maximum
         return torch.max(_nan_impossible(rows), dim=1).indices.tolist()
     knobs = _knobs(params, positions, rows.shape[1])
-    filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
-    kinds = (any(p.greedy for p in params), bool(filtered))
+    filtered = knobs[:, 3].nonzero().reshape(-1)
+    kinds = (any(p.greedy for p in params), len(filtered) > 0)
     if graphs and rows.is_cuda:
         out: list[int] = []
         for first in range(0, len(params), GRAPH_ROWS):
@@ -351,20 +351,19 @@ def _device_rows(
             out += got
         else:
             return out
-    subset = torch.tensor(filtered) if 0 < len(filtered) < len(params) else None
-    if rows.is_cuda:
-        knobs = knobs.pin_memory()
-        subset = None if subset is None else subset.pin_memory()
-    move = functools.partial(torch.Tensor.to, device=rows.device, non_blocking=True)
-    return _picks(rows, move(knobs), *kinds, subset=None if subset is None else move(subset)).tolist()
+    subset = to_device(filtered, rows.device) if 0 < len(filtered) < len(params) else None
+    return _picks(rows, to_device(knobs, rows.device), *kinds, subset=subset).tolist()
 
 
-KNOBS = 7  # a row's columns in `_knobs`' table
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`, copied without waiting for the device: from pinned memory on a GPU (torch keeps
+    the pinned block until the copy is done)."""
+    return (values.pin_memory() if device.type == "cuda" else values).to(device, non_blocking=True)
 
 
 def _knobs(params: list[SamplingParams], positions: list[int], vocab: int) -> torch.Tensor:
     """Each row's hash key, top_k (the vocabulary for none), whether greedy, whether filtered, and the bits of its
-    float64 temperature (1 for a greedy row), min_p and top_p: [R, KNOBS] int64 on the host."""
+    float64 temperature (1 for a greedy row), min_p and top_p: [R, 7] int64 on the host."""
     keyed = [
         [
             _signed(row_key(p.seed, q)),
@@ -406,7 +405,9 @@ def _picks(
     picks = torch.max(_drawn(scaled, gumbels), dim=1).indices
     if filtered and subset is not None:
         f = subset
-        cut = _filtered_picks(scaled[f], gumbels[f], knobs[f, 1], floats[f, 1], floats[f, 2], _some(keys, f))
+        cut = _filtered_picks(
+            scaled[f], gumbels[f], knobs[f, 1], floats[f, 1], floats[f, 2], None if keys is None else keys[f]
+        )
         picks[f] = cut
     elif filtered:
         cut = _filtered_picks(scaled, gumbels, knobs[:, 1], floats[:, 1], floats[:, 2], keys)
@@ -414,10 +415,6 @@ def _picks(
     if best is not None:
         picks = torch.where(knobs[:, 2] == 1, best, picks)
     return picks
-
-
-def _some(keys: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-    return None if keys is None else keys[rows]
 
 
 GRAPH_ROWS = 16  # rows a graphed pass replays at most (its working memory: ~10 float64 copies of them, ~200 MB)
@@ -466,7 +463,7 @@ class DrawGraphs:
             graph, out = self._graphs[key]
             given, table = self._inputs[bucket]
             given[:count].copy_(rows)
-            table[:count].copy_(knobs.pin_memory(), non_blocking=True)
+            table[:count].copy_(to_device(knobs, table.device))
             graph.replay()
             return out[:count].tolist()
 
@@ -599,8 +596,7 @@ def _device_logprobs(block: torch.Tensor, tokens: list[int], top: int) -> list[L
     same values for a row that already is, without the check's read), the chosen values, the tie flags, the ranked
     ids (exact in float64: below 2^53) and their values packed into one tensor; a tied row ranked again alone."""
     logp = torch.log_softmax(_finite_rows(block), dim=1)
-    index = torch.tensor(tokens, dtype=torch.int64)
-    index = (index.pin_memory() if logp.is_cuda else index).to(logp.device, non_blocking=True)
+    index = to_device(torch.tensor(tokens, dtype=torch.int64), logp.device)
     chosen = logp.gather(1, index[:, None])
     if top <= 0:
         return [(value, ()) for value in chosen[:, 0].tolist()]

@@ -41,7 +41,7 @@ from engine.config import EngineConfig
 from engine.drafts import CopyDrafter
 from engine.reuse import Node, PrefixIndex, chunk_keys
 from engine.runner.executor import StepExecutor, StepOutOfMemory, StepPlan
-from engine.sampling import LogprobEntry, SamplingParams, rows_logprobs, sample_rows, token_logprobs
+from engine.sampling import LogprobEntry, SamplingParams, rows_logprobs, sample_rows, to_device, token_logprobs
 from engine.structured import Constraint
 from engine.vision.prompt import PromptImage, chunk_rows, items, key_ids
 
@@ -83,11 +83,8 @@ Drawn = tuple[int, LogprobEntry | None]  # a row's token drawn with its step's (
 
 
 def _on(like: torch.Tensor, index: list) -> torch.Tensor:
-    """`index` as an int64 tensor on `like`'s device, copied from pinned memory without waiting for the device."""
-    values = torch.tensor(index, dtype=torch.int64)
-    if like.is_cuda:
-        values = values.pin_memory()
-    return values.to(like.device, non_blocking=True)
+    """`index` as an int64 tensor on `like`'s device, not waited for (`sampling.to_device`)."""
+    return to_device(torch.tensor(index, dtype=torch.int64), like.device)
 
 
 class QueueFull(Exception):
