@@ -12,11 +12,17 @@ Figures per chunk of T tokens: time (median of triton.testing.do_bench), TFLOP/s
 through this layer's experts, and the largest difference from the expert loop (relative to its largest value).
 
     PYTHONPATH=. python bench/exl3_prompt_bench.py --out exl3_prompt.json [--tokens 128,2048,8192] [--tp 1,2]
+        [--variants dot,bm64] [--no-loop] [--no-bf16]
+
+Each grouped form's output also gets a sha256 of its bits: the inputs come from one seed in one order, so a run of
+this file against another tree (`env -C OTHER PYTHONPATH=. python THIS/bench/exl3_prompt_bench.py ...`) tells
+whether a change kept the bits.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from datetime import datetime, timezone
@@ -68,6 +74,8 @@ def main() -> int:
     parser.add_argument("--tp", default="1,2")
     parser.add_argument("--budget", type=float, default=240.0, help="seconds; what is left is skipped")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 bank (14.5 GB at TP=1)")
+    parser.add_argument("--variants", default=None, help="comma-separated VARIANTS names to time (default: all)")
+    parser.add_argument("--no-loop", action="store_true", help="skip the expert loop (reference and timing)")
     args = parser.parse_args()
     start = time.time()
     result: dict = {
@@ -108,12 +116,19 @@ def main() -> int:
             def grouped(kw: dict):
                 return lambda: tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, **kw)
 
-            runs = {"exl3_grouped": grouped({}), **{f"exl3_grouped_{n}": grouped(kw) for n, kw in VARIANTS.items()}}
-            if tokens <= 2048:
+            chosen_variants = (
+                VARIANTS if args.variants is None else {n: VARIANTS[n] for n in args.variants.split(",") if n}
+            )
+            runs = {
+                "exl3_grouped": grouped({}),
+                **{f"exl3_grouped_{n}": grouped(kw) for n, kw in chosen_variants.items()},
+            }
+            if tokens <= 2048 and not args.no_loop:
                 runs["exl3_looped"] = lambda: tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
             if bf16 is not None:
                 runs["bf16_grouped_mm"] = lambda: MoE._grouped(bf16, x, chosen, weights)  # type: ignore[arg-type]
-            reference = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0) if tokens <= 2048 else None
+            loop = tokens <= 2048 and not args.no_loop
+            reference = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0) if loop else None
             for name, fn in runs.items():
                 try:
                     ms = do_bench(fn, warmup=10, rep=60, return_mode="median")
@@ -128,9 +143,12 @@ def main() -> int:
                     "peak_fraction": flops / ms / 1e-3 / peak,
                     "tokens_per_s": tokens / ms * 1e3,
                 }
-                if reference is not None and name.startswith("exl3_grouped"):
+                if name.startswith("exl3_grouped"):
                     y = fn()
-                    entry["max_rel_diff"] = float((y - reference).abs().max() / reference.abs().max())
+                    # the output's bits, to compare trees or forms (the same inputs: one seed, one order of draws)
+                    entry["sha256"] = hashlib.sha256(y.cpu().numpy().tobytes()).hexdigest()[:16]
+                    if reference is not None:
+                        entry["max_rel_diff"] = float((y - reference).abs().max() / reference.abs().max())
                 row[name] = entry
             # the rotation before gate‖up alone (every pair's x gathered, pre-scaled by its expert's suh, rotated,
             # written in fp32 twice: gate and up), by rows a program and warps
@@ -163,6 +181,7 @@ def main() -> int:
                 + "  ".join(
                     f"{k} {v['ms']:.2f} ms {v['tflops']:.0f} TF/s"
                     + (f" d={v['max_rel_diff']:.1e}" if "max_rel_diff" in v else "")
+                    + (f" {v['sha256']}" if "sha256" in v else "")
                     for k, v in row.items()
                     if isinstance(v, dict) and "ms" in v
                 )

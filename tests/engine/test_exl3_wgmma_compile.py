@@ -43,12 +43,17 @@ def _compile(**const):
     return compile_gluon(tx._exl3_grouped_wgmma, pointers, const, 90, const["WARPS"])
 
 
-# (K, N, MATS, SCATTER): gate‖up and down at TP=1 and at TP=2's shard
+# (K, N, MATS, SCATTER): gate‖up and down at TP=1 and at TP=2's shard, and TP=3's uneven shards (6 and 5 Hadamard
+# blocks of 128: gate‖up's 768 and 640 outputs, down's 48 and 40 K tiles)
 SHAPES = [
     (HIDDEN, WIDTH, 2, False),
     (WIDTH, HIDDEN, 1, True),
     (HIDDEN, WIDTH // 2, 2, False),
     (WIDTH // 2, HIDDEN, 1, True),
+    (HIDDEN, 768, 2, False),
+    (HIDDEN, 640, 2, False),
+    (768, HIDDEN, 1, True),
+    (640, HIDDEN, 1, True),
 ]
 
 
