@@ -123,11 +123,11 @@ def main() -> int:
                 "exl3_grouped": grouped({}),
                 **{f"exl3_grouped_{n}": grouped(kw) for n, kw in chosen_variants.items()},
             }
-            if tokens <= 2048 and not args.no_loop:
+            loop = tokens <= 2048 and not args.no_loop  # the expert loop: reference and timing
+            if loop:
                 runs["exl3_looped"] = lambda: tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
             if bf16 is not None:
                 runs["bf16_grouped_mm"] = lambda: MoE._grouped(bf16, x, chosen, weights)  # type: ignore[arg-type]
-            loop = tokens <= 2048 and not args.no_loop
             reference = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0) if loop else None
             for name, fn in runs.items():
                 try:

@@ -355,10 +355,15 @@ def _device_rows(
     return _picks(rows, to_device(knobs, rows.device), *kinds, subset=subset).tolist()
 
 
+def pinned_for(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values` as the source of a copy to `device` that nothing waits for: pinned when the copy goes from the host
+    to a GPU (torch keeps the pinned block until the copy is done), else as they are."""
+    return values.pin_memory() if device.type == "cuda" and not values.is_cuda else values
+
+
 def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`, copied without waiting for the device: from pinned memory on a GPU (torch keeps
-    the pinned block until the copy is done)."""
-    return (values.pin_memory() if device.type == "cuda" else values).to(device, non_blocking=True)
+    """A host tensor on `device`, copied without waiting for the device (`pinned_for`)."""
+    return pinned_for(values, device).to(device, non_blocking=True)
 
 
 def _knobs(params: list[SamplingParams], positions: list[int], vocab: int) -> torch.Tensor:
@@ -463,7 +468,7 @@ class DrawGraphs:
             graph, out = self._graphs[key]
             given, table = self._inputs[bucket]
             given[:count].copy_(rows)
-            table[:count].copy_(to_device(knobs, table.device))
+            table[:count].copy_(pinned_for(knobs, table.device), non_blocking=True)
             graph.replay()
             return out[:count].tolist()
 
