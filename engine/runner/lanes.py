@@ -32,7 +32,6 @@ import torch
 from engine import ops
 from engine.cache import KVPool, LaneState, Sequence
 from engine.runner.protocol import LaneModel
-from engine.sampling import pinned_for, to_device
 
 log = logging.getLogger("engine.lanes")
 
@@ -168,7 +167,7 @@ class LaneDecoder:
         if fill[0]:
             assert drafts is not None
             inputs = inputs.to(self.device)
-            where = to_device(torch.tensor(fill, dtype=torch.long), self.device)
+            where = torch.tensor(fill, dtype=torch.long).to(self.device, non_blocking=True)
             inputs[1, where[0]] = drafts.reshape(-1)[where[1]]
         self.proposed = drafts
         logits = self._step(inputs, len(seqs), width, max(s.length for s in seqs) + width)
@@ -228,7 +227,9 @@ class LaneDecoder:
             rows[lane] = 0
             count = min(len(words), rows.shape[1])
             rows[lane, :count] = torch.from_numpy(np.asarray(words[:count], dtype=np.int32))
-        self.draft_mask.copy_(pinned_for(rows, self.device), non_blocking=True)
+        if self.device.type == "cuda":
+            rows = rows.pin_memory()
+        self.draft_mask.copy_(rows, non_blocking=True)
         self._masked = set(masks)
 
     def commit(self, seq: Sequence, rows: int) -> None:
@@ -255,7 +256,8 @@ class LaneDecoder:
         """`run(inputs)` eagerly, or replayed from the graph captured for `key` (inputs of `fields` rows)."""
         graph = self._graph(key, run, inputs.shape[1], fields) if self.graphs is not None else None
         if graph is not None:
-            return graph.replay(pinned_for(inputs, self.device)).clone()
+            source = inputs if inputs.is_cuda else inputs.pin_memory()
+            return graph.replay(source).clone()
         return run(inputs.to(self.device))
 
     def _graph(
