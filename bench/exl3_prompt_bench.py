@@ -52,6 +52,11 @@ VARIANTS = {
     "bm128": {"bm": 128},
     "bm64": {"bm": 64},
     "rotate_rows1": {"rotate_rows": 1},
+    # the wgmma form's ring of x stages and its register cap
+    "kb2": {"stage_tiles": 2},
+    "stages4_kb2": {"stages": 4, "stage_tiles": 2},
+    "stages4": {"stages": 4},
+    "no_maxnreg": {"wgmma_maxnreg": None},
 }
 ROTATE_VARIANTS = [(1, 1), (2, 1), (4, 1), (4, 2), (8, 2), (8, 4), (16, 4)]  # (rows a program, warps)
 

@@ -4,6 +4,11 @@ conversion inside the loop shows up as BAR.SYNC) and the registers. Weights per 
 KU · 256 · BNT / (32 · warps), so instructions a weight = loop instructions / that.
 
     PYTHONPATH=. python bench/exl3_sass.py [--rows 1,8] [--bnt 8] [--warps 4] [--no-asm]
+    PYTHONPATH=. python bench/exl3_sass.py --grouped   # a prompt chunk's `_exl3_grouped_wgmma`, PROMPT_LAUNCH's forms
+
+With --grouped: the warpgroup form at the served gate‖up shape (K 4096, TP=2's 1,024 outputs, 64 pairs a block on
+4 warps and 128 on 8), with PROMPT_LAUNCH's ring and register cap and without the cap: its largest loop (one turn of
+the ring), instructions a K tile, barriers, registers, shared memory and the programs an SM holds by them.
 
 Counts are what the GPU must issue, not a timing: bench/exl3_bench.py measures on the GPU.
 """
@@ -105,8 +110,55 @@ def analyse(kernel) -> dict:
     }
 
 
+def largest_loop(sass: str) -> collections.Counter:
+    """The opcodes of the largest loop in SASS text (a label and the backward branch to it)."""
+    best: collections.Counter = collections.Counter()
+    for found in re.finditer(r"(\.L_x_\d+):", sass):
+        body = sass[found.end() :]
+        end = body.find(f"BRA `({found.group(1)})")
+        if end > 0 and sum((ops := opcodes(body[:end])).values()) > sum(best.values()):
+            best = ops
+    return best
+
+
+def grouped(bm: int, warps: int, maxnreg: int | None) -> dict:
+    """`_exl3_grouped_wgmma` compiled for sm_90 at the gate‖up shape, PROMPT_LAUNCH's ring, under a register cap."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = tx._exl3_grouped_wgmma
+    ring = {"KB": tx.PROMPT_LAUNCH["stage_tiles"], "STAGES": tx.PROMPT_LAUNCH["stages"]}
+    const = dict(K_TILES=256, N_TILES=64, WORDS=32, BITS2=8, CODEBOOK=1, BM=bm, BNT=8, MATS=2, SCATTER=False)
+    const |= dict(SPLIT_X=True, WARPS=warps, N_FIRST=True, MUL1_SCALE=tx._MUL1_SCALE, MUL1_BIAS=tx._MUL1_BIAS)
+    const |= dict(ASM=True, **ring)
+    pointers = {"xh_ptr": "*fp16", "xl_ptr": "*fp16", "t_ptr": "*i32", "block_ptr": "*i32", "dest_ptr": "*i32"}
+    pointers["out_ptr"] = "*fp32"
+    source = GluonASTSource(
+        fn=fn,
+        signature={n: pointers.get(n, "constexpr") for n in fn.arg_names},
+        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in pointers},
+    )
+    options = {"num_warps": warps} | ({} if maxnreg is None else {"maxnreg": maxnreg})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    sass, usage = disassemble(kernel)
+    ops = largest_loop(sass)
+    tiles = ring["KB"] * ring["STAGES"]
+    regs = registers(usage) or 0
+    programs = min(65536 // (regs * 32 * warps), 228 * 1024 // max(kernel.metadata.shared, 1))
+    return {
+        "per_tile": sum(ops.values()) / tiles,
+        "barriers_per_tile": ops.get("BAR", 0) / tiles,
+        "registers": regs,
+        "stack": int(m.group(1)) if (m := re.search(r"STACK:(\d+)", usage)) else None,
+        "shared": kernel.metadata.shared,
+        "programs_an_sm": programs,
+        "ops": dict(ops.most_common(12)),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--grouped", action="store_true", help="the prompt chunk's warpgroup form instead")
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--bnt", default="8")
     parser.add_argument("--warps", type=int, default=4)
@@ -114,6 +166,11 @@ def main() -> int:
     parser.add_argument("--no-asm", action="store_true")
     parser.add_argument("--form", default="fma", choices=("fma", "mma"), help="_exl3_gemv or _exl3_gemv_mma")
     args = parser.parse_args()
+    if args.grouped:
+        for bm, warps in ((64, 4), (128, 8)):
+            for cap in (tx.PROMPT_LAUNCH["wgmma_maxnreg"], None):
+                print(f"{bm} pairs, {warps} warps, register cap {cap}: {grouped(bm, warps, cap)}")
+        return 0
     for rows in map(int, args.rows.split(",")):
         for bnt in map(int, args.bnt.split(",")):
             found = analyse(compile_gemv(rows, bnt, args.warps, args.unroll, not args.no_asm, form=args.form))

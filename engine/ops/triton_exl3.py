@@ -63,7 +63,9 @@ shapes, H200: 2.5e-5 of the largest output with fp16 operands, 4.9e-5 with TF32)
 On Hopper (compute capability 9.0) the product is `_exl3_grouped_wgmma` instead, a Gluon kernel: the format's tile
 layout is the MMA's A fragment, so the product is computed transposed (outputs × pairs) and each decoded W_q tile is
 the warpgroup MMA's register operand as it stands, where `_exl3_grouped`'s tl.dot stored it to shared memory
-(21-way bank conflicts); its x rows come in their natural input order. Both grids put a pair block's output blocks
+(21-way bank conflicts); its x rows come in their natural input order, as the two fp16 operands the rotation and
+`_swiglu_between` write for it (`_store_halves`: each program split x again at every K step before), copied into
+shared memory by cp.async, and its MMAs are asynchronous: a tile's decode overlaps the tile before's products. Both grids put a pair block's output blocks
 side by side, so they read the block's x rows from L2. H200, 2,048 tokens through one GLM-5.3-Flash layer's routed
 experts at TP=2's shard: 3.91 ms (session 22; 6.58 with the dot form blocks first, as in session 21; bf16 experts'
 `_grouped_mm` 3.75; the loop over experts it replaced, `_looped_experts`, kept for the bench, 176 ms).
@@ -80,12 +82,15 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from engine.quant import exl3
 
 CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# `_store_halves`' remainder as one uncontracted PTX subtraction (compiled), a plain one (Triton's interpreter, which
+# runs no PTX and contracts nothing)
+_SUB_RN = tl.constexpr(not _INTERPRETED)
 MAX_ROWS = 8  # rows per matrix in one launch (decode and verify windows)
 # how `rotate_rows` stores each 16-input tile: as is, in the GEMV's input order, in the grouped MMA's
 INPUT_ORDERS = {"natural": 0, "gemv": 1, "mma": 2}
@@ -448,12 +453,14 @@ def _rotate(
     PAIRED: tl.constexpr,
     GATHER: tl.constexpr,
     R: tl.constexpr = 1,
+    SPLIT: tl.constexpr = False,
 ):
     """One 128-block of R rows r = g*ROWS + m (of `total`): out = H(sum of PARTS partials · pre[mats[g]]) ·
     post[mats[g]] (+ add[mats[g]]), H by the butterflies of exl3.rotate in its order (same fp32 bits, whatever R);
     rows m >= live_rows are written as zeros; ORDER 1 / 2 stores each 16-tile in the GEMV's / the grouped MMA's
     input order. Output row r reads input row r // share (one input row feeding `share` matrices), or row
-    gather[r // share] (GATHER; one part)."""
+    gather[r // share] (GATHER; one part). SPLIT: out is fp16 [2, total, WIDTH], each value as `_store_halves`
+    writes it."""
     row = tl.program_id(0) * R + tl.arange(0, R)
     block = tl.program_id(1)
     valid = row < total
@@ -482,7 +489,30 @@ def _rotate(
         y = y + tl.load(add_ptr + mat_offs, mask=mask, other=0.0).to(tl.float32)
     y = tl.where(live, y, 0.0)
     dest = _kernel_order(block, ORDER)
-    tl.store(out_ptr + row.to(tl.int64)[:, None] * WIDTH + dest[None, :], y, mask=mask)
+    half = total.to(tl.int64) * WIDTH  # past 2^31 values at 32k-token chunks
+    _store_halves(out_ptr, row.to(tl.int64)[:, None] * WIDTH + dest[None, :], half, y, mask, SPLIT)
+
+
+@triton.jit
+def _store_halves(out_ptr, offs, half, y, mask, SPLIT: tl.constexpr):
+    """fp32 y at out_ptr + offs, or (SPLIT) as the grouped products' two fp16 operands: y rounded to fp16 at offs and
+    the remainder y - head rounded to fp16 `half` values further — the split those kernels made of each x in every
+    program and every K step, made once here, the same bits. The subtraction is `sub.rn.f32` in PTX: written as
+    y - head, the compiler fused it with the product that made y (the Hadamard's last scaling) into one FMA, a
+    remainder off in its last bit for ~1 value in 6, where the products read y from memory."""
+    if SPLIT:
+        head = y.to(tl.float16)
+        tl.store(out_ptr + offs, head, mask=mask)
+        wide = head.to(tl.float32)
+        if _SUB_RN:
+            rest = tl.inline_asm_elementwise(
+                "sub.rn.f32 $0, $1, $2;", "=r,r,r", [y, wide], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            rest = y - wide
+        tl.store(out_ptr + half + offs, rest.to(tl.float16), mask=mask)
+    else:
+        tl.store(out_ptr + offs, y, mask=mask)
 
 
 @triton.jit
@@ -540,10 +570,12 @@ def _swiglu_between(
     WIDTH: tl.constexpr,
     PARTS: tl.constexpr,
     ORDER: tl.constexpr,
+    SPLIT: tl.constexpr = False,
 ):
     """Between the MoE's two GEMVs, one 128-block of pair p: gate / up = H(Σ partials of rows 2p / 2p+1) · svh,
     h = silu(min(gate, limit)) · clamp(up, ±limit), out = H(h · suh_down[expert]), each 16-tile stored in the
-    INPUT_ORDERS order ORDER (the GEMV's, the grouped MMA's or as is)."""
+    INPUT_ORDERS order ORDER (the GEMV's, the grouped MMA's or as is); SPLIT: as `_store_halves`' two fp16
+    operands, out [2, pairs, WIDTH]."""
     pair = tl.program_id(0)
     block = tl.program_id(1)
     rows = 2 * tl.num_programs(0)
@@ -559,7 +591,8 @@ def _swiglu_between(
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate / (1.0 + tl.exp(-gate)) * up
     h = _hadamard(h * tl.load(suh_ptr + expert * WIDTH + offs).to(tl.float32))
-    tl.store(out_ptr + pair.to(tl.int64) * WIDTH + _kernel_order(block, ORDER), h)
+    dest = pair.to(tl.int64) * WIDTH + _kernel_order(block, ORDER)
+    _store_halves(out_ptr, dest, tl.num_programs(0).to(tl.int64) * WIDTH, h, None, SPLIT)
 
 
 @triton.jit
@@ -714,12 +747,15 @@ def _exl3_grouped(
     ASM: tl.constexpr,
     F16: tl.constexpr = False,
     N_FIRST: tl.constexpr = False,
+    xl_ptr=None,
+    X16: tl.constexpr = False,
 ):
     """A prompt chunk's (row, expert) pairs, sorted by expert, times their experts' W_q on the tensor cores: program
     (b, n, m) takes block b of the block table ((expert, first pair, end pair): at most BM pairs of one expert),
     output columns n·16·BNT.., and matrix MATS·expert + m (gate / up: MATS = 2, x row 2p + m; down: MATS = 1, x row
     p). Each K tile's trellis words are decoded once for the block's BM rows straight into the MMA operand
-    (`_tile_fragment`; W_q never reaches memory); x rows in the grouped MMA's input order, fp32. Without F16 the MMA
+    (`_tile_fragment`; W_q never reaches memory); x rows in the grouped MMA's input order, fp32 (X16: as two fp16
+    operands). Without F16 the MMA
     is TF32: W_q's fp16 values are exact in it, and with SPLIT_X each x is the sum of its TF32 part and the
     remainder, two products, so the result is as close as fp32 (without: one product, x rounded to TF32's 11 bits).
     F16 (the default launch): the same with fp16 operands (W_q's values are fp16; x as its fp16 rounding and the
@@ -730,7 +766,9 @@ def _exl3_grouped(
     where TF32's is relative (at the served shapes the sums came closer to fp32 than TF32's: 2.5e-5 against 4.9e-5).
     Output row: MATS·p + m, or dest[p] (SCATTER). A block with no pairs does nothing, so the launch shape depends on
     the pair count alone. N_FIRST: the grid's first two axes swapped, (n, b, m), so the programs that read one
-    block's x rows run side by side and find them in L2."""
+    block's x rows run side by side and find them in L2. X16 (with F16): x comes as its two fp16 operands, made once
+    by the kernel before (`_store_halves`: the same values this kernel's split gives), x_ptr the first, xl_ptr the
+    remainder: no split at every K step of every program."""
     b, n, m = _grouped_program(N_FIRST)
     expert = tl.load(block_ptr + 3 * b).to(tl.int64)
     first = tl.load(block_ptr + 3 * b + 1)
@@ -738,7 +776,8 @@ def _exl3_grouped(
     pair = first + tl.arange(0, BM)
     live = pair < end
     x_row = (pair * MATS + m).to(tl.int64)
-    x_ptrs = x_ptr + x_row[:, None] * (K_TILES * 16) + tl.arange(0, 16)[None, :]
+    x_offs = x_row[:, None] * (K_TILES * 16) + tl.arange(0, 16)[None, :]
+    x_ptrs = x_ptr + x_offs
     lane4 = tl.arange(0, 4)[:, None, None]
     quad = tl.arange(0, 8)[None, None, :]
     tiles = (n * BNT + tl.arange(0, BNT))[None, :, None]
@@ -764,7 +803,12 @@ def _exl3_grouped(
                     base, quad, lane4, cur, prev, WORDS, BITS2, CODEBOOK, MUL1_SCALE, MUL1_BIAS, ASM, BNT, F16
                 )
                 x = tl.load(x_ptrs + kt * 16, mask=live[:, None], other=0.0)
-                if F16:
+                if X16:  # x_ptr / xl_ptr: x's two fp16 operands, made once (`_store_halves`)
+                    acc = tl.dot(x, w, acc)
+                    if SPLIT_X:
+                        rest = tl.load(xl_ptr + x_offs + kt * 16, mask=live[:, None], other=0.0)
+                        acc = tl.dot(rest, w, acc)
+                elif F16:
                     head = x.to(tl.float16)
                     acc = tl.dot(head, w, acc)
                     if SPLIT_X:
@@ -785,8 +829,43 @@ def _exl3_grouped(
 
 
 @gluon.jit
+def _ring(SLOTS: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr):
+    """SLOTS shared buffers [BM, 16] fp16, each its own allocation: Triton's barrier pass then sees a copy into one
+    slot and an MMA reading another as apart (slices of one allocation put a barrier beside every copy)."""
+    slots = ()
+    for _ in gl.static_range(SLOTS):
+        slots = slots + (gl.allocate_shared_memory(gl.float16, [BM, 16], layout),)
+    return slots
+
+
+@gluon.jit
+def _x_stage(
+    heads,
+    rests,
+    xh_ptrs,
+    xl_ptrs,
+    live,
+    buf: gl.constexpr,
+    kt,
+    K_TILES: gl.constexpr,
+    KB: gl.constexpr,
+    SPLIT_X: gl.constexpr,
+):
+    """K tiles kt .. kt + KB - 1 of a block's x operands (pointers [BM, 16] at tile 0, live [BM, 1]) copied from
+    memory into shared buffers buf·KB + u without passing through registers (cp.async, 16 bytes a thread a copy;
+    tiles past K_TILES are not read), as one commit group."""
+    for u in gl.static_range(KB):
+        ok = live & (kt + u < K_TILES)
+        async_copy.async_copy_global_to_shared(heads[buf * KB + u], xh_ptrs + (kt + u) * 16, mask=ok)
+        if SPLIT_X:
+            async_copy.async_copy_global_to_shared(rests[buf * KB + u], xl_ptrs + (kt + u) * 16, mask=ok)
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _exl3_grouped_wgmma(
-    x_ptr,
+    xh_ptr,
+    xl_ptr,
     t_ptr,
     block_ptr,
     dest_ptr,
@@ -806,33 +885,42 @@ def _exl3_grouped_wgmma(
     ASM: gl.constexpr,
     WARPS: gl.constexpr,
     N_FIRST: gl.constexpr,
+    KB: gl.constexpr,
+    STAGES: gl.constexpr,
 ):
     """`_exl3_grouped` with fp16 operands on Hopper's warpgroup MMA (Gluon: layouts stated, not inferred), the
     product transposed: accᵀ [16 BNT outputs, BM pairs] += W_qᵀ · xᵀ. The format lays a tile's values out as the
     MMA's A fragment (lane l holds outputs l//4, l//4 + 8 and inputs 2 (l%4) + (0, 1, 8, 9)), so with the words
     loaded in a layout whose lanes are the tile's lanes and whose warps are its tiles, the decoded W_qᵀ is the
     register operand as it stands (the conversion is checked trivial at compile time): nothing of W_q goes through
-    shared memory, where `_exl3_grouped`'s operand stores were 21-way bank-conflicted. x (natural input order, fp32)
-    goes to shared memory as the fp16 head and remainder (SPLIT_X), the B operand. Same block table, outputs and
-    program grid as `_exl3_grouped` (N_FIRST: its first two axes swapped)."""
+    shared memory, where `_exl3_grouped`'s operand stores were 21-way bank-conflicted. x comes as its two fp16
+    operands (x rounded, and the remainder: `_store_halves`, made once by the kernel before, natural input order)
+    and goes into a ring of STAGES stages of KB K tiles in shared memory by cp.async (not through registers): the B
+    operand. The MMAs are asynchronous: a tile's decode runs while the tile before's products are on the tensor
+    cores, and the program waits for those only then (their register operand stays live until that wait). The ring
+    moves on at a stage's first tile, behind a barrier: 0.5 a tile at 4 tiles a stage, where the form before took 2
+    (each slot of the ring its own allocation, `_ring`). The products and their order are those of the synchronous form, so
+    the sums are the same bits. Same block table, outputs and program grid as `_exl3_grouped` (N_FIRST: its first
+    two axes swapped)."""
+    gl.static_assert(STAGES >= 2, "a stage in use and one in flight at least")
+    gl.static_assert(K_TILES % (STAGES * KB) == 0, "the ring's turns divide the K tiles")
     b, n, m = _grouped_program(N_FIRST)
     # words [4 (l%4), BNT tiles, 8 (l//4)]: lane l = 4 (l//4) + l%4 of the warp, tile t on warp t % WARPS
     words: gl.constexpr = gl.BlockedLayout([1, 1, 1], [4, 1, 8], [1, WARPS, 1], [0, 2, 1])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BM, 16])
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    rows: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [WARPS, 1], [1, 0])
+    copies: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [WARPS, 1], [1, 0])  # 16 bytes a thread a copy
     shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
     expert = gl.load(block_ptr + 3 * b).to(gl.int64)
     first = gl.load(block_ptr + 3 * b + 1)
     end = gl.load(block_ptr + 3 * b + 2)
-    pair = first + gl.arange(0, BM, layout=gl.SliceLayout(1, rows))
+    pair = first + gl.arange(0, BM, layout=gl.SliceLayout(1, copies))
     live = gl.expand_dims(pair < end, 1)
-    x_row = (pair * MATS + m).to(gl.int64)
-    x_ptrs = (
-        x_ptr
-        + gl.expand_dims(x_row, 1) * (K_TILES * 16)
-        + gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, rows)), 0)
+    x_at = gl.expand_dims((pair * MATS + m).to(gl.int64), 1) * (K_TILES * 16) + gl.expand_dims(
+        gl.arange(0, 16, layout=gl.SliceLayout(0, copies)), 0
     )
+    xh_ptrs = xh_ptr + x_at
+    xl_ptrs = xl_ptr + x_at
     lane4 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, words))), 1), 2)
     tiles = n * BNT + gl.arange(0, BNT, layout=gl.SliceLayout(0, gl.SliceLayout(2, words)))
     tiles = gl.expand_dims(gl.expand_dims(tiles, 0), 2)
@@ -840,44 +928,59 @@ def _exl3_grouped_wgmma(
     t_base = t_ptr + (expert * MATS + m) * (K_TILES * N_TILES * WORDS) + tiles * WORDS
     lane_words = 4 * quad + lane4
     step_words = N_TILES * WORDS
-    heads = gl.allocate_shared_memory(gl.float16, [BM, 16], shared)
-    rests = gl.allocate_shared_memory(gl.float16, [BM, 16], shared)
+    heads = _ring(STAGES * KB, BM, shared)
+    rests = _ring(STAGES * KB if SPLIT_X else 0, BM, shared)
     acc = gl.zeros([16 * BNT, BM], gl.float32, layout=mma)
     if end > first:
+        for s in gl.static_range(STAGES - 1):
+            _x_stage(heads, rests, xh_ptrs, xl_ptrs, live, s, s * KB, K_TILES, KB, SPLIT_X)
         cur, prev = _tile_words(t_base, lane_words, BITS2 == 8)
-        x = gl.load(x_ptrs, mask=live, other=0.0)
-        for kt in range(K_TILES):
-            ahead = gl.minimum(kt + 1, K_TILES - 1)
-            next_cur, next_prev = _tile_words(t_base + ahead * step_words, lane_words, BITS2 == 8)
-            next_x = gl.load(x_ptrs + ahead * 16, mask=live, other=0.0)
-            w = _tile_fragment(
-                t_base + kt * step_words,
-                quad,
-                lane4,
-                cur,
-                prev,
-                WORDS,
-                BITS2,
-                CODEBOOK,
-                MUL1_SCALE,
-                MUL1_BIAS,
-                ASM,
-                BNT,
-                True,
-                True,
-            )
-            w = gl.convert_layout(w, operand, assert_trivial=True)
-            head = x.to(gl.float16)
-            gl.thread_barrier()  # the last step's products have read the buffers
-            heads.store(head)
-            if SPLIT_X:
-                rests.store((x - head.to(gl.float32)).to(gl.float16))
-            hopper.fence_async_shared()
-            gl.thread_barrier()
-            acc = hopper.warpgroup_mma(w, heads.permute((1, 0)), acc)
-            if SPLIT_X:
-                acc = hopper.warpgroup_mma(w, rests.permute((1, 0)), acc)
-            cur, prev, x = next_cur, next_prev, next_x
+        w_prev = gl.zeros([16 * BNT, 16], gl.float16, layout=operand)
+        for k0 in range(0, K_TILES, STAGES * KB):  # the ring unrolled: every buffer a constant
+            for stage in gl.static_range(STAGES):
+                for t in gl.static_range(KB):
+                    kt = k0 + stage * KB + t
+                    ahead = gl.minimum(kt + 1, K_TILES - 1)
+                    next_cur, next_prev = _tile_words(t_base + ahead * step_words, lane_words, BITS2 == 8)
+                    w = _tile_fragment(
+                        t_base + kt * step_words,
+                        quad,
+                        lane4,
+                        cur,
+                        prev,
+                        WORDS,
+                        BITS2,
+                        CODEBOOK,
+                        MUL1_SCALE,
+                        MUL1_BIAS,
+                        ASM,
+                        BNT,
+                        True,
+                        True,
+                    )
+                    w = gl.convert_layout(w, operand, assert_trivial=True)
+                    if t == 0:
+                        # the last stage's products done; this stage's copies landed (the next STAGES - 2 may
+                        # still be in flight), seen by every thread and by the MMAs' proxy; past the barrier no
+                        # warpgroup reads the last stage's buffers, so the stage STAGES - 1 ahead goes into them
+                        acc, w_prev = hopper.warpgroup_mma_wait(num_outstanding=0, deps=(acc, w_prev))
+                        async_copy.wait_group(STAGES - 2)
+                        hopper.fence_async_shared()
+                        gl.thread_barrier()
+                        _x_stage(
+                            heads, rests, xh_ptrs, xl_ptrs, live, (stage + STAGES - 1) % STAGES,
+                            kt + (STAGES - 1) * KB, K_TILES, KB, SPLIT_X,
+                        )  # fmt: skip
+                    acc = hopper.warpgroup_mma(w, heads[stage * KB + t].permute((1, 0)), acc, is_async=True)
+                    if SPLIT_X:
+                        acc = hopper.warpgroup_mma(w, rests[stage * KB + t].permute((1, 0)), acc, is_async=True)
+                    # the tile before's products done, this tile's left in flight while the next is decoded: its
+                    # register operand stays live until the next wait
+                    acc, w_prev = hopper.warpgroup_mma_wait(num_outstanding=2 if SPLIT_X else 1, deps=(acc, w_prev))
+                    w_prev = w
+                    cur, prev = next_cur, next_prev
+        acc, w_prev = hopper.warpgroup_mma_wait(num_outstanding=0, deps=(acc, w_prev))
+        async_copy.wait_group(0)  # the copies past the last tile (masked: nothing read)
     # stores along the outputs: a thread's 4 consecutive outputs of one pair
     outs: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, WARPS], [0, 1])
     acc = gl.convert_layout(acc, outs)
@@ -986,13 +1089,15 @@ def rotate_rows(
     gather: torch.Tensor | None = None,
     num_warps: int = 4,
     block_rows: int = 1,
+    split: bool = False,
 ) -> torch.Tensor:
     """x [PARTS, G*rows / share, W] fp32 (partials summed in order) -> H(Σ x · pre[mats]) · post[mats] + add[mats],
     [G*rows, W] fp32 (output row r from input row r // share); pre / post / add are [E, W]. `paired`: mats holds
     G/2 ids and group g uses matrix 2 ids[g // 2] + g % 2 (an expert's gate and up). `gather` [G*rows / share]:
     output row r reads input row gather[r // share] of x [1, any, W] instead. `order` (INPUT_ORDERS): how each
     16-input tile is stored — as is, in `_exl3_gemv`'s input order or in `_exl3_grouped`'s. `block_rows`: rows a
-    program (a power of two; a row's bits are the same at any)."""
+    program (a power of two; a row's bits are the same at any). `split`: fp16 [2, G*rows, W] instead, each value as
+    `_exl3_grouped_wgmma`'s two operands (`_store_halves`)."""
     parts, total, width = x.shape
     if block_rows < 1 or block_rows & (block_rows - 1):
         raise ValueError(f"block_rows={block_rows}: rows a program is a power of two")
@@ -1001,7 +1106,7 @@ def rotate_rows(
             raise ValueError("a gathered rotation reads one part")
         total = gather.numel()
     total *= share
-    out = torch.empty(total, width, dtype=torch.float32, device=x.device)
+    out = _operands((total, width), split, x.device)
     dummy = out
     _rotate[(-(-total // block_rows), width // exl3.HADAMARD_BLOCK)](
         x.contiguous(),
@@ -1024,9 +1129,17 @@ def rotate_rows(
         PAIRED=paired,
         GATHER=gather is not None,
         R=block_rows,
+        SPLIT=split,
         num_warps=num_warps,
     )
     return out
+
+
+def _operands(shape: tuple[int, int], split: bool, device: torch.device) -> torch.Tensor:
+    """Where a grouped product's x goes: fp32 [R, W], or (split) its two fp16 operands [2, R, W]."""
+    if split:
+        return torch.empty((2, *shape), dtype=torch.float16, device=device)
+    return torch.empty(shape, dtype=torch.float32, device=device)
 
 
 def gemv_form(device: torch.device, form: str | None = None) -> str:
@@ -1178,6 +1291,12 @@ PROMPT_LAUNCH: dict = {
     # "dot": `_exl3_grouped` everywhere (the form the other GPUs and the interpreter run)
     "form": "wgmma",
     "wgmma_warps": None,  # wgmma form: warps a program, a multiple of 4; None: 4 for 64-pair blocks, 8 for 128
+    "stage_tiles": 4,  # wgmma form: K tiles of x a stage of its ring of shared buffers (the ring moves on a stage)
+    "wgmma_maxnreg": 128,  # wgmma form: registers a thread at most (ptxas' cap): 4 programs of 4 warps an SM (the
+    # uncapped build takes 138 at 64 pairs, 3 programs; capped: a 24-byte stack, 5 spill loads a ring's turn outside
+    # the tiles' work: bench/exl3_sass.py --grouped)
+    "stages": 2,  # wgmma form: the ring's stages (one in use, the next STAGES - 1 copies in flight); the ring's
+    # tiles must divide the K tiles (it is unrolled): 8, a Hadamard block's, divides every shard's width
     # dot form only
     "ku": 1,  # K tiles a step
     "prefetch": True,  # the next K tile's words loaded ahead
@@ -1215,6 +1334,12 @@ def _operands_f16(operands: str) -> bool:
     return operands == "fp16"
 
 
+def _split_operands(launch: dict) -> bool:
+    """Whether the grouped products take x as its two fp16 operands made once (`_store_halves`): with fp16 operands,
+    in either form (TF32 operands take x in fp32)."""
+    return _operands_f16(launch["operands"])
+
+
 def _wgmma_applies(launch: dict, device: torch.device) -> bool:
     """Whether `grouped_experts` runs `_exl3_grouped_wgmma`: asked for, fp16 operands, and a Hopper GPU (warpgroup
     MMA is compute capability 9.0's alone; the GB10 and the interpreter run `_exl3_grouped`)."""
@@ -1249,7 +1374,7 @@ def _grouped_launch(
     _, k_tiles, n_tiles, _ = bank.trellis.shape
     bnt = math.gcd(launch["bnt"], n_tiles)
     grid = _grouped_grid(table, n_tiles // bnt, mats, launch)
-    args = (xp, _words(bank.trellis), table, table if dest is None else dest, out)
+    args = (_words(bank.trellis), table, table if dest is None else dest, out)
     shape = dict(K_TILES=k_tiles, N_TILES=n_tiles, WORDS=bits2 * 4, BITS2=bits2, CODEBOOK=cb, BM=launch["bm"], BNT=bnt)
     shape |= dict(MATS=mats, SCATTER=dest is not None, SPLIT_X=launch["split_x"], N_FIRST=launch["n_first"])
     decode = dict(MUL1_SCALE=_MUL1_SCALE, MUL1_BIAS=_MUL1_BIAS, ASM=_asm(None))
@@ -1260,13 +1385,20 @@ def _grouped_launch(
                 f"the wgmma form takes 64 or 128 pairs a block and whole warpgroups (warps a multiple of 4) whose "
                 f"count divides the output tiles a program: {launch['bm']} pairs, {warps} warps, {bnt} tiles"
             )
-        _exl3_grouped_wgmma[grid](*args, **shape, **decode, WARPS=warps, num_warps=warps)
+        head, rest = xp  # `_store_halves`' two operands
+        ring = dict(KB=launch["stage_tiles"], STAGES=launch["stages"])
+        if k_tiles % (ring["KB"] * ring["STAGES"]):
+            raise ValueError(f"{k_tiles} K tiles: the ring's {ring['STAGES']} stages of {ring['KB']} must divide them")
+        cap = {} if launch["wgmma_maxnreg"] is None else {"maxnreg": launch["wgmma_maxnreg"]}
+        _exl3_grouped_wgmma[grid](head, rest, *args, **shape, **decode, **ring, WARPS=warps, num_warps=warps, **cap)
         return
     ku = launch["ku"] if k_tiles % launch["ku"] == 0 else 1
     f16 = _operands_f16(launch["operands"])
+    halves = dict(xl_ptr=xp[1], X16=True) if f16 else {}  # `_split_operands`
     _exl3_grouped[grid](
-        *args, **shape, **decode, KU=ku, PREFETCH=launch["prefetch"], F16=f16, num_warps=launch["num_warps"]
-    )
+        xp[0] if f16 else xp, *args, **shape, **decode, KU=ku, PREFETCH=launch["prefetch"], F16=f16, **halves,
+        num_warps=launch["num_warps"],
+    )  # fmt: skip
 
 
 def grouped_experts(
@@ -1296,6 +1428,7 @@ def grouped_experts(
     table = _block_table(torch.bincount(flat, minlength=len(down)), launch["bm"], pairs)
     warps = launch["rotate_warps"]
     wgmma = _wgmma_applies(launch, x.device)
+    split = _split_operands(launch)
     inputs = "natural" if wgmma else "mma"  # the products' input order
     xp = rotate_rows(
         x[None],
@@ -1308,10 +1441,11 @@ def grouped_experts(
         gather=order // k,
         num_warps=warps,
         block_rows=launch["rotate_rows"],
+        split=split,
     )
     h = torch.empty(2 * pairs, width, dtype=torch.float32, device=x.device)
     _grouped_launch(xp, gate_up, table, 2, h, None, launch, wgmma)
-    hp = torch.empty(pairs, width, dtype=torch.float32, device=x.device)
+    hp = _operands((pairs, width), split, x.device)
     _swiglu_between[(pairs, width // exl3.HADAMARD_BLOCK)](
         h,
         hp,
@@ -1322,6 +1456,7 @@ def grouped_experts(
         WIDTH=width,
         PARTS=1,
         ORDER=INPUT_ORDERS[inputs],
+        SPLIT=split,
         num_warps=warps,
     )
     y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)

@@ -131,6 +131,41 @@ def _cases() -> dict:
         for rows in (1, 4, 8)
     }
 
+    # the same rotation, and the SwiGLU between the grouped products, written as the warpgroup form's two fp16
+    # operands: the fp32 form's values rounded to fp16, and their remainders rounded, bit for bit
+    def halves(y: torch.Tensor) -> torch.Tensor:
+        head = y.half()
+        return torch.stack([head, (y - head.float()).half()])
+
+    split = tx.rotate_rows(x[None], 1, ids, pre=pre, share=2, paired=True, gather=gather, block_rows=4, split=True)
+    out["rotate_split_differ"] = int((split.view(torch.int16) != halves(expected).view(torch.int16)).sum())
+    gate_up, down = torch.randn(10, 256, generator=gen), (torch.rand(4, 256, generator=gen) + 0.5).half()
+    svh = (torch.rand(8, 256, generator=gen) + 0.5).half()
+    swiglu = {}
+    for form in (False, True):
+        h = tx._operands((5, 256), form, gate_up.device)
+        tx._swiglu_between[(5, 2)](gate_up, h, ids, svh, down, 10.0, WIDTH=256, PARTS=1, ORDER=0, SPLIT=form)
+        swiglu[form] = h
+    out["swiglu_split_differ"] = int((swiglu[True].view(torch.int16) != halves(swiglu[False]).view(torch.int16)).sum())
+
+    # a prompt chunk's routed experts in the form other GPUs than Hopper run (`_exl3_grouped`'s tl.dot): with fp16
+    # operands x comes as its two fp16 operands made once; against the expert loop, and the TF32 form (fp32 x)
+    experts, hidden, width = 8, 256, 128
+    bank_gu = random_linear(4, "mcg", hidden, width, False, experts=2 * experts)
+    bank_d = random_linear(4, "mcg", width, hidden, False, experts=experts)
+    gate_up = exl3.Exl3Bank(*bank_gu[:3], "mcg")
+    down = exl3.Exl3Bank(*bank_d[:3], "mcg")
+    x = torch.randn(24, hidden, generator=gen)
+    chosen = torch.stack([torch.randperm(experts, generator=gen)[:3] for _ in range(24)])
+    weights = torch.rand(24, 3, generator=gen)
+    looped = tx._looped_experts(x, chosen, weights, gate_up, down, 10.0)
+    scale = float(looped.abs().max())
+    out["grouped_dot"] = {
+        operands: float((tx.grouped_experts(x, chosen, weights, gate_up, down, 10.0, operands=operands) - looped)
+                        .abs().max()) / scale
+        for operands in ("fp16", "tf32")
+    }  # fmt: skip
+
     # a prompt chunk (more than 8 rows): exact fp16 W_q, torch matmul
     linear = exl3.Exl3Linear(*random_linear(4, "mcg", 128, 128, False)[:3], "mcg")
     x = torch.randn(12, 128, generator=gen)
@@ -171,6 +206,13 @@ def test_a_rows_result_does_not_depend_on_the_batch(results: dict) -> None:
 def test_rotation_kernel_is_bitwise_the_reference(results: dict) -> None:
     assert results["rotate_differ"] == {"1": 0, "2": 0, "4": 0}
     assert results["rotate_gathered_differ"] == {"1": 0, "4": 0, "8": 0}
+    assert results["rotate_split_differ"] == 0
+    assert results["swiglu_split_differ"] == 0
+
+
+def test_grouped_prompt_experts_in_the_dot_form(results: dict) -> None:
+    assert results["grouped_dot"]["fp16"] <= 1e-4, results["grouped_dot"]
+    assert results["grouped_dot"]["tf32"] <= 1e-4, results["grouped_dot"]
 
 
 def test_prompt_chunk_path(results: dict) -> None:

@@ -99,6 +99,28 @@ def test_the_prompt_chunk_rotation_compiles_for_sm121():
     _compile_for_sm121({**entry, "num_warps": triton_exl3.PROMPT_LAUNCH["rotate_warps"]})
 
 
+@pytest.mark.parametrize("kernel", ["_rotate", "_swiglu_between"])
+def test_the_split_operands_compile_for_sm121(kernel):
+    """The rotation before a prompt chunk's gate‖up and the SwiGLU before its down as every GPU launches them now:
+    writing x as the grouped products' two fp16 operands (SPLIT), derived from a recorded launch in the grouped
+    MMA's input order (the record may predate the form). The remainder is the uncontracted `sub.rn.f32`: fused
+    with the product before it into an FMA, it would differ in its last bit from the split the products made."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from engine.ops import triton_exl3
+
+    values = {"SPLIT": True} | ({"R": triton_exl3.PROMPT_LAUNCH["rotate_rows"]} if kernel == "_rotate" else {})
+    entry = _derived(
+        getattr(triton_exl3, kernel),
+        lambda v: v.get("ORDER") == triton_exl3.INPUT_ORDERS["mma"] and (kernel != "_rotate" or v.get("GATHER")),
+        f"{kernel} in the grouped MMA's order",
+        values,
+        out_ptr="*fp16",
+    )
+    ptx = _compile_for_sm121({**entry, "num_warps": triton_exl3.PROMPT_LAUNCH["rotate_warps"]})
+    assert "sub.rn.f32" in ptx
+
+
 @pytest.mark.parametrize("form", ["chunk_bf16", "chunk_fp8", "step_bf16", "step_fp8"])
 def test_the_indexer_split_forms_compile_for_sm121(form):
     """DSA's indexer (`_index_scores`) as it reads bf16 and fp8 cache rows — a prompt chunk's keys (one set for

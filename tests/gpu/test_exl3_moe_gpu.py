@@ -166,6 +166,10 @@ PROMPT_FORMS = {  # name: launch options of grouped_experts, and whether the wgm
     "fp16_wgmma_blocks_first": ({"operands": "fp16", "form": "wgmma", "n_first": False}, True),
     "fp16_wgmma_bm128": ({"operands": "fp16", "form": "wgmma", "bm": 128}, True),
     "fp16_wgmma_16_tiles_8warps": ({"operands": "fp16", "form": "wgmma", "bnt": 16, "wgmma_warps": 8}, True),
+    # the wgmma form's ring of x stages: other depths, and its build without the register cap
+    "fp16_wgmma_4_stages_of_2": ({"operands": "fp16", "form": "wgmma", "stages": 4, "stage_tiles": 2}, True),
+    "fp16_wgmma_2_stages_of_1": ({"operands": "fp16", "form": "wgmma", "stages": 2, "stage_tiles": 1}, True),
+    "fp16_wgmma_no_cap": ({"operands": "fp16", "form": "wgmma", "wgmma_maxnreg": None}, True),
 }
 
 
