@@ -489,7 +489,7 @@ def _rotate(
         y = y + tl.load(add_ptr + mat_offs, mask=mask, other=0.0).to(tl.float32)
     y = tl.where(live, y, 0.0)
     dest = _kernel_order(block, ORDER)
-    half = total.to(tl.int64) * WIDTH  # past 2^31 values at 32k-token chunks
+    half = tl.cast(total, tl.int64) * WIDTH  # past 2^31 values at 32k-token chunks
     _store_halves(out_ptr, row.to(tl.int64)[:, None] * WIDTH + dest[None, :], half, y, mask, SPLIT)
 
 
