@@ -834,7 +834,7 @@ def _ring(SLOTS: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr):
     slot and an MMA reading another as apart (slices of one allocation put a barrier beside every copy)."""
     slots = ()
     for _ in gl.static_range(SLOTS):
-        slots = slots + (gl.allocate_shared_memory(gl.float16, [BM, 16], layout),)
+        slots = slots + (gl.allocate_shared_memory(gl.float16, [BM, 16], layout),)  # type: ignore[assignment]
     return slots
 
 
