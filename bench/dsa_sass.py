@@ -148,20 +148,22 @@ def index_form(name: str, pools: int, warps: int) -> dict:
     return {"kernel": "index", "form": name, "pools": pools, **found}
 
 
-def attend_form(name: str, capability: tuple[int, int] = (9, 0)) -> dict:
-    """A form of `_attend_prompt` as a GPU of `capability` launches it, compiled for that GPU — or, for (12, 1), for
-    sm_89: the GB10's stand-in (the same mma.sync code; this nvdisasm does not read sm_121)."""
+def attend_form(name: str, capability: tuple[int, int] = (9, 0), over: dict | None = None) -> dict:
+    """A form of `_attend_prompt` as a GPU of `capability` launches it (with `over`'s changes to the launch), compiled
+    for that GPU — or, for (12, 1), for sm_89: the GB10's stand-in (the same mma.sync code; this nvdisasm does not
+    read sm_121)."""
     latents, constexprs = ATTEND_FORMS[name]
-    launch = triton_dsa.prompt_launch(capability, constexprs["HAS_LO"])
+    launch = {**triton_dsa.prompt_launch(capability, constexprs["HAS_LO"]), **(over or {})}
     values = {"N": 2052, "H": 32, "HG": triton_dsa.head_group(launch, 32), "R": 512, "BT": launch["block"]}
-    values |= {"WIDEN": False, "WIDE": WIDE[0], "SPLIT_OUT": True, **constexprs}
+    values |= {"WIDEN": False, "WIDE": WIDE[0], "SPLIT_OUT": True, "HEADS_M": launch["heads_m"], **constexprs}
     signature = ATTEND_SIGNATURE | {"hi_ptr": latents, "lo_ptr": latents}
     arch = 90 if capability == (9, 0) else 89
     kernel = compile_kernel(
         triton_dsa._attend_prompt, signature, values, launch["num_warps"], launch["num_stages"], arch
     )
     found = counts(kernel, launch["num_warps"])
-    return {"kernel": "attend", "form": name, "arch": f"sm_{arch}", "tokens_a_block": launch["block"], **found}
+    shape = {"tokens_a_block": launch["block"], "heads_m": launch["heads_m"]}
+    return {"kernel": "attend", "form": name, "arch": f"sm_{arch}", **shape, **found}
 
 
 def lane_form(name: str) -> dict:
@@ -189,6 +191,9 @@ def main() -> int:
     if "attend" in args.kernel:
         rows += [attend_form(name) for name in ATTEND_FORMS]
         rows += [attend_form(name, (12, 1)) for name in ATTEND_FORMS]
+        # the GB10's launch before session 42: the tokens as the products' tall side, 8 warps
+        before = {"heads_m": False, "num_warps": 8}
+        rows += [{**attend_form(name, (12, 1), before), "launch": "before"} for name in ATTEND_FORMS]
     if "lane" in args.kernel:
         rows += [lane_form(name) for name in LANE_FORMS]
     for row in rows:

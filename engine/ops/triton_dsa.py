@@ -68,19 +68,24 @@ from engine.ops.triton_dense import _round_bf16
 BLOCK = 32  # selected tokens a program (65 programs a row for the served 2,052)
 SLICE = 64  # rank columns a product step
 # the prompt kernel's launch (selected tokens a step, heads a program - more go to further programs -, warps,
-# stages) by GPU and latents: on Hopper the fastest measured on the H200 (docs/BENCHMARKS.md, session 21; a 2,048-query
-# chunk at TP=2's 32 heads, 8k context: from a bf16 cache 3.5 ms, 205 KB of shared memory a block, against 4.2-12.7 for
-# the other launches timed; with a lo part - an fp8 or fp32 cache: two latent tiles a step - 9.2 ms in one stage,
-# 205 KB, against 10.3-27.4); elsewhere one within 101,376 B, the GB10's limit a block (98,304 B compiled for sm_121
-# with or without a lo part, tests/engine/test_gb10_compile.py; 6.9 / 13.0 ms on the H200, not measured on a GB10)
-# with "fp8_copy", an fp8 pool's latents go to the kernel as a bf16 copy (`PoolLatents.by_row`): in the H200's
-# launch e4m3 converted in the kernel took 2.1x its instructions a block of 64 and 6x its spill traffic; in the other
-# GPUs' (16 tokens a block; compiled for sm_89, the GB10's mma.sync code's stand-in) as many as a copy's, which would
-# only add its traffic (bench/dsa_sass.py)
+# stages, whether the heads are the products' tall side) by GPU and latents. On Hopper: the fastest measured on the
+# H200 (docs/BENCHMARKS.md, session 21; a 2,048-query chunk at TP=2's 32 heads, 8k context: from a bf16 cache 3.5 ms,
+# 205 KB of shared memory a block, against 4.2-12.7 for the other launches timed; with a lo part - an fp32 cache: two
+# latent tiles a step - 9.2 ms in one stage, 205 KB, against 10.3-27.4), the tokens the tall side (the warpgroup MMA's
+# 64 rows). Elsewhere (a GB10: mma.sync's 16-row tiles) the heads are the tall side: with the tokens there, a block of
+# 16 put every warp on the same 16 rows, so warps repeated each other's products, and the weights went through shared
+# memory to be the context product's operand. Compiled for sm_89 (the GB10's mma.sync code's stand-in;
+# bench/dsa_sass.py, session 42) the loop issues 14.2 instructions a (token, head) from a bf16 pool where it issued
+# 36.5, 15.9 from an fp8 pool in place where 37.4, a third of the MMAs, none spilled; a lo part takes 16 heads a
+# program, 24.1 where 57.0, to stay within 101,376 B, the GB10's shared memory a block (tests/engine/test_gb10_compile.py).
+# Not timed on a GB10. With "fp8_copy", an fp8 pool's latents go to the kernel as a bf16 copy (`PoolLatents.by_row`):
+# in the H200's launch e4m3 converted in the kernel took 2.1x its instructions a block of 64 and 6x its spill
+# traffic; in the GB10's about as many as a copy's, which would only add its traffic
 PROMPT_LAUNCHES = {
-    "sm90": {"block": 64, "heads": 32, "num_warps": 4, "num_stages": 2, "fp8_copy": True},
-    "sm90_lo": {"block": 64, "heads": 32, "num_warps": 8, "num_stages": 1, "fp8_copy": False},
-    "other": {"block": 16, "heads": 32, "num_warps": 8, "num_stages": 2, "fp8_copy": False},
+    "sm90": {"block": 64, "heads": 32, "num_warps": 4, "num_stages": 2, "fp8_copy": True, "heads_m": False},
+    "sm90_lo": {"block": 64, "heads": 32, "num_warps": 8, "num_stages": 1, "fp8_copy": False, "heads_m": False},
+    "other": {"block": 16, "heads": 32, "num_warps": 4, "num_stages": 1, "fp8_copy": False, "heads_m": True},
+    "other_lo": {"block": 16, "heads": 16, "num_warps": 4, "num_stages": 1, "fp8_copy": False, "heads_m": True},
 }
 # Triton's interpreter multiplies bf16 operands as their raw bits (Triton 3.6): there the prompt kernel widens them
 # to fp32 first, the same exact products and fp32 sums; the compiled kernel multiplies bf16 on the tensor cores
@@ -232,6 +237,53 @@ def _operand(x, WIDEN: tl.constexpr):
 
 
 @triton.jit
+def _attend_block(
+    tok_ptr, cnt_ptr, hi_ptr, lo_ptr, scl_ptr, query, n0, cols, lat_stride,
+    N: tl.constexpr, BT: tl.constexpr, HAS_LO: tl.constexpr, WIDEN: tl.constexpr, FP8: tl.constexpr,
+    WIDE: tl.constexpr,
+):  # fmt: skip
+    """A block of BT of a query's selected tokens: which count, their latents [BT, R] (only what counts read; the lo
+    part, or the hi part again where there is none) and, FP8, each row's scale [BT] (else a 1)."""
+    toks = n0 + tl.arange(0, BT)
+    live = toks < N
+    counted = (tl.load(cnt_ptr + query * N + toks, mask=live, other=0) != 0) & live
+    rows = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64 if WIDE else tl.int32)
+    at = rows[:, None] * lat_stride + cols[None, :]
+    lat = tl.load(hi_ptr + at, mask=counted[:, None], other=0.0)
+    if FP8:  # an e4m3 value is a bf16 value exactly: no lo part; its row's scale goes on the products
+        if hi_ptr.dtype.element_ty == tl.float8e4nv:  # else a bf16 copy of the stored values
+            lat = lat.to(tl.float32).to(tl.bfloat16)
+        row_scale = tl.load(scl_ptr + rows, mask=counted, other=1.0)
+    else:
+        row_scale = 1.0
+    lat = _operand(lat, WIDEN)
+    lat_lo = lat
+    if HAS_LO:
+        lat_lo = _operand(tl.load(lo_ptr + at, mask=counted[:, None], other=0.0), WIDEN)
+    return counted, lat, lat_lo, row_scale
+
+
+@triton.jit
+def _attend_weights(scores, counted, row_scale, top, total, FP8: tl.constexpr, WIDEN: tl.constexpr, AXIS: tl.constexpr):
+    """The online softmax over a block: scores with the tokens along AXIS (0: [BT, HG], 1: [HG, BT]) -> the block's
+    weights as two bf16 parts (hi, the rest rounded; FP8: times each row's scale), the factor the sums so far take,
+    and the new running maximum and total."""
+    if FP8:
+        scores = scores * tl.expand_dims(row_scale, 1 - AXIS)
+    scores = tl.where(tl.expand_dims(counted, 1 - AXIS), scores, float("-inf"))
+    new_top = tl.maximum(top, tl.max(scores, axis=AXIS))
+    shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no token counted yet: nothing to rescale
+    p = tl.exp(scores - tl.expand_dims(shift, AXIS))
+    scale = tl.exp(top - shift)
+    total = total * scale + tl.sum(p, axis=AXIS)
+    if FP8:  # Σ p · (scale · value): the scale taken into the weights
+        p = p * tl.expand_dims(row_scale, 1 - AXIS)
+    p_hi = p.to(tl.bfloat16)
+    p_lo = _operand((p - p_hi.to(tl.float32)).to(tl.bfloat16), WIDEN)
+    return _operand(p_hi, WIDEN), p_lo, scale, new_top, total
+
+
+@triton.jit
 def _attend_prompt(
     qh_ptr,
     ql_ptr,
@@ -254,60 +306,61 @@ def _attend_prompt(
     FP8: tl.constexpr,  # the latents are fp8 cache rows' values (e4m3 in place, or a bf16 copy) × a row's scale
     WIDE: tl.constexpr,  # a latent's offset may pass 2^31 values: 64-bit offsets (else 32-bit: fewer registers)
     SPLIT_OUT: tl.constexpr,  # the context written split (`reference.split_bf16`'s hi and lo of the fp32 values)
+    HEADS_M: tl.constexpr = False,  # the heads as the products' tall side: scoresᵀ [HG, BT], contextᵀ [HG, R]
 ):
     query = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HG + tl.arange(0, HG)
     head_ok = heads < H
     cols = tl.arange(0, R)
-    q_at = (heads[None, :] * T + query) * R + cols[:, None]  # [R, HG]: q_absᵀ, and where the context goes
-    q_hi = _operand(tl.load(qh_ptr + q_at, mask=head_ok[None, :], other=0.0), WIDEN)
-    q_lo = _operand(tl.load(ql_ptr + q_at, mask=head_ok[None, :], other=0.0), WIDEN)
     top = tl.full([HG], float("-inf"), tl.float32)
     total = tl.zeros([HG], dtype=tl.float32)
-    ctx = tl.zeros([R, HG], dtype=tl.float32)
-    for n0 in range(0, N, BT):
-        toks = n0 + tl.arange(0, BT)
-        live = toks < N
-        counted = (tl.load(cnt_ptr + query * N + toks, mask=live, other=0) != 0) & live
-        rows = tl.load(tok_ptr + query * N + toks, mask=counted, other=0).to(tl.int64 if WIDE else tl.int32)
-        at = rows[:, None] * lat_stride + cols[None, :]
-        if FP8:  # an e4m3 value is a bf16 value exactly: no lo part; its row's scale goes on the products
-            lat = tl.load(hi_ptr + at, mask=counted[:, None], other=0.0)
-            if hi_ptr.dtype.element_ty == tl.float8e4nv:  # else a bf16 copy of the stored values
-                lat = lat.to(tl.float32).to(tl.bfloat16)
-            lat = _operand(lat, WIDEN)
-            row_scale = tl.load(scl_ptr + rows, mask=counted, other=1.0)  # [BT]
-        else:
-            lat = _operand(tl.load(hi_ptr + at, mask=counted[:, None], other=0.0), WIDEN)  # [BT, R]: what counts
-        scores = tl.dot(lat, q_lo)  # smallest first, as split_product sums
-        if HAS_LO:
-            lat_lo = _operand(tl.load(lo_ptr + at, mask=counted[:, None], other=0.0), WIDEN)
-            scores = tl.dot(lat_lo, q_hi, scores)
-        scores = tl.dot(lat, q_hi, scores)
-        if FP8:
-            scores = scores * row_scale[:, None]
-        scores = tl.where(counted[:, None], scores, float("-inf"))
-        new_top = tl.maximum(top, tl.max(scores, axis=0))
-        shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no token counted yet: nothing to rescale
-        p = tl.exp(scores - shift[None, :])
-        scale = tl.exp(top - shift)
-        total = total * scale + tl.sum(p, axis=0)
-        if FP8:  # Σ p · (scale · value): the scale taken into the weights
-            p = p * row_scale[:, None]
-        p_hi = p.to(tl.bfloat16)
-        p_lo = _operand((p - p_hi.to(tl.float32)).to(tl.bfloat16), WIDEN)
-        p_hi = _operand(p_hi, WIDEN)
-        ctx = ctx * scale[None, :]
-        ctx = tl.dot(tl.trans(lat), p_lo, ctx)
-        if HAS_LO:
-            ctx = tl.dot(tl.trans(lat_lo), p_hi, ctx)
-        ctx = tl.dot(tl.trans(lat), p_hi, ctx)
-        top = new_top
-    ctx = ctx / total[None, :]
-    if SPLIT_OUT:
-        _store_split(out_ptr + q_at, lo_out_ptr + q_at, ctx, head_ok[None, :])
+    if HEADS_M:
+        # mma.sync's tiles (a GB10): the tokens' side is the products' short one, so no warp repeats another's
+        # products, and the weights are the context product's register operand as they come (no shared memory)
+        q_at = (heads[:, None] * T + query) * R + cols[None, :]  # [HG, R]: q_abs, and where the context goes
+        head_mask = head_ok[:, None]
+        ctx = tl.zeros([HG, R], dtype=tl.float32)
     else:
-        tl.store(out_ptr + q_at, ctx, mask=head_ok[None, :])
+        q_at = (heads[None, :] * T + query) * R + cols[:, None]  # [R, HG]: q_absᵀ
+        head_mask = head_ok[None, :]
+        ctx = tl.zeros([R, HG], dtype=tl.float32)
+    q_hi = _operand(tl.load(qh_ptr + q_at, mask=head_mask, other=0.0), WIDEN)
+    q_lo = _operand(tl.load(ql_ptr + q_at, mask=head_mask, other=0.0), WIDEN)
+    for n0 in range(0, N, BT):
+        counted, lat, lat_lo, row_scale = _attend_block(
+            tok_ptr, cnt_ptr, hi_ptr, lo_ptr, scl_ptr, query, n0, cols, lat_stride, N, BT, HAS_LO, WIDEN, FP8, WIDE
+        )
+        # smallest first, as split_product sums: lat·q_lo, lat_lo·q_hi, lat·q_hi (and likewise the weights')
+        if HEADS_M:
+            scores = tl.dot(q_lo, tl.trans(lat))
+            if HAS_LO:
+                scores = tl.dot(q_hi, tl.trans(lat_lo), scores)
+            scores = tl.dot(q_hi, tl.trans(lat), scores)
+            p_hi, p_lo, scale, top, total = _attend_weights(scores, counted, row_scale, top, total, FP8, WIDEN, 1)
+            ctx = ctx * scale[:, None]
+            ctx = tl.dot(p_lo, lat, ctx)
+            if HAS_LO:
+                ctx = tl.dot(p_hi, lat_lo, ctx)
+            ctx = tl.dot(p_hi, lat, ctx)
+        else:
+            scores = tl.dot(lat, q_lo)
+            if HAS_LO:
+                scores = tl.dot(lat_lo, q_hi, scores)
+            scores = tl.dot(lat, q_hi, scores)
+            p_hi, p_lo, scale, top, total = _attend_weights(scores, counted, row_scale, top, total, FP8, WIDEN, 0)
+            ctx = ctx * scale[None, :]
+            ctx = tl.dot(tl.trans(lat), p_lo, ctx)
+            if HAS_LO:
+                ctx = tl.dot(tl.trans(lat_lo), p_hi, ctx)
+            ctx = tl.dot(tl.trans(lat), p_hi, ctx)
+    if HEADS_M:
+        ctx = ctx / total[:, None]
+    else:
+        ctx = ctx / total[None, :]
+    if SPLIT_OUT:
+        _store_split(out_ptr + q_at, lo_out_ptr + q_at, ctx, head_mask)
+    else:
+        tl.store(out_ptr + q_at, ctx, mask=head_mask)
 
 
 @triton.jit
@@ -365,7 +418,7 @@ def prompt_launch(capability: tuple[int, int], lo: bool = False) -> dict:
     """`_attend_prompt`'s launch for a GPU of this compute capability, latents with a lo part or not
     (PROMPT_LAUNCHES; the dict itself: a bench may change it)."""
     if capability[0] != 9:
-        return PROMPT_LAUNCHES["other"]
+        return PROMPT_LAUNCHES["other_lo" if lo else "other"]
     return PROMPT_LAUNCHES["sm90_lo" if lo else "sm90"]
 
 
@@ -431,7 +484,7 @@ def selected_attention(
         counts.contiguous().view(torch.uint8), out, lo_out, t, N=n, H=heads, HG=group, R=rank, BT=launch["block"],
         HAS_LO=lat_lo is not None, WIDEN=_INTERPRETED, lat_stride=lat_hi.stride(0),
         scl_ptr=scales if fp8 else out, FP8=fp8, WIDE=offsets_wide(lat_hi),
-        SPLIT_OUT=split_out, num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+        SPLIT_OUT=split_out, HEADS_M=launch["heads_m"], num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )  # fmt: skip
     return (out, lo_out) if split_out else out
 

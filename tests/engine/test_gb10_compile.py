@@ -222,6 +222,7 @@ def _attend_prompt_on_gb10(entry: dict, names: list[str]) -> dict:
     launch = triton_dsa.prompt_launch((12, 1), bool(values["HAS_LO"]))
     values["BT"] = launch["block"]
     values["HG"] = triton_dsa.head_group(launch, values["H"])
+    values["HEADS_M"] = launch["heads_m"]
     constexprs = _as_recorded(values, names)
     return {**entry, "constexprs": constexprs, "num_warps": launch["num_warps"], "num_stages": launch["num_stages"]}
 

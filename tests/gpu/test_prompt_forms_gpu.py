@@ -66,13 +66,9 @@ def test_prompt_attention_on_tensor_cores_matches_fp32(monkeypatch) -> None:
         assert 0 < relative_error(got, want) < 5e-5
 
 
-def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
-    """A prompt chunk's attention over selected tokens runs as one kernel (engine/ops/triton_dsa.py
-    `selected_attention`) at TP=2's share of the served layer (32 heads, nope 256, latent 512, 2,048 tokens in pools
-    of 4 plus the unfinished pool, some not counted), and agrees with the fp32 products and the gathered split
-    products it replaced, for latents from a bf16 cache and with a lo part."""
-    from engine.ops import triton_dsa
-
+def _served_selection() -> tuple:
+    """TP=2's share of the served DSA layer (32 heads, nope 256, latent 512) and a chunk of 160 queries at 4k: each
+    query's 2,048 selected tokens in pools of 4 plus its unfinished pool, some not counted."""
     layer = dsa_heads(heads=32, nope=256, v=256, rank=512)
     kv_b = torch.cat([layer.w_k, layer.w_v], dim=1).cuda() * 0.3
     layer.w_k, layer.w_v = kv_b[:, :256], kv_b[:, 256:]
@@ -86,6 +82,36 @@ def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
     counts = (tokens <= positions[:, None]) & (torch.rand(tokens.shape, device="cuda", generator=g) < 0.95)
     q = torch.randn(t, 32, 256, device="cuda", generator=g)
     latents = torch.randn(length, 512, device="cuda", generator=g)
+    return layer, q, latents, tokens, counts
+
+
+@pytest.mark.parametrize("gpu", ["sm90", "other"])
+def test_the_selected_token_kernel_under_each_launch(gpu, monkeypatch) -> None:
+    """The launches triton_dsa.PROMPT_LAUNCHES holds for a kind of GPU (Hopper's, or the others': a GB10's, the heads
+    as the products' tall side on mma.sync's tiles), run here at the served widths, agree with the fp32 products, for
+    latents from a bf16 cache and with a lo part (its own launch)."""
+    from engine.ops import triton_dsa
+
+    chosen = lambda capability, lo=False: triton_dsa.PROMPT_LAUNCHES[gpu + ("_lo" if lo else "")]  # noqa: E731
+    monkeypatch.setattr(triton_dsa, "prompt_launch", chosen)
+    layer, q, latents, tokens, counts = _served_selection()
+    for values, bf16 in ((latents.bfloat16().float(), True), (latents, False)):
+        with monkeypatch.context() as m:
+            m.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: False)
+            want = layer._attend_selected(q, values, tokens, counts)
+        got = layer._attend_selected(q, values, tokens, counts, bf16)
+        assert 0 < relative_error(got, want) < 5e-5, (gpu, bf16)
+
+
+def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
+    """A prompt chunk's attention over selected tokens runs as one kernel (engine/ops/triton_dsa.py
+    `selected_attention`) at TP=2's share of the served layer (32 heads, nope 256, latent 512, 2,048 tokens in pools
+    of 4 plus the unfinished pool, some not counted), and agrees with the fp32 products and the gathered split
+    products it replaced, for latents from a bf16 cache and with a lo part."""
+    from engine.ops import triton_dsa
+
+    layer, q, latents, tokens, counts = _served_selection()
+    t = q.shape[0]
     launched = []
     kernel = triton_dsa.selected_attention
     monkeypatch.setattr(triton_dsa, "selected_attention", lambda *a: launched.append(1) or kernel(*a))
