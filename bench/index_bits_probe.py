@@ -24,15 +24,15 @@ from engine.ops import reference, triton_dsa
 @contextlib.contextmanager
 def changed(**knobs):
     """triton_dsa's launch dicts / module knobs changed for the block: launch=..., parts_launch=..., fusion=..."""
-    saved = (dict(triton_dsa.INDEX_LAUNCH), dict(triton_dsa.INDEX_LAUNCH_SM90_PARTS), triton_dsa.INDEX_FP_FUSION)
+    saved = (dict(triton_dsa.INDEX_LAUNCH), dict(triton_dsa.INDEX_LAUNCH_PARTS), triton_dsa.INDEX_FP_FUSION)
     triton_dsa.INDEX_LAUNCH.update(knobs.get("launch", {}))
-    triton_dsa.INDEX_LAUNCH_SM90_PARTS.update(knobs.get("parts_launch", {}))
+    triton_dsa.INDEX_LAUNCH_PARTS.update(knobs.get("parts_launch", {}))
     triton_dsa.INDEX_FP_FUSION = knobs.get("fusion", triton_dsa.INDEX_FP_FUSION)
     try:
         yield
     finally:
         triton_dsa.INDEX_LAUNCH.update(saved[0])
-        triton_dsa.INDEX_LAUNCH_SM90_PARTS.update(saved[1])
+        triton_dsa.INDEX_LAUNCH_PARTS.update(saved[1])
         triton_dsa.INDEX_FP_FUSION = saved[2]
 
 

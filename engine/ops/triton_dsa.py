@@ -496,10 +496,12 @@ def selected_attention(
 # (Hopper's warpgroup MMA) it took 0.90 ms against 0.69 for a 2k chunk at 8k on the H200 (docs/BENCHMARKS.md, session
 # 23). Shared memory a block for sm_121: 98,560 B (fp32 keys) and 65,792 B (bf16) within the GB10's 101,376 B
 INDEX_LAUNCH = {"pools": 64, "queries": 16, "num_warps": 4, "precision": "tf32x3"}
-# on Hopper a prompt chunk's split form (q's parts made once, one set of bf16 or e4m3 keys) takes 128 pools a program:
-# a 2,048-query chunk on the H100 at 32k 1.26 ms against 1.60 for 64 pools, at 128k 4.72 against 5.80 (bf16 keys;
-# fp8 the same within 2 %; docs/BENCHMARKS.md, session 32). ~131 KB of shared memory a block: past the GB10's 101,376 B
-INDEX_LAUNCH_SM90_PARTS = {**INDEX_LAUNCH, "pools": 128}
+# a prompt chunk's split form (q's parts made once, one set of bf16 or e4m3 keys) takes 128 pools a program: on the
+# H100 a 2,048-query chunk at 32k 1.26 ms against 1.60 for 64 pools, at 128k 4.72 against 5.80 (bf16 keys; fp8 the
+# same within 2 %; docs/BENCHMARKS.md, session 32); on a GB10 too since session 42: 82,432 B of shared memory a block
+# compiled for sm_121, within its 101,376 B, and 16.8 instructions a (query, pool) against 21.6 compiled for sm_89
+# (the same MMAs, no spills; not timed on a GB10)
+INDEX_LAUNCH_PARTS = {**INDEX_LAUNCH, "pools": 128}
 # `_index_scores` compiled with FMA contraction (Triton's default); bench/index_bits_probe.py turns it off to see
 # whether contraction is what gives a step's fp8 scores other last bits than a chunk's
 INDEX_FP_FUSION = True
@@ -507,8 +509,9 @@ INDEX_FP_FUSION = True
 
 def index_launch(capability: tuple[int, int], parts: bool) -> dict:
     """`_index_scores`' launch for a GPU of this compute capability, q taken as its three bf16 parts or not
-    (INDEX_LAUNCH or, for the parts on Hopper, INDEX_LAUNCH_SM90_PARTS; the dict itself: a bench may change it)."""
-    return INDEX_LAUNCH_SM90_PARTS if parts and capability[0] == 9 else INDEX_LAUNCH
+    (INDEX_LAUNCH_PARTS or INDEX_LAUNCH, the same on every GPU since session 42; the dict itself: a bench may change
+    it)."""
+    return INDEX_LAUNCH_PARTS if parts else INDEX_LAUNCH
 
 
 @triton.jit
