@@ -36,21 +36,21 @@ from engine.ops import triton_dsa
 FLASH = json.loads((Path(__file__).resolve().parents[1] / "engine/checkpoint/glm53_flash_config.json").read_text())
 TEXT = FLASH["text_config"]
 VARIANTS = {  # the kernel's launch, beside this GPU's (triton_dsa.prompt_launch) and the other entry of PROMPT_LAUNCHES
-    "heads32_block64_s3": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 3},
-    "heads32_block64_w8": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 2},
-    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2},
-    "heads16_block64": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 2},
-    "heads16_block32_w4": {"heads": 16, "block": 32, "num_warps": 4, "num_stages": 2},
+    "heads32_block64_s3": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 3, "heads_m": False},
+    "heads32_block64_w8": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 2, "heads_m": False},
+    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2, "heads_m": False},
+    "heads16_block64": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 2, "heads_m": False},
+    "heads16_block32_w4": {"heads": 16, "block": 32, "num_warps": 4, "num_stages": 2, "heads_m": False},
     # the GB10's launch before session 42 (the tokens the products' tall side), to time against PROMPT_LAUNCHES'
     # "other" on mma.sync here (a GB10 not lent)
     "gb10_before": {"heads": 32, "block": 16, "num_warps": 8, "num_stages": 2, "heads_m": False},
 }
 VARIANTS_LO = {  # the same for latents with a lo part (an fp8 or fp32 cache: two latent tiles a step)
-    "heads32_block32": {"heads": 32, "block": 32, "num_warps": 8, "num_stages": 2},
-    "heads32_block64_s1_w4": {"heads": 32, "block": 64, "num_warps": 4, "num_stages": 1},
-    "heads16_block64_s1": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 1},
-    "heads16_block32": {"heads": 16, "block": 32, "num_warps": 8, "num_stages": 2},
-    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2},
+    "heads32_block32": {"heads": 32, "block": 32, "num_warps": 8, "num_stages": 2, "heads_m": False},
+    "heads32_block64_s1_w4": {"heads": 32, "block": 64, "num_warps": 4, "num_stages": 1, "heads_m": False},
+    "heads16_block64_s1": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 1, "heads_m": False},
+    "heads16_block32": {"heads": 16, "block": 32, "num_warps": 8, "num_stages": 2, "heads_m": False},
+    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2, "heads_m": False},
     "gb10_before": {"heads": 32, "block": 16, "num_warps": 8, "num_stages": 2, "heads_m": False},
 }
 

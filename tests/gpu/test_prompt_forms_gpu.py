@@ -92,15 +92,27 @@ def test_the_selected_token_kernel_under_each_launch(gpu, monkeypatch) -> None:
     latents from a bf16 cache and with a lo part (its own launch)."""
     from engine.ops import triton_dsa
 
-    chosen = lambda capability, lo=False: triton_dsa.PROMPT_LAUNCHES[gpu + ("_lo" if lo else "")]  # noqa: E731
-    monkeypatch.setattr(triton_dsa, "prompt_launch", chosen)
+    _launches_of(gpu, monkeypatch)
     layer, q, latents, tokens, counts = _served_selection()
+    launched = []
+    kernel = triton_dsa.selected_attention
+    monkeypatch.setattr(triton_dsa, "selected_attention", lambda *a: launched.append(1) or kernel(*a))
     for values, bf16 in ((latents.bfloat16().float(), True), (latents, False)):
         with monkeypatch.context() as m:
             m.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: False)
             want = layer._attend_selected(q, values, tokens, counts)
         got = layer._attend_selected(q, values, tokens, counts, bf16)
         assert 0 < relative_error(got, want) < 5e-5, (gpu, bf16)
+    assert len(launched) == 2
+
+
+def _launches_of(gpu: str, monkeypatch) -> None:
+    """`selected_attention` (and the fp8 copy's choice) under the launches PROMPT_LAUNCHES holds for a kind of GPU:
+    "sm90" (Hopper's) or "other" (the rest: a GB10's), a lo part's its "_lo" launch."""
+    from engine.ops import triton_dsa
+
+    chosen = lambda capability, lo=False: triton_dsa.PROMPT_LAUNCHES[gpu + ("_lo" if lo else "")]  # noqa: E731
+    monkeypatch.setattr(triton_dsa, "prompt_launch", chosen)
 
 
 def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
@@ -134,15 +146,18 @@ def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
     assert len(launched) == 2
 
 
+@pytest.mark.parametrize("gpu", ["sm90", "other"])
 @pytest.mark.parametrize("kv", ["bf16", "fp8", "fp32"])
-def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, monkeypatch) -> None:
+def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, gpu, monkeypatch) -> None:
     """A prompt chunk's latents left in the cache pool (`ops.PoolLatents`) at TP=2's share of the served layer, slots
     scattered as a pool hands them out: a bf16 pool's read by slot in place and an fp32 pool's split a block of rows
     at a time give the kernel's output for the same latents read whole, bit for bit; an fp8 pool's (e4m3 values,
-    each row's scale on its scores and weights) as a bf16 copy of the stored values (the H200's launch, a span within
-    COPY_ROWS) agree with the fp32 products over value × scale, and read in place (a longer span) give the copy's
-    bits."""
+    each row's scale on its scores and weights) agree with the fp32 products over value × scale — as a bf16 copy of
+    the stored values under the H200's launch (a span within COPY_ROWS), read in place under the other GPUs' (a
+    GB10's) — and read in place past COPY_ROWS give the same bits. Under Hopper's launches and the others'."""
     from engine.cache import KVPool
+
+    _launches_of(gpu, monkeypatch)
 
     layer = dsa_heads(heads=32, nope=256, v=256, rank=512)
     kv_b = torch.cat([layer.w_k, layer.w_v], dim=1).cuda() * 0.3
@@ -165,7 +180,8 @@ def test_the_selected_token_kernel_reads_the_pools_latents_in_place(kv, monkeypa
     kernel = triton_dsa.selected_attention
     monkeypatch.setattr(triton_dsa, "selected_attention", lambda *a: launched.append(a[1][0].data_ptr()) or kernel(*a))
     got = layer._attend_selected(q, latents, tokens, counts)
-    assert (launched == [pool.rows[1].data_ptr()]) == (kv == "bf16")  # bf16 rows read in place
+    in_place = kv == "bf16" or (kv == "fp8" and not triton_dsa.PROMPT_LAUNCHES[gpu]["fp8_copy"])
+    assert (launched == [pool.rows[1].data_ptr()]) == in_place  # bf16 rows read in place, and e4m3 without a copy
     if kv != "fp8":
         assert torch.equal(got, layer._attend_selected(q, whole, tokens, counts, kv == "bf16"))
         return
