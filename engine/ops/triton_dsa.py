@@ -77,8 +77,8 @@ SLICE = 64  # rank columns a product step
 # memory to be the context product's operand. Compiled for sm_89 (the GB10's mma.sync code's stand-in;
 # bench/dsa_sass.py, session 42) the loop issues 14.2 instructions a (token, head) from a bf16 pool where it issued
 # 36.5, 15.9 from an fp8 pool in place where 37.4, a third of the MMAs, none spilled; a lo part takes 16 heads a
-# program, 24.1 where 57.0, to stay within 101,376 B, the GB10's shared memory a block (tests/engine/test_gb10_compile.py).
-# Not timed on a GB10. With "fp8_copy", an fp8 pool's latents go to the kernel as a bf16 copy (`PoolLatents.by_row`):
+# program, 24.1 where 57.0, to stay within 101,376 B, the GB10's shared memory a block
+# (tests/engine/test_gb10_compile.py). Not timed on a GB10 (an H100's mma.sync, session 42: 6.61 -> 5.77 ms). With "fp8_copy", an fp8 pool's latents go to the kernel as a bf16 copy (`PoolLatents.by_row`):
 # in the H200's launch e4m3 converted in the kernel took 2.1x its instructions a block of 64 and 6x its spill
 # traffic; in the GB10's about as many as a copy's, which would only add its traffic
 PROMPT_LAUNCHES = {

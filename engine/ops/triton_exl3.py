@@ -65,10 +65,11 @@ layout is the MMA's A fragment, so the product is computed transposed (outputs Ã
 the warpgroup MMA's register operand as it stands, where `_exl3_grouped`'s tl.dot stored it to shared memory
 (21-way bank conflicts); its x rows come in their natural input order, as the two fp16 operands the rotation and
 `_swiglu_between` write for it (`_store_halves`: each program split x again at every K step before), copied into
-shared memory by cp.async, and its MMAs are asynchronous: a tile's decode overlaps the tile before's products. Both grids put a pair block's output blocks
-side by side, so they read the block's x rows from L2. H200, 2,048 tokens through one GLM-5.3-Flash layer's routed
-experts at TP=2's shard: 3.91 ms (session 22; 6.58 with the dot form blocks first, as in session 21; bf16 experts'
-`_grouped_mm` 3.75; the loop over experts it replaced, `_looped_experts`, kept for the bench, 176 ms).
+shared memory by cp.async, and its MMAs are asynchronous: a tile's decode overlaps the tile before's products. Both
+grids put a pair block's output blocks side by side, so they read the block's x rows from L2. H200, 2,048 tokens
+through one GLM-5.3-Flash layer's routed experts at TP=2's shard: 3.91 ms (session 22; 6.58 with the dot form blocks
+first, as in session 21; bf16 experts' `_grouped_mm` 3.75; the loop over experts it replaced, `_looped_experts`,
+kept for the bench, 176 ms); H100, the asynchronous form: 3.80 -> 3.28 ms, the same bits (session 42).
 """
 
 from __future__ import annotations
@@ -899,8 +900,8 @@ def _exl3_grouped_wgmma(
     operand. The MMAs are asynchronous: a tile's decode runs while the tile before's products are on the tensor
     cores, and the program waits for those only then (their register operand stays live until that wait). The ring
     moves on at a stage's first tile, behind a barrier: 0.5 a tile at 4 tiles a stage, where the form before took 2
-    (each slot of the ring its own allocation, `_ring`). The products and their order are those of the synchronous form, so
-    the sums are the same bits. Same block table, outputs and program grid as `_exl3_grouped` (N_FIRST: its first
+    (each slot of the ring its own allocation, `_ring`). The products and their order are those of the synchronous
+    form, so the sums are the same bits. Same block table, outputs and program grid as `_exl3_grouped` (N_FIRST: its first
     two axes swapped)."""
     gl.static_assert(STAGES >= 2, "a stage in use and one in flight at least")
     gl.static_assert(K_TILES % (STAGES * KB) == 0, "the ring's turns divide the K tiles")

@@ -111,7 +111,7 @@ def _launches_of(gpu: str, monkeypatch) -> None:
     "sm90" (Hopper's) or "other" (the rest: a GB10's), a lo part's its "_lo" launch."""
     from engine.ops import triton_dsa
 
-    chosen = lambda capability, lo=False: triton_dsa.PROMPT_LAUNCHES[gpu + ("_lo" if lo else "")]  # noqa: E731
+    chosen = lambda capability, lo=False: triton_dsa.PROMPT_LAUNCHES[gpu + ("_lo" if lo else "")]
     monkeypatch.setattr(triton_dsa, "prompt_launch", chosen)
 
 
