@@ -22,8 +22,7 @@ rm -f "$T"/*
 machine
 wheels fla_core einops
 want 1 && step "1. the selected-token kernel on the GPU, recorded" 150 "$T/a_tests.txt" env OUT="$OUT" LIMIT=140 \
-    TESTS="tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_under_each_launch \
-    tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_at_the_served_widths \
+    TESTS="tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_at_the_served_widths \
     tests/gpu/test_prompt_forms_gpu.py::test_the_selected_token_kernel_reads_the_pools_latents_in_place" \
     KERNELS="_attend_prompt" bash bench/record_triton_launches.sh
 want 2 && step "2. dsa_prompt_bench, 8k and 32k" 130 "$T/b_bench.txt" python bench/dsa_prompt_bench.py \

@@ -85,27 +85,6 @@ def _served_selection() -> tuple:
     return layer, q, latents, tokens, counts
 
 
-@pytest.mark.parametrize("gpu", ["sm90", "other"])
-def test_the_selected_token_kernel_under_each_launch(gpu, monkeypatch) -> None:
-    """The launches triton_dsa.PROMPT_LAUNCHES holds for a kind of GPU (Hopper's, or the others': a GB10's, the heads
-    as the products' tall side on mma.sync's tiles), run here at the served widths, agree with the fp32 products, for
-    latents from a bf16 cache and with a lo part (its own launch)."""
-    from engine.ops import triton_dsa
-
-    _launches_of(gpu, monkeypatch)
-    layer, q, latents, tokens, counts = _served_selection()
-    launched = []
-    kernel = triton_dsa.selected_attention
-    monkeypatch.setattr(triton_dsa, "selected_attention", lambda *a: launched.append(1) or kernel(*a))
-    for values, bf16 in ((latents.bfloat16().float(), True), (latents, False)):
-        with monkeypatch.context() as m:
-            m.setattr(SparseMLA, "_on_tensor_cores", lambda self, q: False)
-            want = layer._attend_selected(q, values, tokens, counts)
-        got = layer._attend_selected(q, values, tokens, counts, bf16)
-        assert 0 < relative_error(got, want) < 5e-5, (gpu, bf16)
-    assert len(launched) == 2
-
-
 def _launches_of(gpu: str, monkeypatch) -> None:
     """`selected_attention` (and the fp8 copy's choice) under the launches PROMPT_LAUNCHES holds for a kind of GPU:
     "sm90" (Hopper's) or "other" (the rest: a GB10's), a lo part's its "_lo" launch."""
@@ -115,13 +94,16 @@ def _launches_of(gpu: str, monkeypatch) -> None:
     monkeypatch.setattr(triton_dsa, "prompt_launch", chosen)
 
 
-def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
+@pytest.mark.parametrize("gpu", ["sm90", "other"])
+def test_the_selected_token_kernel_at_the_served_widths(gpu, monkeypatch) -> None:
     """A prompt chunk's attention over selected tokens runs as one kernel (engine/ops/triton_dsa.py
     `selected_attention`) at TP=2's share of the served layer (32 heads, nope 256, latent 512, 2,048 tokens in pools
     of 4 plus the unfinished pool, some not counted), and agrees with the fp32 products and the gathered split
-    products it replaced, for latents from a bf16 cache and with a lo part."""
+    products it replaced, for latents from a bf16 cache and with a lo part — under the launches PROMPT_LAUNCHES
+    holds for Hopper and for the other GPUs (a GB10's: the heads as the products' tall side on mma.sync's tiles)."""
     from engine.ops import triton_dsa
 
+    _launches_of(gpu, monkeypatch)
     layer, q, latents, tokens, counts = _served_selection()
     t = q.shape[0]
     launched = []
@@ -135,7 +117,7 @@ def test_the_selected_token_kernel_at_the_served_widths(monkeypatch) -> None:
             m.setattr(ops, "selected_attention_applies", lambda *a: False)
             gathered = layer._attend_selected(q, values, tokens, counts, bf16)
         got = layer._attend_selected(q, values, tokens, counts, bf16)
-        assert 0 < relative_error(got, want) < 5e-5
+        assert 0 < relative_error(got, want) < 5e-5, (gpu, bf16)
         assert relative_error(got, gathered) < 5e-5
         # q_abs · scaling split in one launch and the context written split: the bits of the torch splits around a
         # kernel writing fp32 (the form before session 35)
