@@ -35,23 +35,24 @@ from engine.ops import triton_dsa
 
 FLASH = json.loads((Path(__file__).resolve().parents[1] / "engine/checkpoint/glm53_flash_config.json").read_text())
 TEXT = FLASH["text_config"]
+# the GB10's launch before session 42 (the tokens the products' tall side), to time against PROMPT_LAUNCHES' "other"
+# on mma.sync here (a GB10 not lent); every variant takes the tokens as the tall side unless it says otherwise
+GB10_BEFORE = {"heads": 32, "block": 16, "num_warps": 8, "num_stages": 2}
 VARIANTS = {  # the kernel's launch, beside this GPU's (triton_dsa.prompt_launch) and the other entry of PROMPT_LAUNCHES
-    "heads32_block64_s3": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 3, "heads_m": False},
-    "heads32_block64_w8": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 2, "heads_m": False},
-    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2, "heads_m": False},
-    "heads16_block64": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 2, "heads_m": False},
-    "heads16_block32_w4": {"heads": 16, "block": 32, "num_warps": 4, "num_stages": 2, "heads_m": False},
-    # the GB10's launch before session 42 (the tokens the products' tall side), to time against PROMPT_LAUNCHES'
-    # "other" on mma.sync here (a GB10 not lent)
-    "gb10_before": {"heads": 32, "block": 16, "num_warps": 8, "num_stages": 2, "heads_m": False},
+    "heads32_block64_s3": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 3},
+    "heads32_block64_w8": {"heads": 32, "block": 64, "num_warps": 8, "num_stages": 2},
+    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2},
+    "heads16_block64": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 2},
+    "heads16_block32_w4": {"heads": 16, "block": 32, "num_warps": 4, "num_stages": 2},
+    "gb10_before": GB10_BEFORE,
 }
 VARIANTS_LO = {  # the same for latents with a lo part (an fp8 or fp32 cache: two latent tiles a step)
-    "heads32_block32": {"heads": 32, "block": 32, "num_warps": 8, "num_stages": 2, "heads_m": False},
-    "heads32_block64_s1_w4": {"heads": 32, "block": 64, "num_warps": 4, "num_stages": 1, "heads_m": False},
-    "heads16_block64_s1": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 1, "heads_m": False},
-    "heads16_block32": {"heads": 16, "block": 32, "num_warps": 8, "num_stages": 2, "heads_m": False},
-    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2, "heads_m": False},
-    "gb10_before": {"heads": 32, "block": 16, "num_warps": 8, "num_stages": 2, "heads_m": False},
+    "heads32_block32": {"heads": 32, "block": 32, "num_warps": 8, "num_stages": 2},
+    "heads32_block64_s1_w4": {"heads": 32, "block": 64, "num_warps": 4, "num_stages": 1},
+    "heads16_block64_s1": {"heads": 16, "block": 64, "num_warps": 8, "num_stages": 1},
+    "heads16_block32": {"heads": 16, "block": 32, "num_warps": 8, "num_stages": 2},
+    "heads32_block32_w4": {"heads": 32, "block": 32, "num_warps": 4, "num_stages": 2},
+    "gb10_before": GB10_BEFORE,
 }
 
 
@@ -121,7 +122,7 @@ def case(mla: SparseMLA, context: int, t: int, lo: bool, gen: torch.Generator) -
     others = {f"launch_{k}": dict(v) for k, v in triton_dsa.PROMPT_LAUNCHES.items() if v != default}
     row["launch"], row["kernel_alone"] = default, {}
     for name, launch in {"default": default, **others, **(VARIANTS_LO if lo else VARIANTS)}.items():
-        served.update(launch)
+        served.update({"heads_m": False, **launch})
         try:
             ms = do_bench(lambda: ops.selected_attention(q_abs, lat, tokens, counts), warmup=20, rep=200)
             row["kernel_alone"][name] = {"ms": round(ms, 3), "tflops": round(useful / ms / 1e9, 1)}

@@ -31,6 +31,7 @@ import json
 import re
 
 import triton
+from dsa_prompt_bench import GB10_BEFORE
 from exl3_sass import disassemble, opcodes, registers
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -192,7 +193,7 @@ def main() -> int:
         rows += [attend_form(name) for name in ATTEND_FORMS]
         rows += [attend_form(name, (12, 1)) for name in ATTEND_FORMS]
         # the GB10's launch before session 42: the tokens as the products' tall side, 8 warps
-        before = {"heads_m": False, "num_warps": 8, "num_stages": 2, "heads": 32, "block": 16}
+        before = {"heads_m": False, **GB10_BEFORE}
         rows += [{**attend_form(name, (12, 1), before), "launch": "before"} for name in ATTEND_FORMS]
     if "lane" in args.kernel:
         rows += [lane_form(name) for name in LANE_FORMS]

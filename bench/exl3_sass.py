@@ -123,8 +123,6 @@ def largest_loop(sass: str) -> collections.Counter:
 
 def grouped(bm: int, warps: int, maxnreg: int | None) -> dict:
     """`_exl3_grouped_wgmma` compiled for sm_90 at the gate‖up shape, PROMPT_LAUNCH's ring, under a register cap."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     fn = tx._exl3_grouped_wgmma
     ring = {"KB": tx.PROMPT_LAUNCH["stage_tiles"], "STAGES": tx.PROMPT_LAUNCH["stages"]}
     const = dict(K_TILES=256, N_TILES=64, WORDS=32, BITS2=8, CODEBOOK=1, BM=bm, BNT=8, MATS=2, SCATTER=False)

@@ -770,6 +770,7 @@ def _exl3_grouped(
     block's x rows run side by side and find them in L2. X16 (with F16): x comes as its two fp16 operands, made once
     by the kernel before (`_store_halves`: the same values this kernel's split gives), x_ptr the first, xl_ptr the
     remainder: no split at every K step of every program."""
+    tl.static_assert(X16 == F16, "fp16 operands come as x's two halves, made once (`_store_halves`)")
     b, n, m = _grouped_program(N_FIRST)
     expert = tl.load(block_ptr + 3 * b).to(tl.int64)
     first = tl.load(block_ptr + 3 * b + 1)
@@ -809,11 +810,6 @@ def _exl3_grouped(
                     if SPLIT_X:
                         rest = tl.load(xl_ptr + x_offs + kt * 16, mask=live[:, None], other=0.0)
                         acc = tl.dot(rest, w, acc)
-                elif F16:
-                    head = x.to(tl.float16)
-                    acc = tl.dot(head, w, acc)
-                    if SPLIT_X:
-                        acc = tl.dot((x - head.to(tl.float32)).to(tl.float16), w, acc)
                 elif SPLIT_X:
                     head = (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
                     acc = tl.dot(head, w, acc, input_precision="tf32")
