@@ -3,8 +3,9 @@ GPU: time per call at 1, 2, 4, 8 (and 16, 64) rows for q4 and fp8, the bytes eac
 activations in, the fp32 result out) as a fraction of HBM bandwidth, and the bf16 product of the same shape (the
 serving path's `linear`, fixed 16-row blocks) beside it.
 
-    python bench/dense_bench.py [--out FILE] [--tp 1,2] [--calls 20]
+    python bench/dense_bench.py [--out FILE] [--tp 1,2] [--calls 20] [--rows 1,8] [--modes q4] [--names lm_head]
     python bench/dense_bench.py --sweep [--swept lm_head:fp8,tp2/kda_in_proj:q4,...] [--repeat 20] [--out FILE]
+    python bench/dense_bench.py --engine /tmp/old ...   # a git worktree's engine (bench/other_tree.py)
     python bench/dense_bench.py --dequant [--out FILE] [--tp 1,2]
 
 `--dequant`: what a prompt chunk's product with a reduced weight costs instead — the weight dequantised to bf16 in
@@ -21,15 +22,18 @@ import time
 from pathlib import Path
 
 import torch
+from other_tree import from_argv
 
+ENGINE = from_argv()  # --engine DIR: another checkout's engine (bench/other_tree.py)
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+if ENGINE is None:
+    sys.path[:0] = [str(ROOT)]
 
 from engine.models.glm5_next.config import TextConfig  # noqa: E402
 from engine.ops import fused, reference  # noqa: E402
 from engine.quant.dense import quantize  # noqa: E402
 
-HBM_BYTES_S = 4.8e12  # H200
+HBM_BYTES_S = 4.8e12  # H200 (an H100's 3.35e12: `hbm_bytes_s`)
 ROWS = (1, 2, 4, 8, 16, 64)
 L2_MISS_BYTES = 256 << 20  # the weight copies a multi-call graph reads add up to at least this (H200 L2: 50 MB)
 
@@ -51,6 +55,11 @@ def shapes(tp: int) -> dict[str, tuple[int, int]]:
         "dense_down": (h, t.intermediate_size // tp),
         "lm_head": (t.vocab_size // tp, h),
     }
+
+
+def hbm_bytes_s() -> float:
+    """The GPU's HBM bandwidth by its name: an H100's 3.35 TB/s, else the H200's."""
+    return 3.35e12 if "H100" in torch.cuda.get_device_name() else HBM_BYTES_S
 
 
 def timed(calls: list, repeat: int = 50) -> float:
@@ -166,7 +175,7 @@ def sweep(out_path: Path | None, swept: str, repeat: int) -> None:
                 seconds = statistics.median(t[j] for t in times)
                 moved = held + xs[rows].numel() * 4 + rows * out * 4
                 entry[f"us_{rows}"] = round(seconds * 1e6, 2)
-                entry[f"hbm_{rows}"] = round(moved / seconds / HBM_BYTES_S, 3)
+                entry[f"hbm_{rows}"] = round(moved / seconds / hbm_bytes_s(), 3)
                 entry[f"runs_us_{rows}"] = [round(t[j] * 1e6, 1) for t in times]
             confirmed.append(entry)
         found[item] = {"shape": [out, width], "default": confirmed[0], "confirmed": confirmed[1:], "grid": results}
@@ -225,6 +234,9 @@ def main() -> None:
         "2026-12-03)",
     )
     ap.add_argument("--dequant", action="store_true", help="a prompt chunk's dequantisation instead (docstring)")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts timed")
+    ap.add_argument("--modes", default="bf16,q4,fp8", help="the weights' modes timed")
+    ap.add_argument("--names", default="", help="the weights timed (`shapes`' names; empty: all)")
     args = ap.parse_args()
     if args.dequant:
         dequant(args.out, [int(t) for t in args.tp.split(",")])
@@ -232,26 +244,30 @@ def main() -> None:
     if args.sweep:
         sweep(args.out, args.swept, args.repeat)
         return
+    hbm = hbm_bytes_s()
     reference.require_row_invariance()  # the bf16 baseline as the serving path runs it with drafts (16-row blocks)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": HBM_BYTES_S, "calls": args.calls, "shapes": {}}
+    result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": hbm, "calls": args.calls, "shapes": {}}
+    result["engine"] = ENGINE or str(ROOT)
     for tp in (int(t) for t in args.tp.split(",")):
         for name, (out, width) in shapes(tp).items():
+            if args.names and name not in args.names.split(","):
+                continue
             weight = (torch.randn(out, width, generator=gen, device="cuda") * 0.02).bfloat16()
             row: dict = {"shape": [out, width]}
-            for mode in ("bf16", "q4", "fp8"):
+            for mode in args.modes.split(","):
                 stored = weight if mode == "bf16" else quantize(weight, mode)
                 held = weight.numel() * 2 if mode == "bf16" else stored.nbytes()  # type: ignore[union-attr]
                 figures = {}
                 weights = copies(stored, held) if args.calls > 1 else [stored]
                 count = max(args.calls, len(weights)) if args.calls > 1 else 1  # each copy read once a replay
-                for rows in ROWS:
+                for rows in (int(r) for r in args.rows.split(",")):
                     x = torch.randn(rows, width, generator=gen, device="cuda")
                     seconds = timed(chain(x, weights, count))
                     moved = held + x.numel() * 4 + rows * out * 4
                     figures[rows] = {
                         "us": round(seconds * 1e6, 1),
-                        "hbm_fraction": round(moved / seconds / HBM_BYTES_S, 3),
+                        "hbm_fraction": round(moved / seconds / hbm, 3),
                     }
                 row[mode] = figures
                 print(

@@ -1,0 +1,103 @@
+"""Static analysis of the reduced dense products without a GPU: compile `triton_dense._dense_rows` for sm_90
+(Triton's bundled ptxas) at the served weights' launches (`launch_shape`, the addresses aligned as Triton specialises
+them), disassemble it (nvdisasm) and count its loops' instructions by opcode, a weight's share and the registers: the
+loop a block of outputs within the weight runs ("within": no load tested) and, where the tree has one, the loop of a
+weight's last block that it does not fill (its loads tested; the tree before session 43 had only that loop, so its
+smaller loop is that one). A loop turn covers UNROLL groups of 64 inputs of BLOCK_O outputs, so weights a thread a
+turn = BLOCK_O · 64 · UNROLL / (32 · warps).
+
+    PYTHONPATH=. python bench/dense_sass.py [--names kda_in_proj,lm_head] [--tp 1] [--engine /tmp/old]
+
+Counts are what the GPU must issue, not a timing: bench/dense_bench.py measures on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from other_tree import from_argv
+
+ENGINE = from_argv()  # --engine DIR: another checkout's engine (bench/other_tree.py)
+
+import triton  # noqa: E402
+from dense_bench import shapes  # noqa: E402
+from exl3_sass import disassemble, opcodes, registers  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+
+from engine.ops import triton_dense as td  # noqa: E402
+
+
+def loops(sass: str) -> list:
+    """The opcodes of every loop with products in SASS text (a label, HMMAs, the backward branch to the label),
+    smallest first."""
+    found = []
+    for label in re.finditer(r"(\.L_x_\d+):", sass):
+        body = sass[label.end() :]
+        end = body.find(f"BRA `({label.group(1)})")
+        if end > 0 and (ops := opcodes(body[:end])).get("HMMA"):
+            found.append(ops)
+    return sorted(found, key=lambda ops: sum(ops.values()))
+
+
+def compile_rows(out: int, width: int, fp8: bool, capability: int = 90):
+    """`_dense_rows` as dense_rows launches it for an [out, width] weight, its pointers, strides and output count
+    16-aligned (Triton's specialisation of such arguments); (kernel, launch)."""
+    launch = td.launch_shape(out, width, 64, fp8)
+    per_split = -(-width // launch["splits"] // 64) * 64
+    const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8)
+    const |= dict(BLOCK_O=launch["block_o"], ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"])
+    const |= dict(UNROLL=launch["unroll"])
+    fn = td._dense_rows
+    scale = "*fp32" if fp8 else "*fp16"
+    pointers = {
+        "x_ptr": "*fp32",
+        "w_ptr": "*u8",
+        "s_ptr": scale,
+        "z_ptr": scale,
+        "out_ptr": "*fp32",
+        "count_ptr": "*i32",
+    }
+    signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
+    aligned = [n for n in fn.arg_names if n in pointers or n.startswith("stride") or (n == "OUT" and out % 16 == 0)]
+    source = GluonASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned},
+    )
+    kernel = triton.compile(
+        source, target=GPUTarget("cuda", capability, 32), options={"num_warps": launch["num_warps"]}
+    )
+    return kernel, launch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--names", default="kda_in_proj,kda_o_proj,dsa_q_b,shared_gate_up,lm_head")
+    ap.add_argument("--tp", type=int, default=1)
+    args = ap.parse_args()
+    print(f"engine: {ENGINE or 'this checkout'}")
+    for name in args.names.split(","):
+        out, width = shapes(args.tp)[name]
+        for fp8 in (False, True):
+            kernel, launch = compile_rows(out, width, fp8)
+            sass, usage = disassemble(kernel)
+            weights = launch["block_o"] * 64 * launch["unroll"] / (32 * launch["num_warps"])
+            # a block of outputs within the weight's runs the smaller loop (no load tested); a weight's last
+            # block, where it does not fill it, the larger (the loads tested)
+            for which, ops in zip(("within", "last block"), loops(sass)[:2]):
+                total = sum(ops.values())
+                top = ", ".join(f"{op} {n}" for op, n in ops.most_common(8))
+                print(
+                    f"{name} {out}x{width} {'fp8' if fp8 else 'q4'} {which}: {total} loop instructions, "
+                    f"{total / weights:.2f} a weight, {registers(usage)} registers | {top}",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
