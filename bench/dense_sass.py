@@ -1,10 +1,9 @@
 """Static analysis of the reduced dense products without a GPU: compile `triton_dense._dense_rows` for sm_90
 (Triton's bundled ptxas) at the served weights' launches (`launch_shape`, the addresses aligned as Triton specialises
 them), disassemble it (nvdisasm) and count its loops' instructions by opcode, a weight's share and the registers: the
-loop a block of outputs within the weight runs ("within": no load tested) and, where the tree has one, the loop of a
-weight's last block that it does not fill (its loads tested; the tree before session 43 had only that loop, so its
-smaller loop is that one). A loop turn covers UNROLL groups of 64 inputs of BLOCK_O outputs, so weights a thread a
-turn = BLOCK_O · 64 · UNROLL / (32 · warps).
+loops with products, smallest first (one in this tree; branch s43-dense-unmasked has a second, a weight's last,
+part-filled block's with its loads tested, after the one with none). A loop turn covers UNROLL groups of 64 inputs of
+BLOCK_O outputs, so weights a thread a turn = BLOCK_O · 64 · UNROLL / (32 · warps).
 
     PYTHONPATH=. python bench/dense_sass.py [--names kda_in_proj,lm_head] [--tp 1] [--engine /tmp/old]
 
@@ -86,9 +85,7 @@ def main() -> int:
             kernel, launch = compile_rows(out, width, fp8)
             sass, usage = disassemble(kernel)
             weights = launch["block_o"] * 64 * launch["unroll"] / (32 * launch["num_warps"])
-            # a block of outputs within the weight's runs the smaller loop (no load tested); a weight's last
-            # block, where it does not fill it, the larger (the loads tested)
-            for which, ops in zip(("within", "last block"), loops(sass)[:2]):
+            for which, ops in zip(("loop", "second loop"), loops(sass)[:2]):
                 total = sum(ops.values())
                 top = ", ".join(f"{op} {n}" for op, n in ops.most_common(8))
                 print(
