@@ -230,7 +230,8 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     distinct shape once: the table is cached): blocks of BLOCK_O outputs, the inputs split until the grid has PROGRAMS
     programs (an fp8 LM head: HEAD_PROGRAMS; at most MAX_SPLITS slices, each at least two groups), warps and
     unrolling as the constants above say (fp8, half q4's instructions a byte, loads ahead at every size), unrolling
-    only where a slice holds an even number of groups; one_row: a one-row launch compiled on its own, or (an fp8 LM
+    only where the inputs hold an even number of groups a slice, rounded down (so a slice of an odd count, e.g. TP=3's
+    kda_o_proj, ends on a half-empty step, its loads masked); one_row: a one-row launch compiled on its own, or (an fp8 LM
     head, whose one-row form took 1.3x the 8-row time) the kernel compiled for any row count."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
