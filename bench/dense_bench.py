@@ -123,6 +123,7 @@ def sweep(out_path: Path | None, swept: str, repeat: int) -> None:
     from engine.ops.triton_dense import launch_shape
 
     gen = torch.Generator(device="cuda").manual_seed(0)
+    hbm = hbm_bytes_s()
     found: dict = {}
     keys = ("block_o", "num_warps", "splits", "unroll", "one_row")
     for item in swept.split(","):
@@ -175,7 +176,7 @@ def sweep(out_path: Path | None, swept: str, repeat: int) -> None:
                 seconds = statistics.median(t[j] for t in times)
                 moved = held + xs[rows].numel() * 4 + rows * out * 4
                 entry[f"us_{rows}"] = round(seconds * 1e6, 2)
-                entry[f"hbm_{rows}"] = round(moved / seconds / hbm_bytes_s(), 3)
+                entry[f"hbm_{rows}"] = round(moved / seconds / hbm, 3)
                 entry[f"runs_us_{rows}"] = [round(t[j] * 1e6, 1) for t in times]
             confirmed.append(entry)
         found[item] = {"shape": [out, width], "default": confirmed[0], "confirmed": confirmed[1:], "grid": results}

@@ -13,7 +13,6 @@ Counts are what the GPU must issue, not a timing: bench/dense_bench.py measures 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from other_tree import from_argv
@@ -22,23 +21,11 @@ ENGINE = from_argv()  # --engine DIR: another checkout's engine (bench/other_tre
 
 import triton  # noqa: E402
 from dense_bench import shapes  # noqa: E402
-from exl3_sass import disassemble, opcodes, registers  # noqa: E402
+from exl3_sass import disassemble, loops, registers  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from engine.ops import triton_dense as td  # noqa: E402
-
-
-def loops(sass: str) -> list:
-    """The opcodes of every loop with products in SASS text (a label, HMMAs, the backward branch to the label),
-    smallest first."""
-    found = []
-    for label in re.finditer(r"(\.L_x_\d+):", sass):
-        body = sass[label.end() :]
-        end = body.find(f"BRA `({label.group(1)})")
-        if end > 0 and (ops := opcodes(body[:end])).get("HMMA"):
-            found.append(ops)
-    return sorted(found, key=lambda ops: sum(ops.values()))
 
 
 def compile_rows(out: int, width: int, fp8: bool, capability: int = 90):
@@ -85,7 +72,8 @@ def main() -> int:
             kernel, launch = compile_rows(out, width, fp8)
             sass, usage = disassemble(kernel)
             weights = launch["block_o"] * 64 * launch["unroll"] / (32 * launch["num_warps"])
-            for which, ops in zip(("loop", "second loop"), loops(sass)[:2]):
+            with_products = [ops for ops in loops(sass) if ops.get("HMMA")]  # the split sum's loop has none
+            for which, ops in zip(("loop", "second loop"), with_products[:2]):
                 total = sum(ops.values())
                 top = ", ".join(f"{op} {n}" for op, n in ops.most_common(8))
                 print(

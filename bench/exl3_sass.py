@@ -110,15 +110,20 @@ def analyse(kernel) -> dict:
     }
 
 
+def loops(sass: str) -> list[collections.Counter]:
+    """The opcodes of every loop in SASS text (a label and the backward branch to it), smallest first."""
+    found = []
+    for label in re.finditer(r"(\.L_x_\d+):", sass):
+        body = sass[label.end() :]
+        end = body.find(f"BRA `({label.group(1)})")
+        if end > 0:
+            found.append(opcodes(body[:end]))
+    return sorted(found, key=lambda ops: sum(ops.values()))
+
+
 def largest_loop(sass: str) -> collections.Counter:
     """The opcodes of the largest loop in SASS text (a label and the backward branch to it)."""
-    best: collections.Counter = collections.Counter()
-    for found in re.finditer(r"(\.L_x_\d+):", sass):
-        body = sass[found.end() :]
-        end = body.find(f"BRA `({found.group(1)})")
-        if end > 0 and sum((ops := opcodes(body[:end])).values()) > sum(best.values()):
-            best = ops
-    return best
+    return max(loops(sass), key=lambda ops: sum(ops.values()), default=collections.Counter())
 
 
 def grouped(bm: int, warps: int, maxnreg: int | None) -> dict:
