@@ -112,9 +112,9 @@ def chain(x: torch.Tensor, weights: list, calls: int, tuning: dict | None = None
 SWEPT = "lm_head:fp8,tp2/lm_head:fp8,kda_in_proj:q4,tp2/kda_in_proj:q4,dsa_o_proj:q4,dense_down:q4,kda_o_proj:q4"
 
 
-def sweep(out_path: Path | None, swept: str, repeat: int) -> None:
+def sweep(out_path: Path | None, swept: str, repeat: int, unrolls: tuple[int, ...] = (1, 2)) -> None:
     """Time a grid of launch forms (outputs a program, warps, the split of the inputs, groups unrolled) on the
-    `swept` weights ("[tp2/]NAME:MODE,..."; NAME from `shapes`) at 1 and 8 rows — one row both with Triton's own
+    `swept` weights ("[tp2/]NAME:MODE,..."; NAME from `shapes`; q4 unrolled by each of `unrolls`, fp8 by 2) at 1 and 8 rows — one row both with Triton's own
     compile of N == 1 and with the kernel compiled for any N (`one_row`) —, 20 calls a graph over copies that miss
     L2; then the table's own form and the grid's best three again, taking turns three times (medians)."""
     import itertools
@@ -140,7 +140,7 @@ def sweep(out_path: Path | None, swept: str, repeat: int) -> None:
         splits = sorted({max(1, min(16, default["splits"] * f)) for f in (0.5, 1, 2, 4)})
         grid = [
             dict(block_o=b, num_warps=w, splits=int(sp), kw=8, unroll=u)
-            for b, w, sp, u in itertools.product((64, 128), (2, 4), splits, (2,) if mode == "fp8" else (1, 2))
+            for b, w, sp, u in itertools.product((64, 128), (2, 4), splits, (2,) if mode == "fp8" else unrolls)
             if width // (int(sp) * 64) >= 2
         ]
 
@@ -225,6 +225,7 @@ def main() -> None:
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--sweep", action="store_true", help="time launch forms on the served weights instead")
     ap.add_argument("--swept", default=SWEPT, help="with --sweep: [tp2/]NAME:MODE of the weights swept")
+    ap.add_argument("--unrolls", default="1,2", help="with --sweep: the q4 weights' groups unrolled (1, 2, 4)")
     ap.add_argument("--repeat", type=int, default=20, help="with --sweep: graph replays a timing")
     ap.add_argument(
         "--calls",
@@ -243,7 +244,7 @@ def main() -> None:
         dequant(args.out, [int(t) for t in args.tp.split(",")])
         return
     if args.sweep:
-        sweep(args.out, args.swept, args.repeat)
+        sweep(args.out, args.swept, args.repeat, tuple(int(u) for u in args.unrolls.split(",")))
         return
     hbm = hbm_bytes_s()
     reference.require_row_invariance()  # the bf16 baseline as the serving path runs it with drafts (16-row blocks)
