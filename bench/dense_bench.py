@@ -239,6 +239,7 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts timed")
     ap.add_argument("--modes", default="bf16,q4,fp8", help="the weights' modes timed")
     ap.add_argument("--names", default="", help="the weights timed (`shapes`' names; empty: all)")
+    ap.add_argument("--unroll", type=int, default=0, help="the reduced weights' groups unrolled (0: the table's)")
     args = ap.parse_args()
     if args.dequant:
         dequant(args.out, [int(t) for t in args.tp.split(",")])
@@ -250,6 +251,7 @@ def main() -> None:
     reference.require_row_invariance()  # the bf16 baseline as the serving path runs it with drafts (16-row blocks)
     gen = torch.Generator(device="cuda").manual_seed(0)
     result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": hbm, "calls": args.calls, "shapes": {}}
+    result["unroll"] = args.unroll or "the table's"
     result["engine"] = ENGINE or str(ROOT)
     for tp in (int(t) for t in args.tp.split(",")):
         for name, (out, width) in shapes(tp).items():
@@ -265,7 +267,8 @@ def main() -> None:
                 count = max(args.calls, len(weights)) if args.calls > 1 else 1  # each copy read once a replay
                 for rows in (int(r) for r in args.rows.split(",")):
                     x = torch.randn(rows, width, generator=gen, device="cuda")
-                    seconds = timed(chain(x, weights, count))
+                    tuning = {"unroll": args.unroll} if args.unroll and mode != "bf16" else None
+                    seconds = timed(chain(x, weights, count, tuning))
                     moved = held + x.numel() * 4 + rows * out * 4
                     figures[rows] = {
                         "us": round(seconds * 1e6, 1),
