@@ -37,12 +37,10 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90):
     const |= dict(BLOCK_O=launch["block_o"], ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"])
     const |= dict(UNROLL=launch["unroll"])
     fn = td._dense_rows
-    scale = "*fp32" if fp8 else "*fp16"
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",
-        "s_ptr": scale,
-        "z_ptr": scale,
+        "s_ptr": "*fp32" if fp8 else "*i32",  # q4: QuantWeight.words
         "out_ptr": "*fp32",
         "count_ptr": "*i32",
     }

@@ -10,7 +10,8 @@ step a 32-bit word makes them 16-bit operands:
   0x43, the bf16 bits of 128 + q, exactly. A group's bytes hold its inputs 0..31 in their low nibbles and 32..63 in
   their high ones, so each half meets 32 consecutive inputs of the rows (the rows' values load as 16-byte vectors).
   Per group of 64 inputs, Σ x·(128 + q) and Σ x (the same MMA with ones) are scaled once:
-  Σ x·w = s·Σ x·(128 + q) + (z − 128·s)·Σ x.
+  Σ x·w = s·Σ x·(128 + q) + (z − 128·s)·Σ x. A group's s and z of an output come as one 32-bit word
+  (`QuantWeight.words`): a load instruction an output where two separate rows took two.
 - fp8 (`_FP8_UNPACK`): four e4m3 values as fp16, one conversion a pair (every e4m3 value is an fp16 one); the rows
   rounded to fp16 (finer than bf16; a value past 65,504 would overflow: the dense layers' inputs are normed, clamped
   (SwiGLU) or attention outputs, far below); per group Σ x·v scaled once by s.
@@ -97,18 +98,22 @@ def _load(ptrs, ok, k0, j, k_stop, EVEN: gl.constexpr):
 @gluon.jit
 def _group(acc, w, k0, k_stop, x, scales, zero, ones, GROUP: gl.constexpr, FP8: gl.constexpr, EVEN: gl.constexpr):
     """One group of inputs of `_dense_rows` (nothing past k_stop): fp8 acc + s·Σ x·v; q4 acc + s·Σ x·(128 + q) +
-    (z − 128·s)·Σ x. `x`: the rows' pointers, inputs' places and mask; `scales`: the scales' and offsets' pointers,
-    row stride, the outputs and their mask."""
+    (z − 128·s)·Σ x. `x`: the rows' pointers, inputs' places and mask; `scales`: the scales' pointer (q4: the
+    scale-and-offset words), its row stride, the outputs and their mask."""
     x_cols, x_k, x_ok = x
-    s_ptr, z_ptr, stride_s, o_m, o_ok = scales
+    s_ptr, stride_s, o_m, o_ok = scales
     g_ok = k0 < k_stop
     g = k0 // GROUP
-    s = gl.load(s_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0.0).to(gl.float32)
     if FP8:
+        s = gl.load(s_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0.0).to(gl.float32)
         v = gl.inline_asm_elementwise(_FP8_UNPACK, "=r,=r,r", [w], dtype=gl.float16, is_pure=True, pack=4)
         x = _load(x_cols + k0, x_ok, k0, x_k, k_stop, EVEN).to(gl.float16)
         return acc + mma_v2(v, x, zero) * gl.expand_dims(s, 1)
     else:
+        # the group's scale and offset of each output, one 32-bit word (QuantWeight.words: the scale's bits low)
+        sz = gl.load(s_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0)
+        s = sz.to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+        z = (sz >> 16).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32) - 128.0 * s
         lo, hi = gl.inline_asm_elementwise(
             _Q4_UNPACK, "=r,=r,=r,=r,r", [w], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4
         )
@@ -116,7 +121,6 @@ def _group(acc, w, k0, k_stop, x, scales, zero, ones, GROUP: gl.constexpr, FP8: 
         xh = _load(x_cols + k0 + GROUP // 2, x_ok, k0, x_k, k_stop, EVEN).to(gl.bfloat16)  # and 32..63
         p = mma_v2(hi, xh, mma_v2(lo, xl, zero))  # Σ x·(128 + q) over the group
         sx = mma_v2(ones, xh, mma_v2(ones, xl, zero))  # Σ x, the same in every output's row
-        z = gl.load(z_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0.0).to(gl.float32) - 128.0 * s
         return acc + p * gl.expand_dims(s, 1) + gl.expand_dims(z, 1) * sx
 
 
@@ -125,7 +129,6 @@ def _dense_rows(
     x_ptr,
     w_ptr,
     s_ptr,
-    z_ptr,
     out_ptr,
     count_ptr,
     N,
@@ -193,7 +196,7 @@ def _dense_rows(
             w2 = _load(w_rows + k2 // BYTES, w_ok, k2, j_w, k_stop, EVEN)
             w3 = _load(w_rows + k3 // BYTES, w_ok, k3, j_w, k_stop, EVEN)
         x = (x_cols, x_k, x_ok)
-        scales = (s_ptr, z_ptr, stride_s, o_m, o_ok)
+        scales = (s_ptr, stride_s, o_m, o_ok)
         acc = _group(acc, w0, step, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
         if UNROLL > 1:
             acc = _group(acc, w1, k1, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
@@ -263,9 +266,10 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     if splits > 1 and grid[0] * grid[1] > COUNTS:
         raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
     kernel = _dense_rows if launch["one_row"] else _dense_rows_any
+    scales = weight.scale if fp8 else weight.words()  # q4: a group's scale and offset an output, one word
     kernel[grid](
-        x, weight.data.view(torch.uint8), weight.scale, weight.scale if fp8 else weight.offset, out,
-        _counts(x.device), n, o, x.stride(0), weight.data.stride(0), weight.scale.stride(0),
+        x, weight.data.view(torch.uint8), scales, out,
+        _counts(x.device), n, o, x.stride(0), weight.data.stride(0), scales.stride(0),
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
         ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"],
         num_warps=launch["num_warps"],
@@ -296,7 +300,7 @@ def _dequantize(
     K,
     stride_w,
     stride_s,
-    stride_z,
+    step_s,
     stride_out,
     GROUP: tl.constexpr,
     FP8: tl.constexpr,
@@ -316,12 +320,12 @@ def _dequantize(
     ok = (o < OUT) & (k < K)  # q4's K is whole groups: the high nibbles' inputs are in too
     b = tl.load(w_ptr + o.to(tl.int64) * stride_w + g * WIDTH + j, mask=ok, other=0)
     g_ok = (o < OUT) & (g * GROUP < K)
-    s = tl.load(s_ptr + g * stride_s + o, mask=g_ok, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + g * stride_s + o * step_s, mask=g_ok, other=0.0).to(tl.float32)
     out = out_ptr + o.to(tl.int64) * stride_out + k
     if FP8:
         _store(out, b.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s, ok, BF16)
     else:
-        z = tl.load(z_ptr + g * stride_z + o, mask=g_ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_s + o * step_s, mask=g_ok, other=0.0).to(tl.float32)
         _store(out, (b & 15).to(tl.float32) * s + z, ok, BF16)
         _store(out + GROUP // 2, (b >> 4).to(tl.float32) * s + z, ok, BF16)
 
@@ -350,12 +354,12 @@ def dequantized(weight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     assert dtype in (torch.bfloat16, torch.float32), f"dequantised to bf16 or fp32, not {dtype}"
     data = weight.data.view(torch.uint8)
     offset = weight.scale if weight.offset is None else weight.offset
-    assert data.stride(1) == weight.scale.stride(1) == offset.stride(1) == 1, "a weight's rows and scales unit-strided"
+    assert data.stride(1) == 1 and weight.scale.stride() == offset.stride(), "a weight's rows unit-strided"
     o, k = weight.shape
     out = torch.empty((o, k), dtype=dtype, device=data.device)
     grid = (triton.cdiv(o, DEQUANT_O), triton.cdiv(triton.cdiv(k, weight.group), DEQUANT_GROUPS))
     _dequantize[grid](
-        data, weight.scale, offset, out, o, k, data.stride(0), weight.scale.stride(0), offset.stride(0), out.stride(0),
+        data, weight.scale, offset, out, o, k, data.stride(0), *weight.scale.stride(), out.stride(0),
         GROUP=weight.group, FP8=weight.mode == "fp8", BF16=dtype == torch.bfloat16, BLOCK_O=DEQUANT_O,
         GROUPS=DEQUANT_GROUPS, num_warps=DEQUANT_WARPS, enable_fp_fusion=False,
     )  # fmt: skip

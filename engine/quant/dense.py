@@ -12,7 +12,9 @@
 The weights are stored output-major — [outputs, inputs/2] q4 bytes, [outputs, inputs] e4m3 — so the decode kernel
 (engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand
 registers; scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
-group's scales for a block of outputs as one row. A weight's groups lie along its input, so a tensor-parallel
+group's scales for a block of outputs as one row. A q4 group's scale and offset lie side by side (`QuantWeight.pairs`,
+[inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are its two views), so the kernel loads them as one 32-bit word
+an output: half the load instructions of two separate rows (session 44 measured what those loads cost). A weight's groups lie along its input, so a tensor-parallel
 rank's slice holds whole groups of the full matrix (a column split cuts output rows; a row split cuts inputs at head
 boundaries, multiples of GROUP at the real widths) and quantising a slice gives the bits of the same slice of the
 quantised whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded (`quantize` says so by
@@ -58,13 +60,33 @@ STORED = (
 
 class QuantWeight:
     """A [out, in] weight in `mode` (q4 | fp8). q4: `data` uint8 [out, in/2], `scale` and `offset` fp16
-    [in/group, out]; fp8: `data` float8_e4m3fn [out, in], `scale` fp32 [ceil(in/group), out] (`offset` None).
-    Output slices (`rows`) are views."""
+    [in/group, out], the two views of `pairs` [in/group, out, 2] (each group's scale and offset side by side; given
+    apart, they are interleaved into a new `pairs`); fp8: `data` float8_e4m3fn [out, in], `scale` fp32
+    [ceil(in/group), out] (`offset` and `pairs` None). Output slices (`rows`) are views."""
 
     def __init__(
-        self, mode: str, data: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int
+        self,
+        mode: str,
+        data: torch.Tensor,
+        scale: torch.Tensor | None,
+        offset: torch.Tensor | None,
+        group: int,
+        pairs: torch.Tensor | None = None,
     ) -> None:
+        if pairs is None and offset is not None:
+            assert scale is not None
+            pairs = torch.stack([scale, offset], dim=-1).contiguous()
+        if pairs is not None:
+            scale, offset = pairs[..., 0], pairs[..., 1]
+        assert scale is not None
         self.mode, self.data, self.scale, self.offset, self.group = mode, data, scale, offset, group
+        self.pairs = pairs
+
+    def words(self) -> torch.Tensor:
+        """q4: `pairs` as one int32 an output and group ([in/group, out], the scale's bits low, the offset's high:
+        what the decode kernel loads)."""
+        assert self.pairs is not None, "fp8 weights have no offsets"
+        return self.pairs.view(torch.int32)[..., 0]
 
     @property
     def shape(self) -> torch.Size:
@@ -73,8 +95,9 @@ class QuantWeight:
 
     def rows(self, start: int, stop: int) -> QuantWeight:
         """Output rows start..stop (views: nothing is copied)."""
-        offset = None if self.offset is None else self.offset[:, start:stop]
-        return QuantWeight(self.mode, self.data[start:stop], self.scale[:, start:stop], offset, self.group)
+        if self.pairs is not None:
+            return QuantWeight(self.mode, self.data[start:stop], None, None, self.group, self.pairs[:, start:stop])
+        return QuantWeight(self.mode, self.data[start:stop], self.scale[:, start:stop], None, self.group)
 
     def split(self, widths: Sequence[int]) -> list[QuantWeight]:
         """Consecutive output-row blocks of these widths, as `torch.Tensor.split` along dim 0."""
@@ -97,7 +120,7 @@ class QuantWeight:
         return (codes * self.scale.t().float()[..., None] + offset).view(out, half * 2).to(dtype)
 
     def nbytes(self) -> int:
-        parts = [self.data, self.scale] + ([self.offset] if self.offset is not None else [])
+        parts = [self.data, self.scale if self.pairs is None else self.pairs]
         return sum(t.numel() * t.element_size() for t in parts)
 
 
@@ -141,10 +164,10 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
     rows = _q4_rows if mode == "q4" else _fp8_rows
     parts = [rows(weight[i : i + _ROWS_AT_ONCE], group) for i in range(0, weight.shape[0], _ROWS_AT_ONCE)]
     data = torch.cat([p[0] for p in parts]).contiguous()
-    scale = torch.cat([p[1] for p in parts], dim=1).contiguous()
+    scale = torch.cat([p[1] for p in parts], dim=1)
     offsets = [p[2] for p in parts if p[2] is not None]
-    offset = torch.cat(offsets, dim=1).contiguous() if offsets else None
-    return QuantWeight(mode, data, scale, offset, group)
+    offset = torch.cat(offsets, dim=1) if offsets else None
+    return QuantWeight(mode, data, scale.contiguous() if offset is None else scale, offset, group)
 
 
 def _fp8_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, None]:

@@ -76,6 +76,23 @@ def test_views_and_tensor_parallel_slices_are_the_wholes_own_bits(mode):
         assert torch.equal(columns.dequantize(), whole.dequantize()[:, 128:])  # type: ignore[union-attr]
 
 
+def test_q4_scales_and_offsets_are_one_word_an_output_and_group_in_every_slice():
+    """The decode kernel loads a group's scale and offset of an output as one 32-bit word (`words`): `scale` and
+    `offset` are views of `pairs`, and a row slice's words are the whole's, the scale's bits low."""
+    whole = quantize(gaussian(96, 256), "q4")
+    assert isinstance(whole, QuantWeight) and whole.pairs is not None and whole.offset is not None
+    assert whole.pairs.shape == (4, 96, 2) and whole.pairs.is_contiguous()
+    assert whole.scale.data_ptr() == whole.pairs.data_ptr() and whole.offset.data_ptr() == whole.scale.data_ptr() + 2
+    for part in (whole, *whole.split([32, 64])):
+        words = part.words()
+        assert words.shape == (4, part.shape[0]) and words.dtype == torch.int32
+        low, high = (words & 0xFFFF).to(torch.int16), (words >> 16).to(torch.int16)
+        assert torch.equal(low.view(torch.float16), part.scale) and torch.equal(high.view(torch.float16), part.offset)
+    assert whole.nbytes() == 96 * 128 + 4 * 96 * 4
+    apart = QuantWeight("q4", whole.data, whole.scale.clone(), whole.offset.clone(), whole.group)  # interleaved anew
+    assert torch.equal(apart.pairs, whole.pairs) and torch.equal(apart.dequantize(), whole.dequantize())
+
+
 def test_an_input_width_groups_do_not_divide_stays_as_loaded():
     w = gaussian(8, 96)
     assert quantize(w, "q4") is w

@@ -50,8 +50,9 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
         if tuple(const.items()) in seen:
             continue
         seen.add(tuple(const.items()))
-        pointers = {"x_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*fp16"}  # fp8 read as bytes
-        pointers |= {"z_ptr": "*fp32" if fp8 else "*fp16", "out_ptr": "*fp32", "count_ptr": "*i32"}
+        # fp8 read as bytes; q4's scales as QuantWeight.words, a group's scale and offset an output in one word
+        pointers = {"x_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*i32"}
+        pointers |= {"out_ptr": "*fp32", "count_ptr": "*i32"}
         signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
         divisible = [n for n in fn.arg_names if n in pointers or (n.startswith("stride") and width % 16 == 0)]
         source = GluonASTSource(
@@ -70,6 +71,7 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
         assert ("atom.global.gpu.acq_rel.add" in ptx) == (splits > 1), (mode, out, width)
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx and f".target sm_{capability}" in ptx
         assert ("cvt.rn.f16x2.e4m3x2" if fp8 else "prmt.b32") in ptx
+        assert "ld.global.b16" not in ptx  # q4: no scale or offset loaded alone
     assert len(seen) >= 6  # the split, warps and unrolling vary with the shape
 
 
@@ -131,7 +133,11 @@ def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, capabi
         fn=fn,
         signature=signature,
         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-        attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n not in const and n != "OUT"},
+        attrs={
+            (i,): [["tt.divisibility", 16]]
+            for i, n in enumerate(fn.arg_names)
+            if n not in const and n not in ("OUT", "step_s")  # step_s: 2 (q4's pairs) or 1
+        },
     )
     options = {"num_warps": td.DEQUANT_WARPS, "enable_fp_fusion": False}
     kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
