@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 44's second device call (an H100 or H200), <= BUDGET s: q4's scale and offset of a group as one 32-bit
+# Session 44's words device call (an H100 or H200), <= BUDGET s: q4's scale and offset of a group as one 32-bit
 # word an output (`QuantWeight.words`; the kernel loads 8 words a group a thread where it loaded 16 halves):
 #  1. tests/gpu/test_dense_gpu.py (every launch form against the exact product; rows invariant; graphs; the model);
 #  2. bench/dense_bench.py at 1 and 8 rows, q4 and fp8, TP=1 and TP=2's shapes, 20 calls a graph: this tree and
 #     f93da7b (the tree before, .wheels/prev/tree-f93da7b.tgz, through --engine) in turn, twice;
 #  3. the 4-layer cut's decode step with q4 dense weights (EXL3 experts, TP=2's shard, graphs): both trees in turn;
 #  4. on a GPU of more than 100 GB (an H200): the released depth's decode step, both trees in turn.
-#     BUDGET=500 bash bench/gpu_session44_call2.sh      (STEPS=234: without the tests)
+#     BUDGET=500 bash bench/gpu_session44_words.sh      (STEPS=234: without the tests)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s44b-out}
