@@ -240,6 +240,11 @@ def main() -> None:
     ap.add_argument("--modes", default="bf16,q4,fp8", help="the weights' modes timed")
     ap.add_argument("--names", default="", help="the weights timed (`shapes`' names; empty: all)")
     ap.add_argument("--unroll", type=int, default=0, help="the reduced weights' groups unrolled (0: the table's)")
+    ap.add_argument(
+        "--tuning",
+        default="",
+        help="the reduced weights' launch overridden, e.g. block_o=256,num_warps=2 (launch_shape's keys)",
+    )
     args = ap.parse_args()
     if args.dequant:
         dequant(args.out, [int(t) for t in args.tp.split(",")])
@@ -251,7 +256,10 @@ def main() -> None:
     reference.require_row_invariance()  # the bf16 baseline as the serving path runs it with drafts (16-row blocks)
     gen = torch.Generator(device="cuda").manual_seed(0)
     result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": hbm, "calls": args.calls, "shapes": {}}
-    result["unroll"] = args.unroll or "the table's"
+    overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.tuning.split(",") if kv)}
+    if args.unroll:
+        overrides["unroll"] = args.unroll
+    result["launch"] = overrides or "the table's"
     result["engine"] = ENGINE or str(ROOT)
     for tp in (int(t) for t in args.tp.split(",")):
         for name, (out, width) in shapes(tp).items():
@@ -267,7 +275,7 @@ def main() -> None:
                 count = max(args.calls, len(weights)) if args.calls > 1 else 1  # each copy read once a replay
                 for rows in (int(r) for r in args.rows.split(",")):
                     x = torch.randn(rows, width, generator=gen, device="cuda")
-                    tuning = {"unroll": args.unroll} if args.unroll and mode != "bf16" else None
+                    tuning = dict(overrides) if overrides and mode != "bf16" else None
                     seconds = timed(chain(x, weights, count, tuning))
                     moved = held + x.numel() * 4 + rows * out * 4
                     figures[rows] = {

@@ -4,6 +4,8 @@
 #  1. tests/gpu/test_dense_gpu.py (every launch form against the exact product; rows invariant; graphs; the model);
 #  2. bench/dense_bench.py at 1 and 8 rows, q4 and fp8, TP=1 and TP=2's shapes, 20 calls a graph: this tree and
 #     f93da7b (the tree before, .wheels/prev/tree-f93da7b.tgz, through --engine) in turn, twice;
+#     then, this tree only, q4 at TP=1 with 256 outputs a program on 2 warps (128 a warp: x's loads a weight byte
+#     halved), unrolled as the table says and not;
 #  3. the 4-layer cut's decode step with q4 dense weights (EXL3 experts, TP=2's shard, graphs): both trees in turn;
 #  4. on a GPU of more than 100 GB (an H200): the released depth's decode step, both trees in turn.
 #     BUDGET=500 bash bench/gpu_session44_words.sh      (STEPS=234: without the tests)
@@ -30,6 +32,11 @@ for run in 1 2; do
     want 2 && step "2b. dense_bench, f93da7b ($run)" 60 "$T/c_old$run.txt" python bench/dense_bench.py $D \
         --engine /tmp/old --out "$T/dense_old$run.json"
 done
+P="--tp 1 --calls 20 --rows 1,8 --modes q4"
+want 2 && step "2c. dense_bench, 128 outputs a warp" 60 "$T/h_wide.txt" python bench/dense_bench.py $P \
+    --tuning block_o=256,num_warps=2 --out "$T/dense_wide.json"
+want 2 && step "2d. dense_bench, 128 outputs a warp, one group a step" 60 "$T/i_wide1.txt" python bench/dense_bench.py \
+    $P --tuning block_o=256,num_warps=2,unroll=1 --out "$T/dense_wide1.json"
 E="--exl3-experts --shard 2 --dense q4 --modes graphs --tp2 off --no-prefill"
 want 3 && step "3a. 4-layer q4 decode, this tree" 60 "$T/d_new.txt" python bench/gpu_engine.py --layers KKKD $E \
     --out "$T/step_new.json"
