@@ -12,9 +12,10 @@
 The weights are stored output-major — [outputs, inputs/2] q4 bytes, [outputs, inputs] e4m3 — so the decode kernel
 (engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand
 registers; scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
-group's scales for a block of outputs as one row. A q4 group's scale and offset lie side by side (`QuantWeight.pairs`,
-[inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are its two views), so the kernel loads them as one 32-bit word
-an output: half the load instructions of two separate rows (session 44 measured what those loads cost). A weight's groups lie along its input, so a tensor-parallel
+group's scales for a block of outputs as one row. A q4 group's scale and offset lie side by side
+(`QuantWeight.pairs`, [inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are its two views), so the kernel loads
+them as one 32-bit word an output: half the load instructions of two separate rows (session 44 measured what those
+loads cost, docs/BENCHMARKS.md). A weight's groups lie along its input, so a tensor-parallel
 rank's slice holds whole groups of the full matrix (a column split cuts output rows; a row split cuts inputs at head
 boundaries, multiples of GROUP at the real widths) and quantising a slice gives the bits of the same slice of the
 quantised whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded (`quantize` says so by
