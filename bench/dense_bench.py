@@ -239,7 +239,6 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts timed")
     ap.add_argument("--modes", default="bf16,q4,fp8", help="the weights' modes timed")
     ap.add_argument("--names", default="", help="the weights timed (`shapes`' names; empty: all)")
-    ap.add_argument("--unroll", type=int, default=0, help="the reduced weights' groups unrolled (0: the table's)")
     ap.add_argument(
         "--tuning",
         default="",
@@ -257,8 +256,6 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": hbm, "calls": args.calls, "shapes": {}}
     overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.tuning.split(",") if kv)}
-    if args.unroll:
-        overrides["unroll"] = args.unroll
     result["launch"] = overrides or "the table's"
     result["engine"] = ENGINE or str(ROOT)
     for tp in (int(t) for t in args.tp.split(",")):

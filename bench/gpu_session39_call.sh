@@ -18,7 +18,6 @@ mkdir -p "$OUT" /tmp/s39-steps
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-400}
 STEPS=${STEPS:-1234}
-want() { [[ $STEPS == *$1* ]]; }
 . bench/run_steps.sh
 T=/tmp/s39-steps
 rm -f "$T"/*

@@ -15,7 +15,6 @@ mkdir -p "$OUT" /tmp/s40-steps
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-560}
 STEPS=${STEPS:-123}
-want() { [[ $STEPS == *$1* ]]; }
 . bench/run_steps.sh
 T=/tmp/s40-steps
 rm -f "$T"/*

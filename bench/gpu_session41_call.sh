@@ -16,7 +16,6 @@ mkdir -p "$OUT" /tmp/s41-steps /tmp/old
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-480}
 STEPS=${STEPS:-123}
-want() { [[ $STEPS == *$1* ]]; }
 . bench/run_steps.sh
 T=/tmp/s41-steps
 rm -f "$T"/*

@@ -14,7 +14,6 @@ mkdir -p "$OUT" /tmp/s42-steps
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-300}
 STEPS=${STEPS:-12}
-want() { [[ $STEPS == *$1* ]]; }
 . bench/run_steps.sh
 T=/tmp/s42-steps
 rm -f "$T"/*

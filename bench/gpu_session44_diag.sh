@@ -19,8 +19,8 @@ mkdir -p /tmp/t93 && tar xzf .wheels/prev/tree-f93da7b.tgz -C /tmp/t93
 python bench/dense_diag_trees.py /tmp/t93 /tmp/diag
 B="python bench/dense_bench.py --tp 1 --calls 20 --rows 1,8 --modes q4 --names kda_in_proj,kda_o_proj,dsa_o_proj,dense_down,dsa_q_b,lm_head"
 step "table" 60 "$T/table.txt" $B --out "$T/table.json"
-step "unroll 4" 60 "$T/unroll4.txt" $B --unroll 4 --out "$T/unroll4.json"
-step "unroll 1" 60 "$T/unroll1.txt" $B --unroll 1 --out "$T/unroll1.json"
+step "unroll 4" 60 "$T/unroll4.txt" $B --tuning unroll=4 --out "$T/unroll4.json"
+step "unroll 1" 60 "$T/unroll1.txt" $B --tuning unroll=1 --out "$T/unroll1.json"
 for v in nosx nounpack both noscales; do
     step "diag $v" 60 "$T/$v.txt" $B --engine /tmp/diag/dt-$v --out "$T/$v.json"
 done

@@ -16,7 +16,6 @@ mkdir -p "$OUT" /tmp/s44b-steps /tmp/old
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-500}
 STEPS=${STEPS:-1234}
-want() { [[ $STEPS == *$1* ]]; }
 . bench/run_steps.sh
 T=/tmp/s44b-steps
 rm -f "$T"/*

@@ -4,6 +4,8 @@ START=$(date +%s)
 LOG="$OUT/run.log"
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 say() { echo "$*" | tee -a "$LOG"; }
+# want N: whether step N is among those STEPS names (a script sets STEPS, e.g. STEPS=${STEPS:-123})
+want() { [[ $STEPS == *$1* ]]; }
 # cap NAME SECONDS: the seconds this step may take (its own cap or what is left), 0 when it must be skipped
 cap() {
     local want=$2 rest; rest=$(left)

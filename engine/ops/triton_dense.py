@@ -102,16 +102,16 @@ def _group(acc, w, k0, k_stop, x, scales, zero, ones, GROUP: gl.constexpr, FP8: 
     scale-and-offset words), its row stride, the outputs and their mask."""
     x_cols, x_k, x_ok = x
     s_ptr, stride_s, o_m, o_ok = scales
-    g_ok = k0 < k_stop
-    g = k0 // GROUP
+    at = s_ptr + (k0 // GROUP) * stride_s + o_m  # the group's scales (q4: scale-and-offset words) of the outputs
+    ok = o_ok & (k0 < k_stop)
     if FP8:
-        s = gl.load(s_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0.0).to(gl.float32)
+        s = gl.load(at, mask=ok, other=0.0).to(gl.float32)
         v = gl.inline_asm_elementwise(_FP8_UNPACK, "=r,=r,r", [w], dtype=gl.float16, is_pure=True, pack=4)
         x = _load(x_cols + k0, x_ok, k0, x_k, k_stop, EVEN).to(gl.float16)
         return acc + mma_v2(v, x, zero) * gl.expand_dims(s, 1)
     else:
         # the group's scale and offset of each output, one 32-bit word (QuantWeight.words: the scale's bits low)
-        sz = gl.load(s_ptr + g * stride_s + o_m, mask=o_ok & g_ok, other=0)
+        sz = gl.load(at, mask=ok, other=0)
         s = sz.to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         z = (sz >> 16).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32) - 128.0 * s
         lo, hi = gl.inline_asm_elementwise(

@@ -96,9 +96,8 @@ class QuantWeight:
 
     def rows(self, start: int, stop: int) -> QuantWeight:
         """Output rows start..stop (views: nothing is copied)."""
-        if self.pairs is not None:
-            return QuantWeight(self.mode, self.data[start:stop], None, None, self.group, self.pairs[:, start:stop])
-        return QuantWeight(self.mode, self.data[start:stop], self.scale[:, start:stop], None, self.group)
+        pairs = None if self.pairs is None else self.pairs[:, start:stop]  # q4: scale and offset come from these
+        return QuantWeight(self.mode, self.data[start:stop], self.scale[:, start:stop], None, self.group, pairs)
 
     def split(self, widths: Sequence[int]) -> list[QuantWeight]:
         """Consecutive output-row blocks of these widths, as `torch.Tensor.split` along dim 0."""
