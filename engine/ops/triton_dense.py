@@ -96,22 +96,81 @@ def _load(ptrs, ok, k0, j, k_stop, EVEN: gl.constexpr):
 
 
 @gluon.jit
-def _group(acc, w, k0, k_stop, x, scales, zero, ones, GROUP: gl.constexpr, FP8: gl.constexpr, EVEN: gl.constexpr):
+def _sigma(i, BLOCK_O: gl.constexpr, WARPS: gl.constexpr):
+    """The output MMA row i stands for: row i = r·16·WARPS + w·16 + h·8 + q (warp w, quad q, half h, repetition r)
+    holds output w·BLOCK_O/WARPS + q·PER + 2r + h, so a thread's PER rows are PER side-by-side outputs."""
+    PER: gl.constexpr = BLOCK_O // (8 * WARPS)
+    r = i // (16 * WARPS)
+    w = (i // 16) % WARPS
+    h = (i // 8) % 2
+    q = i % 8
+    return w * (BLOCK_O // WARPS) + q * PER + 2 * r + h
+
+
+@gluon.constexpr_function
+def _outputs_layout(per, warps):
+    """[BLOCK_O] outputs in σ order's threads: a thread (warp w, lane 4q + t) holds outputs w·8·PER + q·PER + 0..PER,
+    one vector (the four lanes of a quad the same)."""
+    regs = [[1 << b] for b in range(per.bit_length() - 1)]
+    lanes = [[0], [0]] + [[per << b] for b in range(3)]
+    return gl.DistributedLinearLayout(
+        regs, lanes, [[8 * per << b] for b in range(warps.bit_length() - 1)], [], [8 * per * warps]
+    )
+
+
+@gluon.constexpr_function
+def _sums_layout(per, warps, rows):
+    """[BLOCK_O, ROWS] sums in σ order's threads, a thread's PER outputs of a row side by side (one vector store):
+    the accumulator's own threads and values, its registers in another order."""
+    regs = [[1 << b, 0] for b in range(per.bit_length() - 1)] + [[0, 1]]
+    lanes = [[0, 2], [0, 4]] + [[per << b, 0] for b in range(3)]
+    warp_bases = [[8 * per << b, 0] for b in range(warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [8 * per * warps, rows])
+
+
+@gluon.jit
+def _scales(at, ok, mma: gl.constexpr, BLOCK_O: gl.constexpr, WARPS: gl.constexpr):
+    """A group's scales (q4: scale-and-offset words) of the block's outputs, loaded one vector a thread
+    (`_outputs_layout`), then as the accumulator's rows: the index's bits reordered from σ's (w, q, r, h) to the
+    MMA's (r, w, h, q) — the values each thread holds are already the ones it needs (asserted: nothing moves)."""
+    PER: gl.constexpr = BLOCK_O // (8 * WARPS)
+    v = gl.load(at, mask=ok, other=0)
+    v = gl.permute(gl.reshape(v, [WARPS, 8, PER // 2, 2]), [2, 0, 3, 1])
+    return gl.convert_layout(gl.reshape(v, [BLOCK_O]), gl.SliceLayout(1, mma), assert_trivial=True)
+
+
+@gluon.jit
+def _group(
+    acc,
+    w,
+    k0,
+    k_stop,
+    x,
+    scales,
+    zero,
+    ones,
+    mma: gl.constexpr,
+    GROUP: gl.constexpr,
+    FP8: gl.constexpr,
+    EVEN: gl.constexpr,
+    BLOCK_O: gl.constexpr,
+    WARPS: gl.constexpr,
+):
     """One group of inputs of `_dense_rows` (nothing past k_stop): fp8 acc + s·Σ x·v; q4 acc + s·Σ x·(128 + q) +
     (z − 128·s)·Σ x. `x`: the rows' pointers, inputs' places and mask; `scales`: the scales' pointer (q4: the
-    scale-and-offset words), its row stride, the outputs and their mask."""
+    scale-and-offset words), its row stride, the outputs (`_outputs_layout`) and their mask."""
     x_cols, x_k, x_ok = x
-    s_ptr, stride_s, o_m, o_ok = scales
-    at = s_ptr + (k0 // GROUP) * stride_s + o_m  # the group's scales (q4: scale-and-offset words) of the outputs
+    s_ptr, stride_s, o_s, o_ok = scales
+    at = s_ptr + (k0 // GROUP) * stride_s + o_s  # the group's scales (q4: scale-and-offset words) of the outputs
     ok = o_ok & (k0 < k_stop)
     if FP8:
-        s = gl.load(at, mask=ok, other=0.0).to(gl.float32)
+        s = _scales(at, ok, mma, BLOCK_O, WARPS).to(gl.float32)
         v = gl.inline_asm_elementwise(_FP8_UNPACK, "=r,=r,r", [w], dtype=gl.float16, is_pure=True, pack=4)
         x = _load(x_cols + k0, x_ok, k0, x_k, k_stop, EVEN).to(gl.float16)
         return acc + mma_v2(v, x, zero) * gl.expand_dims(s, 1)
     else:
         # the group's scale and offset of each output, one 32-bit word (QuantWeight.words: the scale's bits low)
-        sz = gl.load(at, mask=ok, other=0)
+        sz = _scales(at, ok, mma, BLOCK_O, WARPS)
         s = sz.to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         z = (sz >> 16).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32) - 128.0 * s
         lo, hi = gl.inline_asm_elementwise(
@@ -158,7 +217,10 @@ def _dense_rows(
     pid_o = gl.program_id(0)
     pid_m = gl.program_id(1)
     split = gl.program_id(2)
-    o_a = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, a_l))
+    gl.static_assert(BLOCK_O % (16 * WARPS) == 0, "each warp's rows in whole MMA tiles")
+    PER: gl.constexpr = BLOCK_O // (8 * WARPS)  # outputs a thread: σ's runs
+    # the MMA's row i computes output σ(i) (`_sigma`): the weight's rows load in that order
+    o_a = pid_o * BLOCK_O + _sigma(gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, a_l)), BLOCK_O, WARPS)
     j_a = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, a_l))
     w_rows = w_ptr + gl.expand_dims(o_a.to(gl.int64) * stride_w, 1) + gl.expand_dims(j_a, 0)
     w_ok = gl.expand_dims(o_a < OUT, 1)
@@ -166,8 +228,8 @@ def _dense_rows(
     r_b = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, b_l))
     x_cols = x_ptr + gl.expand_dims(r_b.to(gl.int64) * stride_x, 0) + gl.expand_dims(j_b, 1)
     x_ok = gl.expand_dims(r_b < N, 0)
-    o_m = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, mma))
-    o_ok = o_m < OUT
+    o_s = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=_outputs_layout(PER, WARPS))  # the scales' outputs
+    o_ok = o_s < OUT
     acc = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
     zero = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
     BYTES: gl.constexpr = 1 if FP8 else 2  # inputs a byte (q4: a group's input j and 32 + j)
@@ -196,16 +258,22 @@ def _dense_rows(
             w2 = _load(w_rows + k2 // BYTES, w_ok, k2, j_w, k_stop, EVEN)
             w3 = _load(w_rows + k3 // BYTES, w_ok, k3, j_w, k_stop, EVEN)
         x = (x_cols, x_k, x_ok)
-        scales = (s_ptr, stride_s, o_m, o_ok)
-        acc = _group(acc, w0, step, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
+        scales = (s_ptr, stride_s, o_s, o_ok)
+        acc = _group(acc, w0, step, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
         if UNROLL > 1:
-            acc = _group(acc, w1, k1, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
+            acc = _group(acc, w1, k1, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
         if UNROLL > 2:
-            acc = _group(acc, w2, k2, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
-            acc = _group(acc, w3, k3, k_stop, x, scales, zero, ones, GROUP, FP8, EVEN)
-    r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma))
+            acc = _group(acc, w2, k2, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
+            acc = _group(acc, w3, k3, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
+    # the sums back in the outputs' order (the index's bits from the MMA's (r, w, h, q) to σ's (w, q, r, h)), in
+    # registers: a thread's PER outputs of a row side by side, one vector store (and load, summing slices)
+    o_l: gl.constexpr = _sums_layout(PER, WARPS, ROWS)
+    acc = gl.permute(gl.reshape(acc, [PER // 2, WARPS, 2, 8, ROWS]), [1, 3, 0, 2, 4])
+    acc = gl.convert_layout(gl.reshape(acc, [BLOCK_O, ROWS]), o_l)
+    o_m = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, o_l))
+    r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, o_l))
     tile = gl.expand_dims(r_m.to(gl.int64) * OUT, 0) + gl.expand_dims(o_m, 1)
-    t_ok = gl.expand_dims(r_m < N, 0) & gl.expand_dims(o_ok, 1)
+    t_ok = gl.expand_dims(r_m < N, 0) & gl.expand_dims(o_m < OUT, 1)
     gl.store(out_ptr + split.to(gl.int64) * N * OUT + tile, acc, mask=t_ok)
     if SPLITS > 1:
         # the tile's slices summed by whichever of its programs finishes last, in slice order (the bits do not

@@ -54,7 +54,9 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
         pointers = {"x_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*i32"}
         pointers |= {"out_ptr": "*fp32", "count_ptr": "*i32"}
         signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
+        # strides, and the outputs' count, that divide by 16 (as Triton's launcher marks them)
         divisible = [n for n in fn.arg_names if n in pointers or (n.startswith("stride") and width % 16 == 0)]
+        divisible += ["OUT"] if out % 16 == 0 else []
         source = GluonASTSource(
             fn=fn,
             signature=signature,
@@ -72,6 +74,12 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx and f".target sm_{capability}" in ptx
         assert ("cvt.rn.f16x2.e4m3x2" if fp8 else "prmt.b32") in ptx
         assert "ld.global.b16" not in ptx  # q4: no scale or offset loaded alone
+        if out % 16 == 0 and width % 16 == 0:
+            # the MMA's rows in σ order (`_sigma`): a thread's outputs side by side, so its scales load as one
+            # vector and its sums store (and a split's partial sums load back) as vectors, none a word at a time
+            for scalar in ("ld.global.b32", "st.global.b32", "ld.global.cg.b32"):
+                assert scalar not in ptx, (mode, out, width, scalar)
+            assert "st.global.v4.b32" in ptx and "ld.global.v4.b32" in ptx, (mode, out, width)
     assert len(seen) >= 6  # the split, warps and unrolling vary with the shape
 
 
