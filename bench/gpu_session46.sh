@@ -4,8 +4,9 @@
 # engine (.wheels/prev/tree-0ef76df.tgz), imported through --engine or PYTHONPATH, in turn with this one.
 #  1. tests/gpu/test_dense_gpu.py (the products against the dequantised weight, row invariance, graphs);
 #  2. `dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8`, each tree RUNS times in turn;
-#  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), each tree.
-#     STEPS=123 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh
+#  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), each tree;
+#  4. with what time is left, the launch forms swept on σ's tree for dsa_q_b q4 (session 45's worst at 8 rows).
+#     STEPS=1234 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s46-out}
@@ -14,7 +15,7 @@ mkdir -p "$OUT" "$T" /tmp/t0ef
 rm -f "$T"/*
 P=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests
 export PYTHONPATH=$P PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-540} STEPS=${STEPS:-123} RUNS=${RUNS:-2}
+BUDGET=${BUDGET:-540} STEPS=${STEPS:-1234} RUNS=${RUNS:-2}
 . bench/run_steps.sh
 machine
 wheels fla_core einops
@@ -35,5 +36,9 @@ if want 3; then
     step "3. 4-layer decode 0ef76df" 60 "$T/step_before.txt" env PYTHONPATH=/tmp/pylib:/tmp/t0ef/bench \
         ${E/bench/\/tmp\/t0ef\/bench} --out "$T/step_before.json"
     step "3. 4-layer decode sigma" 60 "$T/step_sigma.txt" $E --out "$T/step_sigma.json"
+fi
+if want 4; then
+    step "4. sweep dsa_q_b q4" 150 "$T/sweep.txt" python bench/dense_bench.py --sweep --swept dsa_q_b:q4 --unrolls 2 \
+        --repeat 10 --out "$T/sweep.json"
 fi
 collect "$T" "$OUT/benches.json"
