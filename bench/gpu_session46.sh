@@ -6,7 +6,9 @@
 #  2. `dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8`, each tree RUNS times in turn;
 #  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), each tree;
 #  4. with what time is left, the launch forms swept on σ's tree for dsa_q_b q4 (session 45's worst at 8 rows).
-#     STEPS=1234 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh
+#  5. the launch forms swept on σ's tree for the other served weights (q4; the LM head fp8);
+#  6. Nsight Compute on kda_in_proj q4 at one row (the table's launch), each tree: occupancy, registers, stalls.
+#     STEPS=1234 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh   (the first call; then STEPS=56)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s46-out}
@@ -40,5 +42,17 @@ fi
 if want 4; then
     step "4. sweep dsa_q_b q4" 150 "$T/sweep.txt" python bench/dense_bench.py --sweep --swept dsa_q_b:q4 --unrolls 2 \
         --repeat 10 --out "$T/sweep.json"
+fi
+if want 5; then
+    W=kda_in_proj:q4,tp2/kda_in_proj:q4,dsa_o_proj:q4,dense_down:q4,kda_o_proj:q4,shared_gate_up:q4,lm_head:fp8
+    step "5. sweep the served weights" 240 "$T/sweep_all.txt" python bench/dense_bench.py --sweep --swept "$W,tp2/lm_head:fp8" \
+        --repeat 10 --out "$T/sweep_all.json"
+fi
+if want 6; then
+    N="ncu --clock-control none -k regex:_dense_rows -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis"
+    D="bench/dense_bench.py --tp 1 --calls 1 --rows 1 --modes q4 --names kda_in_proj"
+    step "6. ncu 0ef76df" 60 "$T/ncu_before.txt" $N python $D --engine /tmp/t0ef
+    step "6. ncu sigma" 60 "$T/ncu_sigma.txt" $N python $D
 fi
 collect "$T" "$OUT/benches.json"
