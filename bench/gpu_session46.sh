@@ -8,7 +8,8 @@
 #  4. with what time is left, the launch forms swept on σ's tree for dsa_q_b q4 (session 45's worst at 8 rows).
 #  5. the launch forms swept on σ's tree for the other served weights (q4; the LM head fp8);
 #  6. Nsight Compute on kda_in_proj q4 at one row (the table's launch), each tree: occupancy, registers, stalls.
-#  7. step 2's σ run again with every weight's kernel compiled for any row count (--tuning one_row=0).
+#  7. step 2's σ run again with a one-row launch compiled on its own (--tuning one_row=1: call 1's σ form; the
+#     table now compiles every weight's kernel for any row count).
 #     STEPS=1234 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh   (the first call; then STEPS=56)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +46,8 @@ if want 4; then
         --repeat 10 --out "$T/sweep.json"
 fi
 if want 7; then
-    step "7. dense_bench sigma, one_row=0" 60 "$T/sigma_any.txt" python bench/dense_bench.py --tp 1,2 --calls 20 \
-        --rows 1,8 --modes q4,fp8 --tuning one_row=0 --out "$T/sigma_any.json"
+    step "7. dense_bench sigma, one_row=1" 60 "$T/sigma_own.txt" python bench/dense_bench.py --tp 1,2 --calls 20 \
+        --rows 1,8 --modes q4,fp8 --tuning one_row=1 --out "$T/sigma_own.json"
 fi
 if want 5; then
     W=kda_in_proj:q4,tp2/kda_in_proj:q4,dsa_o_proj:q4,dense_down:q4,kda_o_proj:q4,shared_gate_up:q4,lm_head:fp8

@@ -313,7 +313,7 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     warps = BLOCK_O // (64 if out_features >= TALL else 32)
     whole = in_features // (splits * group) % 2 == 0  # an even number of groups a slice: no half-empty step
     unroll = 2 if (fp8 or blocks * splits < UNROLL_BELOW) and whole else 1
-    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll, one_row=not head)
+    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll, one_row=False)
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
