@@ -35,7 +35,7 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90):
     per_split = -(-width // launch["splits"] // 64) * 64
     const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8)
     const |= dict(BLOCK_O=launch["block_o"], ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"])
-    const |= dict(UNROLL=launch["unroll"])
+    const |= dict(UNROLL=launch["unroll"], SIGMA=launch["sigma"])
     fn = td._dense_rows
     pointers = {
         "x_ptr": "*fp32",

@@ -5,12 +5,12 @@
 #  1. tests/gpu/test_dense_gpu.py (the products against the dequantised weight, row invariance, graphs);
 #  2. `dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8`, each tree RUNS times in turn;
 #  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), each tree;
-#  4. with what time is left, the launch forms swept on σ's tree for dsa_q_b q4 (session 45's worst at 8 rows).
-#  5. the launch forms swept on σ's tree for the other served weights (q4; the LM head fp8);
+#  4. with what time is left, dsa_q_b q4's launch forms swept (session 45's worst at 8 rows; call 1: σ for all);
+#  5. the launch forms swept for the other served weights (q4; the LM head fp8);
 #  6. Nsight Compute on kda_in_proj q4 at one row (the table's launch), each tree: occupancy, registers, stalls.
-#  7. step 2's σ run again with a one-row launch compiled on its own (--tuning one_row=1: call 1's σ form; the
-#     table now compiles every weight's kernel for any row count).
-#     STEPS=1234 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh   (the first call; then STEPS=56)
+#  7. step 2's run of this tree again with σ for every weight (the table: fp8 only), compiled for any row count
+#     (--tuning sigma=1,one_row=0), and 8. the same with a one-row launch compiled on its own (call 1's σ form).
+#     STEPS=1234 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh   (call 1, σ for every weight; call 2: STEPS=12378 RUNS=1)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s46-out}
@@ -32,7 +32,7 @@ if want 2; then
     B="python bench/dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8"
     for n in $(seq "$RUNS"); do
         step "2. dense_bench 0ef76df, run $n" 60 "$T/before$n.txt" $B --engine /tmp/t0ef --out "$T/before$n.json"
-        step "2. dense_bench sigma, run $n" 60 "$T/sigma$n.txt" $B --out "$T/sigma$n.json"
+        step "2. dense_bench this tree, run $n" 60 "$T/sigma$n.txt" $B --out "$T/sigma$n.json"
     done
 fi
 if want 3; then
@@ -45,9 +45,12 @@ if want 4; then
     step "4. sweep dsa_q_b q4" 150 "$T/sweep.txt" python bench/dense_bench.py --sweep --swept dsa_q_b:q4 --unrolls 2 \
         --repeat 10 --out "$T/sweep.json"
 fi
+B="python bench/dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8"
 if want 7; then
-    step "7. dense_bench sigma, one_row=1" 60 "$T/sigma_own.txt" python bench/dense_bench.py --tp 1,2 --calls 20 \
-        --rows 1,8 --modes q4,fp8 --tuning one_row=1 --out "$T/sigma_own.json"
+    step "7. dense_bench sigma=1,one_row=0" 60 "$T/sigma_any.txt" $B --tuning sigma=1,one_row=0 --out "$T/sigma_any.json"
+fi
+if want 8; then
+    step "8. dense_bench sigma=1,one_row=1" 60 "$T/sigma_own.txt" $B --tuning sigma=1,one_row=1 --out "$T/sigma_own.json"
 fi
 if want 5; then
     W=kda_in_proj:q4,tp2/kda_in_proj:q4,dsa_o_proj:q4,dense_down:q4,kda_o_proj:q4,shared_gate_up:q4,lm_head:fp8

@@ -129,14 +129,17 @@ def _sums_layout(per, warps, rows):
 
 
 @gluon.jit
-def _scales(at, ok, mma: gl.constexpr, BLOCK_O: gl.constexpr, WARPS: gl.constexpr):
-    """A group's scales (q4: scale-and-offset words) of the block's outputs, loaded one vector a thread
-    (`_outputs_layout`), then as the accumulator's rows: the index's bits reordered from σ's (w, q, r, h) to the
-    MMA's (r, w, h, q) — the values each thread holds are already the ones it needs (asserted: nothing moves)."""
-    PER: gl.constexpr = BLOCK_O // (8 * WARPS)
+def _scales(at, ok, mma: gl.constexpr, SIGMA: gl.constexpr, BLOCK_O: gl.constexpr, WARPS: gl.constexpr):
+    """A group's scales (q4: scale-and-offset words) of the block's outputs as the accumulator's rows. SIGMA: loaded
+    one vector a thread (`_outputs_layout`), then the index's bits reordered from σ's (w, q, r, h) to the MMA's
+    (r, w, h, q) — the values each thread holds are already the ones it needs (asserted: nothing moves); else
+    loaded in the accumulator's rows' layout, a word an output."""
     v = gl.load(at, mask=ok, other=0)
-    v = gl.permute(gl.reshape(v, [WARPS, 8, PER // 2, 2]), [2, 0, 3, 1])
-    return gl.convert_layout(gl.reshape(v, [BLOCK_O]), gl.SliceLayout(1, mma), assert_trivial=True)
+    if SIGMA:
+        PER: gl.constexpr = BLOCK_O // (8 * WARPS)
+        v = gl.permute(gl.reshape(v, [WARPS, 8, PER // 2, 2]), [2, 0, 3, 1])
+        v = gl.convert_layout(gl.reshape(v, [BLOCK_O]), gl.SliceLayout(1, mma), assert_trivial=True)
+    return v
 
 
 @gluon.jit
@@ -153,24 +156,25 @@ def _group(
     GROUP: gl.constexpr,
     FP8: gl.constexpr,
     EVEN: gl.constexpr,
+    SIGMA: gl.constexpr,
     BLOCK_O: gl.constexpr,
     WARPS: gl.constexpr,
 ):
     """One group of inputs of `_dense_rows` (nothing past k_stop): fp8 acc + s·Σ x·v; q4 acc + s·Σ x·(128 + q) +
     (z − 128·s)·Σ x. `x`: the rows' pointers, inputs' places and mask; `scales`: the scales' pointer (q4: the
-    scale-and-offset words), its row stride, the outputs (`_outputs_layout`) and their mask."""
+    scale-and-offset words), its row stride, the outputs (SIGMA: `_outputs_layout`) and their mask."""
     x_cols, x_k, x_ok = x
     s_ptr, stride_s, o_s, o_ok = scales
     at = s_ptr + (k0 // GROUP) * stride_s + o_s  # the group's scales (q4: scale-and-offset words) of the outputs
     ok = o_ok & (k0 < k_stop)
     if FP8:
-        s = _scales(at, ok, mma, BLOCK_O, WARPS).to(gl.float32)
+        s = _scales(at, ok, mma, SIGMA, BLOCK_O, WARPS).to(gl.float32)
         v = gl.inline_asm_elementwise(_FP8_UNPACK, "=r,=r,r", [w], dtype=gl.float16, is_pure=True, pack=4)
         x = _load(x_cols + k0, x_ok, k0, x_k, k_stop, EVEN).to(gl.float16)
         return acc + mma_v2(v, x, zero) * gl.expand_dims(s, 1)
     else:
         # the group's scale and offset of each output, one 32-bit word (QuantWeight.words: the scale's bits low)
-        sz = _scales(at, ok, mma, BLOCK_O, WARPS)
+        sz = _scales(at, ok, mma, SIGMA, BLOCK_O, WARPS)
         s = sz.to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         z = (sz >> 16).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32) - 128.0 * s
         lo, hi = gl.inline_asm_elementwise(
@@ -205,6 +209,7 @@ def _dense_rows(
     KW: gl.constexpr,
     WARPS: gl.constexpr,
     UNROLL: gl.constexpr,
+    SIGMA: gl.constexpr,
 ):
     # the weight [BLOCK_O outputs, WIDTH bytes of a group] is the MMA's first operand, the rows [WIDTH, ROWS] its
     # second; a q4 group's bytes hold its 64 inputs as two nibble halves of 32, an fp8 group's are its 64 inputs
@@ -218,9 +223,11 @@ def _dense_rows(
     pid_m = gl.program_id(1)
     split = gl.program_id(2)
     gl.static_assert(BLOCK_O % (16 * WARPS) == 0, "each warp's rows in whole MMA tiles")
-    PER: gl.constexpr = BLOCK_O // (8 * WARPS)  # outputs a thread: σ's runs
-    # the MMA's row i computes output σ(i) (`_sigma`): the weight's rows load in that order
-    o_a = pid_o * BLOCK_O + _sigma(gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, a_l)), BLOCK_O, WARPS)
+    PER: gl.constexpr = BLOCK_O // (8 * WARPS)  # outputs a thread (SIGMA: side by side)
+    o_a = gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, a_l))
+    if SIGMA:  # the MMA's row i computes output σ(i) (`_sigma`): the weight's rows load in that order
+        o_a = _sigma(o_a, BLOCK_O, WARPS)
+    o_a = pid_o * BLOCK_O + o_a
     j_a = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, a_l))
     w_rows = w_ptr + gl.expand_dims(o_a.to(gl.int64) * stride_w, 1) + gl.expand_dims(j_a, 0)
     w_ok = gl.expand_dims(o_a < OUT, 1)
@@ -228,7 +235,10 @@ def _dense_rows(
     r_b = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, b_l))
     x_cols = x_ptr + gl.expand_dims(r_b.to(gl.int64) * stride_x, 0) + gl.expand_dims(j_b, 1)
     x_ok = gl.expand_dims(r_b < N, 0)
-    o_s = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=_outputs_layout(PER, WARPS))  # the scales' outputs
+    if SIGMA:  # the scales' outputs: a thread's as one vector
+        o_s = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=_outputs_layout(PER, WARPS))
+    else:  # as the accumulator's rows
+        o_s = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, mma))
     o_ok = o_s < OUT
     acc = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
     zero = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
@@ -259,19 +269,19 @@ def _dense_rows(
             w3 = _load(w_rows + k3 // BYTES, w_ok, k3, j_w, k_stop, EVEN)
         x = (x_cols, x_k, x_ok)
         scales = (s_ptr, stride_s, o_s, o_ok)
-        acc = _group(acc, w0, step, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
+        acc = _group(acc, w0, step, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, SIGMA, BLOCK_O, WARPS)
         if UNROLL > 1:
-            acc = _group(acc, w1, k1, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
+            acc = _group(acc, w1, k1, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, SIGMA, BLOCK_O, WARPS)
         if UNROLL > 2:
-            acc = _group(acc, w2, k2, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
-            acc = _group(acc, w3, k3, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, BLOCK_O, WARPS)
-    # the sums back in the outputs' order (the index's bits from the MMA's (r, w, h, q) to σ's (w, q, r, h)), in
-    # registers: a thread's PER outputs of a row side by side, one vector store (and load, summing slices)
-    o_l: gl.constexpr = _sums_layout(PER, WARPS, ROWS)
-    acc = gl.permute(gl.reshape(acc, [PER // 2, WARPS, 2, 8, ROWS]), [1, 3, 0, 2, 4])
-    acc = gl.convert_layout(gl.reshape(acc, [BLOCK_O, ROWS]), o_l)
-    o_m = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, o_l))
-    r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, o_l))
+            acc = _group(acc, w2, k2, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, SIGMA, BLOCK_O, WARPS)
+            acc = _group(acc, w3, k3, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, SIGMA, BLOCK_O, WARPS)
+    if SIGMA:
+        # the sums back in the outputs' order (the index's bits from the MMA's (r, w, h, q) to σ's (w, q, r, h)), in
+        # registers: a thread's PER outputs of a row side by side, one vector store (and load, summing slices)
+        acc = gl.permute(gl.reshape(acc, [PER // 2, WARPS, 2, 8, ROWS]), [1, 3, 0, 2, 4])
+        acc = gl.convert_layout(gl.reshape(acc, [BLOCK_O, ROWS]), _sums_layout(PER, WARPS, ROWS))
+    o_m = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, acc.type.layout))
+    r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, acc.type.layout))
     tile = gl.expand_dims(r_m.to(gl.int64) * OUT, 0) + gl.expand_dims(o_m, 1)
     t_ok = gl.expand_dims(r_m < N, 0) & gl.expand_dims(o_m < OUT, 1)
     gl.store(out_ptr + split.to(gl.int64) * N * OUT + tile, acc, mask=t_ok)
@@ -313,7 +323,8 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     warps = BLOCK_O // (64 if out_features >= TALL else 32)
     whole = in_features // (splits * group) % 2 == 0  # an even number of groups a slice: no half-empty step
     unroll = 2 if (fp8 or blocks * splits < UNROLL_BELOW) and whole else 1
-    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll, one_row=False)
+    sigma = fp8  # the MMA's rows in σ order (`_sigma`): fp8 only, for now (docs/BENCHMARKS.md, session 46)
+    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll, one_row=not head, sigma=sigma)
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
@@ -339,7 +350,7 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
         x, weight.data.view(torch.uint8), scales, out,
         _counts(x.device), n, o, x.stride(0), weight.data.stride(0), scales.stride(0),
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
-        ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"],
+        ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=launch["sigma"],
         num_warps=launch["num_warps"],
     )  # fmt: skip
     return out[0]

@@ -39,14 +39,15 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
 
     fn = td._dense_rows
     seen = set()
-    for mode, (out, width) in [(m, s) for m in ("q4", "fp8") for s in SHAPES] + [("fp8", (80, 200))]:
+    forms = [(m, s, sigma) for m in ("q4", "fp8") for s in SHAPES for sigma in (False, True)]
+    for mode, (out, width), sigma in forms + [("fp8", (80, 200), True)]:
         fp8 = mode == "fp8"
-        launch = td.launch_shape(out, width, 64, fp8)
+        launch = td.launch_shape(out, width, 64, fp8) | dict(sigma=sigma)
         per_split = -(-width // launch["splits"] // 64) * 64
         splits = launch["splits"]
         const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
         const |= dict(ROWS=td.ROWS)
-        const |= dict(KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"])
+        const |= dict(KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=sigma)
         if tuple(const.items()) in seen:
             continue
         seen.add(tuple(const.items()))
@@ -74,13 +75,15 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx and f".target sm_{capability}" in ptx
         assert ("cvt.rn.f16x2.e4m3x2" if fp8 else "prmt.b32") in ptx
         assert "ld.global.b16" not in ptx  # q4: no scale or offset loaded alone
-        if out % 16 == 0 and width % 16 == 0:
+        if sigma and out % 16 == 0 and width % 16 == 0:
             # the MMA's rows in σ order (`_sigma`): a thread's outputs side by side, so its scales load as one
             # vector and its sums store (and a split's partial sums load back) as vectors, none a word at a time
             for scalar in ("ld.global.b32", "st.global.b32", "ld.global.cg.b32"):
                 assert scalar not in ptx, (mode, out, width, scalar)
             assert "st.global.v4.b32" in ptx and "ld.global.v4.b32" in ptx, (mode, out, width)
-    assert len(seen) >= 6  # the split, warps and unrolling vary with the shape
+        if not sigma:  # the MMA's rows in the outputs' order: a thread's outputs 8 apart, a word each
+            assert "st.global.b32" in ptx and "st.global.v4.b32" not in ptx, (mode, out, width)
+    assert len(seen) >= 12  # the split, warps and unrolling vary with the shape; each in both row orders
 
 
 def test_the_q4_unpacking_and_algebra_give_the_dequantised_product():

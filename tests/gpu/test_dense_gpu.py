@@ -63,7 +63,15 @@ def _exact(x, w):
 
 
 @pytest.mark.parametrize(
-    "tuning", [dict(num_warps=2, unroll=1), dict(num_warps=4, unroll=4), dict(splits=3), dict(block_o=64, num_warps=4)]
+    "tuning",
+    [
+        dict(num_warps=2, unroll=1),
+        dict(num_warps=4, unroll=4),
+        dict(splits=3),
+        dict(block_o=64, num_warps=4),
+        dict(sigma=True),
+        dict(sigma=False),
+    ],
 )
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
 def test_every_launch_form_gives_the_exact_product(mode, tuning):
@@ -104,6 +112,20 @@ def test_one_row_gives_the_same_bits_compiled_for_it_or_for_any_row_count(mode):
     own = dense_rows(x[:1], w, dict(one_row=True))
     assert torch.equal(dense_rows(x[:1], w, dict(one_row=False)), own)
     assert torch.equal(dense_rows(x, w, dict(one_row=False))[:1], own)
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+@pytest.mark.parametrize("shape", [(2000, 1536), (16384, 256), (96, 1024)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_mma_rows_order_leaves_every_bit(mode, shape):
+    """`sigma` only changes which MMA row computes which output (and so which thread loads its scales and stores its
+    sums): each output's products and sums are the same operations in the same order, so the same bits — at one
+    row, a verify window's and a block's, split over the inputs or not, 32 or 64 outputs a warp."""
+    from engine.ops.triton_dense import dense_rows
+
+    w = weight(shape, mode)
+    for n in (1, 5, 8, 11):
+        x = rows(n, shape[1])
+        assert torch.equal(dense_rows(x, w, dict(sigma=True)), dense_rows(x, w, dict(sigma=False))), (n, mode)
 
 
 def test_an_fp8_width_groups_do_not_divide():
