@@ -15,6 +15,11 @@ step a 32-bit word makes them 16-bit operands:
 - fp8 (`_FP8_UNPACK`): four e4m3 values as fp16, one conversion a pair (every e4m3 value is an fp16 one); the rows
   rounded to fp16 (finer than bf16; a value past 65,504 would overflow: the dense layers' inputs are normed, clamped
   (SwiGLU) or attention outputs, far below); per group Σ x·v scaled once by s.
+Which MMA row computes which output is free (`sigma`, a launch key): in the outputs' order an MMA tile gives a thread
+outputs 8 apart, so a group's scales take a load instruction an output and the sums a store each; in σ order
+(`_sigma`) a thread's 4 or 8 outputs are side by side, its scales one vector and its sums vector stores, the reorder
+proved free of data movement at compile time (`gl.convert_layout(..., assert_trivial=True)`) — the same operations
+for each output, so the same bits. The table takes it for fp8 weights (docs/BENCHMARKS.md, session 46).
 So the products use the stored values exactly and the scales in fp32 after — about 1.5 (fp8) and 2.3–2.8 (q4)
 instructions a weight, against 6–9 when each weight was made bf16 through shared memory and scaled one by one (the
 form measured before, docs/BENCHMARKS.md).
@@ -307,13 +312,14 @@ _dense_rows_any = gluon.jit(do_not_specialize=["N"])(_dense_rows.fn)
 
 @functools.cache
 def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> dict[str, int]:
-    """block_o, splits, num_warps, kw, unroll, one_row for a weight's shape and mode — never for the row count (each
+    """block_o, splits, num_warps, kw, unroll, one_row, sigma for a weight's shape and mode — never for the row count (each
     distinct shape once: the table is cached): blocks of BLOCK_O outputs, the inputs split until the grid has PROGRAMS
     programs (an fp8 LM head: HEAD_PROGRAMS; at most MAX_SPLITS slices, each at least two groups), warps and
     unrolling as the constants above say (fp8, half q4's instructions a byte, loads ahead at every size), unrolling
     only where the inputs hold an even number of groups a slice, rounded down (so a slice of an odd count, e.g. TP=3's
     kda_o_proj, ends on a half-empty step, its loads masked); one_row: a one-row launch compiled on its own, or (an fp8 LM
-    head, whose one-row form took 1.3x the 8-row time) the kernel compiled for any row count."""
+    head, whose one-row form took 1.3x the 8-row time) the kernel compiled for any row count; sigma: the MMA's rows
+    in σ order (`_sigma`; fp8 weights)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
     programs = HEAD_PROGRAMS if head else PROGRAMS
