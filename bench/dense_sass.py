@@ -35,8 +35,10 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90):
     per_split = -(-width // launch["splits"] // 64) * 64
     const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8)
     const |= dict(BLOCK_O=launch["block_o"], ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"])
-    const |= dict(UNROLL=launch["unroll"], SIGMA=launch["sigma"])
+    const |= dict(UNROLL=launch["unroll"])
     fn = td._dense_rows
+    if "SIGMA" in fn.arg_names:  # the MMA rows' order (since session 46; an --engine tree may predate it)
+        const |= dict(SIGMA=launch["sigma"])
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",
