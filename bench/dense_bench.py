@@ -4,7 +4,7 @@ activations in, the fp32 result out) as a fraction of HBM bandwidth, and the bf1
 serving path's `linear`, fixed 16-row blocks) beside it.
 
     python bench/dense_bench.py [--out FILE] [--tp 1,2] [--calls 20] [--rows 1,8] [--modes q4] [--names lm_head]
-    python bench/dense_bench.py --sweep [--swept lm_head:fp8,tp2/kda_in_proj:q4,...] [--repeat 20] [--out FILE]
+    python bench/dense_bench.py --sweep [--swept lm_head:fp8,tp2/kda_in_proj:q4,...] [--repeat 20] [--tuning sigma=1]
     python bench/dense_bench.py --engine /tmp/old ...   # a git worktree's engine (bench/other_tree.py)
     python bench/dense_bench.py --dequant [--out FILE] [--tp 1,2]
 
@@ -112,7 +112,9 @@ def chain(x: torch.Tensor, weights: list, calls: int, tuning: dict | None = None
 SWEPT = "lm_head:fp8,tp2/lm_head:fp8,kda_in_proj:q4,tp2/kda_in_proj:q4,dsa_o_proj:q4,dense_down:q4,kda_o_proj:q4"
 
 
-def sweep(out_path: Path | None, swept: str, repeat: int, unrolls: tuple[int, ...] = (1, 2)) -> None:
+def sweep(
+    out_path: Path | None, swept: str, repeat: int, unrolls: tuple[int, ...] = (1, 2), base: dict | None = None
+) -> None:
     """Time a grid of launch forms (outputs a program, warps, the split of the inputs, groups unrolled) on the
     `swept` weights ("[tp2/]NAME:MODE,..."; NAME from `shapes`; q4 unrolled by each of `unrolls`, fp8 by 2) at 1 and 8 rows — one row both with Triton's own
     compile of N == 1 and with the kernel compiled for any N (`one_row`) —, 20 calls a graph over copies that miss
@@ -133,7 +135,8 @@ def sweep(out_path: Path | None, swept: str, repeat: int, unrolls: tuple[int, ..
         weight = (torch.randn(out, width, generator=gen, device="cuda") * 0.02).bfloat16()
         stored = quantize(weight, mode)
         del weight
-        default = launch_shape(out, width, stored.group, mode == "fp8")  # type: ignore[union-attr]
+        # the table's launch, `base` (--tuning, e.g. sigma=1) over it and over every form of the grid
+        default = {**launch_shape(out, width, stored.group, mode == "fp8"), **(base or {})}  # type: ignore[union-attr]
         held = stored.nbytes()  # type: ignore[union-attr]
         weights = copies(stored, held)
         xs = {rows: torch.randn(rows, width, generator=gen, device="cuda") for rows in (1, 8)}
@@ -145,6 +148,7 @@ def sweep(out_path: Path | None, swept: str, repeat: int, unrolls: tuple[int, ..
         ]
 
         def one(tuning: dict, rows: int) -> float:
+            tuning = {**(base or {}), **tuning}
             return timed(chain(xs[rows], weights, max(20, len(weights)), tuning), repeat=repeat)
 
         results = []
@@ -242,20 +246,21 @@ def main() -> None:
     ap.add_argument(
         "--tuning",
         default="",
-        help="the reduced weights' launch overridden, e.g. block_o=256,num_warps=2 (launch_shape's keys)",
+        help="the reduced weights' launch overridden, e.g. block_o=256,num_warps=2 (launch_shape's keys); with "
+        "--sweep, under every form swept (e.g. sigma=1)",
     )
     args = ap.parse_args()
+    overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.tuning.split(",") if kv)}
     if args.dequant:
         dequant(args.out, [int(t) for t in args.tp.split(",")])
         return
     if args.sweep:
-        sweep(args.out, args.swept, args.repeat, tuple(int(u) for u in args.unrolls.split(",")))
+        sweep(args.out, args.swept, args.repeat, tuple(int(u) for u in args.unrolls.split(",")), overrides)
         return
     hbm = hbm_bytes_s()
     reference.require_row_invariance()  # the bf16 baseline as the serving path runs it with drafts (16-row blocks)
     gen = torch.Generator(device="cuda").manual_seed(0)
     result: dict = {"gpu": torch.cuda.get_device_name(), "hbm_bytes_s": hbm, "calls": args.calls, "shapes": {}}
-    overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.tuning.split(",") if kv)}
     result["launch"] = overrides or "the table's"
     result["engine"] = ENGINE or str(ROOT)
     for tp in (int(t) for t in args.tp.split(",")):
