@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 46, one H100 or H200: the dense products with the MMA's rows in σ order, the sums stored as vectors (issue
 # 19; session 45 timed the loads alone: 8 rows up to 2.1x slower, stores uncoalesced). The tree before σ is 0ef76df's
-# engine (.wheels/prev/tree-0ef76df.tgz), imported through --engine or PYTHONPATH, in turn with this one.
+# engine (.wheels/prev/tree-0ef76df.tgz: `bench/fetch_wheels.sh 0ef76df` makes it and the wheels carried), imported
+# through --engine or PYTHONPATH, in turn with this one.
 #  1. tests/gpu/test_dense_gpu.py (the products against the dequantised weight, row invariance, graphs);
 #  2. `dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8`, each tree RUNS times in turn;
 #  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), each tree;
