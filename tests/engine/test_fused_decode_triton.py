@@ -690,9 +690,10 @@ def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:
     assert 0 < own["fp8"] <= TOLERANCE, own  # the scale on the product rounds otherwise than on the key
     assert max(results["index_pool_keys_torch"].values()) <= TOLERANCE, results["index_pool_keys_torch"]
     # a prompt chunk's shared slots: fp32 rows the bits of each query's own. bf16 and fp8 rows (the split bf16 form,
-    # q's parts made for the launch against in the kernel) to fp32 rounding here: the interpreter's dot is numpy's,
-    # whose last bits follow the host BLAS's kernel for each operand shape (an AMD EPYC with AVX-512 gave 36 of 5,550
-    # scores 1 ulp apart, 2026-12-07); the same bits on the GPU: tests/gpu/test_rows_gpu.py
+    # q's parts made for the launch against in the kernel) to fp32 rounding here: the interpreter computes with
+    # numpy on the host, whose last bits may follow the host's kernels for each operand shape (an AMD EPYC with
+    # AVX-512 gave 36 of 5,550 scores 1 ulp apart, 2026-12-07; earlier hosts none); the same bits on the GPU:
+    # tests/gpu/test_rows_gpu.py
     # test_indexer_scores_at_the_served_shapes
     chunk = results["index_pool_keys_chunk"]
     assert chunk["fp32"] and chunk["fp32_error"] == 0, chunk
