@@ -124,6 +124,7 @@ def sweep(
 
     from engine.ops.triton_dense import launch_shape
 
+    base = base or {}
     gen = torch.Generator(device="cuda").manual_seed(0)
     hbm = hbm_bytes_s()
     found: dict = {}
@@ -136,7 +137,7 @@ def sweep(
         stored = quantize(weight, mode)
         del weight
         # the table's launch, `base` (--tuning, e.g. sigma=1) over it and over every form of the grid
-        default = {**launch_shape(out, width, stored.group, mode == "fp8"), **(base or {})}  # type: ignore[union-attr]
+        default = {**launch_shape(out, width, stored.group, mode == "fp8"), **base}  # type: ignore[union-attr]
         held = stored.nbytes()  # type: ignore[union-attr]
         weights = copies(stored, held)
         xs = {rows: torch.randn(rows, width, generator=gen, device="cuda") for rows in (1, 8)}
@@ -148,7 +149,7 @@ def sweep(
         ]
 
         def one(tuning: dict, rows: int) -> float:
-            tuning = {**(base or {}), **tuning}
+            tuning = {**base, **tuning}
             return timed(chain(xs[rows], weights, max(20, len(weights)), tuning), repeat=repeat)
 
         results = []

@@ -26,11 +26,11 @@ machine
 wheels fla_core einops
 tar xzf .wheels/prev/tree-0ef76df.tgz -C /tmp/t0ef
 cp -r bench /tmp/t0ef/  # gpu_engine.py puts its own checkout first on sys.path
+B="python bench/dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8"
 if want 1; then
     step "1. dense GPU tests" 150 "$T/tests.txt" python -m pytest -q -p no:cacheprovider tests/gpu/test_dense_gpu.py
 fi
 if want 2; then
-    B="python bench/dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8"
     for n in $(seq "$RUNS"); do
         step "2. dense_bench 0ef76df, run $n" 60 "$T/before$n.txt" $B --engine /tmp/t0ef --out "$T/before$n.json"
         step "2. dense_bench this tree, run $n" 60 "$T/sigma$n.txt" $B --out "$T/sigma$n.json"
@@ -46,7 +46,6 @@ if want 4; then
     step "4. sweep dsa_q_b q4" 150 "$T/sweep.txt" python bench/dense_bench.py --sweep --swept dsa_q_b:q4 --unrolls 2 \
         --repeat 10 --out "$T/sweep.json"
 fi
-B="python bench/dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8"
 if want 7; then
     step "7. dense_bench sigma=1,one_row=0" 60 "$T/sigma_any.txt" $B --tuning sigma=1,one_row=0 --out "$T/sigma_any.json"
 fi

@@ -113,20 +113,10 @@ def _sigma(i, BLOCK_O: gl.constexpr, WARPS: gl.constexpr):
 
 
 @gluon.constexpr_function
-def _outputs_layout(per, warps):
-    """[BLOCK_O] outputs in σ order's threads: a thread (warp w, lane 4q + t) holds outputs w·8·PER + q·PER + 0..PER,
-    one vector (the four lanes of a quad the same)."""
-    regs = [[1 << b] for b in range(per.bit_length() - 1)]
-    lanes = [[0], [0]] + [[per << b] for b in range(3)]
-    return gl.DistributedLinearLayout(
-        regs, lanes, [[8 * per << b] for b in range(warps.bit_length() - 1)], [], [8 * per * warps]
-    )
-
-
-@gluon.constexpr_function
 def _sums_layout(per, warps, rows):
     """[BLOCK_O, ROWS] sums in σ order's threads, a thread's PER outputs of a row side by side (one vector store):
-    the accumulator's own threads and values, its registers in another order."""
+    the accumulator's own threads and values, its registers in another order. Its slice along the rows holds a
+    thread's PER outputs (warp w, lane 4q + t: w·8·PER + q·PER + 0..PER) as one vector: the scales' layout."""
     regs = [[1 << b, 0] for b in range(per.bit_length() - 1)] + [[0, 1]]
     lanes = [[0, 2], [0, 4]] + [[per << b, 0] for b in range(3)]
     warp_bases = [[8 * per << b, 0] for b in range(warps.bit_length() - 1)]
@@ -136,7 +126,7 @@ def _sums_layout(per, warps, rows):
 @gluon.jit
 def _scales(at, ok, mma: gl.constexpr, SIGMA: gl.constexpr, BLOCK_O: gl.constexpr, WARPS: gl.constexpr):
     """A group's scales (q4: scale-and-offset words) of the block's outputs as the accumulator's rows. SIGMA: loaded
-    one vector a thread (`_outputs_layout`), then the index's bits reordered from σ's (w, q, r, h) to the MMA's
+    one vector a thread (a slice of `_sums_layout`), then the index's bits reordered from σ's (w, q, r, h) to the MMA's
     (r, w, h, q) — the values each thread holds are already the ones it needs (asserted: nothing moves); else
     loaded in the accumulator's rows' layout, a word an output."""
     v = gl.load(at, mask=ok, other=0)
@@ -167,7 +157,7 @@ def _group(
 ):
     """One group of inputs of `_dense_rows` (nothing past k_stop): fp8 acc + s·Σ x·v; q4 acc + s·Σ x·(128 + q) +
     (z − 128·s)·Σ x. `x`: the rows' pointers, inputs' places and mask; `scales`: the scales' pointer (q4: the
-    scale-and-offset words), its row stride, the outputs (SIGMA: `_outputs_layout`) and their mask."""
+    scale-and-offset words), its row stride, the outputs (in the accumulator's rows' layout, or SIGMA a slice of `_sums_layout`) and their mask."""
     x_cols, x_k, x_ok = x
     s_ptr, stride_s, o_s, o_ok = scales
     at = s_ptr + (k0 // GROUP) * stride_s + o_s  # the group's scales (q4: scale-and-offset words) of the outputs
@@ -240,10 +230,9 @@ def _dense_rows(
     r_b = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, b_l))
     x_cols = x_ptr + gl.expand_dims(r_b.to(gl.int64) * stride_x, 0) + gl.expand_dims(j_b, 1)
     x_ok = gl.expand_dims(r_b < N, 0)
-    if SIGMA:  # the scales' outputs: a thread's as one vector
-        o_s = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=_outputs_layout(PER, WARPS))
-    else:  # as the accumulator's rows
-        o_s = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, mma))
+    # the scales' outputs as the sums are stored (SIGMA: a thread's as one vector) or as the accumulator's rows
+    sums_l: gl.constexpr = _sums_layout(PER, WARPS, ROWS) if SIGMA else mma
+    o_s = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, sums_l))
     o_ok = o_s < OUT
     acc = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
     zero = gl.zeros((BLOCK_O, ROWS), gl.float32, layout=mma)
@@ -284,9 +273,9 @@ def _dense_rows(
         # the sums back in the outputs' order (the index's bits from the MMA's (r, w, h, q) to σ's (w, q, r, h)), in
         # registers: a thread's PER outputs of a row side by side, one vector store (and load, summing slices)
         acc = gl.permute(gl.reshape(acc, [PER // 2, WARPS, 2, 8, ROWS]), [1, 3, 0, 2, 4])
-        acc = gl.convert_layout(gl.reshape(acc, [BLOCK_O, ROWS]), _sums_layout(PER, WARPS, ROWS))
-    o_m = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, acc.type.layout))
-    r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, acc.type.layout))
+        acc = gl.convert_layout(gl.reshape(acc, [BLOCK_O, ROWS]), sums_l)
+    o_m = pid_o * BLOCK_O + gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, sums_l))
+    r_m = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, sums_l))
     tile = gl.expand_dims(r_m.to(gl.int64) * OUT, 0) + gl.expand_dims(o_m, 1)
     t_ok = gl.expand_dims(r_m < N, 0) & gl.expand_dims(o_m < OUT, 1)
     gl.store(out_ptr + split.to(gl.int64) * N * OUT + tile, acc, mask=t_ok)
