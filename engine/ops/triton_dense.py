@@ -157,7 +157,8 @@ def _group(
 ):
     """One group of inputs of `_dense_rows` (nothing past k_stop): fp8 acc + s·Σ x·v; q4 acc + s·Σ x·(128 + q) +
     (z − 128·s)·Σ x. `x`: the rows' pointers, inputs' places and mask; `scales`: the scales' pointer (q4: the
-    scale-and-offset words), its row stride, the outputs (in the accumulator's rows' layout, or SIGMA a slice of `_sums_layout`) and their mask."""
+    scale-and-offset words), its row stride, the outputs (in the accumulator's rows' layout, or SIGMA a slice of
+    `_sums_layout`) and their mask."""
     x_cols, x_k, x_ok = x
     s_ptr, stride_s, o_s, o_ok = scales
     at = s_ptr + (k0 // GROUP) * stride_s + o_s  # the group's scales (q4: scale-and-offset words) of the outputs
@@ -301,8 +302,8 @@ _dense_rows_any = gluon.jit(do_not_specialize=["N"])(_dense_rows.fn)
 
 @functools.cache
 def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> dict[str, int]:
-    """block_o, splits, num_warps, kw, unroll, one_row, sigma for a weight's shape and mode — never for the row count (each
-    distinct shape once: the table is cached): blocks of BLOCK_O outputs, the inputs split until the grid has PROGRAMS
+    """block_o, splits, num_warps, kw, unroll, one_row, sigma for a weight's shape and mode — never for the row count
+    (each distinct shape once: the table is cached): blocks of BLOCK_O outputs, the inputs split until the grid has PROGRAMS
     programs (an fp8 LM head: HEAD_PROGRAMS; at most MAX_SPLITS slices, each at least two groups), warps and
     unrolling as the constants above say (fp8, half q4's instructions a byte, loads ahead at every size), unrolling
     only where the inputs hold an even number of groups a slice, rounded down (so a slice of an odd count, e.g. TP=3's
