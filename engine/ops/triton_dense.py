@@ -19,7 +19,8 @@ Which MMA row computes which output is free (`sigma`, a launch key): in the outp
 outputs 8 apart, so a group's scales take a load instruction an output and the sums a store each; in σ order
 (`_sigma`) a thread's 4 or 8 outputs are side by side, its scales one vector and its sums vector stores, the reorder
 proved free of data movement at compile time (`gl.convert_layout(..., assert_trivial=True)`) — the same operations
-for each output, so the same bits. The table takes it for fp8 weights (docs/BENCHMARKS.md, session 46).
+for each output, so the same bits. The table takes it for fp8 weights and for q4 weights of 32 outputs a warp
+(docs/BENCHMARKS.md, sessions 46 and 47).
 So the products use the stored values exactly and the scales in fp32 after — about 1.5 (fp8) and 2.3–2.8 (q4)
 instructions a weight, against 6–9 when each weight was made bf16 through shared memory and scaled one by one (the
 form measured before, docs/BENCHMARKS.md).
@@ -59,6 +60,9 @@ ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
 # UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
 BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 12288, 528, 16, 8, 1024
 HEAD, HEAD_PROGRAMS = 32768, 2048
+# a weight below TALL outputs whose slices take at least this many loop turns (q4, fp8) launches one row through the
+# kernel compiled for any row count (`launch_shape`'s one_row; session 47's H100 tables)
+ANY_ROWS_TURNS = {False: 2, True: 4}
 # `_dequantize`'s tile — outputs and groups a program, warps: of 14 timed ad hoc on the H200 at seven q4 and fp8
 # shapes, the fastest or within 1 µs of it at each (3.4–3.8 TB/s where groups divide the width); its scales fewer than
 # its threads, so Triton loads them in the bytes' layout (no shared memory)
@@ -307,20 +311,32 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     programs (an fp8 LM head: HEAD_PROGRAMS; at most MAX_SPLITS slices, each at least two groups), warps and
     unrolling as the constants above say (fp8, half q4's instructions a byte, loads ahead at every size), unrolling
     only where the inputs hold an even number of groups a slice, rounded down (so a slice of an odd count, e.g. TP=3's
-    kda_o_proj, ends on a half-empty step, its loads masked); one_row: a one-row launch compiled on its own, or (an fp8 LM
-    head, whose one-row form took 1.3x the 8-row time) the kernel compiled for any row count; sigma: the MMA's rows
-    in σ order (`_sigma`; fp8 weights)."""
+    kda_o_proj, ends on a half-empty step, its loads masked); sigma: the MMA's rows in σ order (`_sigma`): every fp8
+    weight, and q4 weights of 32 outputs a warp (the tall ones, 64 a warp, lost 4-22 % at one row in σ); one_row: a
+    one-row launch compiled on its own, or the kernel compiled for any row count — an fp8 LM head (whose one-row form
+    took 1.3x the 8-row time), and weights below TALL whose slices take at least ANY_ROWS_TURNS loop turns (q4, fp8),
+    where in σ the one-row compile lost 3-19 % (docs/BENCHMARKS.md, session 47)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
     programs = HEAD_PROGRAMS if head else PROGRAMS
     splits = 1
     while splits < MAX_SPLITS and blocks * splits < programs and in_features // (2 * splits) >= 2 * group:
         splits *= 2
-    warps = BLOCK_O // (64 if out_features >= TALL else 32)
+    tall = out_features >= TALL
+    warps = BLOCK_O // (64 if tall else 32)
     whole = in_features // (splits * group) % 2 == 0  # an even number of groups a slice: no half-empty step
     unroll = 2 if (fp8 or blocks * splits < UNROLL_BELOW) and whole else 1
-    sigma = fp8  # the MMA's rows in σ order (`_sigma`): fp8 only, for now (docs/BENCHMARKS.md, session 46)
-    return dict(block_o=BLOCK_O, splits=splits, num_warps=warps, kw=KW, unroll=unroll, one_row=not head, sigma=sigma)
+    turns = -(-in_features // (splits * group)) // unroll  # a slice's loop turns (a half-empty last one not counted)
+    any_rows = head or (not tall and turns >= ANY_ROWS_TURNS[fp8])
+    return dict(
+        block_o=BLOCK_O,
+        splits=splits,
+        num_warps=warps,
+        kw=KW,
+        unroll=unroll,
+        one_row=not any_rows,
+        sigma=fp8 or not tall,
+    )
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
