@@ -7,8 +7,8 @@
 #  2. `dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8`, each tree RUNS times in turn;
 #  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), each tree;
 #  4. with what time is left, dsa_q_b q4's launch forms swept (session 45's worst at 8 rows; call 1: σ for all);
-#  5. the launch forms swept for the other served weights (q4; the LM head fp8), on SWEEP_BASE's tuning if set
-#     (e.g. SWEEP_BASE=sigma=1);
+#  5. the launch forms swept for the other served weights (q4; the LM head fp8), or SWEPT's, on SWEEP_BASE's tuning
+#     if set (e.g. SWEEP_BASE=sigma=1);
 #  6. Nsight Compute on kda_in_proj q4 at one row (the table's launch), each tree: occupancy, registers, stalls.
 #  7. step 2's run of this tree again with σ for every weight (the table: fp8 only), compiled for any row count
 #     (--tuning sigma=1,one_row=0), and 8. the same with a one-row launch compiled on its own (call 1's σ form).
@@ -57,7 +57,8 @@ if want 8; then
 fi
 if want 5; then
     W=kda_in_proj:q4,tp2/kda_in_proj:q4,dsa_o_proj:q4,dense_down:q4,kda_o_proj:q4,shared_gate_up:q4,lm_head:fp8
-    step "5. sweep the served weights" 240 "$T/sweep_all.txt" python bench/dense_bench.py --sweep --swept "$W,tp2/lm_head:fp8" \
+    W=${SWEPT:-$W,tp2/lm_head:fp8}
+    step "5. sweep the served weights" 240 "$T/sweep_all.txt" python bench/dense_bench.py --sweep --swept "$W" \
         --repeat 10 ${SWEEP_BASE:+--tuning $SWEEP_BASE} --out "$T/sweep_all.json"
 fi
 if want 6; then
