@@ -54,15 +54,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
-# the launch (`launch_shape`, from the sweeps on the H200 in docs/BENCHMARKS.md): outputs a program and a warp (64 a
-# warp from TALL outputs on, else 32), the grid size the split of the inputs aims for (an fp8 weight of HEAD outputs
-# or more — an LM head or its TP share — HEAD_PROGRAMS), at most this many slices, the operands' k_width, and below
-# UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
+# the launch (`launch_shape`, from the sweeps on the H200 and the H100 in docs/BENCHMARKS.md): outputs a program and a
+# warp (64 a warp from TALL outputs on, else 32), the grid size the split of the inputs aims for (an fp8 weight of HEAD
+# outputs or more — an LM head or its TP share — HEAD_PROGRAMS), at most this many slices, the operands' k_width, and
+# below UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
 BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 12288, 528, 16, 8, 1024
 HEAD, HEAD_PROGRAMS = 32768, 2048
-# a weight below TALL outputs whose slices take at least this many loop turns (q4, fp8) launches one row through the
+# a weight below TALL outputs whose slices take at least this many loop turns (by mode) launches one row through the
 # kernel compiled for any row count (`launch_shape`'s one_row; session 47's H100 tables)
-ANY_ROWS_TURNS = {False: 2, True: 4}
+ANY_ROWS_TURNS = {"q4": 2, "fp8": 4}
 # `_dequantize`'s tile — outputs and groups a program, warps: of 14 timed ad hoc on the H200 at seven q4 and fp8
 # shapes, the fastest or within 1 µs of it at each (3.4–3.8 TB/s where groups divide the width); its scales fewer than
 # its threads, so Triton loads them in the bytes' layout (no shared memory)
@@ -312,10 +312,10 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     unrolling as the constants above say (fp8, half q4's instructions a byte, loads ahead at every size), unrolling
     only where the inputs hold an even number of groups a slice, rounded down (so a slice of an odd count, e.g. TP=3's
     kda_o_proj, ends on a half-empty step, its loads masked); sigma: the MMA's rows in σ order (`_sigma`): every fp8
-    weight, and q4 weights of 32 outputs a warp (the tall ones, 64 a warp, lost 4-22 % at one row in σ); one_row: a
+    weight, and q4 weights of 32 outputs a warp (the tall ones, 64 a warp, lost 5-17 % at one row in σ); one_row: a
     one-row launch compiled on its own, or the kernel compiled for any row count — an fp8 LM head (whose one-row form
-    took 1.3x the 8-row time), and weights below TALL whose slices take at least ANY_ROWS_TURNS loop turns (q4, fp8),
-    where in σ the one-row compile lost 3-19 % (docs/BENCHMARKS.md, session 47)."""
+    took 1.3x the 8-row time), and weights below TALL whose slices take at least ANY_ROWS_TURNS loop turns, where in σ
+    the one-row compile took 3-20 % longer (docs/BENCHMARKS.md, session 47)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
     programs = HEAD_PROGRAMS if head else PROGRAMS
@@ -327,7 +327,7 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     whole = in_features // (splits * group) % 2 == 0  # an even number of groups a slice: no half-empty step
     unroll = 2 if (fp8 or blocks * splits < UNROLL_BELOW) and whole else 1
     turns = -(-in_features // (splits * group)) // unroll  # a slice's loop turns (a half-empty last one not counted)
-    any_rows = head or (not tall and turns >= ANY_ROWS_TURNS[fp8])
+    any_rows = head or (not tall and turns >= ANY_ROWS_TURNS["fp8" if fp8 else "q4"])
     return dict(
         block_o=BLOCK_O,
         splits=splits,
