@@ -14,11 +14,13 @@
 #     (--tuning sigma=1,one_row=0), and 8. the same with a one-row launch compiled on its own (call 1's σ form).
 #     STEPS=1234 RUNS=2 BUDGET=540 bash bench/gpu_session46.sh   (call 1, σ for every weight; call 2: STEPS=12378 RUNS=1)
 #     Session 47: STEPS=123785 RUNS=1 BUDGET=500 SWEEP_BASE=sigma=1 (the table as session 46 left it: σ for fp8), then
-#     STEPS=123 RUNS=2 BUDGET=300 with the table that takes σ for q4 below TALL and the any-row compile by loop turns.
+#     STEPS=123 RUNS=2 BUDGET=300 with the table that takes σ for q4 below TALL and the any-row compile by loop turns;
+#     then PREV=3f8d23a TPS=1,2,3 STEPS=12 RUNS=1 (PROGRAMS 512 and TALL_GROUPS against the table before them).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s46-out}
 T=/tmp/s46-steps
+PREV=${PREV:-0ef76df}  # the tree timed against (.wheels/prev/tree-$PREV.tgz)
 mkdir -p "$OUT" "$T" /tmp/t0ef
 rm -f "$T"/*
 P=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests
@@ -27,21 +29,21 @@ BUDGET=${BUDGET:-540} STEPS=${STEPS:-1234} RUNS=${RUNS:-2}
 . bench/run_steps.sh
 machine
 wheels fla_core einops
-tar xzf .wheels/prev/tree-0ef76df.tgz -C /tmp/t0ef
+tar xzf ".wheels/prev/tree-$PREV.tgz" -C /tmp/t0ef
 cp -r bench /tmp/t0ef/  # gpu_engine.py puts its own checkout first on sys.path
-B="python bench/dense_bench.py --tp 1,2 --calls 20 --rows 1,8 --modes q4,fp8"
+B="python bench/dense_bench.py --tp ${TPS:-1,2} --calls 20 --rows 1,8 --modes q4,fp8"
 if want 1; then
     step "1. dense GPU tests" 150 "$T/tests.txt" python -m pytest -q -p no:cacheprovider tests/gpu/test_dense_gpu.py
 fi
 if want 2; then
     for n in $(seq "$RUNS"); do
-        step "2. dense_bench 0ef76df, run $n" 60 "$T/before$n.txt" $B --engine /tmp/t0ef --out "$T/before$n.json"
+        step "2. dense_bench $PREV, run $n" 60 "$T/before$n.txt" $B --engine /tmp/t0ef --out "$T/before$n.json"
         step "2. dense_bench this tree, run $n" 60 "$T/sigma$n.txt" $B --out "$T/sigma$n.json"
     done
 fi
 if want 3; then
     E="python bench/gpu_engine.py --dense q4 --modes graphs --tp2 off --no-prefill"
-    step "3. 4-layer decode 0ef76df" 60 "$T/step_before.txt" env PYTHONPATH=/tmp/pylib:/tmp/t0ef/bench \
+    step "3. 4-layer decode $PREV" 60 "$T/step_before.txt" env PYTHONPATH=/tmp/pylib:/tmp/t0ef/bench \
         ${E/bench/\/tmp\/t0ef\/bench} --out "$T/step_before.json"
     step "3. 4-layer decode sigma" 60 "$T/step_sigma.txt" $E --out "$T/step_sigma.json"
 fi
@@ -65,7 +67,7 @@ if want 6; then
     N="ncu --clock-control none -k regex:_dense_rows -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section MemoryWorkloadAnalysis"
     D="bench/dense_bench.py --tp 1 --calls 1 --rows 1 --modes q4 --names kda_in_proj"
-    step "6. ncu 0ef76df" 60 "$T/ncu_before.txt" $N python $D --engine /tmp/t0ef
+    step "6. ncu $PREV" 60 "$T/ncu_before.txt" $N python $D --engine /tmp/t0ef
     step "6. ncu sigma" 60 "$T/ncu_sigma.txt" $N python $D
 fi
 collect "$T" "$OUT/benches.json"

@@ -55,10 +55,10 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
 # the launch (`launch_shape`, from the sweeps on the H200 and the H100 in docs/BENCHMARKS.md): outputs a program and a
-# warp (64 a warp from TALL outputs on, else 32), the grid size the split of the inputs aims for (an fp8 weight of HEAD
+# warp (64 a warp from TALL outputs on where a slice holds TALL_GROUPS groups or more, else 32), the grid size the split of the inputs aims for (an fp8 weight of HEAD
 # outputs or more — an LM head or its TP share — HEAD_PROGRAMS), at most this many slices, the operands' k_width, and
 # below UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
-BLOCK_O, TALL, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 12288, 528, 16, 8, 1024
+BLOCK_O, TALL, TALL_GROUPS, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 12288, 8, 512, 16, 8, 1024
 HEAD, HEAD_PROGRAMS = 32768, 2048
 # a weight below TALL outputs whose slices take at least this many loop turns (by mode) launches one row through the
 # kernel compiled for any row count (`launch_shape`'s one_row; session 47's H100 tables)
@@ -314,19 +314,22 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     kda_o_proj, ends on a half-empty step, its loads masked); sigma: the MMA's rows in σ order (`_sigma`): every fp8
     weight, and q4 weights of 32 outputs a warp (the tall ones, 64 a warp, lost 5-17 % at one row in σ); one_row: a
     one-row launch compiled on its own, or the kernel compiled for any row count — an fp8 LM head (whose one-row form
-    took 1.3x the 8-row time), and weights below TALL whose slices take at least ANY_ROWS_TURNS loop turns, where in σ
-    the one-row compile took 3-20 % longer (docs/BENCHMARKS.md, session 47)."""
+    took 1.3x the 8-row time), and weights of 32 outputs a warp whose slices take at least ANY_ROWS_TURNS loop turns,
+    where in σ the one-row compile took 3-20 % longer (docs/BENCHMARKS.md, session 47). PROGRAMS (512) and
+    TALL_GROUPS give dsa_q_b (16,384 × 1,536) 4 slices of 6 groups, two a turn, 32 outputs a warp, where 8 slices of
+    3, one a turn, 64 a warp took 8-21 % longer at 8 rows (session 47)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
     programs = HEAD_PROGRAMS if head else PROGRAMS
     splits = 1
     while splits < MAX_SPLITS and blocks * splits < programs and in_features // (2 * splits) >= 2 * group:
         splits *= 2
-    tall = out_features >= TALL
+    groups = -(-in_features // (splits * group))  # a slice's groups
+    tall = out_features >= TALL and groups >= TALL_GROUPS  # 64 outputs a warp
     warps = BLOCK_O // (64 if tall else 32)
     whole = in_features // (splits * group) % 2 == 0  # an even number of groups a slice: no half-empty step
     unroll = 2 if (fp8 or blocks * splits < UNROLL_BELOW) and whole else 1
-    turns = -(-in_features // (splits * group)) // unroll  # a slice's loop turns (a half-empty last one not counted)
+    turns = groups // unroll  # a slice's loop turns (a half-empty last one not counted)
     any_rows = head or (not tall and turns >= ANY_ROWS_TURNS["fp8" if fp8 else "q4"])
     return dict(
         block_o=BLOCK_O,
