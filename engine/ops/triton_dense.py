@@ -312,12 +312,12 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     unrolling as the constants above say (fp8, half q4's instructions a byte, loads ahead at every size), unrolling
     only where the inputs hold an even number of groups a slice, rounded down (so a slice of an odd count, e.g. TP=3's
     kda_o_proj, ends on a half-empty step, its loads masked); sigma: the MMA's rows in σ order (`_sigma`): every fp8
-    weight, and q4 weights of 32 outputs a warp (the tall ones, 64 a warp, lost 5-17 % at one row in σ); one_row: a
+    weight, and q4 weights of 32 outputs a warp (the tall ones, 64 a warp, lost 5-10 % at one row in σ); one_row: a
     one-row launch compiled on its own, or the kernel compiled for any row count — an fp8 LM head (whose one-row form
     took 1.3x the 8-row time), and weights of 32 outputs a warp whose slices take at least ANY_ROWS_TURNS loop turns,
     where in σ the one-row compile took 3-20 % longer (docs/BENCHMARKS.md, session 47). PROGRAMS (512) and
     TALL_GROUPS give dsa_q_b (16,384 × 1,536) 4 slices of 6 groups, two a turn, 32 outputs a warp, where 8 slices of
-    3, one a turn, 64 a warp took 8-21 % longer at 8 rows (session 47)."""
+    3, one a turn, 64 a warp took 14-28 % longer at 8 rows (session 47)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
     programs = HEAD_PROGRAMS if head else PROGRAMS

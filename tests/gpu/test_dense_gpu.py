@@ -30,8 +30,8 @@ from engine.quant.dense import QuantWeight, quantize
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # [out, in]: a wide layer (split over the inputs), one with many inputs, a small one, an output count no block divides,
-# a tall one (64 outputs a warp: triton_dense.TALL)
-SHAPES = [(4096, 2048), (1024, 6144), (96, 1024), (1000, 192), (16384, 256)]
+# a tall one (64 outputs a warp: triton_dense.TALL outputs, TALL_GROUPS groups a slice)
+SHAPES = [(4096, 2048), (1024, 6144), (96, 1024), (1000, 192), (16384, 2048)]
 
 
 def weight(shape, mode, seed=0):
@@ -41,6 +41,13 @@ def weight(shape, mode, seed=0):
 
 def rows(n, width, seed=1):
     return torch.randn(n, width, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda")
+
+
+def test_the_shapes_take_both_warp_heights():
+    """The table's launches for SHAPES hold 32 outputs a warp and, for the tall one, 64, so the tests below run both."""
+    from engine.ops.triton_dense import BLOCK_O, launch_shape
+
+    assert {BLOCK_O // launch_shape(o, k, 64, fp8)["num_warps"] for o, k in SHAPES for fp8 in (False, True)} == {32, 64}
 
 
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
@@ -115,7 +122,9 @@ def test_one_row_gives_the_same_bits_compiled_for_it_or_for_any_row_count(mode):
 
 
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
-@pytest.mark.parametrize("shape", [(2000, 1536), (16384, 256), (96, 1024), (1000, 192)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize(
+    "shape", [(2000, 1536), (16384, 2048), (96, 1024), (1000, 192)], ids=lambda s: f"{s[0]}x{s[1]}"
+)
 def test_the_mma_rows_order_leaves_every_bit(mode, shape):
     """`sigma` only changes which MMA row computes which output (and so which thread loads its scales and stores its
     sums): each output's products and sums are the same operations in the same order, so the same bits — at one
