@@ -55,13 +55,14 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
 # the launch (`launch_shape`, from the sweeps on the H200 and the H100 in docs/BENCHMARKS.md): outputs a program and a
-# warp (64 a warp from TALL outputs on where a slice holds TALL_GROUPS groups or more, else 32), the grid size the split of the inputs aims for (an fp8 weight of HEAD
-# outputs or more — an LM head or its TP share — HEAD_PROGRAMS), at most this many slices, the operands' k_width, and
-# below UNROLL_BELOW programs (fp8: always) two groups' weights loaded before the first is used
+# warp (64 a warp from TALL outputs on where a slice holds TALL_GROUPS groups or more, else 32), the grid size the
+# split of the inputs aims for (an fp8 weight of HEAD outputs or more — an LM head or its TP share — HEAD_PROGRAMS), at
+# most this many slices, the operands' k_width, and below UNROLL_BELOW programs (fp8: always) two groups' weights
+# loaded before the first is used
 BLOCK_O, TALL, TALL_GROUPS, PROGRAMS, MAX_SPLITS, KW, UNROLL_BELOW = 128, 12288, 8, 512, 16, 8, 1024
 HEAD, HEAD_PROGRAMS = 32768, 2048
-# a weight below TALL outputs whose slices take at least this many loop turns (by mode) launches one row through the
-# kernel compiled for any row count (`launch_shape`'s one_row; session 47's H100 tables)
+# a weight of 32 outputs a warp whose slices take at least this many loop turns (by mode) launches one row through
+# the kernel compiled for any row count (`launch_shape`'s one_row; session 47's H100 tables)
 ANY_ROWS_TURNS = {"q4": 2, "fp8": 4}
 # `_dequantize`'s tile — outputs and groups a program, warps: of 14 timed ad hoc on the H200 at seven q4 and fp8
 # shapes, the fastest or within 1 µs of it at each (3.4–3.8 TB/s where groups divide the width); its scales fewer than
