@@ -21,7 +21,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s46-out}
 T=/tmp/s46-steps
 PREV=${PREV:-0ef76df}  # the tree timed against (.wheels/prev/tree-$PREV.tgz)
-mkdir -p "$OUT" "$T" /tmp/t0ef
+OLD=/tmp/prev-$PREV  # its engine, and this checkout's bench (gpu_engine.py puts its own checkout first on sys.path)
+rm -rf "$OLD"
+mkdir -p "$OUT" "$T" "$OLD"
 rm -f "$T"/*
 P=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests
 export PYTHONPATH=$P PYTHONUNBUFFERED=1
@@ -29,22 +31,22 @@ BUDGET=${BUDGET:-540} STEPS=${STEPS:-1234} RUNS=${RUNS:-2}
 . bench/run_steps.sh
 machine
 wheels fla_core einops
-tar xzf ".wheels/prev/tree-$PREV.tgz" -C /tmp/t0ef
-cp -r bench /tmp/t0ef/  # gpu_engine.py puts its own checkout first on sys.path
+tar xzf ".wheels/prev/tree-$PREV.tgz" -C "$OLD"
+cp -r bench "$OLD/"
 B="python bench/dense_bench.py --tp ${TPS:-1,2} --calls 20 --rows 1,8 --modes q4,fp8"
 if want 1; then
     step "1. dense GPU tests" 150 "$T/tests.txt" python -m pytest -q -p no:cacheprovider tests/gpu/test_dense_gpu.py
 fi
 if want 2; then
     for n in $(seq "$RUNS"); do
-        step "2. dense_bench $PREV, run $n" 60 "$T/before$n.txt" $B --engine /tmp/t0ef --out "$T/before$n.json"
+        step "2. dense_bench $PREV, run $n" 60 "$T/before$n.txt" $B --engine "$OLD" --out "$T/before$n.json"
         step "2. dense_bench this tree, run $n" 60 "$T/sigma$n.txt" $B --out "$T/sigma$n.json"
     done
 fi
 if want 3; then
     E="python bench/gpu_engine.py --dense q4 --modes graphs --tp2 off --no-prefill"
-    step "3. 4-layer decode $PREV" 60 "$T/step_before.txt" env PYTHONPATH=/tmp/pylib:/tmp/t0ef/bench \
-        ${E/bench/\/tmp\/t0ef\/bench} --out "$T/step_before.json"
+    step "3. 4-layer decode $PREV" 60 "$T/step_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
+        ${E/bench/$OLD/bench} --out "$T/step_before.json"
     step "3. 4-layer decode sigma" 60 "$T/step_sigma.txt" $E --out "$T/step_sigma.json"
 fi
 if want 4; then
@@ -67,7 +69,7 @@ if want 6; then
     N="ncu --clock-control none -k regex:_dense_rows -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section MemoryWorkloadAnalysis"
     D="bench/dense_bench.py --tp 1 --calls 1 --rows 1 --modes q4 --names kda_in_proj"
-    step "6. ncu $PREV" 60 "$T/ncu_before.txt" $N python $D --engine /tmp/t0ef
+    step "6. ncu $PREV" 60 "$T/ncu_before.txt" $N python $D --engine "$OLD"
     step "6. ncu sigma" 60 "$T/ncu_sigma.txt" $N python $D
 fi
 collect "$T" "$OUT/benches.json"

@@ -514,10 +514,11 @@ def _cases() -> dict:
         to_torch[kv] = _relative(in_place.masked_fill(~seen, 0), want.masked_fill(~seen, 0))
         one = engine_ops.PoolKeys(pool, 0, slice(8, 40), ends[:1])
         shared = triton_dsa.index_scores(q, one, head_w, positions, 4, 0.2)
-        each = triton_dsa.index_scores(q, dataclasses.replace(one, slots=ends[:1].expand(37, -1)), head_w, positions, 4,
-                                       0.2)  # fmt: skip
+        own_slots = dataclasses.replace(one, slots=ends[:1].expand(37, -1))  # each query its own copy of the slots
+        each = triton_dsa.index_scores(q, own_slots, head_w, positions, 4, 0.2)
         chunk[kv] = bool(torch.equal(shared, each))
-        shown = (shared != torch.finfo(torch.float32).min) | (each != torch.finfo(torch.float32).min)
+        hidden = torch.finfo(torch.float32).min
+        shown = (shared != hidden) | (each != hidden)
         chunk[kv + "_error"] = _relative(shared.masked_fill(~shown, 0), each.masked_fill(~shown, 0))
     out["index_pool_keys_torch"], out["index_pool_keys_chunk"] = to_torch, chunk
     out["index_pool_keys"] = own
@@ -693,8 +694,7 @@ def test_indexer_scores_kernel_matches_the_torch_forms(results: dict) -> None:
     # q's parts made for the launch against in the kernel) to fp32 rounding here: the interpreter computes with
     # numpy on the host, whose last bits may follow the host's kernels for each operand shape (an AMD EPYC with
     # AVX-512 gave 36 of 5,550 scores 1 ulp apart, 2026-12-07; earlier hosts none); the same bits on the GPU:
-    # tests/gpu/test_rows_gpu.py
-    # test_indexer_scores_at_the_served_shapes
+    # tests/gpu/test_rows_gpu.py::test_indexer_scores_at_the_served_shapes
     chunk = results["index_pool_keys_chunk"]
     assert chunk["fp32"] and chunk["fp32_error"] == 0, chunk
     assert max(chunk["bf16_error"], chunk["fp8_error"]) <= 1e-6, chunk
