@@ -53,6 +53,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from engine.quant.dense import TILE
+
 ROWS = 8  # rows a program: the MMA's n (the rows are its second operand)
 # the launch (`launch_shape`, from the sweeps on the H200 and the H100 in docs/BENCHMARKS.md): outputs a program and a
 # warp (64 a warp from TALL outputs on where a slice holds TALL_GROUPS groups or more, else 32), the grid size the
@@ -200,6 +202,7 @@ def _dense_rows(
     stride_x,
     stride_w,
     stride_s,
+    first,
     K: gl.constexpr,
     K_PER_SPLIT: gl.constexpr,
     SPLITS: gl.constexpr,
@@ -211,9 +214,12 @@ def _dense_rows(
     WARPS: gl.constexpr,
     UNROLL: gl.constexpr,
     SIGMA: gl.constexpr,
+    TILE: gl.constexpr,
 ):
     # the weight [BLOCK_O outputs, WIDTH bytes of a group] is the MMA's first operand, the rows [WIDTH, ROWS] its
-    # second; a q4 group's bytes hold its 64 inputs as two nibble halves of 32, an fp8 group's are its 64 inputs
+    # second; a q4 group's bytes hold its 64 inputs as two nibble halves of 32, an fp8 group's are its 64 inputs.
+    # TILE (a tiled weight, engine/quant/dense.py: its outputs the tiled rows first..): a row's group at
+    # tile·(TILE·stride_w) + group·(TILE·WIDTH) + place·WIDTH; else (0) at row·stride_w + group·WIDTH
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=KW)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=KW)
@@ -230,7 +236,13 @@ def _dense_rows(
         o_a = _sigma(o_a, BLOCK_O, WARPS)
     o_a = pid_o * BLOCK_O + o_a
     j_a = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, a_l))
-    w_rows = w_ptr + gl.expand_dims(o_a.to(gl.int64) * stride_w, 1) + gl.expand_dims(j_a, 0)
+    if TILE:
+        p = first + o_a.to(gl.int64)  # the output's row among the tiles'
+        w_rows = w_ptr + gl.expand_dims((p // TILE) * (TILE * stride_w) + (p % TILE) * WIDTH, 1)
+        w_rows = w_rows + gl.expand_dims(j_a, 0)
+    else:
+        w_rows = w_ptr + gl.expand_dims(o_a.to(gl.int64) * stride_w, 1) + gl.expand_dims(j_a, 0)
+    W_STEP: gl.constexpr = TILE if TILE else 1  # a group's bytes apart, over a row's in a group
     w_ok = gl.expand_dims(o_a < OUT, 1)
     j_b = gl.arange(0, WIDTH, layout=gl.SliceLayout(1, b_l))
     r_b = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, b_l))
@@ -258,15 +270,15 @@ def _dense_rows(
     k_stop = gl.minimum(k_start + K_PER_SPLIT, K)
     for step in range(k_start, k_stop, GROUP * UNROLL):
         # the UNROLL (1, 2 or 4) groups' weights loaded before the first is used: more bytes in flight a thread
-        w0 = _load(w_rows + step // BYTES, w_ok, step, j_w, k_stop, EVEN)
+        w0 = _load(w_rows + step // BYTES * W_STEP, w_ok, step, j_w, k_stop, EVEN)
         if UNROLL > 1:
             k1 = step + GROUP
-            w1 = _load(w_rows + k1 // BYTES, w_ok, k1, j_w, k_stop, EVEN)
+            w1 = _load(w_rows + k1 // BYTES * W_STEP, w_ok, k1, j_w, k_stop, EVEN)
         if UNROLL > 2:
             k2 = step + 2 * GROUP
             k3 = step + 3 * GROUP
-            w2 = _load(w_rows + k2 // BYTES, w_ok, k2, j_w, k_stop, EVEN)
-            w3 = _load(w_rows + k3 // BYTES, w_ok, k3, j_w, k_stop, EVEN)
+            w2 = _load(w_rows + k2 // BYTES * W_STEP, w_ok, k2, j_w, k_stop, EVEN)
+            w3 = _load(w_rows + k3 // BYTES * W_STEP, w_ok, k3, j_w, k_stop, EVEN)
         x = (x_cols, x_k, x_ok)
         scales = (s_ptr, stride_s, o_s, o_ok)
         acc = _group(acc, w0, step, k_stop, x, scales, zero, ones, mma, GROUP, FP8, EVEN, SIGMA, BLOCK_O, WARPS)
@@ -364,12 +376,18 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     scales = weight.scale if fp8 else weight.words()  # q4: a group's scale and offset an output, one word
     kernel[grid](
         x, weight.data.view(torch.uint8), scales, out,
-        _counts(x.device), n, o, x.stride(0), weight.data.stride(0), scales.stride(0),
+        _counts(x.device), n, o, x.stride(0), _row_stride(weight), scales.stride(0), weight.first,
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
         ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=launch["sigma"],
-        num_warps=launch["num_warps"],
+        TILE=TILE if weight.tiled else 0, num_warps=launch["num_warps"],
     )  # fmt: skip
     return out[0]
+
+
+def _row_stride(weight) -> int:
+    """The bytes from one output's row to the next: a tiled weight's row (its tiles' offsets are reckoned from it),
+    else its data's row stride (a row slice's too)."""
+    return weight.row_bytes if weight.tiled else weight.data.stride(0)
 
 
 @functools.cache
@@ -397,11 +415,13 @@ def _dequantize(
     stride_s,
     step_s,
     stride_out,
+    first,
     GROUP: tl.constexpr,
     FP8: tl.constexpr,
     BF16: tl.constexpr,
     BLOCK_O: tl.constexpr,
     GROUPS: tl.constexpr,
+    TILE: tl.constexpr,
 ):
     # a program: BLOCK_O outputs × GROUPS groups, as [outputs, groups, a group's bytes]; a q4 group's 32 bytes hold
     # its inputs 0..31 (low nibbles) and 32..63 (high), an fp8 group's 64 its inputs; the scales (and offsets)
@@ -413,7 +433,13 @@ def _dequantize(
     j = tl.max_contiguous(tl.arange(0, WIDTH), 8)[None, None, :]
     k = g * GROUP + j  # fp8: the byte's input; q4: its low nibble's
     ok = (o < OUT) & (k < K)  # q4's K is whole groups: the high nibbles' inputs are in too
-    b = tl.load(w_ptr + o.to(tl.int64) * stride_w + g * WIDTH + j, mask=ok, other=0)
+    if TILE:  # a tiled weight (`_dense_rows`' TILE): the output's row among the tiles' is first + o
+        p = first + o.to(tl.int64)
+        b = tl.load(
+            w_ptr + (p // TILE) * (TILE * stride_w) + g * (TILE * WIDTH) + (p % TILE) * WIDTH + j, mask=ok, other=0
+        )
+    else:
+        b = tl.load(w_ptr + o.to(tl.int64) * stride_w + g * WIDTH + j, mask=ok, other=0)
     g_ok = (o < OUT) & (g * GROUP < K)
     s = tl.load(s_ptr + g * stride_s + o * step_s, mask=g_ok, other=0.0).to(tl.float32)
     out = out_ptr + o.to(tl.int64) * stride_out + k
@@ -449,13 +475,13 @@ def dequantized(weight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     assert dtype in (torch.bfloat16, torch.float32), f"dequantised to bf16 or fp32, not {dtype}"
     data = weight.data.view(torch.uint8)
     offset = weight.scale if weight.offset is None else weight.offset
-    assert data.stride(1) == 1 and weight.scale.stride() == offset.stride(), "a weight's rows unit-strided"
+    assert data.stride(-1) == 1 and weight.scale.stride() == offset.stride(), "a weight's rows unit-strided"
     o, k = weight.shape
     out = torch.empty((o, k), dtype=dtype, device=data.device)
     grid = (triton.cdiv(o, DEQUANT_O), triton.cdiv(triton.cdiv(k, weight.group), DEQUANT_GROUPS))
     _dequantize[grid](
-        data, weight.scale, offset, out, o, k, data.stride(0), *weight.scale.stride(), out.stride(0),
-        GROUP=weight.group, FP8=weight.mode == "fp8", BF16=dtype == torch.bfloat16, BLOCK_O=DEQUANT_O,
-        GROUPS=DEQUANT_GROUPS, num_warps=DEQUANT_WARPS, enable_fp_fusion=False,
+        data, weight.scale, offset, out, o, k, _row_stride(weight), *weight.scale.stride(), out.stride(0),
+        weight.first, GROUP=weight.group, FP8=weight.mode == "fp8", BF16=dtype == torch.bfloat16, BLOCK_O=DEQUANT_O,
+        GROUPS=DEQUANT_GROUPS, TILE=TILE if weight.tiled else 0, num_warps=DEQUANT_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out

@@ -11,7 +11,8 @@
 
 The weights are stored output-major — [outputs, inputs/2] q4 bytes, [outputs, inputs] e4m3 — so the decode kernel
 (engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand
-registers; scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
+registers (a tall weight's — TILED_FROM outputs or more — tiled: TILE outputs' bytes of one group side by side, so a
+program of the kernel reads one run of memory); scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
 group's scales for a block of outputs as one row. A q4 group's scale and offset lie side by side
 (`QuantWeight.pairs`, [inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are its two views), so the kernel loads
 them as one 32-bit word an output: half the load instructions of two separate rows (session 44 measured what those
@@ -45,6 +46,12 @@ CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 HEAD_MODE = {"q4": "fp8", "fp8": "fp8", "bf16": "bf16"}
 FP8_MAX = 448.0
 _ROWS_AT_ONCE = 2048  # rows quantised per pass (bounds the search's temporary memory)
+# a weight of TILED_FROM outputs or more (whole groups) keeps its codes tiled, TILE outputs a tile (`QuantWeight`,
+# `tile`; the decode kernel's block of outputs): a decode product's program then reads one run of memory, where from
+# rows a whole input apart it read 32 bytes a row a group (q4). On an H100 the tall weights' products took 16-20 %
+# less (kda_in_proj q4 30.6 -> 24.9 µs at one row, fp8 51.2 -> 42.5 at 8); the 4,096-output ones, split 16 ways,
+# gained nothing and lost up to 6 % at 8 rows (docs/BENCHMARKS.md, session 48)
+TILE, TILED_FROM = 128, 12288
 # the checkpoint tensors the model keeps in the dense mode (its `store` calls), by name ending; routed experts
 # (`.mlp.experts.N.`) and the vision tower (not loaded) excluded
 STORED = (
@@ -63,7 +70,11 @@ class QuantWeight:
     """A [out, in] weight in `mode` (q4 | fp8). q4: `data` uint8 [out, in/2], `scale` and `offset` fp16
     [in/group, out], the two views of `pairs` [in/group, out, 2] (each group's scale and offset side by side; given
     apart, they are interleaved into a new `pairs`); fp8: `data` float8_e4m3fn [out, in], `scale` fp32
-    [ceil(in/group), out] (`offset` and `pairs` None). Output slices (`rows`) are views."""
+    [ceil(in/group), out] (`offset` and `pairs` None). Output slices (`rows`) are views.
+
+    Tiled (`tile`: a tall weight's codes as `quantize` keeps them): `data` is [blocks, groups, TILE, a group's bytes]
+    — TILE outputs' bytes of one group side by side, then the next group's — the outputs padded to whole tiles; the
+    weight's outputs are the tiled rows first .. first + out (a row slice keeps the parent's `data`)."""
 
     def __init__(
         self,
@@ -73,6 +84,8 @@ class QuantWeight:
         offset: torch.Tensor | None,
         group: int,
         pairs: torch.Tensor | None = None,
+        first: int = 0,
+        out: int | None = None,
     ) -> None:
         if pairs is None and offset is not None:
             assert scale is not None
@@ -82,6 +95,9 @@ class QuantWeight:
         assert scale is not None
         self.mode, self.data, self.scale, self.offset, self.group = mode, data, scale, offset, group
         self.pairs = pairs
+        self.tiled = data.dim() == 4
+        self.first = first
+        self.out = scale.shape[1] if out is None else out
 
     def words(self) -> torch.Tensor:
         """q4: `pairs` as one int32 an output and group ([in/group, out], the scale's bits low, the offset's high:
@@ -90,14 +106,28 @@ class QuantWeight:
         return self.pairs.view(torch.int32)[..., 0]
 
     @property
+    def row_bytes(self) -> int:
+        """The bytes of an output's row (a tiled weight's too: a tile's row of one group times the groups)."""
+        return self.data.shape[1] * self.data.shape[3] if self.tiled else self.data.shape[1]
+
+    @property
     def shape(self) -> torch.Size:
-        out, stored = self.data.shape
-        return torch.Size((out, stored * 2 if self.mode == "q4" else stored))
+        stored = self.row_bytes
+        return torch.Size((self.out, stored * 2 if self.mode == "q4" else stored))
 
     def rows(self, start: int, stop: int) -> QuantWeight:
         """Output rows start..stop (views: nothing is copied)."""
         pairs = None if self.pairs is None else self.pairs[:, start:stop]  # q4: scale and offset come from these
-        return QuantWeight(self.mode, self.data[start:stop], self.scale[:, start:stop], None, self.group, pairs)
+        data = self.data if self.tiled else self.data[start:stop]
+        first = self.first + start if self.tiled else 0
+        return QuantWeight(self.mode, data, self.scale[:, start:stop], None, self.group, pairs, first, stop - start)
+
+    def codes(self) -> torch.Tensor:
+        """The stored bytes as [out, row_bytes], outputs in order (a tiled weight's: a new tensor)."""
+        if not self.tiled:
+            return self.data
+        rows = self.data.permute(0, 2, 1, 3).reshape(-1, self.row_bytes)
+        return rows[self.first : self.first + self.out]
 
     def split(self, widths: Sequence[int]) -> list[QuantWeight]:
         """Consecutive output-row blocks of these widths, as `torch.Tensor.split` along dim 0."""
@@ -109,19 +139,21 @@ class QuantWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in] as `dtype` (the values the codes stand for, computed in fp32)."""
+        data = self.codes()
         if self.mode == "fp8":
-            width = self.data.shape[1]
+            width = data.shape[1]
             scales = self.scale.t().repeat_interleave(self.group, dim=1)[:, :width]
-            return (self.data.float() * scales).to(dtype)
-        out, half = self.data.shape
-        packed = self.data.view(out, half * 2 // self.group, 1, self.group // 2)
+            return (data.float() * scales).to(dtype)
+        out, half = data.shape
+        packed = data.reshape(out, half * 2 // self.group, 1, self.group // 2)
         codes = torch.cat([packed & 15, packed >> 4], dim=2).view(out, -1, self.group).float()  # [out, groups, group]
         offset = self.offset.t().float()[..., None]  # type: ignore[union-attr]
         return (codes * self.scale.t().float()[..., None] + offset).view(out, half * 2).to(dtype)
 
     def nbytes(self) -> int:
-        parts = [self.data, self.scale if self.pairs is None else self.pairs]
-        return sum(t.numel() * t.element_size() for t in parts)
+        """The bytes this weight's outputs read: its codes (a tiled weight's own rows) and its scales."""
+        scales = self.scale if self.pairs is None else self.pairs
+        return self.out * self.row_bytes * self.data.element_size() + scales.numel() * scales.element_size()
 
 
 def kept_bytes(name: str, shape: Sequence[int], mode: str) -> float | None:
@@ -167,7 +199,18 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
     scale = torch.cat([p[1] for p in parts], dim=1)
     offsets = [p[2] for p in parts if p[2] is not None]
     offset = torch.cat(offsets, dim=1) if offsets else None
+    if weight.shape[0] >= TILED_FROM and weight.shape[1] % group == 0:
+        data = tile(data, group // 2 if mode == "q4" else group)
     return QuantWeight(mode, data, scale.contiguous() if offset is None else scale, offset, group)
+
+
+def tile(data: torch.Tensor, per: int) -> torch.Tensor:
+    """Stored bytes [out, in bytes] (`per` a group's) as [blocks, groups, TILE, per], the outputs padded to whole
+    tiles with zeros: a block's rows of one group side by side, the block's next group after them."""
+    out, width = data.shape
+    padded = data.new_zeros(-(-out // TILE) * TILE, width)
+    padded[:out] = data
+    return padded.view(-1, TILE, width // per, per).transpose(1, 2).contiguous()
 
 
 def _fp8_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, None]:

@@ -93,6 +93,29 @@ def test_q4_scales_and_offsets_are_one_word_an_output_and_group_in_every_slice()
     assert torch.equal(apart.pairs, whole.pairs) and torch.equal(apart.dequantize(), whole.dequantize())
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tall_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
+    """From TILED_FROM outputs the codes are kept tiled (TILE outputs of one group side by side, the outputs padded
+    to whole tiles): the same values, shape and bytes as the weight kept in rows, and row slices — from inside a
+    tile, across tiles, the KDA projection's split — that are views of the one tiled tensor with the same values."""
+    w = gaussian(300, 256, seed=2)
+    rows = quantize(w, mode)
+    monkeypatch.setattr(dense, "TILED_FROM", 300)
+    tiled = quantize(w, mode)
+    assert isinstance(rows, QuantWeight) and isinstance(tiled, QuantWeight) and not rows.tiled and tiled.tiled
+    per = 32 if mode == "q4" else 64
+    assert tiled.data.shape == (3, 4, dense.TILE, per) and tiled.shape == rows.shape == w.shape
+    assert torch.equal(tiled.codes().view(torch.uint8), rows.data.view(torch.uint8))
+    assert torch.equal(tiled.dequantize(), rows.dequantize()) and tiled.nbytes() == rows.nbytes()
+    assert torch.equal(tiled.data.view(torch.uint8)[2, :, 300 - 256 :], torch.zeros(4, 84, per, dtype=torch.uint8))
+    for part, whole in zip(tiled.split([5, 250, 45]), rows.split([5, 250, 45])):
+        assert part.data.data_ptr() == tiled.data.data_ptr() and part.shape == whole.shape
+        assert torch.equal(part.dequantize(), whole.dequantize())
+        if mode == "q4":
+            assert torch.equal(part.words(), whole.words())
+    assert quantize(w[:299], mode).tiled is False  # type: ignore[union-attr]
+
+
 def test_an_input_width_groups_do_not_divide_stays_as_loaded():
     w = gaussian(8, 96)
     assert quantize(w, "q4") is w
@@ -184,6 +207,28 @@ def test_q4_drafted_replies_equal_serial_replies():
     tokenizer = Tokenizer.from_file(str(TRAINED / "tokenizer.json"))
     eos = frozenset(json.loads((TRAINED / "config.json").read_text())["text_config"]["eos_token_id"])
     drafted_equals_serial_check((model, tokenizer, eos), 4, False)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("mode", MODES)
+def test_a_model_with_tiled_weights_gives_the_same_logits(grouped, mode, monkeypatch):
+    """Every reduced weight of the grouped reference tiled (TILED_FROM lowered to its widths; the real model tiles
+    its tall ones: the KDA input projection, the dense MLP's gate and up, DSA's q_b, the LM head): the same logits,
+    bit for bit, as the weights kept in rows — the KDA input projection's named parts are slices of its tiles."""
+    ids = [5, 17, 3, 42, 8, 1, 29]
+
+    def logits():
+        model = Glm5NextForCausalLM.load(grouped, dense=mode)
+        seq = model.new_sequence(model.make_pool(64))
+        first = model.prefill(seq, ids)
+        return model, torch.cat([first.reshape(1, -1), model.decode([seq], [3])[0].reshape(1, -1)])
+
+    _, plain = logits()
+    monkeypatch.setattr(dense, "TILED_FROM", 1)
+    model, tiled = logits()
+    kda = model.layers[0].attn
+    assert kda.in_proj.tiled and kda.f_a.tiled and kda.f_a.data.data_ptr() == kda.in_proj.data.data_ptr()
+    assert torch.equal(plain, tiled)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -20,6 +20,7 @@ import pytest
 import torch
 from interpreter import figures_of
 
+from engine.quant.dense import TILED_FROM as TALL
 from engine.quant.dense import QuantWeight, quantize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,44 +30,59 @@ ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [(24896, 4096), (4096, 8192), (2336, 4096), (16384, 1536), (154880, 4096), (4096, 2048), (96, 1024)]
 
 
-@pytest.mark.parametrize("capability", [90, 121])
-def test_the_kernel_compiles_to_registers_only_mma(capability):
-    triton = pytest.importorskip("triton")
+def _compiled(mode: str, out: int, width: int, sigma: bool, tile: int, capability: int, seen: set | None = None):
+    """`_dense_rows` compiled for sm_`capability` as `dense_rows` launches it on a weight of that shape and mode
+    (`launch_shape`'s form, the MMA's rows in σ order or not, `tile` the weight's TILE or 0); None for a form
+    compiled already."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from engine.ops import triton_dense as td
 
     fn = td._dense_rows
+    fp8 = mode == "fp8"
+    launch = td.launch_shape(out, width, 64, fp8) | dict(sigma=sigma)
+    per_split = -(-width // launch["splits"] // 64) * 64
+    const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
+    const |= dict(ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=sigma)
+    const |= dict(TILE=tile)
+    if seen is not None:
+        if tuple(const.items()) in seen:
+            return None
+        seen.add(tuple(const.items()))
+    # fp8 read as bytes; q4's scales as QuantWeight.words, a group's scale and offset an output in one word
+    pointers = {"x_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*i32"}
+    pointers |= {"out_ptr": "*fp32", "count_ptr": "*i32"}
+    signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
+    # strides, and the outputs' count, that divide by 16 (as Triton's launcher marks them)
+    divisible = [n for n in fn.arg_names if n in pointers or (n.startswith("stride") and width % 16 == 0)]
+    divisible += ["OUT"] if out % 16 == 0 else []
+    source = GluonASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible},
+    )
+    return launch["splits"], triton.compile(
+        source, target=GPUTarget("cuda", capability, 32), options={"num_warps": launch["num_warps"]}
+    )
+
+
+@pytest.mark.parametrize("capability", [90, 121])
+def test_the_kernel_compiles_to_registers_only_mma(capability):
+    pytest.importorskip("triton")
+    from engine.ops import triton_dense as td
+
     seen = set()
     forms = [(m, s, sigma) for m in ("q4", "fp8") for s in SHAPES for sigma in (False, True)]
     for mode, (out, width), sigma in forms + [("fp8", (80, 200), True)]:
-        fp8 = mode == "fp8"
-        launch = td.launch_shape(out, width, 64, fp8) | dict(sigma=sigma)
-        per_split = -(-width // launch["splits"] // 64) * 64
-        splits = launch["splits"]
-        const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
-        const |= dict(ROWS=td.ROWS)
-        const |= dict(KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=sigma)
-        if tuple(const.items()) in seen:
+        tile = td.TILE if out >= TALL and width % 64 == 0 else 0  # as `quantize` keeps the weight
+        compiled = _compiled(mode, out, width, sigma, tile, capability, seen)
+        if compiled is None:
             continue
-        seen.add(tuple(const.items()))
-        # fp8 read as bytes; q4's scales as QuantWeight.words, a group's scale and offset an output in one word
-        pointers = {"x_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*i32"}
-        pointers |= {"out_ptr": "*fp32", "count_ptr": "*i32"}
-        signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
-        # strides, and the outputs' count, that divide by 16 (as Triton's launcher marks them)
-        divisible = [n for n in fn.arg_names if n in pointers or (n.startswith("stride") and width % 16 == 0)]
-        divisible += ["OUT"] if out % 16 == 0 else []
-        source = GluonASTSource(
-            fn=fn,
-            signature=signature,
-            constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
-            attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible},
-        )
-        kernel = triton.compile(
-            source, target=GPUTarget("cuda", capability, 32), options={"num_warps": launch["num_warps"]}
-        )
+        splits, kernel = compiled
+        fp8 = mode == "fp8"
         ptx = kernel.asm["ptx"]
         # split inputs: the slices' count goes through one shared word (the atomic's result, to every thread) and
         # the last program sums the slices; unsplit: no shared memory, no atomics
@@ -84,6 +100,23 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
         if not sigma:  # the MMA's rows in the outputs' order: a thread's outputs 8 apart, a word each
             assert "st.global.b32" in ptx and "st.global.v4.b32" not in ptx, (mode, out, width)
     assert len(seen) >= 12  # the split, warps and unrolling vary with the shape; each in both row orders
+
+
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_a_tiled_weight_loads_as_one_in_rows_does(mode):
+    """The tiled layout moves where a group's bytes lie, not how they load: the kernel compiled for a tiled weight
+    issues the same global loads, vectors as wide, as for the same weight in rows (kda_in_proj, sm_90)."""
+    pytest.importorskip("triton")
+    import collections
+    import re
+
+    from engine.ops import triton_dense as td
+
+    loads = []
+    for tile in (0, td.TILE):
+        _, kernel = _compiled(mode, 24896, 4096, mode == "fp8", tile, 90)
+        loads.append(collections.Counter(re.findall(r"ld\.global[\w.]*", kernel.asm["ptx"])))
+    assert loads[0] == loads[1] and loads[0]["ld.global.v2.b32"] >= 16, loads
 
 
 def test_the_q4_unpacking_and_algebra_give_the_dequantised_product():
@@ -124,11 +157,12 @@ def test_the_fp8_values_are_exact_in_fp16_and_each_group_is_scaled_once():
 
 
 @pytest.mark.parametrize("capability", [90, 121])
+@pytest.mark.parametrize("tiled", [False, True])
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
-def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, capability):
-    """As `dequantized` launches it (bf16, enable_fp_fusion=False): q4's product and sum stay two rounded steps (no
-    fma.rn.f32, the option honoured), no shared memory (the scales are loaded in the bytes' own layout) and the bf16
-    rows stored as 16-byte vectors."""
+def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, tiled, capability):
+    """As `dequantized` launches it (bf16, enable_fp_fusion=False), a tiled weight's too: q4's product and sum stay
+    two rounded steps (no fma.rn.f32, the option honoured), no shared memory (the scales are loaded in the bytes' own
+    layout) and the bf16 rows stored as 16-byte vectors."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -137,6 +171,7 @@ def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, capabi
 
     fn, fp8 = td._dequantize, mode == "fp8"
     const = dict(GROUP=64, FP8=fp8, BF16=True, BLOCK_O=td.DEQUANT_O, GROUPS=td.DEQUANT_GROUPS)
+    const |= dict(TILE=td.TILE if tiled else 0)
     pointers = {"w_ptr": "*u8", "s_ptr": "*fp32" if fp8 else "*fp16", "z_ptr": "*fp32" if fp8 else "*fp16"}
     pointers |= {"out_ptr": "*bf16"}
     signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
@@ -158,7 +193,8 @@ def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, capabi
 
 
 # (mode, [out, in], the output rows taken or None): whole groups (q4, fp8) and a width they do not divide (fp8: a last,
-# shorter group), output and group counts no tile divides, row slices as a column-split rank holds them (views)
+# shorter group), output and group counts no tile divides, row slices as a column-split rank holds them (views); the
+# tall ones (TILED_FROM outputs or more) tiled, a slice of them starting inside a tile and across tiles
 DEQUANTISED = [
     ("q4", (96, 256), None),
     ("q4", (130, 320), None),
@@ -166,6 +202,9 @@ DEQUANTISED = [
     ("fp8", (96, 256), None),
     ("fp8", (70, 328), None),
     ("fp8", (70, 328), (5, 66)),
+    ("q4", (TALL + 40, 128), None),
+    ("q4", (TALL + 40, 128), (TALL - 100, TALL + 30)),
+    ("fp8", (TALL + 40, 128), (77, 300)),
 ]
 
 
@@ -180,7 +219,7 @@ def _figures() -> dict:
     out = {}
     for i, (mode, shape, rows) in enumerate(DEQUANTISED):
         w = quantize(torch.randn(*shape, generator=torch.Generator().manual_seed(i)).bfloat16() * 0.02, mode)
-        assert isinstance(w, QuantWeight)
+        assert isinstance(w, QuantWeight) and w.tiled == (shape[0] >= TALL)
         if rows:
             w = w.rows(*rows)
         for dtype in (torch.bfloat16, torch.float32):

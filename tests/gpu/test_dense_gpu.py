@@ -138,6 +138,55 @@ def test_the_mma_rows_order_leaves_every_bit(mode, shape):
         assert torch.equal(dense_rows(x, w, dict(sigma=True)), dense_rows(x, w, dict(sigma=False))), (n, mode)
 
 
+@pytest.mark.parametrize("mode", ["q4", "fp8"])
+def test_a_tiled_weight_gives_the_bits_of_its_rows(mode, monkeypatch):
+    """A tall weight's codes are kept tiled (engine/quant/dense.py TILED_FROM): the kernel reads each group's bytes
+    from the tiles and must give the bits of the same weight kept in rows — at the table's launch and the other
+    forms, one row to a block and a half, whole and as row slices that start inside a tile (the KDA input
+    projection's parts) — and `dequantized` its bits."""
+    from engine.ops.triton_dense import dense_rows, dequantized
+    from engine.quant import dense
+
+    tiled = weight((16384, 2048), mode)
+    monkeypatch.setattr(dense, "TILED_FROM", 1 << 30)
+    plain = weight((16384, 2048), mode)
+    assert tiled.tiled and not plain.tiled
+    forms = [None, dict(sigma=True), dict(sigma=False), dict(num_warps=4, unroll=1), dict(splits=3)]
+    for n in (1, 5, 8, 11):
+        x = rows(n, 2048)
+        for tuning in forms:
+            assert torch.equal(dense_rows(x, tiled, tuning), dense_rows(x, plain, tuning)), (n, tuning)
+    for start, stop in ((0, 12288), (12288, 16000), (70, 5000), (16000, 16384)):
+        part, twin = tiled.rows(start, stop), plain.rows(start, stop)
+        assert part.data.data_ptr() == tiled.data.data_ptr()
+        for n in (1, 8):
+            x = rows(n, 2048)
+            assert torch.equal(dense_rows(x, part), dense_rows(x, twin)), (start, stop, n)
+        assert torch.equal(dequantized(part), twin.dequantize(torch.bfloat16)), (start, stop)
+
+
+def test_a_model_with_tiled_q4_weights_gives_the_same_logits(monkeypatch, tmp_path):
+    """The grouped reference with every q4 weight tiled (TILED_FROM lowered to its widths) gives the logits of the
+    weights kept in rows, bit for bit: a prompt (the dequantised weights) and decode steps (the kernel)."""
+    from engine.quant import dense
+
+    make_reference(tmp_path, "grouped64", seed=3)
+
+    def logits():
+        model = Glm5NextForCausalLM.load(tmp_path, ParallelGroup.single("cuda"), dense="q4")
+        seq = model.new_sequence(model.make_pool(128))
+        out = [model.prefill(seq, [(7 * i) % 50 + 1 for i in range(80)]).reshape(-1)]  # past 64 rows: a chunk
+        for token in (3, 11):
+            out.append(model.decode([seq], [token])[0].reshape(-1))
+        return model, torch.stack(out)
+
+    _, plain = logits()
+    monkeypatch.setattr(dense, "TILED_FROM", 1)
+    model, tiled = logits()
+    assert model.layers[0].attn.in_proj.tiled
+    assert torch.equal(plain, tiled)
+
+
 def test_an_fp8_width_groups_do_not_divide():
     """fp8 takes any input width: the last, shorter group is masked input by input."""
     from engine.ops.triton_dense import dense_rows
