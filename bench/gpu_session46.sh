@@ -44,10 +44,7 @@ if want 2; then
     done
 fi
 if want 3; then
-    E="python bench/gpu_engine.py --dense q4 --modes graphs --tp2 off --no-prefill"
-    step "3. 4-layer decode $PREV" 60 "$T/step_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
-        ${E/bench/$OLD/bench} --out "$T/step_before.json"
-    step "3. 4-layer decode sigma" 60 "$T/step_sigma.txt" $E --out "$T/step_sigma.json"
+    q4_steps "$T" "$PREV" "$OLD" sigma
 fi
 if want 4; then
     step "4. sweep dsa_q_b q4" 150 "$T/sweep.txt" python bench/dense_bench.py --sweep --swept dsa_q_b:q4 --unrolls 2 \

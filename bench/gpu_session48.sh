@@ -37,10 +37,7 @@ if want 2; then
         --names kda_in_proj,dense_gate_up,dsa_q_b,kda_o_proj,dsa_o_proj,dense_down,lm_head --out "$T/tiled.json"
 fi
 if want 3; then
-    E="python bench/gpu_engine.py --dense q4 --modes graphs --tp2 off --no-prefill"
-    step "3. 4-layer decode $PREV" 60 "$T/step_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
-        ${E/bench/$OLD/bench} --out "$T/step_before.json"
-    step "3. 4-layer decode tiled" 60 "$T/step_tiled.txt" $E --out "$T/step_tiled.json"
+    q4_steps "$T" "$PREV" "$OLD" tiled
 fi
 if want 4; then
     step "4. sweep the tiled tall weights" 200 "$T/sweep.txt" python bench/dense_bench.py --sweep \
