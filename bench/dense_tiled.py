@@ -2,7 +2,7 @@
 of `_dense_rows` reads its block of 128 outputs a group at a time, 32 bytes of each output's row (q4; fp8 64), the
 rows a whole input width apart; tiled (engine/quant/dense.py `tile`: [output blocks, groups, 128 outputs, a group's
 bytes]) a program's slice is one run of memory. This bench times the engine's kernel on each served shape quantised
-both ways (TILED_FROM set past every shape, then to 1: every shape tiled, whatever the engine's threshold), and a
+both ways (`dense.tiled_shape` replaced: none tiled, then every shape, whatever the engine's rule), and a
 plain read of the same bytes (the ceiling for that many bytes in one launch: an XOR of each program's words). The
 two layouts must give the same bits (checked before timing). 20 calls a graph over copies that miss L2, the forms in
 turn, three rounds, medians. (Session 48's first call timed a copy of the kernel patched to read tiles, before the
@@ -58,15 +58,15 @@ def flat_words(weight) -> torch.Tensor:
 
 
 def both(out: int, width: int, mode: str, gen: torch.Generator) -> dict:
-    """One random weight quantised in rows and tiled (`dense.TILED_FROM` set for each, then put back)."""
+    """One random weight quantised in rows and tiled (`dense.tiled_shape` replaced for each, then put back)."""
     weight = (torch.randn(out, width, generator=gen, device="cuda") * 0.02).bfloat16()
-    kept, found = dense.TILED_FROM, {}
+    kept, found = dense.tiled_shape, {}
     try:
-        for layout, start in (("rows", 1 << 30), ("tiled", 1)):
-            dense.TILED_FROM = start
+        for layout in ("rows", "tiled"):
+            dense.tiled_shape = lambda *_, tiled=layout == "tiled", **__: tiled  # type: ignore[assignment]
             found[layout] = dense.quantize(weight, mode)
     finally:
-        dense.TILED_FROM = kept
+        dense.tiled_shape = kept
     return found
 
 

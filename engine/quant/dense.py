@@ -11,8 +11,8 @@
 
 The weights are stored output-major — [outputs, inputs/2] q4 bytes, [outputs, inputs] e4m3 — so the decode kernel
 (engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand
-registers (a tall weight's — TILED_FROM outputs or more — tiled: TILE outputs' bytes of one group side by side, so a
-program of the kernel reads one run of memory); scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
+registers (tiled where measured faster — fp8, and q4 weights of TILED_FROM outputs or more —: TILE outputs' bytes
+of one group side by side, so a program of the kernel reads one run of memory); scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
 group's scales for a block of outputs as one row. A q4 group's scale and offset lie side by side
 (`QuantWeight.pairs`, [inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are its two views), so the kernel loads
 them as one 32-bit word an output: half the load instructions of two separate rows (session 44 measured what those
@@ -46,12 +46,23 @@ CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 HEAD_MODE = {"q4": "fp8", "fp8": "fp8", "bf16": "bf16"}
 FP8_MAX = 448.0
 _ROWS_AT_ONCE = 2048  # rows quantised per pass (bounds the search's temporary memory)
-# a weight of TILED_FROM outputs or more (whole groups) keeps its codes tiled, TILE outputs a tile (`QuantWeight`,
-# `tile`; the decode kernel's block of outputs): a decode product's program then reads one run of memory, where from
-# rows a whole input apart it read 32 bytes a row a group (q4). On an H100 the tall weights' products took 16-20 %
-# less (kda_in_proj q4 30.6 -> 24.9 µs at one row, fp8 51.2 -> 42.5 at 8); the 4,096-output ones, split 16 ways,
-# gained nothing and lost up to 6 % at 8 rows (docs/BENCHMARKS.md, session 48)
-TILE, TILED_FROM = 128, 12288
+# a weight of TILED_FROM[mode] outputs or more (whole groups) keeps its codes tiled, TILE outputs a tile
+# (`QuantWeight`, `tile`; the decode kernel's block of outputs): a decode product's program then reads one run of
+# memory, where from rows a whole input apart it read a group's 32 (q4) or 64 (fp8) bytes of each row. On an H100 the
+# tall weights' products took 10-20 % less (kda_in_proj q4 30.6 -> 24.9 µs at one row, fp8 51.2 -> 42.5 at 8) and
+# fp8's 4,096-output ones 1-9 % less; q4's 4,096-output ones, split 16 ways, gained nothing at one row and lost 4-7 %
+# at 8 rows, so q4 keeps those in rows (docs/BENCHMARKS.md, session 48). The outputs are padded to whole tiles, so
+# a weight is tiled only where that adds under 1 % to its rows (`kept_bytes` does not count it)
+TILE = 128
+TILED_FROM = {"q4": 12288, "fp8": 1}
+
+
+def tiled_shape(mode: str, out: int, width: int, group: int = GROUP) -> bool:
+    """Whether `quantize` keeps a [out, width] weight's codes tiled in `mode`: TILED_FROM[mode] outputs or more,
+    whole groups, and padding to whole tiles under 1 % of the rows."""
+    return out >= TILED_FROM[mode] and width % group == 0 and 100 * (-out % TILE) < out
+
+
 # the checkpoint tensors the model keeps in the dense mode (its `store` calls), by name ending; routed experts
 # (`.mlp.experts.N.`) and the vision tower (not loaded) excluded
 STORED = (
@@ -158,7 +169,8 @@ class QuantWeight:
 
 def kept_bytes(name: str, shape: Sequence[int], mode: str) -> float | None:
     """Bytes per value a checkpoint tensor takes once loaded with DENSE=`mode`, or None where it stays as loaded
-    (`engine fit` and `engine info` count with it; the model's `store` calls make the same choice)."""
+    (`engine fit` and `engine info` count with it; the model's `store` calls make the same choice). A tiled weight's
+    padding to whole tiles is not counted: under 1 % of its rows (`tiled_shape`)."""
     if name == "lm_head.weight" or name.endswith(".lm_head.weight"):
         mode = HEAD_MODE[mode]
     elif ".mlp.experts." in name or "visual." in name or not name.endswith(STORED):
@@ -199,7 +211,7 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
     scale = torch.cat([p[1] for p in parts], dim=1)
     offsets = [p[2] for p in parts if p[2] is not None]
     offset = torch.cat(offsets, dim=1) if offsets else None
-    if weight.shape[0] >= TILED_FROM and weight.shape[1] % group == 0:
+    if tiled_shape(mode, *weight.shape, group):
         data = tile(data, group // 2 if mode == "q4" else group)
     return QuantWeight(mode, data, scale.contiguous() if offset is None else scale, offset, group)
 

@@ -95,25 +95,34 @@ def test_q4_scales_and_offsets_are_one_word_an_output_and_group_in_every_slice()
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_tall_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
-    """From TILED_FROM outputs the codes are kept tiled (TILE outputs of one group side by side, the outputs padded
-    to whole tiles): the same values, shape and bytes as the weight kept in rows, and row slices — from inside a
-    tile, across tiles, the KDA projection's split — that are views of the one tiled tensor with the same values."""
-    w = gaussian(300, 256, seed=2)
+    """From TILED_FROM[mode] outputs the codes are kept tiled (TILE outputs of one group side by side, the outputs padded
+    to whole tiles where that adds under 1 % to the rows): the same values, shape and bytes as the weight kept in rows,
+    and row slices — from inside a tile, across tiles, the KDA projection's split — that are views of the one tiled
+    tensor with the same values."""
+    w = gaussian(12900, 128, seed=2)
+    monkeypatch.setitem(dense.TILED_FROM, mode, 1 << 30)
     rows = quantize(w, mode)
-    monkeypatch.setattr(dense, "TILED_FROM", 300)
+    monkeypatch.setitem(dense.TILED_FROM, mode, 12900)
     tiled = quantize(w, mode)
     assert isinstance(rows, QuantWeight) and isinstance(tiled, QuantWeight) and not rows.tiled and tiled.tiled
     per = 32 if mode == "q4" else 64
-    assert tiled.data.shape == (3, 4, dense.TILE, per) and tiled.shape == rows.shape == w.shape
+    assert tiled.data.shape == (101, 2, dense.TILE, per) and tiled.shape == rows.shape == w.shape
     assert torch.equal(tiled.codes().view(torch.uint8), rows.data.view(torch.uint8))
     assert torch.equal(tiled.dequantize(), rows.dequantize()) and tiled.nbytes() == rows.nbytes()
-    assert torch.equal(tiled.data.view(torch.uint8)[2, :, 300 - 256 :], torch.zeros(4, 84, per, dtype=torch.uint8))
-    for part, whole in zip(tiled.split([5, 250, 45]), rows.split([5, 250, 45])):
+    assert not tiled.data.view(torch.uint8)[100, :, 12900 - 12800 :].any()  # the last tile's padding
+    for part, whole in zip(tiled.split([5, 12800, 95]), rows.split([5, 12800, 95])):
         assert part.data.data_ptr() == tiled.data.data_ptr() and part.shape == whole.shape
         assert torch.equal(part.dequantize(), whole.dequantize())
         if mode == "q4":
             assert torch.equal(part.words(), whole.words())
-    assert quantize(w[:299], mode).tiled is False  # type: ignore[union-attr]
+    assert not quantize(w[:12899], mode).tiled  # type: ignore[union-attr]  # below TILED_FROM
+    monkeypatch.setitem(dense.TILED_FROM, mode, 1)
+    assert quantize(w[:1280], mode).tiled and not quantize(w[:2000], mode).tiled  # type: ignore[union-attr]  # 2.4 % pad
+
+
+def _all_tiled(flag: bool):
+    """`tiled_shape` for a test: every weight of whole groups tiled (or none), whatever its height."""
+    return lambda mode, out, width, group=dense.GROUP: flag and width % group == 0
 
 
 def test_an_input_width_groups_do_not_divide_stays_as_loaded():
@@ -212,9 +221,10 @@ def test_q4_drafted_replies_equal_serial_replies():
 @torch.no_grad()
 @pytest.mark.parametrize("mode", MODES)
 def test_a_model_with_tiled_weights_gives_the_same_logits(grouped, mode, monkeypatch):
-    """Every reduced weight of the grouped reference tiled (TILED_FROM lowered to its widths; the real model tiles
-    its tall ones: the KDA input projection, the dense MLP's gate and up, DSA's q_b, the LM head): the same logits,
-    bit for bit, as the weights kept in rows — the KDA input projection's named parts are slices of its tiles."""
+    """Every reduced weight of the grouped reference tiled (`tiled_shape` for any height; the real model tiles
+    every fp8 weight and the tall q4 ones: the KDA input projection, the dense MLP's gate and up, DSA's q_b, the LM
+    head) gives the same logits, bit for bit, as every weight kept in rows — the KDA input projection's named parts
+    are slices of its tiles."""
     ids = [5, 17, 3, 42, 8, 1, 29]
 
     def logits():
@@ -223,8 +233,9 @@ def test_a_model_with_tiled_weights_gives_the_same_logits(grouped, mode, monkeyp
         first = model.prefill(seq, ids)
         return model, torch.cat([first.reshape(1, -1), model.decode([seq], [3])[0].reshape(1, -1)])
 
+    monkeypatch.setattr(dense, "tiled_shape", _all_tiled(False))
     _, plain = logits()
-    monkeypatch.setattr(dense, "TILED_FROM", 1)
+    monkeypatch.setattr(dense, "tiled_shape", _all_tiled(True))
     model, tiled = logits()
     kda = model.layers[0].attn
     assert kda.in_proj.tiled and kda.f_a.tiled and kda.f_a.data.data_ptr() == kda.in_proj.data.data_ptr()
