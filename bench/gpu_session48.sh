@@ -34,7 +34,7 @@ if want 1; then
 fi
 if want 2; then
     step "2. rows / tiled / read" 200 "$T/tiled.txt" python bench/dense_tiled.py --tp 1,2 \
-        --names kda_in_proj,dense_gate_up,dsa_q_b,kda_o_proj,dsa_o_proj,dense_down,lm_head --out "$T/tiled.json"
+        --names kda_in_proj,dense_gate_up,dsa_q_b,kda_o_proj,dsa_o_proj,dense_down,shared_gate_up,shared_down,lm_head --out "$T/tiled.json"
 fi
 if want 3; then
     q4_steps "$T" "$PREV" "$OLD" tiled
