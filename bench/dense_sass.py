@@ -28,9 +28,10 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from engine.ops import triton_dense as td  # noqa: E402
 
 
-def compile_rows(out: int, width: int, fp8: bool, capability: int = 90):
+def compile_rows(out: int, width: int, fp8: bool, capability: int = 90, tiled: bool | None = None):
     """`_dense_rows` as dense_rows launches it for an [out, width] weight, its pointers, strides and output count
-    16-aligned (Triton's specialisation of such arguments); (kernel, launch)."""
+    16-aligned (Triton's specialisation of such arguments), its codes tiled as `quantize` keeps them (`tiled` None)
+    or as `tiled` says; (kernel, launch)."""
     launch = td.launch_shape(out, width, 64, fp8)
     per_split = -(-width // launch["splits"] // 64) * 64
     const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8)
@@ -39,6 +40,11 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90):
     fn = td._dense_rows
     if "SIGMA" in fn.arg_names:  # the MMA rows' order (since session 46; an --engine tree may predate it)
         const |= dict(SIGMA=launch["sigma"])
+    if "TILE" in fn.arg_names:  # the codes tiled (since session 48)
+        from engine.quant.dense import tiled_shape
+
+        mode = "fp8" if fp8 else "q4"
+        const |= dict(TILE=td.TILE if (tiled_shape(mode, out, width) if tiled is None else tiled) else 0)
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",
@@ -64,12 +70,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--names", default="kda_in_proj,kda_o_proj,dsa_q_b,shared_gate_up,lm_head")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tiled", choices=("rule", "rows", "tiled"), default="rule", help="the codes' layout")
     args = ap.parse_args()
+    tiled = None if args.tiled == "rule" else args.tiled == "tiled"
     print(f"engine: {ENGINE or 'this checkout'}")
     for name in args.names.split(","):
         out, width = shapes(args.tp)[name]
         for fp8 in (False, True):
-            kernel, launch = compile_rows(out, width, fp8)
+            kernel, launch = compile_rows(out, width, fp8, tiled=tiled)
             sass, usage = disassemble(kernel)
             weights = launch["block_o"] * 64 * launch["unroll"] / (32 * launch["num_warps"])
             with_products = [ops for ops in loops(sass) if ops.get("HMMA")]  # the split sum's loop has none
