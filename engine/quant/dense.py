@@ -10,17 +10,17 @@
   group by group. (One scale over a whole row would differ between TP=1 and a rank holding half the row's inputs.)
 
 The weights are stored output-major — [outputs, inputs/2] q4 bytes, [outputs, inputs] e4m3 — so the decode kernel
-(engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand
-registers (tiled where measured faster — fp8, and q4 weights of TILED_FROM outputs or more —: TILE outputs' bytes
-of one group side by side, so a program of the kernel reads one run of memory); scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous — so it reads a
-group's scales for a block of outputs as one row. A q4 group's scale and offset lie side by side
-(`QuantWeight.pairs`, [inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are its two views), so the kernel loads
-them as one 32-bit word an output: half the load instructions of two separate rows (session 44 measured what those
-loads cost, docs/BENCHMARKS.md). A weight's groups lie along its input, so a tensor-parallel
-rank's slice holds whole groups of the full matrix (a column split cuts output rows; a row split cuts inputs at head
-boundaries, multiples of GROUP at the real widths) and quantising a slice gives the bits of the same slice of the
-quantised whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded (`quantize` says so by
-returning it); fp8 takes any width (a last, shorter group).
+(engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand registers
+(tiled where measured faster — fp8, and q4 weights of TILED_FROM outputs or more —: TILE outputs' bytes of one group
+side by side, so a program of the kernel reads one run of memory); scales (and offsets) input-major — [inputs/GROUP,
+outputs], the outputs contiguous — so it reads a group's scales for a block of outputs as one row. A q4 group's
+scale and offset lie side by side (`QuantWeight.pairs`, [inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are
+its two views), so the kernel loads them as one 32-bit word an output: half the load instructions of two separate
+rows (session 44 measured what those loads cost, docs/BENCHMARKS.md). A weight's groups lie along its input, so a
+tensor-parallel rank's slice holds whole groups of the full matrix (a column split cuts output rows; a row split
+cuts inputs at head boundaries, multiples of GROUP at the real widths) and quantising a slice gives the bits of the
+same slice of the quantised whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded
+(`quantize` says so by returning it); fp8 takes any width (a last, shorter group).
 
 What stays in the loaded precision (the modules in engine/models/glm5_next/ apply their `store` to the rest): norms, the router (fp32 products, it picks
 experts), the hyper-connection maps (fp32 products), embeddings, the absorbed MLA kv_b (per-head einsums) and the routed
@@ -83,7 +83,7 @@ class QuantWeight:
     apart, they are interleaved into a new `pairs`); fp8: `data` float8_e4m3fn [out, in], `scale` fp32
     [ceil(in/group), out] (`offset` and `pairs` None). Output slices (`rows`) are views.
 
-    Tiled (`tile`: a tall weight's codes as `quantize` keeps them): `data` is [blocks, groups, TILE, a group's bytes]
+    Tiled (`tile`, where `tiled_shape` says): `data` is [blocks, groups, TILE, a group's bytes]
     — TILE outputs' bytes of one group side by side, then the next group's — the outputs padded to whole tiles; the
     weight's outputs are the tiled rows first .. first + out (a row slice keeps the parent's `data`)."""
 

@@ -95,10 +95,10 @@ def test_q4_scales_and_offsets_are_one_word_an_output_and_group_in_every_slice()
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_tall_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
-    """From TILED_FROM[mode] outputs the codes are kept tiled (TILE outputs of one group side by side, the outputs padded
-    to whole tiles where that adds under 1 % to the rows): the same values, shape and bytes as the weight kept in rows,
-    and row slices — from inside a tile, across tiles, the KDA projection's split — that are views of the one tiled
-    tensor with the same values."""
+    """From TILED_FROM[mode] outputs the codes are kept tiled (TILE outputs of one group side by side, the outputs
+    padded to whole tiles where that adds under 1 % to the rows): the same values, shape and bytes as the weight kept
+    in rows, and row slices — from inside a tile, across tiles, the KDA projection's split — that are views of the one
+    tiled tensor with the same values."""
     w = gaussian(12900, 128, seed=2)
     monkeypatch.setitem(dense.TILED_FROM, mode, 1 << 30)
     rows = quantize(w, mode)
@@ -117,7 +117,8 @@ def test_a_tall_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatc
             assert torch.equal(part.words(), whole.words())
     assert not quantize(w[:12899], mode).tiled  # type: ignore[union-attr]  # below TILED_FROM
     monkeypatch.setitem(dense.TILED_FROM, mode, 1)
-    assert quantize(w[:1280], mode).tiled and not quantize(w[:2000], mode).tiled  # type: ignore[union-attr]  # 2.4 % pad
+    padded = quantize(w[:2000], mode)  # 48 rows of padding: 2.4 %
+    assert quantize(w[:1280], mode).tiled and not padded.tiled  # type: ignore[union-attr]
 
 
 def _all_tiled(flag: bool):
