@@ -211,7 +211,7 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
     scale = torch.cat([p[1] for p in parts], dim=1)
     offsets = [p[2] for p in parts if p[2] is not None]
     offset = torch.cat(offsets, dim=1) if offsets else None
-    if tiled_shape(mode, *weight.shape, group):
+    if tiled_shape(mode, weight.shape[0], weight.shape[1], group):
         data = tile(data, group // 2 if mode == "q4" else group)
     return QuantWeight(mode, data, scale.contiguous() if offset is None else scale, offset, group)
 
