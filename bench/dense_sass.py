@@ -43,8 +43,7 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90, tiled: b
     if "TILE" in fn.arg_names:  # the codes tiled (since session 48)
         from engine.quant.dense import tiled_shape
 
-        mode = "fp8" if fp8 else "q4"
-        const |= dict(TILE=td.TILE if (tiled_shape(mode, out, width) if tiled is None else tiled) else 0)
+        const |= dict(TILE=td.TILE if (tiled_shape(out, width) if tiled is None else tiled) else 0)
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",

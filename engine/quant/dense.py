@@ -11,16 +11,16 @@
 
 The weights are stored output-major — [outputs, inputs/2] q4 bytes, [outputs, inputs] e4m3 — so the decode kernel
 (engine/ops/triton_dense.py) loads each output's bytes as vectors straight into the tensor cores' operand registers
-(tiled where measured faster — fp8, and q4 weights of TILED_FROM outputs or more —: TILE outputs' bytes of one group
-side by side, so a program of the kernel reads one run of memory); scales (and offsets) input-major — [inputs/GROUP,
-outputs], the outputs contiguous — so it reads a group's scales for a block of outputs as one row. A q4 group's
-scale and offset lie side by side (`QuantWeight.pairs`, [inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are
-its two views), so the kernel loads them as one 32-bit word an output: half the load instructions of two separate
-rows (session 44 measured what those loads cost, docs/BENCHMARKS.md). A weight's groups lie along its input, so a
-tensor-parallel rank's slice holds whole groups of the full matrix (a column split cuts output rows; a row split
-cuts inputs at head boundaries, multiples of GROUP at the real widths) and quantising a slice gives the bits of the
-same slice of the quantised whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded
-(`quantize` says so by returning it); fp8 takes any width (a last, shorter group).
+(tiled where the padding is small, `tiled_shape`: TILE outputs' bytes of one group side by side, so a program of the
+kernel reads one run of memory); scales (and offsets) input-major — [inputs/GROUP, outputs], the outputs contiguous
+— so it reads a group's scales for a block of outputs as one row. A q4 group's scale and offset lie side by side
+(`QuantWeight.pairs`, [inputs/GROUP, outputs, 2] fp16: `scale` and `offset` are its two views), so the kernel loads
+them as one 32-bit word an output: half the load instructions of two separate rows (session 44 measured what those
+loads cost, docs/BENCHMARKS.md). A weight's groups lie along its input, so a tensor-parallel rank's slice holds
+whole groups of the full matrix (a column split cuts output rows; a row split cuts inputs at head boundaries,
+multiples of GROUP at the real widths) and quantising a slice gives the bits of the same slice of the quantised
+whole. A q4 weight whose input width is not a multiple of GROUP stays as loaded (`quantize` says so by returning
+it); fp8 takes any width (a last, shorter group).
 
 What stays in the loaded precision (the modules in engine/models/glm5_next/ apply their `store` to the rest): norms, the router (fp32 products, it picks
 experts), the hyper-connection maps (fp32 products), embeddings, the absorbed MLA kv_b (per-head einsums) and the routed
@@ -46,21 +46,19 @@ CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 HEAD_MODE = {"q4": "fp8", "fp8": "fp8", "bf16": "bf16"}
 FP8_MAX = 448.0
 _ROWS_AT_ONCE = 2048  # rows quantised per pass (bounds the search's temporary memory)
-# a weight of TILED_FROM[mode] outputs or more (whole groups) keeps its codes tiled, TILE outputs a tile
-# (`QuantWeight`, `tile`; the decode kernel's block of outputs): a decode product's program then reads one run of
-# memory, where from rows a whole input apart it read a group's 32 (q4) or 64 (fp8) bytes of each row. On an H100 the
-# tall weights' products took 10-20 % less (kda_in_proj q4 30.6 -> 24.9 µs at one row, fp8 51.2 -> 42.5 at 8) and
-# fp8's 4,096-output ones 1-9 % less; q4's 4,096-output ones, split 16 ways, gained nothing at one row and lost 4-7 %
-# at 8 rows, so q4 keeps those in rows (docs/BENCHMARKS.md, session 48). The outputs are padded to whole tiles, so
-# a weight is tiled only where that adds under 1 % to its rows (`kept_bytes` does not count it)
+# the codes kept tiled, TILE outputs a tile (`QuantWeight`, `tile`; the decode kernel's block of outputs): a decode
+# product's program then reads one run of memory, where from rows a whole input apart it read a group's 32 (q4) or 64
+# (fp8) bytes of each row. On an H100 the served weights' products took up to 17 % less (kda_in_proj q4 30.7 -> 25.4
+# µs at one row, 33.3 -> 28.5 at 8; the fp8 LM head 243.5 -> 226.1), within 2 % at worst (docs/BENCHMARKS.md,
+# session 48). The outputs are padded to whole tiles, so a weight is tiled only where that adds under 1 % to its rows
+# (`kept_bytes` does not count it)
 TILE = 128
-TILED_FROM = {"q4": 12288, "fp8": 1}
 
 
-def tiled_shape(mode: str, out: int, width: int, group: int = GROUP) -> bool:
-    """Whether `quantize` keeps a [out, width] weight's codes tiled in `mode`: TILED_FROM[mode] outputs or more,
-    whole groups, and padding to whole tiles under 1 % of the rows."""
-    return out >= TILED_FROM[mode] and width % group == 0 and 100 * (-out % TILE) < out
+def tiled_shape(out: int, width: int, group: int = GROUP) -> bool:
+    """Whether `quantize` keeps a [out, width] weight's codes tiled: whole groups, and padding the outputs to whole
+    tiles adds under 1 % to them."""
+    return width % group == 0 and 100 * (-out % TILE) < out
 
 
 # the checkpoint tensors the model keeps in the dense mode (its `store` calls), by name ending; routed experts
@@ -211,7 +209,7 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
     scale = torch.cat([p[1] for p in parts], dim=1)
     offsets = [p[2] for p in parts if p[2] is not None]
     offset = torch.cat(offsets, dim=1) if offsets else None
-    if tiled_shape(mode, weight.shape[0], weight.shape[1], group):
+    if tiled_shape(weight.shape[0], weight.shape[1], group):
         data = tile(data, group // 2 if mode == "q4" else group)
     return QuantWeight(mode, data, scale.contiguous() if offset is None else scale, offset, group)
 

@@ -29,7 +29,7 @@ from engine.checkpoint.demo import TRAINED
 from engine.checkpoint.info import checkpoint_tensors
 from engine.models.glm5_next.model import Glm5NextForCausalLM
 from engine.quant import dense
-from engine.quant.dense import QuantWeight, kept_bytes, quantize
+from engine.quant.dense import QuantWeight, kept_bytes, quantize, tiled_shape
 
 MODES = ("q4", "fp8")
 
@@ -94,16 +94,15 @@ def test_q4_scales_and_offsets_are_one_word_an_output_and_group_in_every_slice()
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_tall_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
-    """From TILED_FROM[mode] outputs the codes are kept tiled (TILE outputs of one group side by side, the outputs
-    padded to whole tiles where that adds under 1 % to the rows): the same values, shape and bytes as the weight kept
-    in rows, and row slices — from inside a tile, across tiles, the KDA projection's split — that are views of the one
-    tiled tensor with the same values."""
+def test_a_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
+    """The codes are kept tiled (TILE outputs of one group side by side, the outputs padded to whole tiles where
+    that adds under 1 % to the rows): the same values, shape and bytes as the weight kept in rows, and row slices —
+    from inside a tile, across tiles, the KDA projection's split — that are views of the one tiled tensor with the
+    same values."""
     w = gaussian(12900, 128, seed=2)
-    monkeypatch.setitem(dense.TILED_FROM, mode, 1 << 30)
-    rows = quantize(w, mode)
-    monkeypatch.setitem(dense.TILED_FROM, mode, 12900)
     tiled = quantize(w, mode)
+    monkeypatch.setattr(dense, "tiled_shape", _all_tiled(False))
+    rows = quantize(w, mode)
     assert isinstance(rows, QuantWeight) and isinstance(tiled, QuantWeight) and not rows.tiled and tiled.tiled
     per = 32 if mode == "q4" else 64
     assert tiled.data.shape == (101, 2, dense.TILE, per) and tiled.shape == rows.shape == w.shape
@@ -115,15 +114,13 @@ def test_a_tall_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatc
         assert torch.equal(part.dequantize(), whole.dequantize())
         if mode == "q4":
             assert torch.equal(part.words(), whole.words())
-    assert not quantize(w[:12899], mode).tiled  # type: ignore[union-attr]  # below TILED_FROM
-    monkeypatch.setitem(dense.TILED_FROM, mode, 1)
-    padded = quantize(w[:2000], mode)  # 48 rows of padding: 2.4 %
-    assert quantize(w[:1280], mode).tiled and not padded.tiled  # type: ignore[union-attr]
+    assert tiled_shape(1280, 128) and not tiled_shape(2000, 128)  # 48 rows of padding: 2.4 %
+    assert not tiled_shape(1280, 96)  # not whole groups (fp8: a last, shorter group)
 
 
 def _all_tiled(flag: bool):
-    """`tiled_shape` for a test: every weight of whole groups tiled (or none), whatever its height."""
-    return lambda mode, out, width, group=dense.GROUP: flag and width % group == 0
+    """`tiled_shape` for a test: every weight of whole groups tiled (or none), whatever its padding."""
+    return lambda out, width, group=dense.GROUP: flag and width % group == 0
 
 
 def test_an_input_width_groups_do_not_divide_stays_as_loaded():
@@ -222,10 +219,10 @@ def test_q4_drafted_replies_equal_serial_replies():
 @torch.no_grad()
 @pytest.mark.parametrize("mode", MODES)
 def test_a_model_with_tiled_weights_gives_the_same_logits(grouped, mode, monkeypatch):
-    """Every reduced weight of the grouped reference tiled (`tiled_shape` for any height; the real model tiles
-    every fp8 weight and the tall q4 ones: the KDA input projection, the dense MLP's gate and up, DSA's q_b, the LM
-    head) gives the same logits, bit for bit, as every weight kept in rows — the KDA input projection's named parts
-    are slices of its tiles."""
+    """Every reduced weight of the grouped reference tiled (`tiled_shape` whatever the padding; the real model tiles
+    every weight but those whose padding would add 1 % or more, e.g. DSA's x projection, 2,336 outputs) gives the
+    same logits, bit for bit, as every weight kept in rows — the KDA input projection's named parts are slices of its
+    tiles."""
     ids = [5, 17, 3, 42, 8, 1, 29]
 
     def logits():

@@ -76,7 +76,7 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
     seen = set()
     forms = [(m, s, sigma) for m in ("q4", "fp8") for s in SHAPES for sigma in (False, True)]
     for mode, (out, width), sigma in forms + [("fp8", (80, 200), True)]:
-        tile = td.TILE if tiled_shape(mode, out, width) else 0  # as `quantize` keeps the weight
+        tile = td.TILE if tiled_shape(out, width) else 0  # as `quantize` keeps the weight
         compiled = _compiled(mode, out, width, sigma, tile, capability, seen)
         if compiled is None:
             continue
@@ -193,12 +193,13 @@ def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, tiled,
 
 # (mode, [out, in], the output rows taken or None): whole groups (q4, fp8) and a width they do not divide (fp8: a last,
 # shorter group), output and group counts no tile divides, row slices as a column-split rank holds them (views); the
-# tiled ones (`tiled_shape`: fp8 of whole groups, q4 of 12,288 outputs or more, whole tiles but for under 1 %) with
+# tiled ones (`tiled_shape`: whole groups, whole tiles but for under 1 %) with
 # slices starting inside a tile and across tiles
 DEQUANTISED = [
     ("q4", (96, 256), None),
     ("q4", (130, 320), None),
     ("q4", (96, 256), (13, 80)),
+    ("q4", (256, 128), (13, 200)),
     ("fp8", (96, 256), None),
     ("fp8", (70, 328), None),
     ("fp8", (70, 328), (5, 66)),
@@ -219,7 +220,7 @@ def _figures() -> dict:
     out = {}
     for i, (mode, shape, rows) in enumerate(DEQUANTISED):
         w = quantize(torch.randn(*shape, generator=torch.Generator().manual_seed(i)).bfloat16() * 0.02, mode)
-        assert isinstance(w, QuantWeight) and w.tiled == tiled_shape(mode, *shape)
+        assert isinstance(w, QuantWeight) and w.tiled == tiled_shape(*shape)
         if rows:
             w = w.rows(*rows)
         for dtype in (torch.bfloat16, torch.float32):
