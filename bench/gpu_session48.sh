@@ -7,7 +7,8 @@
 #  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), the tree before (PREV, kept in rows) and
 #     this one;
 #  4. the launch forms swept on the tiled tall weights.
-#     STEPS=1234 BUDGET=540 bash bench/gpu_session48.sh
+#     STEPS=1234 BUDGET=540 bash bench/gpu_session48.sh   (call 2: STEPS=123 BUDGET=380; call 3, every weight of
+#     whole groups tiled: STEPS=132 BUDGET=230 TPS=1 NAMES=kda_o_proj,dsa_o_proj,dense_down MODES=q4)
 # (Session 48's first call ran bench/dense_tiled.py's first form — a copy of the kernel patched to read tiles, the
 # engine's own then read rows — with Nsight Compute on kda_in_proj.)
 set -u -o pipefail
@@ -33,8 +34,9 @@ if want 1; then
     cp "$T/rec/triton_launches.json" "$OUT/" 2>/dev/null
 fi
 if want 2; then
-    step "2. rows / tiled / read" 200 "$T/tiled.txt" python bench/dense_tiled.py --tp 1,2 \
-        --names kda_in_proj,dense_gate_up,dsa_q_b,kda_o_proj,dsa_o_proj,dense_down,shared_gate_up,shared_down,lm_head --out "$T/tiled.json"
+    N=kda_in_proj,dense_gate_up,dsa_q_b,kda_o_proj,dsa_o_proj,dense_down,shared_gate_up,shared_down,lm_head
+    step "2. rows / tiled / read" 200 "$T/tiled.txt" python bench/dense_tiled.py --tp "${TPS:-1,2}" \
+        --names "${NAMES:-$N}" --modes "${MODES:-q4,fp8}" --out "$T/tiled.json"
 fi
 if want 3; then
     q4_steps "$T" "$PREV" "$OLD" tiled
