@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 48, one H100 or H200 (issue 19): the tall dense weights' codes kept tiled (engine/quant/dense.py).
+# Session 48, one H100 or H200 (issue 19): the dense weights' codes kept tiled (engine/quant/dense.py `tile`).
 #  1. tests/gpu/test_dense_gpu.py with the launches recorded (bench/record_triton_launches.sh: `_dequantize` took the
 #     tiled weights' TILE and first) -> $OUT/triton_launches.json for tests/fixtures;
 #  2. bench/dense_tiled.py at TP=1 and 2: the engine's kernel on each served shape kept in rows and tiled, and a plain
@@ -7,8 +7,9 @@
 #  3. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4), the tree before (PREV, kept in rows) and
 #     this one;
 #  4. the launch forms swept on the tiled tall weights.
-#     STEPS=1234 BUDGET=540 bash bench/gpu_session48.sh   (call 2: STEPS=123 BUDGET=380; call 3, every weight of
-#     whole groups tiled: STEPS=132 BUDGET=230 TPS=1 NAMES=kda_o_proj,dsa_o_proj,dense_down MODES=q4)
+#     STEPS=1234 BUDGET=540 bash bench/gpu_session48.sh   (call 2: STEPS=123 BUDGET=380; a call 3 for main's rule,
+#     every weight of whole groups tiled — STEPS=123 BUDGET=230 TPS=1 NAMES=kda_o_proj,dsa_o_proj,dense_down MODES=q4
+#     — was refused: no device time left)
 # (Session 48's first call ran bench/dense_tiled.py's first form — a copy of the kernel patched to read tiles, the
 # engine's own then read rows — with Nsight Compute on kda_in_proj.)
 set -u -o pipefail
