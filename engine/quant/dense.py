@@ -47,7 +47,8 @@ HEAD_MODE = {"q4": "fp8", "fp8": "fp8", "bf16": "bf16"}
 FP8_MAX = 448.0
 _ROWS_AT_ONCE = 2048  # rows quantised per pass (bounds the search's temporary memory)
 # the codes kept tiled, TILE outputs a tile (`QuantWeight`, `tile`; the decode kernel's block of outputs): a decode
-# product's program then reads one run of memory, where from rows a whole input apart it read a group's 32 (q4) or 64
+# product's program (on a weight, or a slice from a tile's first row as the model's are) then reads one run of memory,
+# where from rows a whole input apart it read a group's 32 (q4) or 64
 # (fp8) bytes of each row. On an H100 the served weights' products took up to 17 % less (kda_in_proj q4 30.7 -> 25.4
 # µs at one row, 33.3 -> 28.5 at 8; the fp8 LM head 243.5 -> 226.1), within 2 % at worst (docs/BENCHMARKS.md,
 # session 48). The outputs are padded to whole tiles, so a weight is tiled only where that adds under 1 % to its rows
@@ -105,6 +106,7 @@ class QuantWeight:
         self.mode, self.data, self.scale, self.offset, self.group = mode, data, scale, offset, group
         self.pairs = pairs
         self.tiled = data.dim() == 4
+        assert not self.tiled or data.is_contiguous(), "tiled codes are read by their offsets: contiguous"
         self.first = first
         self.out = scale.shape[1] if out is None else out
 
@@ -126,6 +128,7 @@ class QuantWeight:
 
     def rows(self, start: int, stop: int) -> QuantWeight:
         """Output rows start..stop (views: nothing is copied)."""
+        assert 0 <= start <= stop <= self.out, f"rows {start}..{stop} of {self.out}"
         pairs = None if self.pairs is None else self.pairs[:, start:stop]  # q4: scale and offset come from these
         data = self.data if self.tiled else self.data[start:stop]
         first = self.first + start if self.tiled else 0
@@ -135,8 +138,9 @@ class QuantWeight:
         """The stored bytes as [out, row_bytes], outputs in order (a tiled weight's: a new tensor)."""
         if not self.tiled:
             return self.data
-        rows = self.data.permute(0, 2, 1, 3).reshape(-1, self.row_bytes)
-        return rows[self.first : self.first + self.out]
+        start, stop = self.first // TILE, -(-(self.first + self.out) // TILE)  # the tiles holding these rows
+        rows = self.data[start:stop].permute(0, 2, 1, 3).reshape(-1, self.row_bytes)
+        return rows[self.first - start * TILE :][: self.out]
 
     def split(self, widths: Sequence[int]) -> list[QuantWeight]:
         """Consecutive output-row blocks of these widths, as `torch.Tensor.split` along dim 0."""
@@ -209,6 +213,7 @@ def quantize(weight: torch.Tensor, mode: str, group: int = GROUP) -> torch.Tenso
     scale = torch.cat([p[1] for p in parts], dim=1)
     offsets = [p[2] for p in parts if p[2] is not None]
     offset = torch.cat(offsets, dim=1) if offsets else None
+    del parts, offsets  # the codes' peak while tiling: the rows and the tiles, no more
     if tiled_shape(weight.shape[0], weight.shape[1], group):
         data = tile(data, group // 2 if mode == "q4" else group)
     return QuantWeight(mode, data, scale.contiguous() if offset is None else scale, offset, group)
@@ -218,9 +223,13 @@ def tile(data: torch.Tensor, per: int) -> torch.Tensor:
     """Stored bytes [out, in bytes] (`per` a group's) as [blocks, groups, TILE, per], the outputs padded to whole
     tiles with zeros: a block's rows of one group side by side, the block's next group after them."""
     out, width = data.shape
-    padded = data.new_zeros(-(-out // TILE) * TILE, width)
-    padded[:out] = data
-    return padded.view(-1, TILE, width // per, per).transpose(1, 2).contiguous()
+    whole, rest = divmod(out, TILE)
+    tiles = data.new_zeros(whole + (rest > 0), width // per, TILE, per)
+    rows = tiles.transpose(1, 2)  # [blocks, TILE, groups, per]: the tiles seen in the rows' order
+    rows[:whole].copy_(data[: whole * TILE].view(whole, TILE, width // per, per))
+    if rest:
+        rows[whole, :rest].copy_(data[whole * TILE :].view(rest, width // per, per))
+    return tiles
 
 
 def _fp8_rows(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, None]:

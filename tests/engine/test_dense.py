@@ -114,6 +114,10 @@ def test_a_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
         assert torch.equal(part.dequantize(), whole.dequantize())
         if mode == "q4":
             assert torch.equal(part.words(), whole.words())
+    inner, twin = tiled.rows(70, 12890).rows(100, 12810), rows.rows(70, 12890).rows(100, 12810)  # a slice's slice
+    assert inner.first == 170 and inner.shape == twin.shape and torch.equal(inner.dequantize(), twin.dequantize())
+    with pytest.raises(AssertionError, match="rows 12800..13000 of 12900"):
+        tiled.rows(12800, 13000)
     assert tiled_shape(1280, 128) and not tiled_shape(2000, 128)  # 48 rows of padding: 2.4 %
     assert not tiled_shape(1280, 96)  # not whole groups (fp8: a last, shorter group)
 
