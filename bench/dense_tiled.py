@@ -9,6 +9,7 @@ turn, three rounds, medians. (Session 48's first call timed a copy of the kernel
 engine kept them.)
 
     python bench/dense_tiled.py [--out FILE] [--tp 1] [--names kda_in_proj,...] [--modes q4,fp8] [--rows 1,8]
+    ncu -k regex:_dense_rows -c 2 python bench/dense_tiled.py --ncu kda_in_proj   # one call in each layout
 """
 
 from __future__ import annotations

@@ -47,12 +47,11 @@ HEAD_MODE = {"q4": "fp8", "fp8": "fp8", "bf16": "bf16"}
 FP8_MAX = 448.0
 _ROWS_AT_ONCE = 2048  # rows quantised per pass (bounds the search's temporary memory)
 # the codes kept tiled, TILE outputs a tile (`QuantWeight`, `tile`; the decode kernel's block of outputs): a decode
-# product's program (on a weight, or a slice from a tile's first row as the model's are) then reads one run of memory,
-# where from rows a whole input apart it read a group's 32 (q4) or 64
-# (fp8) bytes of each row. On an H100 the served weights' products took up to 17 % less (kda_in_proj q4 30.7 -> 25.4
-# µs at one row, 33.3 -> 28.5 at 8; the fp8 LM head 243.5 -> 226.1), within 2 % at worst (docs/BENCHMARKS.md,
-# session 48). The outputs are padded to whole tiles, so a weight is tiled only where that adds under 1 % to its rows
-# (`kept_bytes` does not count it)
+# product's program (on a weight, or a slice from a tile's first row as the model's are) then reads one run of
+# memory, where from rows a whole input apart it read a group's 32 (q4) or 64 (fp8) bytes of each row. On an H100 the
+# served weights' products took up to 17 % less (kda_in_proj q4 30.7 -> 25.4 µs at one row, 33.3 -> 28.5 at 8; the
+# fp8 LM head 243.5 -> 226.1), within 2 % at worst (docs/BENCHMARKS.md, session 48). The outputs are padded to whole
+# tiles, so a weight is tiled only where that adds under 1 % to its rows (`kept_bytes` does not count it)
 TILE = 128
 
 
@@ -95,7 +94,6 @@ class QuantWeight:
         group: int,
         pairs: torch.Tensor | None = None,
         first: int = 0,
-        out: int | None = None,
     ) -> None:
         if pairs is None and offset is not None:
             assert scale is not None
@@ -108,7 +106,7 @@ class QuantWeight:
         self.tiled = data.dim() == 4
         assert not self.tiled or data.is_contiguous(), "tiled codes are read by their offsets: contiguous"
         self.first = first
-        self.out = scale.shape[1] if out is None else out
+        self.out = scale.shape[1]  # the outputs (a tiled weight's data holds its parent's, padded)
 
     def words(self) -> torch.Tensor:
         """q4: `pairs` as one int32 an output and group ([in/group, out], the scale's bits low, the offset's high:
@@ -132,7 +130,7 @@ class QuantWeight:
         pairs = None if self.pairs is None else self.pairs[:, start:stop]  # q4: scale and offset come from these
         data = self.data if self.tiled else self.data[start:stop]
         first = self.first + start if self.tiled else 0
-        return QuantWeight(self.mode, data, self.scale[:, start:stop], None, self.group, pairs, first, stop - start)
+        return QuantWeight(self.mode, data, self.scale[:, start:stop], None, self.group, pairs, first)
 
     def codes(self) -> torch.Tensor:
         """The stored bytes as [out, row_bytes], outputs in order (a tiled weight's: a new tensor)."""

@@ -101,7 +101,7 @@ def test_a_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
     same values."""
     w = gaussian(12900, 128, seed=2)
     tiled = quantize(w, mode)
-    monkeypatch.setattr(dense, "tiled_shape", _all_tiled(False))
+    monkeypatch.setattr(dense, "tiled_shape", tiling(False))
     rows = quantize(w, mode)
     assert isinstance(rows, QuantWeight) and isinstance(tiled, QuantWeight) and not rows.tiled and tiled.tiled
     per = 32 if mode == "q4" else 64
@@ -122,8 +122,9 @@ def test_a_weight_is_tiled_with_the_same_values_and_slices(mode, monkeypatch):
     assert not tiled_shape(1280, 96)  # not whole groups (fp8: a last, shorter group)
 
 
-def _all_tiled(flag: bool):
-    """`tiled_shape` for a test: every weight of whole groups tiled (or none), whatever its padding."""
+def tiling(flag: bool):
+    """`tiled_shape` for a test: every weight of whole groups tiled (or none), whatever its padding (the GPU tests
+    take it too)."""
     return lambda out, width, group=dense.GROUP: flag and width % group == 0
 
 
@@ -235,9 +236,9 @@ def test_a_model_with_tiled_weights_gives_the_same_logits(grouped, mode, monkeyp
         first = model.prefill(seq, ids)
         return model, torch.cat([first.reshape(1, -1), model.decode([seq], [3])[0].reshape(1, -1)])
 
-    monkeypatch.setattr(dense, "tiled_shape", _all_tiled(False))
+    monkeypatch.setattr(dense, "tiled_shape", tiling(False))
     _, plain = logits()
-    monkeypatch.setattr(dense, "tiled_shape", _all_tiled(True))
+    monkeypatch.setattr(dense, "tiled_shape", tiling(True))
     model, tiled = logits()
     kda = model.layers[0].attn
     assert kda.in_proj.tiled and kda.f_a.tiled and kda.f_a.data.data_ptr() == kda.in_proj.data.data_ptr()

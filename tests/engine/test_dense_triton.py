@@ -193,8 +193,8 @@ def test_the_dequantising_kernel_compiles_unfused_to_registers_only(mode, tiled,
 
 # (mode, [out, in], the output rows taken or None): whole groups (q4, fp8) and a width they do not divide (fp8: a last,
 # shorter group), output and group counts no tile divides, row slices as a column-split rank holds them (views); the
-# tiled ones (`tiled_shape`: whole groups, whole tiles but for under 1 %) with
-# slices starting inside a tile and across tiles
+# tiled ones (`tiled_shape`: whole groups, whole tiles but for under 1 %) with slices starting inside a tile and
+# across tiles
 DEQUANTISED = [
     ("q4", (96, 256), None),
     ("q4", (130, 320), None),

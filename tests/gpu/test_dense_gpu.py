@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from reference import make_reference
+from test_dense import tiling
 from test_drafts import (
     test_a_rejected_draft_leaves_every_state_bit_as_if_never_proposed as rejected_draft_check,
 )
@@ -148,7 +149,7 @@ def test_a_tiled_weight_gives_the_bits_of_its_rows(mode, monkeypatch):
     from engine.quant import dense
 
     tiled = weight((16384, 2048), mode)
-    monkeypatch.setattr(dense, "tiled_shape", lambda out, width, group=64: False)
+    monkeypatch.setattr(dense, "tiled_shape", tiling(False))
     plain = weight((16384, 2048), mode)
     assert tiled.tiled and not plain.tiled
     forms = [None, dict(sigma=True), dict(sigma=False), dict(num_warps=4, unroll=1), dict(splits=3)]
@@ -180,9 +181,9 @@ def test_a_model_with_tiled_q4_weights_gives_the_same_logits(monkeypatch, tmp_pa
             out.append(model.decode([seq], [token])[0].reshape(-1))
         return model, torch.stack(out)
 
-    monkeypatch.setattr(dense, "tiled_shape", lambda out, width, group=64: False)
+    monkeypatch.setattr(dense, "tiled_shape", tiling(False))
     _, plain = logits()
-    monkeypatch.setattr(dense, "tiled_shape", lambda out, width, group=64: width % group == 0)
+    monkeypatch.setattr(dense, "tiled_shape", tiling(True))
     model, tiled = logits()
     assert model.layers[0].attn.in_proj.tiled
     assert torch.equal(plain, tiled)
