@@ -43,7 +43,8 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90, tiled: b
     if "TILE" in fn.arg_names:  # the codes tiled (since session 48)
         from engine.quant.dense import tiled_shape
 
-        const |= dict(TILE=td.TILE if (tiled_shape(out, width) if tiled is None else tiled) else 0)
+        tile = td.TILE if (tiled_shape(out, width) if tiled is None else tiled) else 0
+        const |= dict(TILE=tile, WHOLE_TILES=bool(tile) and launch["block_o"] == tile)  # the whole weight
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",

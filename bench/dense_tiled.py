@@ -1,12 +1,13 @@
-"""Does the stored layout of a reduced dense weight bind the decode products (issue 19)? Kept in rows, each program
-of `_dense_rows` reads its block of 128 outputs a group at a time, 32 bytes of each output's row (q4; fp8 64), the
-rows a whole input width apart; tiled (engine/quant/dense.py `tile`: [output blocks, groups, 128 outputs, a group's
+"""Does the stored layout of a reduced dense weight bind the decode products (issue 19)? Kept in rows, each program of
+`_dense_rows` reads its block of 128 outputs a group at a time, 32 bytes of each output's row (q4; fp8 64), the rows
+a whole input width apart; tiled (engine/quant/dense.py `tile`: [output blocks, groups, 128 outputs, a group's
 bytes]) a program's slice is one run of memory. This bench times the engine's kernel on each served shape quantised
-both ways (`dense.tiled_shape` replaced: none tiled, then every shape, whatever the engine's rule), and a
-plain read of the same bytes (the ceiling for that many bytes in one launch: an XOR of each program's words). The
-two layouts must give the same bits (checked before timing). 20 calls a graph over copies that miss L2, the forms in
-turn, three rounds, medians. (Session 48's first call timed a copy of the kernel patched to read tiles, before the
-engine kept them.)
+both ways (`dense.tiled_shape` replaced: none tiled, then every shape, whatever the engine's rule) — the tiled one
+in the kernel's form for whole tiles (`tiled`, what a whole weight takes) and in its form for a slice from inside a
+tile (`tiled_any`, each row's tile reckoned) — and a plain read of the same bytes (the ceiling for that many bytes
+in one launch: an XOR of each program's words). Every form must give the rows' bits (checked before timing). 20
+calls a graph over copies that miss L2, the forms in turn, three rounds, medians. (Session 48's first call timed a
+copy of the kernel patched to read tiles, before the engine kept them.)
 
     python bench/dense_tiled.py [--out FILE] [--tp 1] [--names kda_in_proj,...] [--modes q4,fp8] [--rows 1,8]
     ncu -k regex:_dense_rows -c 2 python bench/dense_tiled.py --ncu kda_in_proj   # one call in each layout
@@ -111,11 +112,21 @@ def main() -> None:
                 for rows in rows_timed:
                     x = torch.randn(rows, width, generator=gen, device="cuda")
                     same = torch.equal(*(triton_dense.dense_rows(x, w) for w in stored.values()))
+                    same = same and torch.equal(
+                        triton_dense.dense_rows(x, stored["tiled"], dict(whole_tiles=False)),
+                        triton_dense.dense_rows(x, stored["rows"]),
+                    )
                     calls = max(20, len(words))
                     forms = {
                         layout: [lambda w=ws[i % len(ws)], x=x: triton_dense.dense_rows(x, w) for i in range(calls)]
                         for layout, ws in weights.items()
                     }
+                    # the tiled weight through the form for a slice from inside a tile (each row's tile reckoned)
+                    tiles = weights["tiled"]
+                    forms["tiled_any"] = [
+                        lambda w=tiles[i % len(tiles)], x=x: triton_dense.dense_rows(x, w, dict(whole_tiles=False))
+                        for i in range(calls)
+                    ]
                     forms["read"] = [read_call(words[i % len(words)]) for i in range(calls)]
                     times: dict[str, list[float]] = {k: [] for k in forms}
                     for _ in range(3):

@@ -215,11 +215,14 @@ def _dense_rows(
     UNROLL: gl.constexpr,
     SIGMA: gl.constexpr,
     TILE: gl.constexpr,
+    WHOLE_TILES: gl.constexpr,
 ):
     # the weight [BLOCK_O outputs, WIDTH bytes of a group] is the MMA's first operand, the rows [WIDTH, ROWS] its
     # second; a q4 group's bytes hold its 64 inputs as two nibble halves of 32, an fp8 group's are its 64 inputs.
     # TILE (a tiled weight, engine/quant/dense.py: its outputs the tiled rows first..): a row's group at
-    # tile·(TILE·stride_w) + group·(TILE·WIDTH) + place·WIDTH; else (0) at row·stride_w + group·WIDTH
+    # tile·(TILE·stride_w) + group·(TILE·WIDTH) + place·WIDTH, WHOLE_TILES where each block of outputs is one tile
+    # (BLOCK_O = TILE, first a multiple of it: the whole weight, and the slices the model takes); else (TILE 0) at
+    # row·stride_w + group·WIDTH
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=KW)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=KW)
@@ -231,19 +234,24 @@ def _dense_rows(
     split = gl.program_id(2)
     gl.static_assert(BLOCK_O % (16 * WARPS) == 0, "each warp's rows in whole MMA tiles")
     PER: gl.constexpr = BLOCK_O // (8 * WARPS)  # outputs a thread (SIGMA: side by side)
-    o_a = gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, a_l))
+    local = gl.arange(0, BLOCK_O, layout=gl.SliceLayout(1, a_l))
     if SIGMA:  # the MMA's row i computes output σ(i) (`_sigma`): the weight's rows load in that order
-        o_a = _sigma(o_a, BLOCK_O, WARPS)
-    o_a = pid_o * BLOCK_O + o_a
+        local = _sigma(local, BLOCK_O, WARPS)
+    o_a = pid_o * BLOCK_O + local
     j_a = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, a_l))
-    if TILE:
+    w_ok = gl.expand_dims(o_a < OUT, 1)
+    if TILE and WHOLE_TILES:  # the block is the tile first/TILE + pid_o: its rows side by side from one base
+        tile = w_ptr + (first + pid_o * BLOCK_O).to(gl.int64) * stride_w
+        w_rows = tile + gl.expand_dims(local * WIDTH, 1) + gl.expand_dims(j_a, 0)
+        # every row of a tile is in memory (the last tile's padding, or the next slice's rows): loads untested by row
+        w_ok = gl.full([BLOCK_O, 1], 1, gl.int1, layout=a_l)
+    elif TILE:
         p = first + o_a.to(gl.int64)  # the output's row among the tiles'
         w_rows = w_ptr + gl.expand_dims((p // TILE) * (TILE * stride_w) + (p % TILE) * WIDTH, 1)
         w_rows = w_rows + gl.expand_dims(j_a, 0)
     else:
         w_rows = w_ptr + gl.expand_dims(o_a.to(gl.int64) * stride_w, 1) + gl.expand_dims(j_a, 0)
     W_STEP: gl.constexpr = TILE if TILE else 1  # a group's bytes apart, over a row's in a group
-    w_ok = gl.expand_dims(o_a < OUT, 1)
     j_b = gl.arange(0, WIDTH, layout=gl.SliceLayout(1, b_l))
     r_b = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, b_l))
     x_cols = x_ptr + gl.expand_dims(r_b.to(gl.int64) * stride_x, 0) + gl.expand_dims(j_b, 1)
@@ -356,8 +364,9 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
-    """x [N, K] (any float type) times a QuantWeight [O, K] -> fp32 [N, O]. `tuning` (bench/dense_bench.py --sweep
-    only) overrides the launch (`launch_shape`'s keys)."""
+    """x [N, K] (any float type) times a QuantWeight [O, K] -> fp32 [N, O]. `tuning` (bench/dense_bench.py --sweep,
+    bench/dense_tiled.py only) overrides the launch (`launch_shape`'s keys; `whole_tiles` False: a tiled weight in the
+    form for a slice from inside a tile)."""
     x = x.contiguous()
     n, k = x.shape
     o, width = weight.shape
@@ -373,13 +382,15 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     if splits > 1 and grid[0] * grid[1] > COUNTS:
         raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
     kernel = _dense_rows if launch["one_row"] else _dense_rows_any
+    # a tiled weight's blocks each one tile (the form with one base a block; the bench may ask for the other)
+    whole_tiles = launch.get("whole_tiles", True) and launch["block_o"] == TILE and weight.first % TILE == 0
     scales = weight.scale if fp8 else weight.words()  # q4: a group's scale and offset an output, one word
     kernel[grid](
         x, weight.data.view(torch.uint8), scales, out,
         _counts(x.device), n, o, x.stride(0), _row_stride(weight), scales.stride(0), weight.first,
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
         ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=launch["sigma"],
-        TILE=TILE if weight.tiled else 0, num_warps=launch["num_warps"],
+        TILE=TILE if weight.tiled else 0, WHOLE_TILES=whole_tiles, num_warps=launch["num_warps"],
     )  # fmt: skip
     return out[0]
 

@@ -29,10 +29,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [(24896, 4096), (4096, 8192), (2336, 4096), (16384, 1536), (154880, 4096), (4096, 2048), (96, 1024)]
 
 
-def _compiled(mode: str, out: int, width: int, sigma: bool, tile: int, capability: int, seen: set | None = None):
+def _compiled(
+    mode: str, out: int, width: int, sigma: bool, tile: int, capability: int, seen: set | None = None, whole=True
+):
     """`_dense_rows` compiled for sm_`capability` as `dense_rows` launches it on a weight of that shape and mode
-    (`launch_shape`'s form, the MMA's rows in σ order or not, `tile` the weight's TILE or 0); None for a form
-    compiled already."""
+    (`launch_shape`'s form, the MMA's rows in σ order or not, `tile` the weight's TILE or 0, `whole` a tiled weight
+    from a tile's first row); None for a form compiled already."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -45,7 +47,7 @@ def _compiled(mode: str, out: int, width: int, sigma: bool, tile: int, capabilit
     per_split = -(-width // launch["splits"] // 64) * 64
     const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
     const |= dict(ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=sigma)
-    const |= dict(TILE=tile)
+    const |= dict(TILE=tile, WHOLE_TILES=bool(tile) and whole and launch["block_o"] == tile)
     if seen is not None:
         if tuple(const.items()) in seen:
             return None
@@ -75,9 +77,11 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
 
     seen = set()
     forms = [(m, s, sigma) for m in ("q4", "fp8") for s in SHAPES for sigma in (False, True)]
-    for mode, (out, width), sigma in forms + [("fp8", (80, 200), True)]:
-        tile = td.TILE if tiled_shape(out, width) else 0  # as `quantize` keeps the weight
-        compiled = _compiled(mode, out, width, sigma, tile, capability, seen)
+    # a tiled weight (as `quantize` keeps it) in both forms: its blocks whole tiles, and a slice from inside a tile
+    forms = [(m, s, sigma, whole) for m in ("q4", "fp8") for s in SHAPES for sigma in (False, True) for whole in (1, 0)]
+    for mode, (out, width), sigma, whole in forms + [("fp8", (80, 200), True, 1)]:
+        tile = td.TILE if tiled_shape(out, width) else 0
+        compiled = _compiled(mode, out, width, sigma, tile, capability, seen, whole=bool(whole))
         if compiled is None:
             continue
         splits, kernel = compiled
@@ -104,7 +108,8 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
 @pytest.mark.parametrize("mode", ["q4", "fp8"])
 def test_a_tiled_weight_loads_as_one_in_rows_does(mode):
     """The tiled layout moves where a group's bytes lie, not how they load: the kernel compiled for a tiled weight
-    issues the same global loads, vectors as wide, as for the same weight in rows (kda_in_proj, sm_90)."""
+    (whole, or a slice from inside a tile) issues the same global loads, vectors as wide, as for the same weight in
+    rows (kda_in_proj, sm_90)."""
     pytest.importorskip("triton")
     import collections
     import re
@@ -112,10 +117,10 @@ def test_a_tiled_weight_loads_as_one_in_rows_does(mode):
     from engine.ops import triton_dense as td
 
     loads = []
-    for tile in (0, td.TILE):
-        _, kernel = _compiled(mode, 24896, 4096, mode == "fp8", tile, 90)
+    for tile, whole in ((0, True), (td.TILE, True), (td.TILE, False)):
+        _, kernel = _compiled(mode, 24896, 4096, mode == "fp8", tile, 90, whole=whole)
         loads.append(collections.Counter(re.findall(r"ld\.global[\w.]*", kernel.asm["ptx"])))
-    assert loads[0] == loads[1] and loads[0]["ld.global.v2.b32"] >= 16, loads
+    assert loads[0] == loads[1] == loads[2] and loads[0]["ld.global.v2.b32"] >= 16, loads
 
 
 def test_the_q4_unpacking_and_algebra_give_the_dequantised_product():
