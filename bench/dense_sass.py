@@ -45,6 +45,8 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90, tiled: b
 
         tile = td.TILE if (tiled_shape(out, width) if tiled is None else tiled) else 0
         const |= dict(TILE=tile, WHOLE_TILES=bool(tile) and launch["block_o"] == tile)  # the whole weight
+    if "PREFETCH" in fn.arg_names:  # a tiled block's slice asked of L2 first (session 49)
+        const |= dict(PREFETCH=False)
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",

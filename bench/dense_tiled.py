@@ -3,9 +3,10 @@
 a whole input width apart; tiled (engine/quant/dense.py `tile`: [output blocks, groups, 128 outputs, a group's
 bytes]) a program's slice is one run of memory. This bench times the engine's kernel on each served shape quantised
 both ways (`dense.tiled_shape` replaced: none tiled, then every shape, whatever the engine's rule) — the tiled one
-in the kernel's form for whole tiles (`tiled`, what a whole weight takes) and in its form for a slice from inside a
-tile (`tiled_any`, each row's tile reckoned) — and a plain read of the same bytes (the ceiling for that many bytes
-in one launch: an XOR of each program's words). Every form must give the rows' bits (checked before timing). 20
+in the kernel's form for whole tiles (`tiled`, what a whole weight takes: on sm_90+ each block's slice asked of L2
+first; `tiled_plain` without that) and in its form for a slice from inside a tile (`tiled_any`, each row's tile
+reckoned) — and a plain read of the same bytes (the ceiling for that many bytes in one launch: an XOR of each
+program's words). Every form must give the rows' bits (checked before timing). 20
 calls a graph over copies that miss L2, the forms in turn, three rounds, medians. (Session 48's first call timed a
 copy of the kernel patched to read tiles, before the engine kept them.)
 
@@ -32,6 +33,10 @@ from dense_bench import copies, hbm_bytes_s, shapes, timed  # noqa: E402
 
 from engine.ops import triton_dense  # noqa: E402
 from engine.quant import dense  # noqa: E402
+
+# a tiled weight's forms beside the engine's own (`tiled`): its blocks' slices not asked of L2 first, and the form for
+# a slice from inside a tile (each row's tile reckoned)
+OTHER_FORMS = {"tiled_plain": dict(prefetch=False), "tiled_any": dict(whole_tiles=False)}
 
 
 @triton.jit
@@ -112,21 +117,23 @@ def main() -> None:
                 for rows in rows_timed:
                     x = torch.randn(rows, width, generator=gen, device="cuda")
                     same = torch.equal(*(triton_dense.dense_rows(x, w) for w in stored.values()))
-                    same = same and torch.equal(
-                        triton_dense.dense_rows(x, stored["tiled"], dict(whole_tiles=False)),
-                        triton_dense.dense_rows(x, stored["rows"]),
-                    )
+                    for other in OTHER_FORMS.values():
+                        same = same and torch.equal(
+                            triton_dense.dense_rows(x, stored["tiled"], other),
+                            triton_dense.dense_rows(x, stored["rows"]),
+                        )
                     calls = max(20, len(words))
                     forms = {
                         layout: [lambda w=ws[i % len(ws)], x=x: triton_dense.dense_rows(x, w) for i in range(calls)]
                         for layout, ws in weights.items()
                     }
-                    # the tiled weight through the form for a slice from inside a tile (each row's tile reckoned)
+                    # the tiled weight through the kernel's other forms
                     tiles = weights["tiled"]
-                    forms["tiled_any"] = [
-                        lambda w=tiles[i % len(tiles)], x=x: triton_dense.dense_rows(x, w, dict(whole_tiles=False))
-                        for i in range(calls)
-                    ]
+                    for key, other in OTHER_FORMS.items():
+                        forms[key] = [
+                            lambda w=tiles[i % len(tiles)], x=x, other=other: triton_dense.dense_rows(x, w, other)
+                            for i in range(calls)
+                        ]
                     forms["read"] = [read_call(words[i % len(words)]) for i in range(calls)]
                     times: dict[str, list[float]] = {k: [] for k in forms}
                     for _ in range(3):

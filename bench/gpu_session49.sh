@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Session 49, one H100 or H200 (issue 19): a tiled weight whose blocks are whole tiles read from one base a block
-# (triton_dense `_dense_rows` WHOLE_TILES, its loads untested by row), against the per-row form (each row's tile
-# reckoned, what session 48 kept and what a slice from inside a tile still takes).
-#  1. bench/dense_tiled.py at TP=1 and 2: every served shape in rows, tiled in both forms, and a plain read;
+# (triton_dense `_dense_rows` WHOLE_TILES, its loads untested by row) and each block's slice of codes asked of L2
+# first (PREFETCH, one `cp.async.bulk.prefetch.L2` a thread), against the per-row form (each row's tile reckoned,
+# what session 48 kept and what a slice from inside a tile still takes).
+#  1. bench/dense_tiled.py at TP=1 and 2: every served shape in rows, tiled in the three forms (tiled: the engine's,
+#     tiled_plain: no prefetch, tiled_any: per row), and a plain read;
 #  2. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4): the tree before (PREV, the per-row form
 #     on every tiled weight) and this one;
 #  3. tests/gpu/test_dense_gpu.py.
