@@ -44,9 +44,9 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90, tiled: b
         from engine.quant.dense import tiled_shape
 
         tile = td.TILE if (tiled_shape(out, width) if tiled is None else tiled) else 0
-        const |= dict(TILE=tile, WHOLE_TILES=bool(tile) and launch["block_o"] == tile)  # the whole weight
-    if "PREFETCH" in fn.arg_names:  # a tiled block's slice asked of L2 first (session 49)
-        const |= dict(PREFETCH=False)
+        const |= dict(TILE=tile)
+    if "WHOLE_TILES" in fn.arg_names:  # a whole weight's blocks read from one base (session 49's table)
+        const |= dict(WHOLE_TILES=bool(const["TILE"]) and launch["whole_tiles"] and launch["block_o"] == const["TILE"])
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",

@@ -3,11 +3,10 @@
 a whole input width apart; tiled (engine/quant/dense.py `tile`: [output blocks, groups, 128 outputs, a group's
 bytes]) a program's slice is one run of memory. This bench times the engine's kernel on each served shape quantised
 both ways (`dense.tiled_shape` replaced: none tiled, then every shape, whatever the engine's rule) — the tiled one
-in the kernel's form for whole tiles (`tiled`, what a whole weight takes: on sm_90+ each block's slice asked of L2
-first; `tiled_plain` without that) and in its form for a slice from inside a tile (`tiled_any`, each row's tile
-reckoned) — and a plain read of the same bytes (the ceiling for that many bytes in one launch: an XOR of each
-program's words). Every form must give the rows' bits (checked before timing). 20
-calls a graph over copies that miss L2, the forms in turn, three rounds, medians. (Session 48's first call timed a
+as the engine launches it (`tiled`), in the kernel's form for whole tiles (`tiled_whole`, one base a block) and in
+its form for a slice from inside a tile (`tiled_any`, each row's tile reckoned) — and a plain read of the same bytes
+(the ceiling for that many bytes in one launch: an XOR of each program's words). Every form must give the rows' bits
+(checked before timing). 20 calls a graph over copies that miss L2, the forms in turn, three rounds, medians. (Session 48's first call timed a
 copy of the kernel patched to read tiles, before the engine kept them.)
 
     python bench/dense_tiled.py [--out FILE] [--tp 1] [--names kda_in_proj,...] [--modes q4,fp8] [--rows 1,8]
@@ -34,9 +33,9 @@ from dense_bench import copies, hbm_bytes_s, shapes, timed  # noqa: E402
 from engine.ops import triton_dense  # noqa: E402
 from engine.quant import dense  # noqa: E402
 
-# a tiled weight's forms beside the engine's own (`tiled`): its blocks' slices not asked of L2 first, and the form for
-# a slice from inside a tile (each row's tile reckoned)
-OTHER_FORMS = {"tiled_plain": dict(prefetch=False), "tiled_any": dict(whole_tiles=False)}
+# a tiled weight's forms beside the engine's own (`tiled`, `launch_shape`'s whole_tiles): its blocks read from one
+# base each, and the form for a slice from inside a tile (each row's tile reckoned)
+OTHER_FORMS = {"tiled_whole": dict(whole_tiles=True), "tiled_any": dict(whole_tiles=False)}
 
 
 @triton.jit

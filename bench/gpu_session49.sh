@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Session 49, one H100 or H200 (issue 19): a tiled weight whose blocks are whole tiles read from one base a block
-# (triton_dense `_dense_rows` WHOLE_TILES, its loads untested by row) and each block's slice of codes asked of L2
-# first (PREFETCH, one `cp.async.bulk.prefetch.L2` a thread), against the per-row form (each row's tile reckoned,
-# what session 48 kept and what a slice from inside a tile still takes).
-#  1. bench/dense_tiled.py at TP=1 and 2: every served shape in rows, tiled in the three forms (tiled: the engine's,
-#     tiled_plain: no prefetch, tiled_any: per row), and a plain read;
+# (triton_dense `_dense_rows` WHOLE_TILES, its loads untested by row), against the per-row form (each row's tile
+# reckoned, what session 48 kept and what a slice from inside a tile still takes).
+#  1. bench/dense_tiled.py at TP=1 and 2: every served shape in rows, tiled in the engine's form and the two others,
+#     and a plain read;
 #  2. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4): the tree before (PREV, the per-row form
 #     on every tiled weight) and this one;
-#  3. tests/gpu/test_dense_gpu.py.
-#     STEPS=123 BUDGET=420 bash bench/gpu_session49.sh
+#  3. tests/gpu/test_dense_gpu.py;
+#  4. the same decode step with fp8 dense weights.
+#     STEPS=123 BUDGET=430 bash bench/gpu_session49.sh   (call 2 ran 6ffc392's form: each whole tile's slice asked
+#     of L2 first by a bulk prefetch, `tiled` there; `tiled_plain` the form for whole tiles without it; call 3:
+#     STEPS=134 BUDGET=330 TPS=1,2 NAMES=kda_in_proj,dense_gate_up,dsa_q_b,lm_head MODES=fp8)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s49-out}
@@ -36,6 +38,12 @@ fi
 if want 3; then
     step "3. dense GPU tests" 150 "$T/tests.txt" python -m pytest -q -rfE --tb=short -p no:cacheprovider -n 4 \
         tests/gpu/test_dense_gpu.py
+fi
+if want 4; then  # the 4-layer step with fp8 dense weights, PREV's tree then this one (tall fp8: one base a block)
+    E="python bench/gpu_engine.py --dense fp8 --modes graphs --tp2 off --no-prefill"
+    step "4. 4-layer fp8 decode $PREV" 60 "$T/fp8_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
+        ${E/bench/$OLD/bench} --out "$T/fp8_before.json"
+    step "4. 4-layer fp8 decode" 60 "$T/fp8_whole.txt" $E --out "$T/fp8_whole.json"
 fi
 collect "$T" "$OUT/benches.json"
 rm -f "$OUT/pip.log"

@@ -216,7 +216,6 @@ def _dense_rows(
     SIGMA: gl.constexpr,
     TILE: gl.constexpr,
     WHOLE_TILES: gl.constexpr,
-    PREFETCH: gl.constexpr,
 ):
     # the weight [BLOCK_O outputs, WIDTH bytes of a group] is the MMA's first operand, the rows [WIDTH, ROWS] its
     # second; a q4 group's bytes hold its 64 inputs as two nibble halves of 32, an fp8 group's are its 64 inputs.
@@ -277,20 +276,6 @@ def _dense_rows(
         x_k = gl.expand_dims(r_b * 0, 0) + gl.expand_dims(j_b, 1)  # [WIDTH, ROWS]: an input's place in its group
     k_start = split * K_PER_SPLIT
     k_stop = gl.minimum(k_start + K_PER_SPLIT, K)
-    if PREFETCH:  # whole tiles: the program's slice of codes is one run of memory, asked of L2 at once (sm_90+)
-        gl.static_assert(TILE != 0 and WHOLE_TILES and EVEN, "a prefetch reads a block's tile, whole groups")
-        THREADS: gl.constexpr = 32 * WARPS
-        t = gl.arange(0, THREADS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        chunk = (k_stop - k_start) // BYTES * TILE // THREADS  # a thread's part: groups · 4,096 bytes / THREADS
-        at = base + (k_start // BYTES * TILE + t * chunk).to(gl.int64)
-        gl.inline_asm_elementwise(
-            "cp.async.bulk.prefetch.L2.global [$1], $2; // $0",
-            "=r,l,r",
-            [at, t * 0 + chunk],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
     for step in range(k_start, k_stop, GROUP * UNROLL):
         # the UNROLL (1, 2 or 4) groups' weights loaded before the first is used: more bytes in flight a thread
         w0 = _load(w_rows + step // BYTES * W_STEP, w_ok, step, j_w, k_stop, EVEN)
@@ -353,8 +338,10 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     took 1.3x the 8-row time), and weights of 32 outputs a warp whose slices take at least ANY_ROWS_TURNS loop turns,
     where in σ the one-row compile took 3-20 % longer (docs/BENCHMARKS.md, session 47). PROGRAMS (512) and
     TALL_GROUPS give dsa_q_b (16,384 × 1,536) 4 slices of 6 groups, two a turn, 32 outputs a warp, where 8 slices of
-    3, one a turn, 64 a warp took 14-28 % longer at 8 rows (session 47). prefetch: a tiled weight's block, one whole
-    tile, asks L2 for its slice of codes before its loop (`cp.async.bulk.prefetch.L2`, sm_90+; session 49)."""
+    3, one a turn, 64 a warp took 14-28 % longer at 8 rows (session 47). whole_tiles: a tiled weight's blocks, each
+    one whole tile, read from one base a block, their loads untested by row — tall fp8 weights but the LM head, 7-9 %
+    faster that way on an H100 (session 49), where q4 weights of 32 outputs a warp took 8-21 % longer and the rest
+    were within 5 % either way; else each row's tile reckoned (what a slice from inside a tile always takes)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
     programs = HEAD_PROGRAMS if head else PROGRAMS
@@ -376,14 +363,13 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
         unroll=unroll,
         one_row=not any_rows,
         sigma=fp8 or not tall,
-        prefetch=True,
+        whole_tiles=fp8 and tall and not head,
     )
 
 
 def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Tensor:
     """x [N, K] (any float type) times a QuantWeight [O, K] -> fp32 [N, O]. `tuning` (bench/dense_bench.py --sweep,
-    bench/dense_tiled.py only) overrides the launch (`launch_shape`'s keys; `whole_tiles` False: a tiled weight in the
-    form for a slice from inside a tile; `prefetch` False: no slice asked of L2 first)."""
+    bench/dense_tiled.py only) overrides the launch (`launch_shape`'s keys)."""
     x = x.contiguous()
     n, k = x.shape
     o, width = weight.shape
@@ -399,25 +385,17 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     if splits > 1 and grid[0] * grid[1] > COUNTS:
         raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
     kernel = _dense_rows if launch["one_row"] else _dense_rows_any
-    # a tiled weight's blocks each one tile (the form with one base a block; the bench may ask for the other)
-    whole_tiles = launch.get("whole_tiles", True) and launch["block_o"] == TILE and weight.first % TILE == 0
-    # its slice asked of L2 first (a bulk prefetch, sm_90+)
-    prefetch = launch["prefetch"] and weight.tiled and whole_tiles and _bulk_prefetch(x.device)
+    # a tiled weight's blocks each one tile, read in the form with one base a block where the table says so
+    whole_tiles = launch["whole_tiles"] and launch["block_o"] == TILE and weight.first % TILE == 0
     scales = weight.scale if fp8 else weight.words()  # q4: a group's scale and offset an output, one word
     kernel[grid](
         x, weight.data.view(torch.uint8), scales, out,
         _counts(x.device), n, o, x.stride(0), _row_stride(weight), scales.stride(0), weight.first,
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
         ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=launch["sigma"],
-        TILE=TILE if weight.tiled else 0, WHOLE_TILES=whole_tiles, PREFETCH=prefetch, num_warps=launch["num_warps"],
+        TILE=TILE if weight.tiled else 0, WHOLE_TILES=whole_tiles, num_warps=launch["num_warps"],
     )  # fmt: skip
     return out[0]
-
-
-@functools.cache
-def _bulk_prefetch(device: torch.device) -> bool:
-    """Whether the GPU takes `cp.async.bulk.prefetch.L2` (compute capability 9.0 and later: an H100/H200, a GB10)."""
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _row_stride(weight) -> int:

@@ -37,12 +37,11 @@ def _compiled(
     tile: int,
     capability: int,
     seen: set | None = None,
-    whole=True,
-    prefetch=False,
+    whole: bool | None = None,
 ):
     """`_dense_rows` compiled for sm_`capability` as `dense_rows` launches it on a weight of that shape and mode
     (`launch_shape`'s form, the MMA's rows in σ order or not, `tile` the weight's TILE or 0, `whole` a tiled weight
-    from a tile's first row, `prefetch` its slice asked of L2 first); None for a form compiled already."""
+    from a tile's first row read from one base a block, None the table's choice); None for a form compiled already."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -55,8 +54,8 @@ def _compiled(
     per_split = -(-width // launch["splits"] // 64) * 64
     const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
     const |= dict(ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=sigma)
-    whole = bool(tile) and whole and launch["block_o"] == tile
-    const |= dict(TILE=tile, WHOLE_TILES=whole, PREFETCH=whole and prefetch)
+    whole = launch["whole_tiles"] if whole is None else whole
+    const |= dict(TILE=tile, WHOLE_TILES=bool(tile) and whole and launch["block_o"] == tile)
     if seen is not None:
         if tuple(const.items()) in seen:
             return None
@@ -130,28 +129,6 @@ def test_a_tiled_weight_loads_as_one_in_rows_does(mode):
         _, kernel = _compiled(mode, 24896, 4096, mode == "fp8", tile, 90, whole=whole)
         loads.append(collections.Counter(re.findall(r"ld\.global[\w.]*", kernel.asm["ptx"])))
     assert loads[0] == loads[1] == loads[2] and loads[0]["ld.global.v2.b32"] >= 16, loads
-
-
-@pytest.mark.parametrize("capability", [90, 121])
-@pytest.mark.parametrize("mode", ["q4", "fp8"])
-def test_a_tiled_block_asks_its_slice_of_l2_with_one_bulk_prefetch_a_thread(mode, capability):
-    """PREFETCH (whole tiles): each thread issues one `cp.async.bulk.prefetch.L2` for its part of the program's
-    slice before the loop, and the loop's loads are the form's without it (kda_in_proj and dsa_o_proj, sm_90 and
-    sm_121, the GB10's)."""
-    pytest.importorskip("triton")
-    import collections
-    import re
-
-    from engine.ops import triton_dense as td
-
-    for out, width in ((24896, 4096), (4096, 16384)):
-        loads = []
-        for prefetch in (False, True):
-            _, kernel = _compiled(mode, out, width, mode == "fp8", td.TILE, capability, prefetch=prefetch)
-            ptx = kernel.asm["ptx"]
-            assert ptx.count("cp.async.bulk.prefetch.L2.global") == prefetch, (out, width)
-            loads.append(collections.Counter(re.findall(r"ld\.global[\w.]*", ptx)))
-        assert loads[0] == loads[1], (out, width, loads)
 
 
 def test_the_q4_unpacking_and_algebra_give_the_dequantised_product():

@@ -143,8 +143,8 @@ def test_the_mma_rows_order_leaves_every_bit(mode, shape):
 def test_a_tiled_weight_gives_the_bits_of_its_rows(mode, monkeypatch):
     """A weight's codes are kept tiled (engine/quant/dense.py `tiled_shape`): the kernel reads each group's bytes
     from the tiles and must give the bits of the same weight kept in rows — at the table's launch and the other
-    forms, one row to a block and a half, whole and as row slices that start inside a tile (the KDA input
-    projection's parts) — and `dequantized` its bits."""
+    forms, blocks read from one base or row by row, one row to a block and a half, whole and as row slices that
+    start inside a tile (the KDA input projection's parts) — and `dequantized` its bits."""
     from engine.ops.triton_dense import dense_rows, dequantized
     from engine.quant import dense
 
@@ -153,6 +153,7 @@ def test_a_tiled_weight_gives_the_bits_of_its_rows(mode, monkeypatch):
     plain = weight((16384, 2048), mode)
     assert tiled.tiled and not plain.tiled
     forms = [None, dict(sigma=True), dict(sigma=False), dict(num_warps=4, unroll=1), dict(splits=3)]
+    forms += [dict(whole_tiles=True), dict(whole_tiles=False), dict(whole_tiles=True, sigma=True)]
     for n in (1, 5, 8, 11):
         x = rows(n, 2048)
         for tuning in forms:
