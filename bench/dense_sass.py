@@ -46,7 +46,8 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90, tiled: b
         tile = td.TILE if (tiled_shape(out, width) if tiled is None else tiled) else 0
         const |= dict(TILE=tile)
     if "WHOLE_TILES" in fn.arg_names:  # a whole weight's blocks read from one base (session 49's table)
-        const |= dict(WHOLE_TILES=bool(const["TILE"]) and launch["whole_tiles"] and launch["block_o"] == const["TILE"])
+        whole = launch["whole_from"] == 1 and launch["block_o"] == const["TILE"]  # as launched for one row
+        const |= dict(WHOLE_TILES=bool(const["TILE"]) and whole)
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",

@@ -33,9 +33,9 @@ from dense_bench import copies, hbm_bytes_s, shapes, timed  # noqa: E402
 from engine.ops import triton_dense  # noqa: E402
 from engine.quant import dense  # noqa: E402
 
-# a tiled weight's forms beside the engine's own (`tiled`, `launch_shape`'s whole_tiles): its blocks read from one
+# a tiled weight's forms beside the engine's own (`tiled`, `launch_shape`'s whole_from): its blocks read from one
 # base each, and the form for a slice from inside a tile (each row's tile reckoned)
-OTHER_FORMS = {"tiled_whole": dict(whole_tiles=True), "tiled_any": dict(whole_tiles=False)}
+OTHER_FORMS = {"tiled_whole": dict(whole_from=1), "tiled_any": dict(whole_from=0)}
 
 
 @triton.jit

@@ -7,7 +7,7 @@
 #  2. the 4-layer cut's decode step with q4 dense weights (graphs, b1-b4): the tree before (PREV, the per-row form
 #     on every tiled weight) and this one;
 #  3. tests/gpu/test_dense_gpu.py;
-#  4. the same decode step with fp8 dense weights.
+#  4. the same decode step with fp8, then q4, dense weights.
 #     STEPS=123 BUDGET=430 bash bench/gpu_session49.sh   (call 2 ran 6ffc392's form: each whole tile's slice asked
 #     of L2 first by a bulk prefetch, `tiled` there; `tiled_plain` the form for whole tiles without it; call 3:
 #     STEPS=134 BUDGET=330 TPS=1,2 NAMES=kda_in_proj,dense_gate_up,dsa_q_b,lm_head MODES=fp8)
@@ -39,11 +39,13 @@ if want 3; then
     step "3. dense GPU tests" 150 "$T/tests.txt" python -m pytest -q -rfE --tb=short -p no:cacheprovider -n 4 \
         tests/gpu/test_dense_gpu.py
 fi
-if want 4; then  # the 4-layer step with fp8 dense weights, PREV's tree then this one (tall fp8: one base a block)
-    E="python bench/gpu_engine.py --dense fp8 --modes graphs --tp2 off --no-prefill"
-    step "4. 4-layer fp8 decode $PREV" 60 "$T/fp8_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
-        ${E/bench/$OLD/bench} --out "$T/fp8_before.json"
-    step "4. 4-layer fp8 decode" 60 "$T/fp8_whole.txt" $E --out "$T/fp8_whole.json"
+if want 4; then  # the 4-layer step with fp8 then q4 dense weights, PREV's tree then this one each
+    for mode in fp8 q4; do
+        E="python bench/gpu_engine.py --dense $mode --modes graphs --tp2 off --no-prefill"
+        step "4. 4-layer $mode decode $PREV" 60 "$T/${mode}_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
+            ${E/bench/$OLD/bench} --out "$T/${mode}_before.json"
+        step "4. 4-layer $mode decode" 60 "$T/${mode}_whole.txt" $E --out "$T/${mode}_whole.json"
+    done
 fi
 collect "$T" "$OUT/benches.json"
 rm -f "$OUT/pip.log"

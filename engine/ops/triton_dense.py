@@ -338,10 +338,12 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     took 1.3x the 8-row time), and weights of 32 outputs a warp whose slices take at least ANY_ROWS_TURNS loop turns,
     where in σ the one-row compile took 3-20 % longer (docs/BENCHMARKS.md, session 47). PROGRAMS (512) and
     TALL_GROUPS give dsa_q_b (16,384 × 1,536) 4 slices of 6 groups, two a turn, 32 outputs a warp, where 8 slices of
-    3, one a turn, 64 a warp took 14-28 % longer at 8 rows (session 47). whole_tiles: a tiled weight's blocks, each
-    one whole tile, read from one base a block, their loads untested by row — tall fp8 weights but the LM head, 7-9 %
-    faster that way on an H100 (session 49), where q4 weights of 32 outputs a warp took 8-21 % longer and the rest
-    were within 5 % either way; else each row's tile reckoned (what a slice from inside a tile always takes)."""
+    3, one a turn, 64 a warp took 14-28 % longer at 8 rows (session 47). whole_from: from that many rows (0: never) a
+    tiled weight's blocks, each one whole tile, read from one base a block, their loads untested by row — the same
+    bits as the per-row form (each row's tile reckoned, what a slice from inside a tile always takes): tall fp8
+    weights but the LM head from one row (7-9 % faster on an H100, session 49), tall q4 ones from two (at one row
+    6-9 % slower, at 8 rows 3-12 % faster), never the rest (q4 of 32 outputs a warp 8-21 % slower, the others
+    within 5 % either way)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
     programs = HEAD_PROGRAMS if head else PROGRAMS
@@ -363,7 +365,7 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
         unroll=unroll,
         one_row=not any_rows,
         sigma=fp8 or not tall,
-        whole_tiles=fp8 and tall and not head,
+        whole_from=(1 if fp8 else 2) if tall and not head else 0,
     )
 
 
@@ -385,15 +387,17 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     if splits > 1 and grid[0] * grid[1] > COUNTS:
         raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
     kernel = _dense_rows if launch["one_row"] else _dense_rows_any
-    # a tiled weight's blocks each one tile, read in the form with one base a block where the table says so
-    whole_tiles = launch["whole_tiles"] and launch["block_o"] == TILE and weight.first % TILE == 0
+    # a tiled weight's blocks each one tile, read in the form with one base a block from the table's row count
+    whole = (
+        launch["whole_from"] and n >= launch["whole_from"] and launch["block_o"] == TILE and weight.first % TILE == 0
+    )
     scales = weight.scale if fp8 else weight.words()  # q4: a group's scale and offset an output, one word
     kernel[grid](
         x, weight.data.view(torch.uint8), scales, out,
         _counts(x.device), n, o, x.stride(0), _row_stride(weight), scales.stride(0), weight.first,
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
         ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=launch["sigma"],
-        TILE=TILE if weight.tiled else 0, WHOLE_TILES=whole_tiles, num_warps=launch["num_warps"],
+        TILE=TILE if weight.tiled else 0, WHOLE_TILES=bool(whole), num_warps=launch["num_warps"],
     )  # fmt: skip
     return out[0]
 

@@ -41,7 +41,8 @@ def _compiled(
 ):
     """`_dense_rows` compiled for sm_`capability` as `dense_rows` launches it on a weight of that shape and mode
     (`launch_shape`'s form, the MMA's rows in σ order or not, `tile` the weight's TILE or 0, `whole` a tiled weight
-    from a tile's first row read from one base a block, None the table's choice); None for a form compiled already."""
+    from a tile's first row read from one base a block, None the table's choice at one row); None for a form compiled
+    already."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -54,7 +55,7 @@ def _compiled(
     per_split = -(-width // launch["splits"] // 64) * 64
     const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
     const |= dict(ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=sigma)
-    whole = launch["whole_tiles"] if whole is None else whole
+    whole = launch["whole_from"] == 1 if whole is None else whole  # as launched for one row
     const |= dict(TILE=tile, WHOLE_TILES=bool(tile) and whole and launch["block_o"] == tile)
     if seen is not None:
         if tuple(const.items()) in seen:

@@ -153,7 +153,7 @@ def test_a_tiled_weight_gives_the_bits_of_its_rows(mode, monkeypatch):
     plain = weight((16384, 2048), mode)
     assert tiled.tiled and not plain.tiled
     forms = [None, dict(sigma=True), dict(sigma=False), dict(num_warps=4, unroll=1), dict(splits=3)]
-    forms += [dict(whole_tiles=True), dict(whole_tiles=False), dict(whole_tiles=True, sigma=True)]
+    forms += [dict(whole_from=1), dict(whole_from=0), dict(whole_from=1, sigma=True)]
     for n in (1, 5, 8, 11):
         x = rows(n, 2048)
         for tuning in forms:
