@@ -342,7 +342,7 @@ def launch_shape(out_features: int, in_features: int, group: int, fp8: bool) -> 
     tiled weight's blocks, each one whole tile, read from one base a block, their loads untested by row — the same
     bits as the per-row form (each row's tile reckoned, what a slice from inside a tile always takes): tall fp8
     weights but the LM head from one row (7-9 % faster on an H100, session 49), tall q4 ones from two (at one row
-    6-9 % slower, at 8 rows 3-12 % faster), never the rest (q4 of 32 outputs a warp 8-21 % slower, the others
+    5-9 % slower, at 8 rows 3-12 % faster), never the rest (q4 of 32 outputs a warp 8-21 % slower, the others
     within 5 % either way)."""
     blocks = -(-out_features // BLOCK_O)
     head = fp8 and out_features >= HEAD
