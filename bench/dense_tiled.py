@@ -6,8 +6,8 @@ both ways (`dense.tiled_shape` replaced: none tiled, then every shape, whatever 
 as the engine launches it (`tiled`), in the kernel's form for whole tiles (`tiled_whole`, one base a block) and in
 its form for a slice from inside a tile (`tiled_any`, each row's tile reckoned) — and a plain read of the same bytes
 (the ceiling for that many bytes in one launch: an XOR of each program's words). Every form must give the rows' bits
-(checked before timing). 20 calls a graph over copies that miss L2, the forms in turn, three rounds, medians. (Session 48's first call timed a
-copy of the kernel patched to read tiles, before the engine kept them.)
+(checked before timing). 20 calls a graph over copies that miss L2, the forms in turn, three rounds, medians.
+(Session 48's first call timed a copy of the kernel patched to read tiles, before the engine kept them.)
 
     python bench/dense_tiled.py [--out FILE] [--tp 1] [--names kda_in_proj,...] [--modes q4,fp8] [--rows 1,8]
     ncu -k regex:_dense_rows -c 2 python bench/dense_tiled.py --ncu kda_in_proj   # one call in each layout

@@ -85,7 +85,6 @@ def test_the_kernel_compiles_to_registers_only_mma(capability):
     from engine.ops import triton_dense as td
 
     seen = set()
-    forms = [(m, s, sigma) for m in ("q4", "fp8") for s in SHAPES for sigma in (False, True)]
     # a tiled weight (as `quantize` keeps it) in both forms: its blocks whole tiles, and a slice from inside a tile
     forms = [(m, s, sigma, whole) for m in ("q4", "fp8") for s in SHAPES for sigma in (False, True) for whole in (1, 0)]
     for mode, (out, width), sigma, whole in forms + [("fp8", (80, 200), True, 1)]:
