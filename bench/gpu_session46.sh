@@ -21,9 +21,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s46-out}
 T=/tmp/s46-steps
 PREV=${PREV:-0ef76df}  # the tree timed against (.wheels/prev/tree-$PREV.tgz)
-OLD=/tmp/prev-$PREV  # its engine, and this checkout's bench (gpu_engine.py puts its own checkout first on sys.path)
-rm -rf "$OLD"
-mkdir -p "$OUT" "$T" "$OLD"
+mkdir -p "$OUT" "$T"
 rm -f "$T"/*
 P=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests
 export PYTHONPATH=$P PYTHONUNBUFFERED=1
@@ -31,8 +29,7 @@ BUDGET=${BUDGET:-540} STEPS=${STEPS:-1234} RUNS=${RUNS:-2}
 . bench/run_steps.sh
 machine
 wheels fla_core einops
-tar xzf ".wheels/prev/tree-$PREV.tgz" -C "$OLD"
-cp -r bench "$OLD/"
+prev_tree
 B="python bench/dense_bench.py --tp ${TPS:-1,2} --calls 20 --rows 1,8 --modes q4,fp8"
 if want 1; then
     step "1. dense GPU tests" 150 "$T/tests.txt" python -m pytest -q -p no:cacheprovider tests/gpu/test_dense_gpu.py

@@ -17,17 +17,14 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s48-out}
 T=/tmp/s48-steps
 PREV=${PREV:-6c6c8f3}  # the tree timed against (.wheels/prev/tree-$PREV.tgz)
-OLD=/tmp/prev-$PREV
-rm -rf "$OLD"
-mkdir -p "$OUT" "$T" "$OLD"
+mkdir -p "$OUT" "$T"
 rm -rf "${T:?}"/*
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-540} STEPS=${STEPS:-1234}
 . bench/run_steps.sh
 machine
 wheels fla_core einops
-tar xzf ".wheels/prev/tree-$PREV.tgz" -C "$OLD"
-cp -r bench "$OLD/"
+prev_tree
 if want 1; then
     step "1. dense GPU tests, recorded" 200 "$T/record.txt" env OUT="$T/rec" LIMIT=190 PYTHONPATH=/tmp/pylib \
         TESTS="tests/gpu/test_dense_gpu.py" KERNELS="_dequantize" bash bench/record_triton_launches.sh

@@ -16,17 +16,14 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s49-out}
 T=/tmp/s49-steps
 PREV=${PREV:-ed59b0a}  # the tree timed against (.wheels/prev/tree-$PREV.tgz)
-OLD=/tmp/prev-$PREV
-rm -rf "$OLD"
-mkdir -p "$OUT" "$T" "$OLD"
+mkdir -p "$OUT" "$T"
 rm -rf "${T:?}"/*
 export PYTHONPATH=/tmp/pylib:.:bench:tests/engine:tests/gpu:tests PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-420} STEPS=${STEPS:-123}
 . bench/run_steps.sh
 machine
 wheels fla_core einops
-tar xzf ".wheels/prev/tree-$PREV.tgz" -C "$OLD"
-cp -r bench "$OLD/"
+prev_tree
 if want 1; then
     N=kda_in_proj,dense_gate_up,dsa_q_b,kda_o_proj,dsa_o_proj,dense_down,shared_gate_up,shared_down,lm_head
     step "1. rows / tiled / tiled_any / read" 200 "$T/tiled.txt" python bench/dense_tiled.py --tp "${TPS:-1,2}" \

@@ -38,6 +38,15 @@ fla_aside() {
     return 0
 }
 autotune_back() { (cd /tmp/tcache && find . -name '*.autotune.json' | tar czf "$OUT/autotune.tgz" -T -); }
+# prev_tree: PREV's engine (.wheels/prev/tree-$PREV.tgz, bench/fetch_wheels.sh) with this checkout's bench into
+# OLD=/tmp/prev-$PREV, for the steps that time the tree before (gpu_engine.py puts its own checkout first on sys.path)
+prev_tree() {
+    OLD=/tmp/prev-$PREV
+    rm -rf "$OLD"
+    mkdir -p "$OLD"
+    tar xzf ".wheels/prev/tree-$PREV.tgz" -C "$OLD"
+    cp -r bench "$OLD/"
+}
 # step NAME SECONDS FILE COMMAND...: COMMAND under its cap, its output in FILE; the exit and a summary in the log
 step() {
     local name=$1 want=$2 file=$3 t; shift 3
