@@ -46,8 +46,7 @@ def compile_rows(out: int, width: int, fp8: bool, capability: int = 90, tiled: b
         tile = td.TILE if (tiled_shape(out, width) if tiled is None else tiled) else 0
         const |= dict(TILE=tile)
     if "WHOLE_TILES" in fn.arg_names:  # a whole weight's blocks read from one base (session 49's table)
-        whole = launch["whole_from"] == 1 and launch["block_o"] == const["TILE"]  # as launched for one row
-        const |= dict(WHOLE_TILES=bool(const["TILE"]) and whole)
+        const |= dict(WHOLE_TILES=td.whole_tiles(launch, 1, bool(const["TILE"])))  # as launched for one row
     pointers = {
         "x_ptr": "*fp32",
         "w_ptr": "*u8",

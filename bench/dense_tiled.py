@@ -115,12 +115,11 @@ def main() -> None:
                 entry: dict = {"shape": [out, width], "bytes": held}
                 for rows in rows_timed:
                     x = torch.randn(rows, width, generator=gen, device="cuda")
-                    same = torch.equal(*(triton_dense.dense_rows(x, w) for w in stored.values()))
-                    for other in OTHER_FORMS.values():
-                        same = same and torch.equal(
-                            triton_dense.dense_rows(x, stored["tiled"], other),
-                            triton_dense.dense_rows(x, stored["rows"]),
-                        )
+                    expected = triton_dense.dense_rows(x, stored["rows"])
+                    same = all(
+                        torch.equal(triton_dense.dense_rows(x, stored["tiled"], form), expected)
+                        for form in (None, *OTHER_FORMS.values())
+                    )
                     calls = max(20, len(words))
                     forms = {
                         layout: [lambda w=ws[i % len(ws)], x=x: triton_dense.dense_rows(x, w) for i in range(calls)]

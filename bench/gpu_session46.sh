@@ -41,7 +41,7 @@ if want 2; then
     done
 fi
 if want 3; then
-    q4_steps "$T" "$PREV" "$OLD" sigma
+    dense_steps "$T" "$PREV" "$OLD" sigma
 fi
 if want 4; then
     step "4. sweep dsa_q_b q4" 150 "$T/sweep.txt" python bench/dense_bench.py --sweep --swept dsa_q_b:q4 --unrolls 2 \

@@ -37,7 +37,7 @@ if want 2; then
         --names "${NAMES:-$N}" --modes "${MODES:-q4,fp8}" --out "$T/tiled.json"
 fi
 if want 3; then
-    q4_steps "$T" "$PREV" "$OLD" tiled
+    dense_steps "$T" "$PREV" "$OLD" tiled
 fi
 if want 4; then
     step "4. sweep the tiled tall weights" 200 "$T/sweep.txt" python bench/dense_bench.py --sweep \

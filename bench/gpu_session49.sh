@@ -26,23 +26,19 @@ wheels fla_core einops
 prev_tree
 if want 1; then
     N=kda_in_proj,dense_gate_up,dsa_q_b,kda_o_proj,dsa_o_proj,dense_down,shared_gate_up,shared_down,lm_head
-    step "1. rows / tiled / tiled_any / read" 200 "$T/tiled.txt" python bench/dense_tiled.py --tp "${TPS:-1,2}" \
+    step "1. rows / the tiled forms / read" 200 "$T/tiled.txt" python bench/dense_tiled.py --tp "${TPS:-1,2}" \
         --names "${NAMES:-$N}" --modes "${MODES:-q4,fp8}" --out "$T/tiled.json"
 fi
 if want 2; then
-    q4_steps "$T" "$PREV" "$OLD" whole
+    dense_steps "$T" "$PREV" "$OLD" whole
 fi
 if want 3; then
     step "3. dense GPU tests" 150 "$T/tests.txt" python -m pytest -q -rfE --tb=short -p no:cacheprovider -n 4 \
         tests/gpu/test_dense_gpu.py
 fi
 if want 4; then  # the 4-layer step with fp8 then q4 dense weights, PREV's tree then this one each
-    for mode in fp8 q4; do
-        E="python bench/gpu_engine.py --dense $mode --modes graphs --tp2 off --no-prefill"
-        step "4. 4-layer $mode decode $PREV" 60 "$T/${mode}_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
-            ${E/bench/$OLD/bench} --out "$T/${mode}_before.json"
-        step "4. 4-layer $mode decode" 60 "$T/${mode}_whole.txt" $E --out "$T/${mode}_whole.json"
-    done
+    dense_steps "$T" "$PREV" "$OLD" whole fp8
+    dense_steps "$T" "$PREV" "$OLD" whole q4
 fi
 collect "$T" "$OUT/benches.json"
 rm -f "$OUT/pip.log"

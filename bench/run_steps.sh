@@ -70,12 +70,14 @@ PY
     cat "$1"/*.txt > "$OUT/steps.txt" 2>/dev/null
     say "## done after $(( $(date +%s) - START )) s"
 }
-# q4_steps STEPS_DIR PREV OLD LABEL: step 3 of the dense sessions' scripts — the 4-layer cut's decode step with q4
-# dense weights (graphs, b1-b4) with OLD's engine (PREV's tree, unpacked) and then this tree's, into
-# STEPS_DIR/step_before.json and STEPS_DIR/step_LABEL.json
-q4_steps() {
-    local E="python bench/gpu_engine.py --dense q4 --modes graphs --tp2 off --no-prefill"
-    step "3. 4-layer decode $2" 60 "$1/step_before.txt" env PYTHONPATH="/tmp/pylib:$3/bench" \
-        ${E/bench/$3/bench} --out "$1/step_before.json"
-    step "3. 4-layer decode $4" 60 "$1/step_$4.txt" $E --out "$1/step_$4.json"
+# dense_steps STEPS_DIR PREV OLD LABEL [MODE]: the dense sessions' decode step — the 4-layer cut's step with MODE
+# (default q4) dense weights (graphs, b1-b4) with OLD's engine (PREV's tree, unpacked) and then this tree's, into
+# STEPS_DIR/MODE_before.json and STEPS_DIR/MODE_LABEL.json (sessions 46 and 48 ran it as q4_steps, into
+# step_before.json and step_LABEL.json)
+dense_steps() {
+    local mode=${5:-q4}
+    local E="python bench/gpu_engine.py --dense $mode --modes graphs --tp2 off --no-prefill"
+    step "4-layer $mode decode $2" 60 "$1/${mode}_before.txt" env PYTHONPATH="/tmp/pylib:$3/bench" \
+        ${E/bench/$3/bench} --out "$1/${mode}_before.json"
+    step "4-layer $mode decode $4" 60 "$1/${mode}_$4.txt" $E --out "$1/${mode}_$4.json"
 }

@@ -239,7 +239,6 @@ def _dense_rows(
         local = _sigma(local, BLOCK_O, WARPS)
     o_a = pid_o * BLOCK_O + local
     j_a = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, a_l))
-    w_ok = gl.expand_dims(o_a < OUT, 1)
     if TILE and WHOLE_TILES:  # the block is the tile first/TILE + pid_o: its rows side by side from one base
         base = w_ptr + (first + pid_o * BLOCK_O).to(gl.int64) * stride_w
         w_rows = base + gl.expand_dims(local * WIDTH, 1) + gl.expand_dims(j_a, 0)
@@ -249,8 +248,10 @@ def _dense_rows(
         p = first + o_a.to(gl.int64)  # the output's row among the tiles'
         w_rows = w_ptr + gl.expand_dims((p // TILE) * (TILE * stride_w) + (p % TILE) * WIDTH, 1)
         w_rows = w_rows + gl.expand_dims(j_a, 0)
+        w_ok = gl.expand_dims(o_a < OUT, 1)
     else:
         w_rows = w_ptr + gl.expand_dims(o_a.to(gl.int64) * stride_w, 1) + gl.expand_dims(j_a, 0)
+        w_ok = gl.expand_dims(o_a < OUT, 1)
     W_STEP: gl.constexpr = TILE if TILE else 1  # a group's bytes apart, over a row's in a group
     j_b = gl.arange(0, WIDTH, layout=gl.SliceLayout(1, b_l))
     r_b = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, b_l))
@@ -387,19 +388,23 @@ def dense_rows(x: torch.Tensor, weight, tuning: dict | None = None) -> torch.Ten
     if splits > 1 and grid[0] * grid[1] > COUNTS:
         raise ValueError(f"{grid[0] * grid[1]} tiles of {launch['block_o']} outputs × {ROWS} rows: at most {COUNTS}")
     kernel = _dense_rows if launch["one_row"] else _dense_rows_any
-    # a tiled weight's blocks each one tile, read in the form with one base a block from the table's row count
-    whole = (
-        launch["whole_from"] and n >= launch["whole_from"] and launch["block_o"] == TILE and weight.first % TILE == 0
-    )
     scales = weight.scale if fp8 else weight.words()  # q4: a group's scale and offset an output, one word
     kernel[grid](
         x, weight.data.view(torch.uint8), scales, out,
         _counts(x.device), n, o, x.stride(0), _row_stride(weight), scales.stride(0), weight.first,
         K=k, K_PER_SPLIT=per_split, SPLITS=splits, GROUP=weight.group, FP8=fp8, BLOCK_O=launch["block_o"],
         ROWS=ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=launch["sigma"],
-        TILE=TILE if weight.tiled else 0, WHOLE_TILES=bool(whole), num_warps=launch["num_warps"],
+        TILE=TILE if weight.tiled else 0, WHOLE_TILES=whole_tiles(launch, n, weight.tiled, weight.first),
+        num_warps=launch["num_warps"],
     )  # fmt: skip
     return out[0]
+
+
+def whole_tiles(launch: dict, rows: int, tiled: bool, first: int = 0) -> bool:
+    """Whether `_dense_rows` reads a tiled weight (its rows from `first`) in the form with one base a block at this
+    row count: from the table's `whole_from` rows, where each block of outputs is one whole tile."""
+    whole_from = launch["whole_from"]
+    return tiled and 0 < whole_from <= rows and launch["block_o"] == TILE and first % TILE == 0
 
 
 def _row_stride(weight) -> int:
