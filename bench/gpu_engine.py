@@ -906,6 +906,7 @@ def main() -> None:
     ap.add_argument("--modes", default="graphs,eager,plain", help="decode paths timed (graphs, eager, plain)")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill figures")
     ap.add_argument("--moe-loop", action="store_true", help="prompt MoE as the loop over experts, not grouped GEMMs")
+    ap.add_argument("--shared-inline", action="store_true", help="a step's shared expert on the step's own stream")
     ap.add_argument(
         "--prompt-precision",
         action="store_true",
@@ -976,6 +977,10 @@ def main() -> None:
         from engine.models.glm5_next import moe
 
         moe.GROUPED_GEMM = False
+    if args.shared_inline:
+        from engine.models.glm5_next import moe
+
+        moe.SHARED_BESIDE = False
     LONG_CONTEXTS = tuple(int(n) for n in args.long_contexts.split(",") if n)
     BREAKDOWN = tuple(int(n) for n in args.prefill_breakdown.split(",") if n)
     PROFILE_PREFILL = tuple(int(n) for n in args.profile_prefill.split(",") if n)
@@ -984,6 +989,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     RESULT.update(
         moe_prompt="loop over experts" if args.moe_loop else "grouped GEMM",
+        shared_expert="on the step's stream" if args.shared_inline else "beside, on a second stream (engine default)",
         dense=args.dense,
         exl3_gemv=args.exl3_gemv or "engine default",
         hyper_connections="three launches a step's sublayer" if args.hc_unchained else "chained (engine default)",

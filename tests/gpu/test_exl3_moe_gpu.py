@@ -119,6 +119,38 @@ def test_routed_path_replays_in_a_cuda_graph(checkpoint):
     assert torch.equal(out, moe.exl3(x, chosen, weights, moe.limit))
 
 
+@pytest.mark.parametrize("dense", ["bf16", "q4"])
+def test_shared_expert_beside_gives_the_one_stream_bits(checkpoint, monkeypatch, dense):
+    """A step's MoE with the shared expert on the second stream (moe.SHARED_BESIDE, the default) gives the bits of
+    one stream, eagerly and replayed from a CUDA graph (the fork and join captured as two branches), on new rows."""
+    gpu = Glm5NextForCausalLM.load(checkpoint, ParallelGroup.single("cuda"), dense=dense)
+    moe = _moes(gpu)[0]
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(4, moe.router.shape[1], generator=gen, device="cuda").to(torch.bfloat16)
+
+    def one_stream(rows: torch.Tensor) -> torch.Tensor:
+        with monkeypatch.context() as patch:
+            patch.setattr(moe_module, "SHARED_BESIDE", False)
+            return moe._decode(rows)
+
+    assert moe_module.SHARED_BESIDE
+    for rows in (x[:1], x):
+        assert torch.equal(moe._decode(rows), one_stream(rows))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernels compiled before capture
+        moe._decode(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe._decode(x)
+    for _ in range(2):
+        x.copy_(torch.randn(x.shape, generator=gen, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, one_stream(x))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs for NCCL")
 def test_nccl_tp2_exl3_equals_cpu(checkpoint, tmp_path):
     from test_tensor_parallel import assert_nccl_tp2_equals_cpu

@@ -10,7 +10,9 @@ row-wise. The routed and shared outputs of a rank are one partial sum, reduced o
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -24,6 +26,18 @@ from engine.quant.dense import Store, Weight, keep
 # prompt chunks of bf16 experts on a GPU run as two grouped GEMMs (`MoE._grouped`; fp32 weights, the exact GPU mode,
 # keep the loop); False: the loop over experts (bench/gpu_engine.py --moe-loop times the two against each other)
 GROUPED_GEMM = True
+# a few tokens' MoE on a GPU with the shared expert outside the routed experts' bank (EXL3 experts, or a reduced
+# shared expert beside bf16 ones): the shared expert's products run on a second stream beside the router and the
+# routed experts — a fork and a join, captured into the step's graph as two branches — so its launches' fixed costs
+# overlap theirs; the same kernels on the same inputs, so the same bits. False: one stream (bench/gpu_engine.py
+# --shared-inline times the two)
+SHARED_BESIDE = True
+
+
+@functools.cache
+def _beside(device: torch.device) -> torch.cuda.Stream:
+    """The device's second stream for the shared expert (made once)."""
+    return torch.cuda.Stream(device)
 
 
 def _no_grouped_gemm(exc: Exception) -> None:
@@ -167,7 +181,9 @@ class MoE:
         """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing in one kernel (the
         torch form, `route`, is ten launches), gate‖up and down as sync-free kernels, each chosen expert read once, the
         shared expert one more pair when it is in the bank; EXL3 experts through their decode-GEMV
-        (engine/ops/triton_exl3.py), the shared expert beside them."""
+        (engine/ops/triton_exl3.py), the shared expert beside them (SHARED_BESIDE: on the device's second stream)."""
+        beside = SHARED_BESIDE and (self.exl3 is not None or not self.shared_in_bank)
+        shared = self._shared_beside(x) if beside else functools.partial(self.shared.partial, x)
         chosen, weights = ops.moe_route(
             ops.linear(x, self.router),
             self.bias,
@@ -177,9 +193,26 @@ class MoE:
             self.num_routed if self.shared_in_bank else None,
         )
         if self.exl3 is not None:
-            return self.shared.partial(x) + self.exl3(x, chosen, weights, self.limit)
+            routed = self.exl3(x, chosen, weights, self.limit)
+            return shared() + routed
         if self.stacked is None:
             raise RuntimeError("the fused MoE runs over the stacked experts, which this layer does not hold")
         gate_up, down = self.stacked
         out = ops.moe_experts(x, chosen, weights, gate_up, down, self.limit)
-        return out if self.shared_in_bank else out + self.shared.partial(x)
+        return out if self.shared_in_bank else out + shared()
+
+    def _shared_beside(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """The shared expert's output begun on the device's second stream; the call returned joins it onto this one.
+        Its dense products may split their inputs, and triton_dense's slice counters allow one such launch at a time
+        on a device: what runs meanwhile here (the router, the routing, the EXL3 kernels) launches none."""
+        here, side = torch.cuda.current_stream(x.device), _beside(x.device)
+        side.wait_stream(here)
+        with torch.cuda.stream(side):
+            out = self.shared.partial(x)
+
+        def join() -> torch.Tensor:
+            here.wait_stream(side)
+            out.record_stream(here)  # made on the side stream, read (and freed) on this one
+            return out
+
+        return join
