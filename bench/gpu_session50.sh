@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Session 50: a decode step's shared expert on a second stream (moe.SHARED_BESIDE), and where a step's time goes now
 # (issue 20's "decode at batch 1"; the last traces of a step are session 19's, before sessions 24-49's kernels):
+#  0. tests/gpu/test_exl3_moe_gpu.py's test of the shared expert beside (its bits against one stream's);
 #  1. the 4-layer bf16 bench (TP=1, bf16 experts and dense weights), b1-b4 steps, and one step traced;
 #  2. the served form's cut (rank 0's TP=2 share, EXL3 experts, q4 dense), b1-b4 steps, the shared expert beside
 #     and inline in turn;
 #  3. that cut's step traced, every kernel with its GPU time and the gap before it (a verify window of 4 beside).
-#     STEPS=123 BUDGET=300 bash bench/gpu_session50.sh
+#     STEPS=0123 BUDGET=300 bash bench/gpu_session50.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/s50-out}
@@ -14,10 +15,12 @@ mkdir -p "$OUT" "$T"
 rm -f "$T"/*
 export PYTHONPATH=/tmp/pylib:.:bench PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-300}
-STEPS=${STEPS:-123}
+STEPS=${STEPS:-0123}
 . bench/run_steps.sh
 machine
 wheels fla_core einops
+want 0 && step "0. shared expert beside: GPU test" 90 "$T/beside_test.txt" python -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_exl3_moe_gpu.py -k "beside or replays"
 if want 1; then
     step "1. 4-layer bf16 decode" 60 "$T/bf16_decode.txt" python bench/gpu_engine.py --dense bf16 --modes graphs \
         --tp2 off --no-prefill --out "$T/bf16_decode.json"
