@@ -973,14 +973,11 @@ def main() -> None:
         from engine.ops import triton_mhc
 
         triton_mhc.CHAIN = False
-    if args.moe_loop:
+    if args.moe_loop or args.shared_inline:
         from engine.models.glm5_next import moe
 
-        moe.GROUPED_GEMM = False
-    if args.shared_inline:
-        from engine.models.glm5_next import moe
-
-        moe.SHARED_BESIDE = False
+        moe.GROUPED_GEMM = not args.moe_loop
+        moe.SHARED_BESIDE = not args.shared_inline
     LONG_CONTEXTS = tuple(int(n) for n in args.long_contexts.split(",") if n)
     BREAKDOWN = tuple(int(n) for n in args.prefill_breakdown.split(",") if n)
     PROFILE_PREFILL = tuple(int(n) for n in args.profile_prefill.split(",") if n)
