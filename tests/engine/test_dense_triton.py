@@ -55,8 +55,8 @@ def _compiled(
     per_split = -(-width // launch["splits"] // 64) * 64
     const = dict(K=width, K_PER_SPLIT=per_split, SPLITS=launch["splits"], GROUP=64, FP8=fp8, BLOCK_O=launch["block_o"])
     const |= dict(ROWS=td.ROWS, KW=launch["kw"], WARPS=launch["num_warps"], UNROLL=launch["unroll"], SIGMA=sigma)
-    whole_from = 1 if whole else 0 if whole is not None else launch["whole_from"]
-    const |= dict(TILE=tile, WHOLE_TILES=td.whole_tiles(launch | dict(whole_from=whole_from), 1, bool(tile)))
+    form = launch if whole is None else launch | dict(whole_from=int(whole))  # the table's form, or one forced
+    const |= dict(TILE=tile, WHOLE_TILES=td.whole_tiles(form, 1, bool(tile)))
     if seen is not None:
         if tuple(const.items()) in seen:
             return None
