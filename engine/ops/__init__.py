@@ -22,6 +22,7 @@ from engine.ops.fused import (  # noqa: F401
     moe_decode_applies,
     moe_experts,
     moe_route,
+    pool_tokens,
     rms_norm,
     selected_attention,
     selected_attention_applies,

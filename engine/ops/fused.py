@@ -74,12 +74,14 @@ def head_products(
     return reference.row_blocks(torch_form, x, kind="dsa_heads")
 
 
-def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor:
-    """P products x [P, N, in] times weight [P, out, in] -> [P, N, out] fp32: one batched matmul over stacked tensor
-    weights (`reference.linear_pairs`), or one `linear` each for a tuple of reduced weights."""
+def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """P products x [P, N, in] times weight [P, out, in] -> P results [N, out] fp32: one batched matmul over stacked
+    tensor weights (`reference.linear_pairs`: [P, N, out]), or one `linear` each for a tuple of reduced weights, as
+    a tuple (not stacked: a KDA layer unpacks f and the gate, so a stack would only copy them, one launch a decode
+    layer)."""
     if isinstance(weight, torch.Tensor):
         return reference.linear_pairs(x, weight)
-    return torch.stack([linear(x[i], w) for i, w in enumerate(weight)])
+    return tuple(linear(x[i], w) for i, w in enumerate(weight))
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -301,6 +303,26 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     return reference.top_pools(index, k)
 
 
+def pool_tokens(
+    chosen: torch.Tensor | None,
+    positions: torch.Tensor,
+    kpool: int,
+    pools: int,
+    n_pools: int,
+    tail_cap: int | None,
+    table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DSA's selected tokens (or their slots, from `table`) and counts from each query's chosen pools
+    (`reference.pool_tokens`): on CUDA one launch of engine/ops/triton_dsa.py's `pool_tokens` (integer arithmetic:
+    the same values), else the torch form."""
+    if positions.is_cuda:
+        from engine.ops import triton_dsa
+
+        if triton_dsa.pool_tokens_applies(positions):
+            return triton_dsa.pool_tokens(chosen, positions, kpool, pools, n_pools, tail_cap, table)
+    return reference.pool_tokens(chosen, positions, kpool, pools, n_pools, tail_cap, table)
+
+
 def index_scores_form(
     q: torch.Tensor, keys: torch.Tensor | reference.PoolKeys
 ) -> tuple[torch.Tensor | reference.PoolKeys, int]:
@@ -429,12 +451,20 @@ class Exl3Experts:
     expert e's gate as matrix 2e and its up as matrix 2e+1, `down` expert e as matrix e (`Exl3Bank`s that
     engine/checkpoint/exl3.py `read_expert_banks` builds, this rank's whole-block TP parts). Calling it gives the
     routed partial sum (engine/ops/triton_exl3.py `routed_experts`: sync-free decode-GEMV for <= PAIRS_MAX (row, expert)
-    pairs, experts decoded per chunk for prompt chunks)."""
+    pairs, experts decoded per chunk for prompt chunks); `add` (the shared expert's output [T, H], or a call giving
+    it) is added in the last launch, with the bits of `add + routed`."""
 
     def __init__(self, gate_up: Any, down: Any) -> None:
         self.gate_up, self.down = gate_up, down
 
-    def __call__(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, limit: float) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        chosen: torch.Tensor,
+        weights: torch.Tensor,
+        limit: float,
+        add: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         from engine.ops.triton_exl3 import routed_experts
 
-        return routed_experts(x, chosen, weights, self.gate_up, self.down, limit)
+        return routed_experts(x, chosen, weights, self.gate_up, self.down, limit, add)

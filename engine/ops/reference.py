@@ -453,6 +453,42 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     return torch.searchsorted(take.cumsum(-1, dtype=torch.int32), wanted).clamp_(max=index.shape[-1] - 1)
 
 
+def pool_tokens(
+    chosen: torch.Tensor | None,
+    positions: torch.Tensor,
+    kpool: int,
+    pools: int,
+    n_pools: int,
+    tail_cap: int | None,
+    table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens DSA's queries at `positions` [T] attend to, from the pools each chose: chosen [T, C] (C <= pools,
+    position order; None: every pool of the span, C = n_pools) -> tokens [T, pools·kpool + kpool] int64 and whether
+    each counts (bool, same shape). Column c < pools holds pool c's tokens (chosen[:, c] for c < C, else pool c,
+    padding that never counts); a chosen pool's tokens count where the pool is complete at the query's position.
+    The last kpool columns are the query's unfinished pool (the tail): they count up to the query's position and,
+    with `tail_cap`, only while the query's complete pools (at most n_pools) are no more than tail_cap (the dense
+    regime). `table` [T or 1, S] (slots by position): each token's slot table[·, min(token, S - 1)] instead of
+    the token."""
+    rows, dev = positions.shape[0], positions.device
+    taken = min(n_pools, pools) if chosen is None else chosen.shape[1]
+    all_pools = torch.arange(pools, device=dev).expand(rows, -1)
+    if chosen is not None:
+        all_pools = torch.cat([chosen, all_pools[:, taken:]], dim=1)
+    within = torch.arange(kpool, device=dev)
+    counts = (all_pools * kpool + kpool - 1 <= positions[:, None]) & (torch.arange(pools, device=dev) < taken)
+    counts = counts[:, :, None].expand(-1, -1, kpool).flatten(1)
+    tokens = (all_pools[:, :, None] * kpool + within).flatten(1)
+    tail = ((positions + 1) - (positions + 1) % kpool)[:, None] + within
+    tail_counts = tail <= positions[:, None]
+    if tail_cap is not None:
+        tail_counts &= (((positions + 1) // kpool).clamp(max=n_pools) <= tail_cap)[:, None]
+    tokens, counts = torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
+    if table is None:
+        return tokens, counts
+    return table.expand(rows, -1).gather(1, tokens.clamp(max=table.shape[1] - 1)), counts
+
+
 def kda_step(
     state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -812,7 +812,7 @@ def complete_pools(
 # at a 1M span (262,144 pools) 1 query 0.034 against 0.115, 8: 0.073 / 0.832, 64: 0.50 / 1.53, 128: 0.98 / 2.15,
 # 2,048: 12.1 / 24.4; at 32k 1 query 0.020 / 0.072. Session 32's form, a program a query, took 1.41 ms for one
 # query at 1M: the segments are what let a decode step's query and a long span's blocks of 64-128 use it.
-TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 512}
+TOP_POOLS_LAUNCH = {"block": 1024, "bits": 8, "num_warps": 4, "programs": 512, "one_launch_pools": 2048}
 
 
 @triton.jit
@@ -855,22 +855,29 @@ def _pool_digits(
 
 
 @triton.jit
-def _pool_digit(state_ptr, counts_ptr, K, SHIFT: tl.constexpr, BITS: tl.constexpr):
-    # a program a query: the digit where the count from the top reaches the rank still wanted, into the state (the
-    # k-th best key's bits so far, and its rank among the keys that share them)
-    row = tl.program_id(0).to(tl.int64)
+def _digit_of(counts, kth, wanted, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    """The digit where the count from the top reaches the rank still wanted: the k-th best key's bits so far with it
+    at SHIFT, and its rank among the keys that share them."""
     digits = tl.arange(0, 1 << BITS)
-    counts = tl.load(counts_ptr + row * (1 << BITS) + digits)
+    above = tl.sum(counts, 0) - tl.cumsum(counts, 0)  # keys whose digit is above each digit's
+    here = (above < wanted) & (above + counts >= wanted)
+    wanted -= tl.sum(tl.where(here, above, 0), 0)
+    kth |= tl.sum(tl.where(here, digits, 0), 0).to(tl.uint32) << SHIFT
+    return kth, wanted
+
+
+@triton.jit
+def _pool_digit(state_ptr, counts_ptr, K, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    # a program a query: `_digit_of` the query's counts, into the state
+    row = tl.program_id(0).to(tl.int64)
+    counts = tl.load(counts_ptr + row * (1 << BITS) + tl.arange(0, 1 << BITS))
     if SHIFT + BITS < 32:
         kth = tl.load(state_ptr + row * 2).to(tl.uint32, bitcast=True)
         wanted = tl.load(state_ptr + row * 2 + 1)
     else:
         kth = tl.zeros([], dtype=tl.uint32)
         wanted = K
-    above = tl.sum(counts, 0) - tl.cumsum(counts, 0)  # keys whose digit is above each digit's
-    here = (above < wanted) & (above + counts >= wanted)
-    wanted -= tl.sum(tl.where(here, above, 0), 0)
-    kth |= tl.sum(tl.where(here, digits, 0), 0).to(tl.uint32) << SHIFT
+    kth, wanted = _digit_of(counts, kth, wanted, SHIFT, BITS)
     tl.store(state_ptr + row * 2, kth.to(tl.int32, bitcast=True))
     tl.store(state_ptr + row * 2 + 1, wanted)
 
@@ -907,7 +914,14 @@ def _pool_take(index_ptr, out_ptr, state_ptr, segments_ptr, P, K, SEG, BLOCK: tl
     ties = tl.sum(tl.load(sums + 1, mask=before, other=0), 0)
     taken = tl.sum(tl.load(sums, mask=before, other=0), 0) + tl.minimum(ties, wanted)
     start = tl.program_id(1) * SEG
-    end = tl.minimum(start + SEG, P)
+    _take(index_ptr, out_ptr, P, K, start, tl.minimum(start + SEG, P), kth, wanted, taken, ties, BLOCK)
+
+
+@triton.jit
+def _take(index_ptr, out_ptr, P, K, start, end, kth, wanted, taken, ties, BLOCK: tl.constexpr):
+    """Query program_id(0)'s pools start .. end above the k-th best key, and those tied with it while the ties so
+    far stay within `wanted`, into their places in position order after the `taken` before them."""
+    row = tl.program_id(0).to(tl.int64)
     while start < end:
         at, ok, key = _segment_keys(index_ptr, P, end, start, BLOCK)
         tied = ok & (key == kth)
@@ -917,6 +931,27 @@ def _pool_take(index_ptr, out_ptr, state_ptr, segments_ptr, P, K, SEG, BLOCK: tl
         taken += tl.sum(take.to(tl.int32), 0)
         ties += tl.sum(tied.to(tl.int32), 0)
         start += BLOCK
+
+
+@triton.jit
+def _pool_select(index_ptr, out_ptr, P, K, BLOCK: tl.constexpr, BITS: tl.constexpr):
+    # a program a query, its whole span: the radix select's passes (`_pool_digits` and `_pool_digit` in turn, the
+    # counts kept in registers) and the take (`_pool_take`), in one launch: the same k-th best key, the same pools
+    kth = tl.zeros([], dtype=tl.uint32)
+    wanted = K
+    zero = tl.zeros([], dtype=tl.int32)
+    for i in tl.static_range(32 // BITS):
+        shift = 32 - BITS * (i + 1)
+        counts = tl.zeros([1 << BITS], dtype=tl.int32)
+        start = zero
+        while start < P:
+            at, ok, key = _segment_keys(index_ptr, P, P, start, BLOCK)
+            if i > 0:  # the first pass has chosen nothing yet
+                ok &= (key >> (shift + BITS)) == (kth >> (shift + BITS))
+            counts += tl.histogram(((key >> shift) & ((1 << BITS) - 1)).to(tl.int32), 1 << BITS, mask=ok)
+            start += BLOCK
+        kth, wanted = _digit_of(counts, kth, wanted, shift, BITS)
+    _take(index_ptr, out_ptr, P, K, zero, P, kth, wanted, zero, zero, BLOCK)
 
 
 def top_pools_applies(index: torch.Tensor) -> bool:
@@ -939,6 +974,9 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     digit of the keys that may still be the k-th best (a launch over the segments, then one a query to choose the
     digit; four passes of a byte each), then one launch counts each segment's pools above the k-th best and tied
     with it (where a query has more than one segment) and one writes every pool above it and the earliest tied ones.
+    Where a query's span is one segment, or at most `one_launch_pools` pools (an 8k span's: two blocks, which one
+    program reads in turn), one program a query does all of it in one launch (`_pool_select`; a decode step's
+    choice up to that span was ten launches of one program a query, ~20 µs of a step's DSA layer on an H100).
     The torch form ran a selection over the span, then about ten [T, P] passes (masks, two running counts, a
     search). No host reads (a graph holds it).
     Scores must not be NaN (a row with one: the kernel ranks it by its bits, the torch form differently)."""
@@ -953,6 +991,9 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
     index = index.contiguous()
     seg = top_pools_segments(t, n_pools)
     grid = (t, -(-n_pools // seg))
+    if grid[1] == 1 or n_pools <= launch["one_launch_pools"]:  # one program a query, every pass: one launch
+        _pool_select[(t,)](index, out, n_pools, k, BLOCK=block, BITS=bits, num_warps=warps)
+        return out
     state = torch.empty(t, 2, dtype=torch.int32, device=index.device)  # the k-th best key's bits, the rank wanted
     counts = torch.zeros(32 // bits, t, 1 << bits, dtype=torch.int32, device=index.device)
     for i, shift in enumerate(range(32 - bits, -1, -bits)):
@@ -966,3 +1007,91 @@ def top_pools(index: torch.Tensor, k: int) -> torch.Tensor:
         num_warps=warps,
     )  # fmt: skip
     return out
+
+
+POOL_TOKENS_BLOCK = 1024  # columns a `_pool_tokens` program writes (3 programs a row for the served 2,052)
+
+
+@triton.jit
+def _pool_tokens(
+    chosen_ptr,
+    positions_ptr,
+    table_ptr,
+    tokens_ptr,
+    counts_ptr,
+    C,
+    N,
+    S,
+    table_stride,
+    n_pools,
+    tail_cap,
+    KPOOL: tl.constexpr,
+    POOLS: tl.constexpr,
+    CHOSEN: tl.constexpr,
+    CAP: tl.constexpr,
+    TABLE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # a program a (query, block of columns): `reference.pool_tokens` for those columns, each by its own arithmetic
+    # (no column reads another's)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = cols < N
+    position = tl.load(positions_ptr + row)
+    c = cols // KPOOL
+    pooled = c < POOLS
+    taken = c < C
+    pool = c.to(tl.int64)
+    if CHOSEN:
+        pool = tl.where(taken, tl.load(chosen_ptr + row * C + c, mask=live & taken, other=0), pool)
+    counted = taken & (pool * KPOOL + KPOOL - 1 <= position)
+    start = (position + 1) - (position + 1) % KPOOL  # the query's unfinished pool
+    tail = start + (cols - POOLS * KPOOL)
+    tail_counted = tail <= position
+    if CAP:
+        tail_counted &= tl.minimum((position + 1) // KPOOL, n_pools) <= tail_cap
+    token = tl.where(pooled, pool * KPOOL + cols % KPOOL, tail)
+    if TABLE:
+        token = tl.load(table_ptr + row * table_stride + tl.minimum(token, S - 1), mask=live, other=0)
+    tl.store(tokens_ptr + row * N + cols, token, mask=live)
+    tl.store(counts_ptr + row * N + cols, tl.where(pooled, counted, tail_counted), mask=live)
+
+
+def pool_tokens_applies(positions: torch.Tensor) -> bool:
+    """Whether `pool_tokens` takes these queries: positions [T] int64 on CUDA."""
+    return positions.is_cuda and positions.dtype == torch.int64 and positions.dim() == 1
+
+
+def pool_tokens(
+    chosen: torch.Tensor | None,
+    positions: torch.Tensor,
+    kpool: int,
+    pools: int,
+    n_pools: int,
+    tail_cap: int | None,
+    table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.pool_tokens` in one launch (the torch form is about twenty: aranges, products, comparisons,
+    expansions, concatenations, the table's clamp and gather): the same tokens (or slots) and counts."""
+    rows = positions.shape[0]
+    width = pools * kpool + kpool
+    taken = min(n_pools, pools) if chosen is None else chosen.shape[1]
+    if chosen is not None:
+        chosen = chosen.contiguous()
+        if chosen.dtype != torch.int64 or taken > pools:
+            raise ValueError(f"pool_tokens takes int64 choices of at most {pools} pools; got {chosen.dtype} [{taken}]")
+    out_type = torch.int64 if table is None else table.dtype
+    tokens = torch.empty(rows, width, dtype=out_type, device=positions.device)
+    counts = torch.empty(rows, width, dtype=torch.bool, device=positions.device)
+    if rows == 0:
+        return tokens, counts
+    if table is not None and (table.stride(1) != 1 or table.shape[0] not in (1, rows)):
+        table = table.expand(rows, -1).contiguous()
+    span = 1 if table is None else table.shape[1]
+    table_stride = 0 if table is None or table.shape[0] == 1 else table.stride(0)
+    _pool_tokens[(rows, triton.cdiv(width, POOL_TOKENS_BLOCK))](
+        positions if chosen is None else chosen, positions, positions if table is None else table, tokens, counts,
+        taken, width, span, table_stride, n_pools, 0 if tail_cap is None else tail_cap, KPOOL=kpool, POOLS=pools,
+        CHOSEN=chosen is not None, CAP=tail_cap is not None, TABLE=table is not None, BLOCK=POOL_TOKENS_BLOCK,
+    )  # fmt: skip
+    return tokens, counts

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -88,6 +89,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from engine.quant import exl3
 
 CODEBOOK_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
+# what the routed sum may add to each row, in `_weighted_sum`: the shared expert's output [rows, H] fp32, or a call
+# giving it (a stream join, made just before the sum's launch)
+Addend = torch.Tensor | Callable[[], torch.Tensor] | None
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # `_store_halves`' remainder as one uncontracted PTX subtraction (compiled), a plain one (Triton's interpreter, which
 # runs no PTX and contracts nothing)
@@ -603,14 +607,17 @@ def _weighted_sum(
     expert_ptr,
     svh_ptr,
     weight_ptr,
+    add_ptr,
     WIDTH: tl.constexpr,
     PARTS: tl.constexpr,
     K: tl.constexpr,
     KP: tl.constexpr,
+    ADD: tl.constexpr = False,
 ):
     """After the down GEMV, one 128-block of row r: Σ_j weight[r, j] · H(Σ partials of pair rK + j) · svh[expert]
     over its K pairs (KP = K rounded up to a power of two), all K at once, then summed in the fixed order of one
-    reduction: nothing from other rows enters, so a row's bits do not depend on the batch."""
+    reduction: nothing from other rows enters, so a row's bits do not depend on the batch. ADD: plus the row's
+    `add` (the shared expert's output), one fp32 addition after the sum, as a separate add would make it."""
     row = tl.program_id(0)
     block = tl.program_id(1)
     pairs = tl.num_programs(0) * K
@@ -625,7 +632,10 @@ def _weighted_sum(
     y = _hadamard_rows(y, KP)
     y = y * tl.load(svh_ptr + expert * WIDTH + offs[None, :], mask=live, other=0.0).to(tl.float32)
     y = y * tl.load(weight_ptr + pair, mask=live, other=0.0)
-    tl.store(out_ptr + row.to(tl.int64) * WIDTH + offs, tl.sum(y, axis=0))
+    total = tl.sum(y, axis=0)
+    if ADD:
+        total += tl.load(add_ptr + row.to(tl.int64) * WIDTH + offs)
+    tl.store(out_ptr + row.to(tl.int64) * WIDTH + offs, total)
 
 
 @triton.jit
@@ -1405,13 +1415,15 @@ def grouped_experts(
     gate_up: exl3.Exl3Bank,
     down: exl3.Exl3Bank,
     limit: float,
+    add: Addend = None,
     **launch,
 ) -> torch.Tensor:
     """`routed_experts` for a prompt chunk: the (row, expert) pairs sorted by expert once, each expert's trellis
     decoded once per block of up to `bm` of its pairs straight into tensor-core operands (`_exl3_grouped_wgmma` on
     Hopper, `_exl3_grouped` elsewhere: `launch["form"]`), no W_q in memory, no host sync. Six launches besides the
     sort: rotate the rows for gate and up (gathered in sorted order), gate‖up, `_swiglu_between`, down (rows
-    scattered back to (row, slot) order), `_weighted_sum`. `launch`: options of PROMPT_LAUNCH to override."""
+    scattered back to (row, slot) order), `_weighted_sum` (`add` added there). `launch`: options of PROMPT_LAUNCH
+    to override."""
     unknown = set(launch) - set(PROMPT_LAUNCH)
     if unknown:
         raise ValueError(f"grouped_experts takes the launch options of PROMPT_LAUNCH, not {sorted(unknown)}")
@@ -1458,7 +1470,7 @@ def grouped_experts(
     )
     y = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _grouped_launch(hp, down, table, 1, y, order, launch, wgmma)
-    return _pairs_summed(y[None], rows, flat, down, weights, warps)
+    return _pairs_summed(y[None], rows, flat, down, weights, add, warps)
 
 
 def _pairs_summed(
@@ -1467,23 +1479,29 @@ def _pairs_summed(
     experts: torch.Tensor,
     down: exl3.Exl3Bank,
     weights: torch.Tensor,
+    add: Addend = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """`_weighted_sum`: each row's k pairs (parts [PARTS, rows·k, H] in (row, slot) order) rotated back, weighted and
-    added in slot order."""
+    added in slot order; plus `add` [rows, H] fp32 where given (a callable: called here, just before the launch)."""
     k = weights.shape[-1]
     hidden = down.svh.shape[-1]
     out = torch.empty(rows, hidden, dtype=torch.float32, device=parts.device)
+    addend = add() if callable(add) else add
+    if addend is not None and (addend.shape != out.shape or addend.dtype != torch.float32):
+        raise ValueError(f"the routed sum adds an fp32 [{rows}, {hidden}]; got {addend.dtype} {list(addend.shape)}")
     _weighted_sum[(rows, hidden // exl3.HADAMARD_BLOCK)](
         parts,
         out,
         experts,
         down.svh,
         weights.float().contiguous(),
+        out if addend is None else addend.contiguous(),
         WIDTH=hidden,
         PARTS=parts.shape[0],
         K=k,
         KP=1 << (k - 1).bit_length(),
+        ADD=addend is not None,
         num_warps=num_warps,
     )
     return out
@@ -1496,10 +1514,13 @@ def routed_experts(
     gate_up: exl3.Exl3Bank,
     down: exl3.Exl3Bank,
     limit: float,
+    add: Addend = None,
 ) -> torch.Tensor:
     """Σ over each row's chosen experts of weight · down(swiglu(gate(x), up(x))) with EXL3 experts: x [T, H] fp32;
     chosen, weights [T, k]; gate_up holds expert e's gate / up as matrices 2e / 2e+1, down expert e as matrix e.
-    Returns [T, H] fp32 (this rank's partial sum), as engine/ops/triton_moe.routed_experts does for bf16 experts.
+    Returns [T, H] fp32 (this rank's partial sum), as engine/ops/triton_moe.routed_experts does for bf16 experts;
+    with `add` (the shared expert's output [T, H] fp32, or a call giving it, made just before the last launch)
+    that sum plus it, in the last launch: the bits `add + routed` gives (one fp32 addition), a launch less.
 
     Up to PAIRS_MAX (row, expert) pairs (decode, verify): every pair through the decode-GEMV, expert ids read on
     the device (no host sync, shapes fixed by T and k: CUDA-graph safe); a row's result depends only on that row.
@@ -1529,8 +1550,8 @@ def routed_experts(
             ORDER=INPUT_ORDERS[order],
         )
         parts = exl3_gemv_parts(hp[:, None], down.trellis, experts, down.codebook, form=form)
-        return _pairs_summed(parts, rows, experts, down, weights)
-    return grouped_experts(x, chosen, weights, gate_up, down, limit)
+        return _pairs_summed(parts, rows, experts, down, weights, add)
+    return grouped_experts(x, chosen, weights, gate_up, down, limit, add=add)
 
 
 def _dense_apply(x: torch.Tensor, bank: exl3.Exl3Bank, i: int) -> torch.Tensor:

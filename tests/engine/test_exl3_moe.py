@@ -78,13 +78,23 @@ def _cases(tmp: str) -> dict:
             for t in range(3)
         )
     )
+    # the shared expert's output added in the last launch (a tensor, or a call made there): the bits of a separate
+    # fp32 addition after it
+    shared = torch.randn(3, hidden, generator=gen)
+    out["decode_add_same_bits"] = [
+        bool(torch.equal(tx.routed_experts(x, chosen, weights, gate_up, down, limit, add=a), shared + y))
+        for a in (shared, lambda: shared)
+    ]
     # a prompt chunk: 200 rows x top-3 = 600 pairs > PAIRS_MAX, experts decoded per chunk
     x = torch.randn(200, hidden, generator=gen) * 2
     chosen = torch.stack([torch.randperm(experts, generator=gen)[:3] for _ in range(200)])
     weights = torch.rand(200, 3, generator=gen) + 0.2
     assert chosen.numel() > tx.PAIRS_MAX
-    out["prompt_error"] = error(
-        tx.routed_experts(x, chosen, weights, gate_up, down, limit), reference(x, chosen, weights, gate_up, down)
+    y = tx.routed_experts(x, chosen, weights, gate_up, down, limit)
+    out["prompt_error"] = error(y, reference(x, chosen, weights, gate_up, down))
+    shared = torch.randn(200, hidden, generator=gen)
+    out["prompt_add_same_bits"] = bool(
+        torch.equal(tx.routed_experts(x, chosen, weights, gate_up, down, limit, add=shared), shared + y)
     )
 
     # the demo checkpoint's layer, loaded as a bank (names, gate/up interleave, order) and TP=2 whole-block parts,
@@ -141,6 +151,13 @@ def test_a_rows_result_does_not_depend_on_the_batch(results: dict) -> None:
 
 def test_prompt_chunk_path_equals_the_dense_reference(results: dict) -> None:
     assert results["prompt_error"] <= TOLERANCE
+
+
+def test_the_shared_experts_output_added_in_the_last_launch_gives_the_separate_additions_bits(results: dict) -> None:
+    """`routed_experts(..., add=)`: a decode step's rows (the output given, and a call giving it, as the shared
+    expert's stream join is) and a prompt chunk's."""
+    assert results["decode_add_same_bits"] == [True, True]
+    assert results["prompt_add_same_bits"]
 
 
 def test_demo_layer_banked_equals_its_experts_decoded_on_load(results: dict) -> None:

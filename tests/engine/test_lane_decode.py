@@ -132,6 +132,37 @@ def test_static_selection_equals_the_plain_one(model, keep_tail, monkeypatch):
         assert not static[pos, pos + 1 :].any()
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("keep_tail", [True, False])
+def test_a_span_of_no_more_pools_than_picked_scores_none_and_chooses_alike(model, keep_tail, monkeypatch):
+    """A step's span of at most `pick` pools: every pool is chosen whatever its score, so `_select_lanes` scores
+    none (`_choose_pools` is not called) and gives the tokens, and with the step's table the slots, the scored
+    choice gives; a span of one pool more scores."""
+    layer = next(layer.attn for layer in model.layers if layer.is_dsa and layer.attn.runs_indexer)
+    monkeypatch.setattr(layer, "keep_tail", keep_tail)
+    gen = torch.Generator().manual_seed(4)
+    for n_pools in (1, layer.pick, layer.pick + 1):
+        span = n_pools * layer.kpool
+        positions = torch.arange(span - 3, span + 2).clamp(max=span - 1)  # queries at and past the span's end
+        rows = positions.shape[0]
+        keys = torch.randn(rows, n_pools, layer.idx_dim, generator=gen)
+        head_logits = torch.randn(rows, layer.idx_heads, generator=gen)
+        q_low = torch.randn(rows, model.cfg.q_lora_rank, generator=gen)
+        table = torch.randperm(1000, generator=gen)[: rows * span].view(rows, span)
+        scored = layer._choose_pools(head_logits, q_low, keys, positions, alone=True)
+        assert scored.shape == (rows, min(n_pools, layer.pick))
+        want = layer._pool_tokens(scored, positions, n_pools, layer.pick, table)
+        calls = []
+        choose = layer._choose_pools
+        monkeypatch.setattr(layer, "_choose_pools", lambda *a, **k: calls.append(1) or choose(*a, **k))
+        got = layer._select_lanes(head_logits, q_low, keys, positions, table)
+        monkeypatch.undo()
+        monkeypatch.setattr(layer, "keep_tail", keep_tail)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), n_pools
+        assert bool(calls) == (n_pools > layer.pick), n_pools
+        assert got[1][:, : n_pools * layer.kpool].any()  # the complete pools count
+
+
 def selected_mask(selection, width: int) -> torch.Tensor:
     """A DSA selection as a bool mask [T, width]: a causal mask as it is, (tokens, counts) scattered (and no token
     counted twice)."""

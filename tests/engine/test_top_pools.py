@@ -2,7 +2,8 @@
 the first k of a stable descending sort — the rule `_select_tokens` defines, ties to the earlier pool — in position
 order, for scores with many exact ties, for spans with fewer visible pools than k (the invisible ones at fp32's
 lowest), and for k equal to the span. The same for its kernels (engine/ops/triton_dsa.py `top_pools`, what CUDA
-runs) under Triton's interpreter, with a query's span in one segment, in a few and in one a block.
+runs) under Triton's interpreter, with a query's span in one segment, in a few and in one a block, and in the
+one-launch form (`_pool_select`: a program a query, every pass) for short spans and for one segment a query.
 tests/gpu/test_pool_keys_gpu.py runs the same cases on CUDA (the kernels), eagerly and in a graph, repeated to a
 prompt chunk's rows, and for a 1M span's few queries."""
 
@@ -82,6 +83,10 @@ if __name__ == "__main__":  # under Triton's interpreter (tests/engine/interpret
     same = {}
     for programs in (1024, 12, 1):  # a segment a block (most), a few blocks a segment, one segment a query
         triton_dsa.TOP_POOLS_LAUNCH["programs"] = programs
-        for name, x, k in cases("cpu"):
-            same[f"{name}, {programs} programs"] = torch.equal(triton_dsa.top_pools(x, k), by_sort(x, k))
+        # the launches by segment, save one segment a query; the one-launch form for spans of up to 3 blocks
+        for one_launch in (0, 768):
+            triton_dsa.TOP_POOLS_LAUNCH["one_launch_pools"] = one_launch
+            for name, x, k in cases("cpu"):
+                got = triton_dsa.top_pools(x, k)
+                same[f"{name}, {programs} programs, one launch to {one_launch}"] = torch.equal(got, by_sort(x, k))
     print(json.dumps(same))

@@ -4,7 +4,9 @@ interpreter), and through the serving path with CUDA graphs: steps read nothing 
 (tests/engine/test_pool_keys.py's check, the steps' pool choice by top_pools' kernels); the pool choice without a
 sort (`ops.top_pools`: on CUDA engine/ops/triton_dsa.py's kernels; tests/engine/test_top_pools.py's cases), eagerly
 and replayed from a CUDA graph, for a prompt chunk's rows (those cases' rows repeated, and a 2,048-query chunk at a
-512k span), and for a few queries whose spans its kernels cut into segments. Skipped where no GPU is present (never part of CI)."""
+512k span), and for a few queries whose spans its kernels cut into segments; the selected tokens from the chosen
+pools (`ops.pool_tokens`, tests/engine/test_pool_tokens.py's cases), eagerly and from a graph. Skipped where no
+GPU is present (never part of CI)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ import torch
 from reference import make_reference
 from test_pool_keys import KVS, decode_outputs
 from test_pool_keys_triton import check, kernel_figures_on
+from test_pool_tokens import cases as token_cases
+from test_pool_tokens import same_as_by_hand
 from test_top_pools import by_sort, cases, check_cases
 
 from engine import ops
 from engine.models.glm5_next.model import Glm5NextForCausalLM
+from engine.ops.reference import pool_tokens as torch_pool_tokens
 from engine.parallel import ParallelGroup
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -104,3 +109,27 @@ def test_top_pools_kernel_cuts_a_few_queries_spans_into_segments_eagerly_and_fro
         static.copy_(index.flip(-1))
         graph.replay()
         assert torch.equal(out, by_sort(index.flip(-1), k)), name
+
+
+def test_pool_tokens_kernel_gives_the_rules_integers_eagerly_and_from_a_graph():
+    """`ops.pool_tokens` on CUDA (engine/ops/triton_dsa.py's one launch) against the rule (test_pool_tokens.py's
+    cases), then replayed from a graph with new positions and choices in the captured inputs."""
+    from engine.ops import triton_dsa
+
+    same = same_as_by_hand(ops.pool_tokens, "cuda")
+    assert all(same.values()), [name for name, ok in same.items() if not ok]
+    for name, args in token_cases("cuda"):
+        assert triton_dsa.pool_tokens_applies(args["positions"]), name
+        static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+        ops.pool_tokens(**static)  # compiled before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.pool_tokens(**static)
+        moved = {**args, "positions": (args["positions"] - 3).clamp(min=0)}
+        if args["chosen"] is not None:
+            moved["chosen"] = args["chosen"].flip(0)
+            static["chosen"].copy_(moved["chosen"])
+        static["positions"].copy_(moved["positions"])
+        graph.replay()
+        want = torch_pool_tokens(**{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(out, want)), name

@@ -31,8 +31,10 @@ Static decode (`decode_lanes`): every stream reads a fixed `span` of its slot-ta
 the same selection is computed with per-stream lengths as tensors: pools past a stream's length score as invisible,
 the dense regime is a per-stream flag rather than a branch, so nothing waits for the host. The indexer reads only
 the pool keys of the span (the key columns of every kpool-th row); the selection comes out as a fixed number of
-token positions (the chosen pools' and the tail's, each with a flag whether it counts), and attention gathers just
-those latents: a step's DSA cost grows with the span only through the pool keys.
+slots (the chosen pools' tokens' and the tail's, each with a flag whether it counts; one launch on a GPU,
+`ops.pool_tokens`), and attention reads just those latents: a step's DSA cost grows with the span only through the
+pool keys. A span of no more pools than may be picked (a step's span is fixed by the host) chooses them all,
+whatever their scores, so it scores none.
 
 Tensor parallel: MLA heads split across ranks (q_b and kv_b column-wise, o_proj row-wise); q_a, kv_a and the
 whole indexer are replicated so every rank selects the same tokens bit for bit.
@@ -354,17 +356,28 @@ class SparseMLA:
         q_low: torch.Tensor,
         keys: torch.Tensor | ops.PoolKeys,
         positions: torch.Tensor,
+        table: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_select_tokens` for one query per row at `positions` [B], given the pool keys of each row's padded span
         [B, P, d] (pools past a row's position are invisible to it; `ops.PoolKeys`: where the pool holds them), of a
-        fixed size (`fixed`), row-invariant (`ops.head_products`, `ops.row_blocks`)."""
+        fixed size: N = pick · kpool + kpool whatever P is (pools past P pad the choice, not counted), and every
+        pool's score computed alone (an elementwise product and sum on the CPU; `ops.head_products`,
+        `ops.row_blocks`): a query's attention then reads the same tokens in the same order with the same
+        arithmetic whatever the span, the width of a verify window or the other rows of the step. A span of no more
+        pools than may be picked chooses every pool, whatever the scores: nothing is scored (the same choice, and
+        an indexer's products and selection less a layer). `table` [B, span]: the tokens' slots (`ops.pool_tokens`)
+        rather than their positions."""
+        n_pools = keys.shape[-2]
+        chosen = None
+        if n_pools > self.pick:
 
-        def select(head: torch.Tensor, q: torch.Tensor, block: torch.Tensor, where: torch.Tensor):
-            pool_keys = dataclasses.replace(keys, slots=block) if isinstance(keys, ops.PoolKeys) else block
-            return self._select_tokens(head, q, pool_keys, where, fixed=True)
+            def choose(head: torch.Tensor, q: torch.Tensor, block: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+                pool_keys = dataclasses.replace(keys, slots=block) if isinstance(keys, ops.PoolKeys) else block
+                return self._choose_pools(head, q, pool_keys, where, alone=True)
 
-        rows = keys.slots if isinstance(keys, ops.PoolKeys) else keys  # what row_blocks cuts into blocks
-        return ops.row_blocks(select, head_logits, q_low, rows, positions, kind="dsa_select")
+            rows = keys.slots if isinstance(keys, ops.PoolKeys) else keys  # what row_blocks cuts into blocks
+            chosen = ops.row_blocks(choose, head_logits, q_low, rows, positions, kind="dsa_select")
+        return self._pool_tokens(chosen, positions, n_pools, self.pick, table)
 
     def _select_tokens(
         self,
@@ -372,24 +385,28 @@ class SparseMLA:
         q_low: torch.Tensor,
         pool_keys: torch.Tensor | ops.PoolKeys,
         positions: torch.Tensor,
-        fixed: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens each query at `positions` [T] attends to, given the pooled index keys [T or 1, P, d] of the
         pools before it (head_logits: x's head_weights projection): positions [T, N] and whether each counts
-        [T, N], N = min(pick, P) · kpool + kpool — the chosen pools' tokens, then the unfinished pool's (the tail).
-        The count is fixed by P, so attention reads N latents, not all of them, and a graph can hold it.
+        [T, N], N = min(pick, P) · kpool + kpool — the chosen pools' tokens (`_choose_pools`), then the unfinished
+        pool's (the tail; `ops.pool_tokens`). The count is fixed by P, so attention reads N latents, not all of
+        them, and a graph can hold it. In the dense regime (no more visible pools than may be picked) every visible
+        pool is chosen, and the tail counts with or without keep_tail."""
+        chosen = self._choose_pools(head_logits, q_low, pool_keys, positions)
+        return self._pool_tokens(chosen, positions, pool_keys.shape[-2], chosen.shape[1])
 
-        The chosen pools are the min(pick, P) best by score, in position order (`ops.top_pools`: the earlier pool
-        wins a tie; pools not yet complete at a query's position, padding included, score below every visible one);
-        in the dense regime (no more visible pools than may be picked) every visible pool is chosen, and the tail
-        counts with or without keep_tail.
-
-        `fixed` (the lane step): N = pick · kpool + kpool whatever P is (pools past P pad the choice, not counted),
-        and every pool's score computed alone (an elementwise product and sum on the CPU): a query's attention then
-        reads the same tokens in the same order with the same arithmetic whatever the span, the width of a verify
-        window or the other rows of the step."""
+    def _choose_pools(
+        self,
+        head_logits: torch.Tensor,
+        q_low: torch.Tensor,
+        pool_keys: torch.Tensor | ops.PoolKeys,
+        positions: torch.Tensor,
+        alone: bool = False,
+    ) -> torch.Tensor:
+        """The min(pick, P) best pools of each query at `positions` [T] by score, in position order [T, C]
+        (`ops.top_pools`: the earlier pool wins a tie; pools not yet complete at a query's position, padding
+        included, score below every visible one). `alone`: every pool's score computed alone (`ops.index_scores`)."""
         batch, n_pools = positions.shape[0], pool_keys.shape[-2]
-        dev = pool_keys.device
         q = ops.linear(q_low, self.wq_b).view(batch, self.idx_heads, self.idx_dim)
         head_w = head_logits * self.idx_heads**-0.5
         # keys shared by every query (a prompt chunk's): the scores a block of queries at a time
@@ -399,25 +416,25 @@ class SparseMLA:
 
         def choose(rows: slice) -> torch.Tensor:
             index = ops.index_scores(
-                q[rows], pool_keys, head_w[rows], positions[rows], self.kpool, self.idx_dim**-0.5, alone=fixed
+                q[rows], pool_keys, head_w[rows], positions[rows], self.kpool, self.idx_dim**-0.5, alone=alone
             )
             return ops.top_pools(index, min(self.pick, n_pools))
 
         blocks = [choose(slice(i, i + block)) for i in range(0, max(batch, 1), block)]
-        chosen = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-        counts = chosen * self.kpool + self.kpool - 1 <= positions[:, None]  # complete at the query's position
-        if fixed and n_pools < self.pick:  # pad to pick pools: never counted
-            extra = torch.arange(n_pools, self.pick, device=dev).expand(batch, -1)
-            chosen = torch.cat([chosen, extra], dim=1)
-            counts = torch.cat([counts, torch.zeros_like(extra, dtype=torch.bool)], dim=1)
-        within = torch.arange(self.kpool, device=dev)
-        tokens = (chosen[:, :, None] * self.kpool + within).flatten(1)  # [T, C * kpool]
-        counts = counts[:, :, None].expand(-1, -1, self.kpool).flatten(1)
-        tail = ((positions + 1) - (positions + 1) % self.kpool)[:, None] + within  # [T, kpool]
-        tail_counts = tail <= positions[:, None]
-        if not self.keep_tail:  # dense regime: no more complete pools at the query's position than it picks
-            tail_counts &= (((positions + 1) // self.kpool).clamp(max=n_pools) <= self.pick)[:, None]
-        return torch.cat([tokens, tail], 1), torch.cat([counts, tail_counts], 1)
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+
+    def _pool_tokens(
+        self,
+        chosen: torch.Tensor | None,
+        positions: torch.Tensor,
+        n_pools: int,
+        pools: int,
+        table: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens (or slots, by `table`) and counts [T, pools · kpool + kpool] of the chosen pools (None: every
+        pool) and each query's tail; the tail counts only in the dense regime unless keep_tail."""
+        cap = None if self.keep_tail else self.pick
+        return ops.pool_tokens(chosen, positions, self.kpool, pools, n_pools, cap, table)
 
     def _attend_lanes(
         self, q: torch.Tensor, latents: torch.Tensor | ops.PoolColumns, counts: torch.Tensor
@@ -461,9 +478,8 @@ class SparseMLA:
         q_low = ops.rms_norm(parts["q_a"], self.q_a_norm, self.eps)
         if self.runs_indexer:
             keys = ops.PoolKeys(pool, self.pool_layer, slice(self.rank_dim, self.key_end), self._pool_ends(table))
-            step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions)
-        tokens, counts = step.selected
-        slots = step.table.gather(1, tokens.clamp(max=step.table.shape[1] - 1))
+            step.selected = self._select_lanes(parts["head_weights"], q_low, keys, step.positions, table)
+        slots, counts = step.selected
         latents = ops.PoolColumns(pool, self.pool_layer, slice(0, self.rank_dim), slots)  # [B, N, r], read in place
         q = ops.linear(q_low, self.q_b).view(x.shape[0], self.local_heads, self.nope)
         out = self._attend_lanes(q, latents, counts)

@@ -243,9 +243,9 @@ class KimiDeltaAttention:
     def _fused_step(
         self, x: torch.Tensor, lane_ids: torch.Tensor, windows: torch.Tensor, states: torch.Tensor
     ) -> torch.Tensor:
-        """`decode_lanes` on a GPU: one matmul for every projection of x, one batched matmul for f_b and g_b, then
-        the conv, gates, delta rule and gated norm in one kernel (engine/ops/triton_kda.py) that updates the lanes'
-        windows and states in place."""
+        """`decode_lanes` on a GPU: one matmul for every projection of x, f_b and g_b (one batched matmul, or a
+        product each for reduced weights), then the conv, gates, delta rule and gated norm in one kernel
+        (engine/ops/triton_kda.py) that updates the lanes' windows and states in place."""
         core = self._fused_core(*self._fused_project(x), lane_ids, windows, states)
         return self.group.sum_partials(ops.linear(core, self.o_proj))
 
@@ -254,7 +254,7 @@ class KimiDeltaAttention:
         mixed = ops.linear(x, self.in_proj)
         qkv, d = 3 * self.width, self.f_a.shape[0]
         low = mixed[:, qkv : qkv + 2 * d].reshape(-1, 2, d).transpose(0, 1)  # [2, N, d]: f_a | g_a
-        f, gate = ops.linear_pairs(low, self.low_b)  # [2, N, Hl*d]
+        f, gate = ops.linear_pairs(low, self.low_b)  # [N, Hl*d] each
         return mixed, f, gate
 
     def _fused_core(

@@ -142,7 +142,7 @@ class MoE:
         chosen, weights = self.route(x)
         out = self.shared.partial(x)
         if self.exl3 is not None:
-            return self.group.sum_partials(out + self.exl3(x, chosen, weights, self.limit))
+            return self.group.sum_partials(self.exl3(x, chosen, weights, self.limit, add=out))
         if self.stacked is not None and GROUPED_GEMM and self.stacked[0].dtype == torch.bfloat16:
             try:
                 return self.group.sum_partials(self._grouped(x, chosen, weights, out))
@@ -181,7 +181,8 @@ class MoE:
         """A few tokens on a GPU (engine/ops/triton_moe.py): the router's matmul, then routing in one kernel (the
         torch form, `route`, is ten launches), gate‖up and down as sync-free kernels, each chosen expert read once, the
         shared expert one more pair when it is in the bank; EXL3 experts through their decode-GEMV
-        (engine/ops/triton_exl3.py), the shared expert beside them (SHARED_BESIDE: on the device's second stream)."""
+        (engine/ops/triton_exl3.py), the shared expert beside them (SHARED_BESIDE: on the device's second stream),
+        joined just before the routed sum's launch, which adds it (the bits of `shared + routed`)."""
         beside = SHARED_BESIDE and (self.exl3 is not None or not self.shared_in_bank)
         shared = self._shared_beside(x) if beside else functools.partial(self.shared.partial, x)
         chosen, weights = ops.moe_route(
@@ -192,9 +193,8 @@ class MoE:
             self.renorm,
             self.num_routed if self.shared_in_bank else None,
         )
-        if self.exl3 is not None:
-            routed = self.exl3(x, chosen, weights, self.limit)
-            return shared() + routed
+        if self.exl3 is not None:  # the shared expert joined and added in the routed sum's launch
+            return self.exl3(x, chosen, weights, self.limit, add=shared)
         if self.stacked is None:
             raise RuntimeError("the fused MoE runs over the stacked experts, which this layer does not hold")
         gate_up, down = self.stacked

@@ -22,6 +22,6 @@ class LaneStep:
     # rows per lane: 1 for a decode step; a verify step's rows are lane-major, `width` consecutive rows a lane (its
     # pending token, then its drafts, then padding rows on the scratch lane)
     width: int = 1
-    # the last full indexer's selection (shared-indexer layers reuse it): token positions into the span [B, N] and
+    # the last full indexer's selection (shared-indexer layers reuse it): the selected tokens' pool slots [B, N] and
     # whether each counts [B, N] (dsa.SparseMLA._select_lanes)
     selected: tuple[torch.Tensor, torch.Tensor] | None = None
