@@ -3,6 +3,7 @@ the Triton kernels on CUDA where their form applies and the reference otherwise 
 
 from engine.ops.fused import (  # noqa: F401
     Exl3Experts,
+    beside_stream,
     causal_conv,
     combine_pairs,
     complete_pools,

@@ -8,6 +8,7 @@ experts), `*_applies` says whether it does, so the layer keeps one branch with t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,13 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return reference.sinkhorn(comb, iters, eps)
 
 
+@functools.cache
+def beside_stream(device: torch.device) -> torch.cuda.Stream:
+    """The device's second stream (made once): work a step forks off its own stream and joins later, captured into
+    the step's graph as a branch (a hyper-connection's post and comb, `hc_around`; the MoE's shared expert)."""
+    return torch.cuda.Stream(device)
+
+
 def hc_around(
     streams: torch.Tensor,
     sublayer: Callable[[torch.Tensor], torch.Tensor],
@@ -111,13 +119,22 @@ def hc_around(
     power-of-two stream count, fused kernels, for decode steps and prompt chunks alike (prompt chunks measured on
     the H200: docs/BENCHMARKS.md, session 16); else torch ops. Gives the new streams, and on a GPU in a step's form
     with `next_fn` (the next hyper-connection's map) that one's first partial sums, which it takes as `partials`
-    (`triton_mhc.hc_post`); else None."""
+    (`triton_mhc.hc_post`); else None. In a step's form post and comb are made on the device's second stream beside
+    the sublayer (`triton_mhc.GATES_BESIDE`) and joined before the new streams are made."""
     n = streams.shape[1]
     if streams.is_cuda and n & (n - 1) == 0:
-        from engine.ops.triton_mhc import hc_post, hc_pre
+        from engine.ops import triton_mhc
 
-        x, post, comb = hc_pre(streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters, partials)
-        return hc_post(streams, sublayer(x), post, comb, next_fn)
+        here = torch.cuda.current_stream(streams.device)
+        beside = triton_mhc.GATES_BESIDE and triton_mhc.decode_form(streams.shape[0])
+        side = beside_stream(streams.device) if beside else None
+        x, post, comb = triton_mhc.hc_pre(
+            streams, fn, base, scale, norm, hc_eps, hc_norm_eps, norm_eps, iters, partials, side
+        )
+        out = sublayer(x)
+        if side is not None:  # post and comb made beside the sublayer (a step's form)
+            here.wait_stream(side)
+        return triton_mhc.hc_post(streams, out, post, comb, next_fn)
     pre, post, comb = hc_weights(streams, fn, base, scale, hc_eps, hc_norm_eps, iters)
     out = sublayer(reference.rms_norm((pre.unsqueeze(-1) * streams).sum(1), norm, norm_eps))
     return post.unsqueeze(-1) * out.unsqueeze(1) + comb.transpose(-1, -2) @ streams, None

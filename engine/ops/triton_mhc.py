@@ -45,6 +45,10 @@ DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc
 DECODE_TOKENS = ROW_INVARIANT_ROWS  # ... for up to this many tokens (a step's rows: decode, verify windows)
 # a step's `hc_post` makes the next map's sums (False: three launches, `bench/gpu_engine.py --hc-unchained`)
 CHAIN = True
+# a step's post and comb (the Sinkhorn iterations, ~2 µs of a one-token `hc_pre` on the H200, session 24) made by
+# `_hc_gates` on a second stream beside `_hc_mix` and the sublayer, which need only pre; `hc_post` reads them after
+# `fused.hc_around` joins it (False: `_hc_mix`'s first program makes them, `bench/gpu_engine.py --hc-gates-inline`)
+GATES_BESIDE = True
 PROMPT_CHUNK, PROMPT_WARPS = 512, 4  # a prompt chunk's `_hc_mix`: hidden columns a step of its one program a token
 # (32 steps of 128 took 374 µs a call of 2,048 tokens on the H200), warps
 
@@ -132,6 +136,75 @@ def _hc_dots(
 
 
 @triton.jit
+def _gram_of_parts(gram_ptr, first, N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr):
+    """The streams' Gram matrix [N, N] of one token: its CHUNKS partial sums from `first` on, added."""
+    parts = tl.arange(0, CHUNKS_PAD)
+    n_idx = tl.arange(0, N)
+    square = n_idx[:, None] * N + n_idx[None, :]
+    return tl.sum(
+        tl.load(
+            gram_ptr + (first + parts)[:, None, None] * N * N + square[None, :, :],
+            mask=(parts < CHUNKS)[:, None, None],
+            other=0.0,
+        ),
+        axis=0,
+    )
+
+
+@triton.jit
+def _gate_logits(
+    dots_ptr,
+    gram,
+    first,
+    norm_eps,
+    HIDDEN: tl.constexpr,
+    N: tl.constexpr,
+    R_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+):
+    """One token's pre / post / comb logits [N], [N], [N, N]: each summed over the CHUNKS partial sums from `first`
+    on, then normalised by the streams' RMS (Σ s², the Gram matrix's trace)."""
+    parts = tl.arange(0, CHUNKS_PAD)
+    part_live = parts < CHUNKS
+    n_idx = tl.arange(0, N)
+    square = n_idx[:, None] * N + n_idx[None, :]
+    total = tl.sum(tl.sum(tl.where(n_idx[:, None] == n_idx[None, :], gram, 0.0), axis=1), axis=0)  # Σ s²
+    inv = 1.0 / tl.sqrt(total / (N * HIDDEN) + norm_eps)
+    part_rows = (first + parts)[:, None] * R_PAD
+    # the three groups of logits, each summed over the chunks, then normalised
+    pre_l = tl.sum(tl.load(dots_ptr + part_rows + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
+    post_l = (
+        tl.sum(tl.load(dots_ptr + part_rows + N + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
+    )
+    comb_l = (
+        tl.sum(
+            tl.load(
+                dots_ptr + part_rows[:, :, None] + 2 * N + square[None, :, :], mask=part_live[:, None, None], other=0.0
+            ),
+            axis=0,
+        )
+        * inv
+    )
+    return pre_l, post_l, comb_l
+
+
+@triton.jit
+def _store_gates(
+    post_l, comb_l, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps, N: tl.constexpr, ITERS: tl.constexpr
+):
+    """post = 2 · sigmoid(post logits) and comb = Sinkhorn(softmax(comb logits) + eps) of one token, stored."""
+    n_idx = tl.arange(0, N)
+    square = n_idx[:, None] * N + n_idx[None, :]
+    post = 2.0 * tl.sigmoid(post_l * tl.load(scale_ptr + 1) + tl.load(base_ptr + N + n_idx))
+    z = comb_l * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + square)
+    z = tl.exp(z - tl.max(z, axis=1)[:, None])
+    comb = _sinkhorn_rows_cols(z / tl.sum(z, axis=1)[:, None] + hc_eps, hc_eps, ITERS)
+    tl.store(post_ptr + token * N + n_idx, post)
+    tl.store(comb_ptr + token * N * N + square, comb)
+
+
+@triton.jit
 def _hc_mix(
     streams_ptr,
     dots_ptr,
@@ -154,17 +227,16 @@ def _hc_mix(
     BLOCK: tl.constexpr,
     SPAN: tl.constexpr = 1,
     GRAM: tl.constexpr = False,
+    GATES: tl.constexpr = True,
 ):
     """One program per (token, SPAN hidden chunks of BLOCK); each works the gates out from the CHUNKS partial sums
-    (a few hundred flops), the first also stores post and comb. GRAM (a prompt chunk: one program a token, SPAN
-    chunks the whole width): the Gram matrix from the token's streams here, not from partial sums."""
+    (a few hundred flops), the first also stores post and comb (GATES; else `_hc_gates` does, beside). GRAM (a
+    prompt chunk: one program a token, SPAN chunks the whole width): the Gram matrix from the token's streams here,
+    not from partial sums."""
     token = tl.program_id(0).to(tl.int64)  # a long chunk's offsets pass 2^31
     chunk = tl.program_id(1)
-    parts = tl.arange(0, CHUNKS_PAD)
-    part_live = parts < CHUNKS
     first = token * CHUNKS
     n_idx = tl.arange(0, N)
-    square = n_idx[:, None] * N + n_idx[None, :]
     if GRAM:
         gram = tl.zeros([N, N], dtype=tl.float32)
         for i in range(SPAN):
@@ -176,42 +248,12 @@ def _hc_mix(
             )
             gram += tl.sum(s[:, None, :] * s[None, :, :], axis=2)
     else:
-        gram = tl.sum(
-            tl.load(
-                gram_ptr + (first + parts)[:, None, None] * N * N + square[None, :, :],
-                mask=part_live[:, None, None],
-                other=0.0,
-            ),
-            axis=0,
-        )  # [N, N]
-    total = tl.sum(tl.sum(tl.where(n_idx[:, None] == n_idx[None, :], gram, 0.0), axis=1), axis=0)  # Σ s²
-    inv = 1.0 / tl.sqrt(total / (N * HIDDEN) + norm_eps)
-    part_rows = (first + parts)[:, None] * R_PAD
-    # the three groups of logits, each summed over the chunks, then normalised
-    pre_l = tl.sum(tl.load(dots_ptr + part_rows + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
-    post_l = (
-        tl.sum(tl.load(dots_ptr + part_rows + N + n_idx[None, :], mask=part_live[:, None], other=0.0), axis=0) * inv
-    )
-    comb_l = (
-        tl.sum(
-            tl.load(
-                dots_ptr + part_rows[:, :, None] + 2 * N + square[None, :, :], mask=part_live[:, None, None], other=0.0
-            ),
-            axis=0,
-        )
-        * inv
-    )
-    s0 = tl.load(scale_ptr)
-    s1 = tl.load(scale_ptr + 1)
-    s2 = tl.load(scale_ptr + 2)
-    pre = tl.sigmoid(pre_l * s0 + tl.load(base_ptr + n_idx)) + hc_eps
-    if chunk == 0:
-        post = 2.0 * tl.sigmoid(post_l * s1 + tl.load(base_ptr + N + n_idx))
-        z = comb_l * s2 + tl.load(base_ptr + 2 * N + square)
-        z = tl.exp(z - tl.max(z, axis=1)[:, None])
-        comb = _sinkhorn_rows_cols(z / tl.sum(z, axis=1)[:, None] + hc_eps, hc_eps, ITERS)
-        tl.store(post_ptr + token * N + n_idx, post)
-        tl.store(comb_ptr + token * N * N + square, comb)
+        gram = _gram_of_parts(gram_ptr, first, N, CHUNKS, CHUNKS_PAD)
+    pre_l, post_l, comb_l = _gate_logits(dots_ptr, gram, first, norm_eps, HIDDEN, N, R_PAD, CHUNKS, CHUNKS_PAD)
+    pre = tl.sigmoid(pre_l * tl.load(scale_ptr) + tl.load(base_ptr + n_idx)) + hc_eps
+    if GATES:
+        if chunk == 0:
+            _store_gates(post_l, comb_l, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps, N, ITERS)
     # the pre-mix h = Σ pre_n s_n of this chunk, RMS-normalised: |h|² = preᵀ · gram · pre, no second pass
     h_sq = tl.sum(tl.sum(pre[:, None] * gram * pre[None, :], axis=1), axis=0)
     inv_h = 1.0 / tl.sqrt(h_sq / HIDDEN + sub_eps)
@@ -224,6 +266,32 @@ def _hc_mix(
         h = tl.sum(pre[:, None] * s, axis=0)
         w = tl.load(norm_w_ptr + cols, mask=live, other=0.0)
         tl.store(x_ptr + token * HIDDEN + cols, h * inv_h * w, mask=live)
+
+
+@triton.jit
+def _hc_gates(
+    dots_ptr,
+    gram_ptr,
+    base_ptr,
+    scale_ptr,
+    post_ptr,
+    comb_ptr,
+    hc_eps,
+    norm_eps,
+    HIDDEN: tl.constexpr,
+    N: tl.constexpr,
+    R_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+    ITERS: tl.constexpr,
+):
+    """A program a token: `_hc_mix`'s post and comb (its first program's, GATES), from the same partial sums by
+    the same steps, for a launch beside the mix and the sublayer (the Sinkhorn iterations off the step's path)."""
+    token = tl.program_id(0).to(tl.int64)
+    first = token * CHUNKS
+    gram = _gram_of_parts(gram_ptr, first, N, CHUNKS, CHUNKS_PAD)
+    _, post_l, comb_l = _gate_logits(dots_ptr, gram, first, norm_eps, HIDDEN, N, R_PAD, CHUNKS, CHUNKS_PAD)
+    _store_gates(post_l, comb_l, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps, N, ITERS)
 
 
 @triton.jit
@@ -292,12 +360,15 @@ def hc_pre(
     sub_eps: float,
     iters: int,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    side: torch.cuda.Stream | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, n, hidden] fp32 -> (the sublayer's input rms_norm(Σ pre·streams) · norm_weight [T, hidden],
     post [T, n], comb [T, n, n]); fn [2n + n², n·hidden] (fp32, or bf16 values kept as bf16: `_hc_dots` reads them
     as they are, each exact in its fp32 products, its sums in the order its layout for that element size gives),
     base [2n + n²], scale [3], norm_weight [hidden], fp32. `partials`: `_hc_dots`' sums for these streams and this
-    fn, made ahead by the previous `hc_post` (a step's form only)."""
+    fn, made ahead by the previous `hc_post` (a step's form only). `side` (a step's form only; else unused): post
+    and comb are made on that stream (`_hc_gates`, the same bits), begun after what this stream has queued; the
+    caller makes its stream wait for `side` before it reads them."""
     streams = streams.contiguous()
     tokens, n, hidden = streams.shape
     rows = fn.shape[0]
@@ -325,6 +396,14 @@ def hc_pre(
     x = torch.empty(tokens, hidden, dtype=torch.float32, device=streams.device)
     post = torch.empty(tokens, n, dtype=torch.float32, device=streams.device)
     comb = torch.empty(tokens, n, n, dtype=torch.float32, device=streams.device)
+    beside = False
+    if side is not None and not prompt:
+        beside = True
+        side.wait_stream(torch.cuda.current_stream(streams.device))
+        with torch.cuda.stream(side):
+            gates(dots, gram, base, scale, post, comb, hc_eps, norm_eps, hidden, iters)
+        for t in (dots, gram, post, comb):  # made on this stream, used on the side one
+            t.record_stream(side)
     _hc_mix[(tokens, 1 if prompt else chunks)](
         streams,
         dots,
@@ -347,9 +426,32 @@ def hc_pre(
         BLOCK=PROMPT_CHUNK if prompt else CHUNK,
         SPAN=triton.cdiv(hidden, PROMPT_CHUNK) if prompt else 1,
         GRAM=prompt,
+        GATES=not beside,
         num_warps=PROMPT_WARPS if prompt else MIX_WARPS,
     )
     return x, post, comb
+
+
+def gates(
+    dots: torch.Tensor,
+    gram: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    hc_eps: float,
+    norm_eps: float,
+    hidden: int,
+    iters: int,
+) -> None:
+    """`_hc_gates`: post [T, n] and comb [T, n, n] of streams `hidden` wide from `_hc_dots`' partial sums dots
+    [T, chunks, R_PAD] and gram [T, chunks, n, n]: what `hc_pre`'s `_hc_mix` stores from its first program of a
+    token (GATES), by the same steps."""
+    tokens, chunks, r_pad = dots.shape
+    _hc_gates[(tokens,)](
+        dots, gram, base, scale, post, comb, hc_eps, norm_eps, HIDDEN=hidden, N=gram.shape[-1], R_PAD=r_pad,
+        CHUNKS=chunks, CHUNKS_PAD=triton.next_power_of_2(chunks), ITERS=iters, num_warps=MIX_WARPS,
+    )  # fmt: skip
 
 
 def hc_post(

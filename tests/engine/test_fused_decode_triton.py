@@ -87,7 +87,11 @@ def _cases() -> dict:
     chained_equal = torch.equal(chained, fused) and all(
         torch.equal(a, b) for a, b in zip(taken, triton_mhc.hc_pre(fused, *after))
     )
+    # post and comb made beside the mix (`gates`, `_hc_gates`: a step's form on a second stream), from the same sums
+    beside = torch.empty_like(taken[1]), torch.empty_like(taken[2])
+    triton_mhc.gates(*ahead, nxt.base, nxt.scale, *beside, nxt.eps, nxt.norm_eps, hidden, nxt.iters)
     out["hc"] = {
+        "gates_beside_equal": bool(torch.equal(beside[0], taken[1]) and torch.equal(beside[1], taken[2])),
         "chained_equal": bool(chained_equal),
         "input": _relative(x, seen["x"][0]),
         "post": _relative(post, ref_post),
@@ -538,6 +542,8 @@ def test_hyper_connection_kernels_match_the_torch_path(results: dict) -> None:
     assert hc["batch_independent"]
     # a step's `_hc_post` with the next map: the same new streams, and sums that give the next `hc_pre` its bits
     assert hc["chained_equal"]
+    # post and comb made beside the mix (`_hc_gates`, from those sums): `_hc_mix`'s bits
+    assert hc["gates_beside_equal"]
 
 
 def test_hyper_connection_prompt_chunk_kernels_match_the_torch_path(results: dict) -> None:

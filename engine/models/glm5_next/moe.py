@@ -34,12 +34,6 @@ GROUPED_GEMM = True
 SHARED_BESIDE = True
 
 
-@functools.cache
-def _beside(device: torch.device) -> torch.cuda.Stream:
-    """The device's second stream for the shared expert (made once)."""
-    return torch.cuda.Stream(device)
-
-
 def _no_grouped_gemm(exc: Exception) -> None:
     global GROUPED_GEMM
     GROUPED_GEMM = False
@@ -205,7 +199,7 @@ class MoE:
         """The shared expert's output begun on the device's second stream; the call returned joins it onto this one.
         Its dense products may split their inputs, and triton_dense's slice counters allow one such launch at a time
         on a device: what runs meanwhile here (the router, the routing, the EXL3 kernels) launches none."""
-        here, side = torch.cuda.current_stream(x.device), _beside(x.device)
+        here, side = torch.cuda.current_stream(x.device), ops.beside_stream(x.device)
         side.wait_stream(here)
         with torch.cuda.stream(side):
             out = self.shared.partial(x)
