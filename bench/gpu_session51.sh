@@ -8,7 +8,8 @@
 #     after prompts of 1.5k / 3k / 6k / 30k tokens (spans 2k, 4k, 8k, 32k: every pool chosen; one program a query;
 #     the one-launch choice of two blocks; segments): PREV's tree (session 50), then this tree;
 #  2. this tree with a step's post and comb beside (--hc-gates-beside);
-#  3. the cut's step traced (this tree).
+#  3. the cut's step traced (this tree);
+#  4. prefill at 8k and 32k, PREV's tree then this one: the 4-layer bf16 bench and the served form's cut.
 #     PREV=aff38eb STEPS=01 BUDGET=540 bash bench/gpu_session51.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +44,17 @@ want 2 && step "2. EXL3 q4 cut's decode, gates beside" 130 "$T/cut_gates.txt" py
 if want 3; then
     step "3. EXL3 q4 cut's step trace" 120 "$T/trace.txt" python bench/decode_trace.py --exl3-experts \
         --shard 2 --dense q4 --out "$T/trace_decode_kkkd_exl3_q4.json"
+fi
+P="--modes none --tp2 off --prefill-lengths 8192,32768 --prefill-repeats 2"
+if want 4; then
+    prev_tree
+    for form in "bf16:--layers KKKD" "exl3:--layers KKKD --exl3-experts --shard 2 --dense q4"; do
+        name=${form%%:*}; flags=${form#*:}
+        step "4. $name prefill, $PREV" 100 "$T/prefill_${name}_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
+            python $OLD/bench/gpu_engine.py $flags $P --out "$T/prefill_${name}_before.json"
+        step "4. $name prefill, this tree" 100 "$T/prefill_${name}_after.txt" python bench/gpu_engine.py $flags $P \
+            --out "$T/prefill_${name}_after.json"
+    done
 fi
 for f in "$T"/trace_*.json; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz" && rm "$f"; done
 collect "$T" "$OUT/benches.json"
