@@ -940,9 +940,9 @@ def main() -> None:
         help="a step's hyper-connections in three launches each, the form before session 26 (triton_mhc.CHAIN)",
     )
     ap.add_argument(
-        "--hc-gates-beside",
+        "--hc-gates-inline",
         action="store_true",
-        help="a step's post and comb made by `_hc_gates` on a second stream (triton_mhc.GATES_BESIDE on)",
+        help="a step's post and comb made in `_hc_mix`, on the step's stream (triton_mhc.GATES_BESIDE off)",
     )
     ap.add_argument("--tp2-timeout", type=float, default=100.0, help="seconds the TP=2 run may take")
     ap.add_argument("--tp-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -974,11 +974,11 @@ def main() -> None:
     DENSE, EXL3, SHARD = args.dense, args.exl3_experts, args.shard
     PREFILL_LENGTHS = tuple(int(n) for n in args.prefill_lengths.split(",") if n)
     PREFILL_REPEATS, PREFILL_CHUNK = args.prefill_repeats, args.prefill_chunk
-    if args.hc_unchained or args.hc_gates_beside:
+    if args.hc_unchained or args.hc_gates_inline:
         from engine.ops import triton_mhc
 
         triton_mhc.CHAIN = not args.hc_unchained
-        triton_mhc.GATES_BESIDE = args.hc_gates_beside
+        triton_mhc.GATES_BESIDE = not args.hc_gates_inline
     if args.moe_loop or args.shared_inline:
         from engine.models.glm5_next import moe
 
@@ -996,9 +996,9 @@ def main() -> None:
         dense=args.dense,
         exl3_gemv=args.exl3_gemv or "engine default",
         hyper_connections="three launches a step's sublayer" if args.hc_unchained else "chained (engine default)",
-        hc_gates="beside, on a second stream"
-        if args.hc_gates_beside
-        else "in _hc_mix, on the step's stream (engine default)",
+        hc_gates="in _hc_mix, on the step's stream"
+        if args.hc_gates_inline
+        else "beside, on a second stream (engine default)",
         routed_experts="EXL3 4-bit mcg (random trellis)" if args.exl3_experts else "bf16",
         shard=f"rank 0 of {args.shard} (ShardStandIn: one GPU, collectives as local copies)"
         if args.shard > 1

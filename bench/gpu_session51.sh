@@ -7,7 +7,8 @@
 #  1. the served form's cut (rank 0's TP=2 share, EXL3 experts, q4 dense, graphs), b1-b4 steps and the b1 step
 #     after prompts of 1.5k / 3k / 6k / 30k tokens (spans 2k, 4k, 8k, 32k: every pool chosen; one program a query;
 #     the one-launch choice of two blocks; segments): PREV's tree (session 50), then this tree;
-#  2. this tree with a step's post and comb beside (--hc-gates-beside);
+#  2. this tree with a step's post and comb in `_hc_mix` (--hc-gates-inline; call 2 ran it as --hc-gates-beside,
+#     before the beside form became the default);
 #  3. the cut's step traced (this tree);
 #  4. prefill at 8k and 32k, PREV's tree then this one: the 4-layer bf16 bench and the served form's cut.
 #     PREV=aff38eb STEPS=01 BUDGET=540 bash bench/gpu_session51.sh
@@ -39,7 +40,7 @@ if want 1; then
         python ${S/bench/$OLD/bench} --out "$T/cut_before.json"
     step "1. EXL3 q4 cut's decode, this tree" 130 "$T/cut_after.txt" python $S --out "$T/cut_after.json"
 fi
-want 2 && step "2. EXL3 q4 cut's decode, gates beside" 130 "$T/cut_gates.txt" python $S --hc-gates-beside \
+want 2 && step "2. EXL3 q4 cut's decode, gates inline" 130 "$T/cut_gates.txt" python $S --hc-gates-inline \
     --out "$T/cut_gates.json"
 if want 3; then
     step "3. EXL3 q4 cut's step trace" 120 "$T/trace.txt" python bench/decode_trace.py --exl3-experts \

@@ -45,11 +45,12 @@ DOTS_WARPS, MIX_WARPS = 4, 1  # warps a `_hc_dots` / `_hc_mix` program (bench/hc
 DECODE_TOKENS = ROW_INVARIANT_ROWS  # ... for up to this many tokens (a step's rows: decode, verify windows)
 # a step's `hc_post` makes the next map's sums (False: three launches, `bench/gpu_engine.py --hc-unchained`)
 CHAIN = True
-# True: a step's post and comb (the Sinkhorn iterations, ~2 µs of a one-token `hc_pre` on the H200, session 24)
-# made by `_hc_gates` on a second stream beside `_hc_mix` and the sublayer, which need only pre; `hc_post` reads them
-# after `fused.hc_around` joins it. Off until timed (`bench/gpu_engine.py --hc-gates-beside`): a fork and a join a
-# sublayer may cost a graph what the iterations do (session 50's shared expert beside saved 8-10 µs of ~13 overlapped)
-GATES_BESIDE = False
+# a step's post and comb (the Sinkhorn iterations, ~2 µs of a one-token `hc_pre` on the H200, session 24) made by
+# `_hc_gates` on a second stream beside `_hc_mix` and the sublayer, which need only pre; `hc_post` reads them after
+# `fused.hc_around` joins it (H100, the served cut, four alternating runs: a KDA + MoE layer 0.134-0.135 -> 0.126-0.127
+# ms at one row, docs/BENCHMARKS.md session 51). False: `_hc_mix`'s first program makes them, on the step's stream
+# (`bench/gpu_engine.py --hc-gates-inline`)
+GATES_BESIDE = True
 PROMPT_CHUNK, PROMPT_WARPS = 512, 4  # a prompt chunk's `_hc_mix`: hidden columns a step of its one program a token
 # (32 steps of 128 took 374 µs a call of 2,048 tokens on the H200), warps
 

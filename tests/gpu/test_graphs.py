@@ -96,17 +96,18 @@ def test_graph_decode_equals_eager_decode(model):
 
 @torch.no_grad()
 def test_post_and_comb_beside_give_the_one_stream_bits(model, monkeypatch):
-    """A step's hyper-connections with post and comb made on the second stream (triton_mhc.GATES_BESIDE: a branch
-    of each captured graph beside `_hc_mix` and the sublayer) give every token and logit bit of `_hc_mix` making
-    them on the step's stream (the default), graphed and eager."""
+    """A step's hyper-connections with post and comb made on the second stream (triton_mhc.GATES_BESIDE, the
+    default: a branch of each captured graph beside `_hc_mix` and the sublayer) give every token and logit bit of
+    `_hc_mix` making them on the step's stream, graphed and eager."""
     from engine.ops import triton_mhc
 
+    assert triton_mhc.GATES_BESIDE
     for graphs in (True, False):
-        inline, _ = run_schedule(model, graphs=graphs)
-        monkeypatch.setattr(triton_mhc, "GATES_BESIDE", True)
         beside, decoder = run_schedule(model, graphs=graphs)
-        monkeypatch.undo()
         assert decoder.uses_graphs == graphs
+        monkeypatch.setattr(triton_mhc, "GATES_BESIDE", False)
+        inline, _ = run_schedule(model, graphs=graphs)
+        monkeypatch.undo()
         for i in beside:
             assert beside[i][0] == inline[i][0], f"stream {i}, graphs {graphs}"
             assert all(torch.equal(a, b) for a, b in zip(beside[i][1], inline[i][1])), f"stream {i}, graphs {graphs}"
