@@ -10,7 +10,8 @@
 #  2. this tree with a step's post and comb in `_hc_mix` (--hc-gates-inline; call 2 ran it as --hc-gates-beside,
 #     before the beside form became the default);
 #  3. the cut's step traced (this tree);
-#  4. prefill at 8k and 32k, PREV's tree then this one: the 4-layer bf16 bench and the served form's cut.
+#  4. prefill at 8k and 32k, PREV's tree then this one: the 4-layer bf16 bench and the served form's cut;
+#  5. (an H200) the released depth's decode, b1-b4 and the b1 step at a 30k context: PREV's tree, then this one.
 #     PREV=aff38eb STEPS=01 BUDGET=540 bash bench/gpu_session51.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +57,14 @@ if want 4; then
         step "4. $name prefill, this tree" 100 "$T/prefill_${name}_after.txt" python bench/gpu_engine.py $flags $P \
             --out "$T/prefill_${name}_after.json"
     done
+fi
+R="bench/gpu_engine.py --layers released --exl3-experts --shard 2 --dense q4 --modes graphs --tp2 off --no-prefill
+    --long-contexts 30000"
+if want 5; then  # an H200: the released depth's weights at rank 0's TP=2 share are 74.6 GiB
+    prev_tree
+    step "5. released decode, $PREV" 200 "$T/released_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
+        python ${R/bench/$OLD/bench} --out "$T/released_before.json"
+    step "5. released decode, this tree" 200 "$T/released_after.txt" python $R --out "$T/released_after.json"
 fi
 for f in "$T"/trace_*.json; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz" && rm "$f"; done
 collect "$T" "$OUT/benches.json"
