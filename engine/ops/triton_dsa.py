@@ -51,6 +51,11 @@ DSA's pool keys (`complete_pools`, `_pool_key_rows`): after a step's or a prompt
 program a row makes the key of the pool the row completes (if it does) from its tokens' rows as the pool holds them
 and writes it into the row's key columns — the whole row again with fp8 rows, under a scale that covers the key —:
 one launch a layer where the torch form took about twenty.
+
+DSA's pool choice (`top_pools`: a radix select, by segments of a query's span, or one program a query in one launch,
+`_pool_select`) and the selected tokens from it (`pool_tokens`, `_pool_tokens`: the chosen pools' tokens, padding,
+the unfinished pool's tail and whether each counts, the slots by a step's table: one launch where the torch form
+took about twenty).
 """
 
 from __future__ import annotations
