@@ -59,7 +59,7 @@ if want 4; then
     done
 fi
 R="bench/gpu_engine.py --layers released --exl3-experts --shard 2 --dense q4 --modes graphs --tp2 off --no-prefill
-    --long-contexts 30000"
+    ${LONG-"--long-contexts 30000"}"  # LONG= leaves the long-context step out
 if want 5; then  # an H200: the released depth's weights at rank 0's TP=2 share are 74.6 GiB
     prev_tree
     step "5. released decode, $PREV" 200 "$T/released_before.txt" env PYTHONPATH="/tmp/pylib:$OLD/bench" \
