@@ -83,7 +83,8 @@ if __name__ == "__main__":  # under Triton's interpreter (tests/engine/interpret
     same = {}
     for programs in (1024, 12, 1):  # a segment a block (most), a few blocks a segment, one segment a query
         triton_dsa.TOP_POOLS_LAUNCH["programs"] = programs
-        # the launches by segment, save one segment a query; the one-launch form for spans of up to 3 blocks
+        # 0: the segmented launches (a span of one segment still takes the one launch); 768: spans of up to 3 blocks
+        # in the one launch too
         for one_launch in (0, 768):
             triton_dsa.TOP_POOLS_LAUNCH["one_launch_pools"] = one_launch
             for name, x, k in cases("cpu"):
