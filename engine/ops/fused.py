@@ -75,13 +75,13 @@ def head_products(
     return reference.row_blocks(torch_form, x, kind="dsa_heads")
 
 
-def linear_pairs(x: torch.Tensor, weight: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+def linear_pairs(x: torch.Tensor, weight: Any) -> tuple[torch.Tensor, ...]:
     """P products x [P, N, in] times weight [P, out, in] -> P results [N, out] fp32: one batched matmul over stacked
-    tensor weights (`reference.linear_pairs`: [P, N, out]), or one `linear` each for a tuple of reduced weights, as
-    a tuple (not stacked: a KDA layer unpacks f and the gate, so a stack would only copy them, one launch a decode
+    tensor weights (`reference.linear_pairs`, its results as views), or one `linear` each for a tuple of reduced
+    weights (not stacked: a KDA layer unpacks f and the gate, so a stack would only copy them, one launch a decode
     layer)."""
     if isinstance(weight, torch.Tensor):
-        return reference.linear_pairs(x, weight)
+        return reference.linear_pairs(x, weight).unbind(0)
     return tuple(linear(x[i], w) for i, w in enumerate(weight))
 
 

@@ -63,7 +63,7 @@ def test_a_padded_bf16_product_casts_in_its_padding_copy(monkeypatch):
     pairs = torch.stack([w[:1024], w[1024:2048]])  # two weights, as KDA's low-rank gates
     both = ops.linear_pairs(torch.stack([x[:5, :1024], x[5:10, :1024]]), pairs[:, :, :1024])
     assert torch.equal(
-        both[1, 2:3], ops.linear_pairs(torch.stack([x[:1, :1024], x[7:8, :1024]]), pairs[:, :, :1024])[1]
+        both[1][2:3], ops.linear_pairs(torch.stack([x[:1, :1024], x[7:8, :1024]]), pairs[:, :, :1024])[1]
     )
 
 
